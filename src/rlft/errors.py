@@ -1,0 +1,53 @@
+"""Exceptions that carry a user-facing message and an exit code.
+
+Anything derived from :class:`RlftError` is a problem the user can fix (a bad
+config, a malformed data row, a reward function that raised).  The CLI prints
+its message as one paragraph to stderr and exits with ``exit_code`` instead of
+showing a traceback.
+"""
+
+from __future__ import annotations
+
+
+class RlftError(Exception):
+    """Base class for errors that are reported without a traceback."""
+
+    exit_code: int = 1
+
+
+class UsageError(RlftError):
+    """Bad command-line usage."""
+
+    exit_code = 2
+
+
+class ConfigError(RlftError):
+    """The configuration is invalid.  ``problems`` holds one line per problem."""
+
+    exit_code = 2
+
+    def __init__(self, problems: list[str], source: str | None = None):
+        self.problems = list(problems)
+        self.source = source
+        where = f" in {source}" if source else ""
+        n = len(self.problems)
+        head = f"Invalid configuration{where} ({n} problem{'s' if n != 1 else ''}):"
+        super().__init__("\n".join([head, *(f"  - {p}" for p in self.problems)]))
+
+
+class DataError(RlftError):
+    """A data file is missing, unreadable or has a malformed row."""
+
+    exit_code = 2
+
+
+class ModelError(RlftError):
+    """A model could not be found or loaded."""
+
+    exit_code = 2
+
+
+class RewardError(RlftError):
+    """A reward function raised, returned the wrong shape, or a non-finite value."""
+
+    exit_code = 1
