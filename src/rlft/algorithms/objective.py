@@ -1,0 +1,67 @@
+"""The per-micro-batch policy objective: policy loss + KL penalty, aggregated.
+
+Pure tensor maths: the trainer passes tensors and plain scalars.  Statistics are
+normalised by the *global* batch counts so that summing them over
+micro-batches yields the batch value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rlft.algorithms.aggregation import aggregate
+from rlft.algorithms.kl import kl_penalty
+from rlft.algorithms.losses import policy_loss
+
+
+@dataclass
+class ObjectiveOutput:
+    """loss: scalar with grad; stats: detached floats, additive over micro-batches."""
+
+    loss: torch.Tensor
+    stats: dict[str, float]
+
+
+def policy_objective(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    ref_logprobs: torch.Tensor | None,
+    *,
+    loss_name: str,
+    clip_low: float,
+    clip_high: float,
+    kl_coef: float,
+    kl_estimator: str,
+    aggregation: str,
+    num_tokens: float,
+    num_seqs: float,
+    max_len: int,
+) -> ObjectiveOutput:
+    """GRPO-style objective: aggregate(policy_loss + kl_coef * KL) over completion tokens.
+
+    logprobs (with grad), old_logprobs, advantages, mask, ref_logprobs: [B, T].
+    ``num_tokens``/``num_seqs`` count the whole optimizer batch, not just this
+    micro-batch; ``max_len`` is the fixed normaliser of seq_mean_token_sum_norm.
+    """
+    mask = mask.to(logprobs.dtype)
+    terms = policy_loss(loss_name, logprobs, old_logprobs, advantages, clip_low=clip_low, clip_high=clip_high)
+    per_token = terms.per_token_loss
+    counts = dict(num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len)
+    token_share = 1.0 / max(num_tokens, 1.0)
+    stats = {
+        "pg_loss": aggregate(per_token.detach(), mask, aggregation, **counts).item(),
+        "clip_frac": ((terms.clipped * mask).sum() * token_share).item(),
+        "ratio_mean": ((terms.ratio * mask).sum() * token_share).item(),
+    }
+    if ref_logprobs is not None:
+        kl = kl_penalty(logprobs, ref_logprobs, kl_estimator)
+        stats["kl"] = ((kl.detach() * mask).sum() * token_share).item()
+        if kl_coef > 0:
+            per_token = per_token + kl_coef * kl
+    loss = aggregate(per_token, mask, aggregation, **counts)
+    stats["loss"] = loss.detach().item()
+    return ObjectiveOutput(loss=loss, stats=stats)

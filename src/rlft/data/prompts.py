@@ -1,0 +1,187 @@
+"""Turn dataset rows into prompts the policy model is fed.
+
+Each row is validated (the prompt column, or the chat column when
+``data.messages_field`` is set) and formatted: with the tokenizer's chat
+template when ``data.use_chat_template`` is on and the tokenizer has one,
+otherwise as plain text.  The tokenizer is duck-typed: only ``chat_template``
+and ``apply_chat_template`` are used.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from rlft.config.schema import DataConfig
+from rlft.data.readers import ReadResult, read_rows, where
+from rlft.errors import DataError
+
+ROLES = ("system", "user", "assistant")
+
+
+@dataclass
+class PromptExample:
+    """One prompt: the raw ``prompt`` (a string or a list of chat messages), the
+    formatted ``text`` fed to the model, the row's other ``columns`` (e.g.
+    ``answer``) and its ``source`` (``"file:line"``)."""
+
+    prompt: str | list[dict[str, str]]
+    text: str
+    columns: dict[str, Any] = field(default_factory=dict)
+    source: str = ""
+
+
+@dataclass
+class PromptSet:
+    """The prompts of one split, the ``(row_number, message)`` of every skipped row, and the file read."""
+
+    examples: list[PromptExample]
+    skipped: list[tuple[int, str]]
+    path: str
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+
+class _BadRow(DataError):
+    """A row failed validation; the message has no location (build_examples adds it)."""
+
+
+def build_examples(
+    result: ReadResult, path: str | Path, data_cfg: DataConfig, tokenizer: Any
+) -> tuple[list[PromptExample], list[tuple[int, str]]]:
+    """Validate and format every row of ``result``.
+
+    Returns the examples and the skipped rows: those ``result`` already skipped
+    plus rows that failed validation here, sorted by row number.  A bad row
+    raises :class:`DataError` (``"<file> line 3: missing prompt field ..."``)
+    unless ``data_cfg.on_bad_row == "skip"``.  Raises :class:`DataError` when no
+    row is usable.
+    """
+    examples: list[PromptExample] = []
+    skipped = list(result.skipped)
+    for row, number in zip(result.rows, result.row_numbers):
+        try:
+            prompt, columns = _validate(row, data_cfg)
+            text = format_prompt(prompt, data_cfg, tokenizer)
+        except _BadRow as exc:
+            message = f"{where(path, result.unit, number)}: {exc}"
+            if data_cfg.on_bad_row == "error":
+                raise DataError(message) from None
+            skipped.append((number, message))
+            continue
+        examples.append(PromptExample(prompt=prompt, text=text, columns=columns, source=f"{path}:{number}"))
+    skipped.sort(key=lambda item: item[0])
+    if not examples and result.rows:
+        raise DataError(f"{path}: no usable prompts ({len(skipped)} rows skipped; first: {skipped[0][1]})")
+    return examples, skipped
+
+
+def _validate(row: dict, cfg: DataConfig) -> tuple[str | list[dict[str, str]], dict[str, Any]]:
+    key = cfg.messages_field or cfg.prompt_field
+    kind = "messages" if cfg.messages_field else "prompt"
+    if key not in row:
+        keys = ", ".join(map(str, row)) or "none"
+        raise _BadRow(f"missing {kind} field '{key}' (row has keys: {keys})")
+    value = row[key]
+    if cfg.messages_field:
+        _check_messages(value, key)
+    elif not isinstance(value, str):
+        raise _BadRow(f"prompt field '{key}' must be a string, got {type(value).__name__}")
+    elif not value.strip():
+        raise _BadRow(f"prompt field '{key}' is empty")
+    columns = {k: v for k, v in row.items() if k != key}
+    return value, columns
+
+
+def _check_messages(value: Any, key: str) -> None:
+    if not isinstance(value, list):
+        raise _BadRow(f"messages field '{key}' must be a list of {{role, content}} objects, got {type(value).__name__}")
+    if not value:
+        raise _BadRow(f"messages field '{key}' is an empty list")
+    for i, msg in enumerate(value):
+        if not isinstance(msg, dict) or "role" not in msg or "content" not in msg:
+            raise _BadRow(f"messages field '{key}' item {i} must be an object with 'role' and 'content'")
+        if msg["role"] not in ROLES:
+            raise _BadRow(f"messages field '{key}' item {i} has role {msg['role']!r}; expected one of {', '.join(ROLES)}")
+        if not isinstance(msg["content"], str):
+            raise _BadRow(
+                f"messages field '{key}' item {i} content must be a string, got {type(msg['content']).__name__}"
+            )
+
+
+def format_prompt(prompt: str | list[dict[str, str]], data_cfg: DataConfig, tokenizer: Any) -> str:
+    """The text fed to the model for ``prompt``.
+
+    With ``use_chat_template`` and a tokenizer that has a chat template:
+    ``apply_chat_template([system?] + messages, tokenize=False,
+    add_generation_prompt=True)``; the system prompt is added only if the chat
+    does not already start with one.  Otherwise plain text: the system prompt
+    and ``"\\n\\n"`` (if set) followed by the prompt, or by the chat's message
+    contents joined with ``"\\n\\n"``.
+    """
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    system = data_cfg.system_prompt
+    if system and messages[0]["role"] != "system":
+        messages.insert(0, {"role": "system", "content": system})
+    if data_cfg.use_chat_template and getattr(tokenizer, "chat_template", None):
+        try:
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception as exc:  # jinja raises TemplateError for e.g. non-alternating roles
+            raise _BadRow(f"the chat template failed on this prompt ({type(exc).__name__}: {exc})") from None
+        if not isinstance(text, str):
+            raise _BadRow(f"apply_chat_template returned {type(text).__name__}, expected a string")
+        return text
+    return "\n\n".join(m["content"] for m in messages)
+
+
+def load_prompts(
+    data_cfg: DataConfig, tokenizer: Any, split: Literal["train", "eval"], seed: int
+) -> PromptSet | None:
+    """Load the ``"train"`` or ``"eval"`` prompts described by ``data_cfg``.
+
+    Eval prompts come from ``eval_file``; failing that, when ``eval_split > 0``,
+    a seeded (``seed``) random fraction of ``train_file`` rows is held out, and
+    the train split excludes exactly those rows.  Returns ``None`` for
+    ``"eval"`` when neither is configured.
+    """
+    if split not in ("train", "eval"):
+        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    hold_out = data_cfg.eval_file is None and data_cfg.eval_split > 0
+    if split == "eval" and data_cfg.eval_file is not None:
+        path = data_cfg.eval_file
+        result = read_rows(path, data_cfg.on_bad_row)
+    elif split == "eval" and not hold_out:
+        return None
+    else:
+        path = data_cfg.train_file
+        result = read_rows(path, data_cfg.on_bad_row)
+        if hold_out:
+            held = held_out_indices(len(result.rows), data_cfg.eval_split, seed, path)
+            result = _subset(result, held, keep=split == "eval")
+    examples, skipped = build_examples(result, path, data_cfg, tokenizer)
+    return PromptSet(examples=examples, skipped=skipped, path=str(path))
+
+
+def held_out_indices(n_rows: int, fraction: float, seed: int, path: str | Path = "train_file") -> set[int]:
+    """Indices (into the usable rows) held out for evaluation: ``round(n_rows * fraction)``,
+    at least 1 and at most ``n_rows - 1``, chosen by a shuffle seeded with ``seed``."""
+    if n_rows < 2:
+        raise DataError(f"{path}: data.eval_split needs at least 2 rows to hold some out, found {n_rows}")
+    k = min(max(1, round(n_rows * fraction)), n_rows - 1)
+    order = list(range(n_rows))
+    random.Random(seed).shuffle(order)
+    return set(order[:k])
+
+
+def _subset(result: ReadResult, held: set[int], keep: bool) -> ReadResult:
+    idx = [i for i in range(len(result.rows)) if (i in held) == keep]
+    return ReadResult(
+        rows=[result.rows[i] for i in idx],
+        row_numbers=[result.row_numbers[i] for i in idx],
+        # rows skipped while reading are reported once, with the train split
+        skipped=[] if keep else list(result.skipped),
+        unit=result.unit,
+    )

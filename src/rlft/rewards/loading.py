@@ -1,0 +1,96 @@
+"""Load user reward functions named as ``'package.module:function'`` or
+``'path/to/file.py:function'``."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rlft.errors import RewardError
+
+_FORMS = "expected 'package.module:function' or 'path/to/file.py:function'"
+
+
+def load_custom_reward(spec: str) -> Callable[..., Any]:
+    """Import and return the callable named by ``spec``.
+
+    ``'package.module:function'`` is imported with :mod:`importlib`;
+    ``'path/to/file.py:function'`` (relative to the working directory) is
+    executed as a module with a unique name, with the file's folder on
+    ``sys.path`` while it runs so it can import its neighbours.  ``function``
+    may be dotted (``Class.method``).  Every failure raises
+    :class:`RewardError` naming ``spec``.
+    """
+    target, sep, attr = spec.rpartition(":")
+    if not sep or not target or not attr:
+        raise RewardError(f"custom reward '{spec}': {_FORMS}")
+    if target.endswith(".py") or "/" in target or "\\" in target:
+        module = _load_file(spec, Path(target))
+    else:
+        module = _import_module(spec, target)
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise RewardError(f"custom reward '{spec}': {target} has no attribute '{attr}'{_hint(module)}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise RewardError(f"custom reward '{spec}': '{attr}' is a {type(obj).__name__}, not a function")
+    return obj
+
+
+def _import_module(spec: str, name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name and (name == exc.name or name.startswith(exc.name + ".")):
+            raise RewardError(
+                f"custom reward '{spec}': module '{name}' not found (is it installed or on PYTHONPATH? "
+                f"a file path must end in .py)"
+            ) from None
+        raise RewardError(f"custom reward '{spec}': importing '{name}' failed: {exc}") from None
+    except Exception as exc:
+        raise RewardError(f"custom reward '{spec}': importing '{name}' raised {type(exc).__name__}: {exc}") from None
+
+
+def _load_file(spec: str, path: Path) -> Any:
+    if not path.is_file():
+        raise RewardError(f"custom reward '{spec}': file not found: {path}")
+    resolved = path.resolve()
+    digest = hashlib.sha1(str(resolved).encode()).hexdigest()[:10]
+    name = f"rlft_custom_reward_{_identifier(resolved.stem)}_{digest}"
+    module_spec = importlib.util.spec_from_file_location(name, resolved)
+    if module_spec is None or module_spec.loader is None:
+        raise RewardError(f"custom reward '{spec}': cannot load {path} as a Python module")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module  # dataclasses, pickling and typing look modules up here
+    folder = str(resolved.parent)
+    sys.path.insert(0, folder)
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.modules.pop(name, None)
+        where = f" (line {exc.lineno})" if isinstance(exc, SyntaxError) and exc.lineno else ""
+        raise RewardError(
+            f"custom reward '{spec}': running {path} raised {type(exc).__name__}{where}: {exc}"
+        ) from None
+    finally:
+        if folder in sys.path:
+            sys.path.remove(folder)
+    return module
+
+
+def _identifier(text: str) -> str:
+    return "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in text)
+
+
+def _hint(module: Any) -> str:
+    names = sorted(
+        n for n, v in vars(module).items()
+        if callable(v) and not n.startswith("_") and getattr(v, "__module__", None) == module.__name__
+    )
+    return f" (functions defined there: {', '.join(names[:10])})" if names else ""
