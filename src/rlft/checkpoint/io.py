@@ -1,0 +1,79 @@
+"""Checkpoints: Hugging Face model (or PEFT adapter) + everything needed to continue the run.
+
+    checkpoint-<N>/
+        config.json, model.safetensors, tokenizer files   (or adapter_config.json + adapter_model.safetensors)
+        trainer_state.json     step, epoch, data position, metrics at save time
+        optimizer.pt, scheduler.pt, rng_state.pt
+        config.yaml            the run's resolved config
+
+A checkpoint is written into a hidden temporary directory, fsynced and then
+renamed into place, so a process killed mid-write never leaves a directory that
+looks complete; ``trainer_state.json`` is written last as the completion mark.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+STATE_FILE = "trainer_state.json"
+
+
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _fsync_tree(root: Path) -> None:
+    for path in root.rglob("*"):
+        if path.is_file():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+
+
+def save_checkpoint(target: Path, *, model, tokenizer, optimizer, scheduler, trainer_state: dict,
+                    config_yaml: str) -> Path:
+    """Atomically write a checkpoint to ``target``; returns ``target``."""
+    from rlft.models.save import save_pretrained_dir
+
+    tmp = target.parent / f".tmp-{target.name}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    save_pretrained_dir(model, tokenizer, tmp)
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+    torch.save(rng_state(), tmp / "rng_state.pt")
+    (tmp / "config.yaml").write_text(config_yaml)
+    (tmp / STATE_FILE).write_text(json.dumps(trainer_state, indent=2))
+    _fsync_tree(tmp)
+    if target.exists():
+        shutil.rmtree(target)
+    os.rename(tmp, target)
+    return target
+
+
+def is_complete(path: Path) -> bool:
+    return path.is_dir() and not path.name.startswith(".tmp-") and (path / STATE_FILE).is_file()
+
+
+def list_checkpoints(checkpoints_dir: Path) -> list[Path]:
+    """Complete checkpoints under ``checkpoints_dir``, oldest step first."""
+    found = [p for p in checkpoints_dir.glob("checkpoint-*") if is_complete(p)]
+    return sorted(found, key=lambda p: int(p.name.rsplit("-", 1)[-1]))

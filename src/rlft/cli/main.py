@@ -1,0 +1,75 @@
+"""The ``rlft`` command line.
+
+    rlft train --config configs/minimal_example.yaml [--set algorithm.learning_rate=1e-5 ...]
+    rlft validate --config X          # check a config without loading a model
+    rlft check-env                    # torch, devices, threads, optional packages
+
+User mistakes (bad config, bad data, failing reward) print one clear paragraph
+to stderr and exit non-zero (2 for usage/config/data errors); only bugs in rlft
+itself show a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rlft.errors import RlftError
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", "-c", required=True, help="YAML config file.")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="Override a config value, e.g. --set train.max_steps=10 (repeatable).")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rlft", description="Reinforcement-learning fine-tuning of open-weight LMs.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    train = sub.add_parser("train", help="Run RL fine-tuning from a config.")
+    _add_config_args(train)
+    train.add_argument("--output-dir", "--output_dir", default=None, help="Override train.output_dir.")
+    validate = sub.add_parser("validate", help="Validate a config and print the resolved YAML.")
+    _add_config_args(validate)
+    sub.add_parser("check-env", help="Report torch, devices and optional packages.")
+    return parser
+
+
+def _cmd_train(args) -> int:
+    from rlft.trainer.trainer import Trainer
+
+    Trainer(args.config, overrides=args.overrides, output_dir=args.output_dir).train()
+    return 0
+
+
+def _cmd_validate(args) -> int:
+    from rlft.config.loader import config_to_yaml, load_config
+
+    print(config_to_yaml(load_config(args.config, overrides=args.overrides)), end="")
+    return 0
+
+
+def _cmd_check_env(args) -> int:
+    from rlft.env import check_env
+
+    return 0 if check_env(verbose=True)["ok"] else 1
+
+
+COMMANDS = {"train": _cmd_train, "validate": _cmd_validate, "check-env": _cmd_check_env}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except RlftError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted: stopped by the user (the last complete checkpoint is kept)", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""``check_env()``: what this machine offers rlft, in one call."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import platform
+
+
+def check_env(verbose: bool = False) -> dict:
+    """Report Python, torch, devices, bf16 support, threads and optional packages.
+
+    Returns a dict; ``ok`` is False only if something rlft needs is missing.
+    """
+    import torch
+
+    info: dict = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda_available": torch.cuda.is_available(),
+        "gpu_count": torch.cuda.device_count(),
+        "gpu_names": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+        "cpu_threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "bf16_cpu": _cpu_bf16(),
+    }
+    required = ["transformers", "safetensors", "pydantic", "yaml", "gguf", "accelerate", "peft"]
+    optional = ["vllm", "ray", "wandb", "mlflow", "trl"]
+    info["missing_required"] = [m for m in required if importlib.util.find_spec(m) is None]
+    info["optional"] = {m: importlib.util.find_spec(m) is not None for m in optional}
+    info["ok"] = not info["missing_required"]
+    if verbose:
+        device = ", ".join(info["gpu_names"]) if info["cuda_available"] else "CPU"
+        print(f"python {info['python']} | torch {info['torch']} | device: {device} | "
+              f"CUDA available: {info['cuda_available']} | GPUs: {info['gpu_count']}")
+        print(f"CPU threads: {info['cpu_threads']} of {info['cpu_count']} cores | bf16 on CPU: {info['bf16_cpu']}")
+        print("required packages: " + ("all present" if info["ok"] else "MISSING " + ", ".join(info["missing_required"])))
+        print("optional: " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in info["optional"].items()))
+    return info
+
+
+def _cpu_bf16() -> bool:
+    try:
+        import torch
+
+        a = torch.ones(4, 4, dtype=torch.bfloat16)
+        return bool(torch.isfinite(a @ a).all())
+    except Exception:
+        return False

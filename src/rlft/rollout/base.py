@@ -1,0 +1,71 @@
+"""The rollout-engine seam: prompts in, sampled completions out.
+
+The trainer only talks to :class:`RolloutEngine`; a faster native engine, a
+vLLM server or a multi-turn tool-calling environment can replace the Hugging
+Face engine without touching the loop.  Multi-turn engines mark environment
+tokens with 0 in ``completion_mask`` so they are excluded from the loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample. ``n`` completions per prompt; ``greedy`` ignores temperature/top_p/top_k."""
+
+    max_new_tokens: int
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    greedy: bool = False
+
+
+@dataclass
+class RolloutBatch:
+    """Sampled completions, ``n`` contiguous rows per prompt.
+
+    prompt_ids, prompt_mask: [N, P] left-padded prompt tokens.
+    completion_ids: [N, T] right-padded completion tokens.
+    completion_mask: [N, T] 1 on tokens that count in the loss (generated
+        tokens up to and including the end-of-sequence token).
+    texts: N decoded completions (special tokens removed).
+    finish_reasons: N of "stop" (ended by an EOS token) or "length" (cut at max_new_tokens).
+    prompt_index: N indices into the list of prompts given to ``generate``.
+    logprobs: [N, T] sampling log-probs if the engine computes them, else None.
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    texts: list[str]
+    finish_reasons: list[str]
+    prompt_index: list[int]
+    logprobs: torch.Tensor | None = None
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        """Prompt and completion concatenated: [N, P + T]."""
+        return torch.cat([self.prompt_ids, self.completion_ids], dim=1)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        """[N, P + T]: prompt mask, then 1 on every generated token position up to the end of the sequence."""
+        return torch.cat([self.prompt_mask, self.completion_mask], dim=1)
+
+    @property
+    def completion_lengths(self) -> torch.Tensor:
+        """[N] number of loss tokens per completion."""
+        return self.completion_mask.sum(-1)
+
+
+class RolloutEngine(Protocol):
+    """Anything that turns formatted prompts into a :class:`RolloutBatch`."""
+
+    def generate(self, prompts: list[str], sampling: SamplingParams) -> RolloutBatch: ...

@@ -1,0 +1,107 @@
+"""Rollouts through Hugging Face ``generate``: the reference engine, correct everywhere."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from rlft.rollout.base import RolloutBatch, SamplingParams
+
+
+def eos_token_ids(tokenizer, model) -> list[int]:
+    """Every token id that ends a completion: the tokenizer's EOS plus the model's generation EOS ids."""
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(gen_eos, int):
+        ids.add(gen_eos)
+    elif gen_eos:
+        ids.update(int(i) for i in gen_eos)
+    return sorted(ids)
+
+
+def completion_mask_from_ids(completion_ids: torch.Tensor, eos_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mask [N, T] of tokens up to and including the first EOS, and a bool [N] 'ended by EOS'."""
+    is_eos = torch.isin(completion_ids, torch.tensor(eos_ids, device=completion_ids.device))
+    # cumsum counts EOS tokens seen so far; a position is kept while no earlier EOS exists.
+    seen_before = torch.cumsum(is_eos.long(), dim=1) - is_eos.long()
+    mask = (seen_before == 0).long()
+    return mask, is_eos.any(dim=1)
+
+
+class HFGenerateEngine:
+    """Samples with ``model.generate`` under the trainer's autocast settings.
+
+    The policy module is shared with the trainer, so every rollout sees the
+    latest weights without a copy.
+    """
+
+    def __init__(self, model, tokenizer, *, max_prompt_length: int, autocast_dtype: torch.dtype | None,
+                 add_special_tokens: bool = False):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_prompt_length = max_prompt_length
+        self.autocast_dtype = autocast_dtype
+        self.add_special_tokens = add_special_tokens
+        self.eos_ids = eos_token_ids(tokenizer, model)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
+    def _generation_config(self, sampling: SamplingParams):
+        from transformers import GenerationConfig
+
+        kwargs = dict(max_new_tokens=sampling.max_new_tokens, eos_token_id=self.eos_ids, pad_token_id=self.pad_id,
+                      use_cache=True)
+        if sampling.greedy:
+            return GenerationConfig(do_sample=False, **kwargs)
+        return GenerationConfig(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
+                                top_k=sampling.top_k if sampling.top_k > 0 else None, **kwargs)
+
+    def tokenize_prompts(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-padded, left-truncated prompt ids and mask, each [B, P]."""
+        self.tokenizer.padding_side = "left"
+        self.tokenizer.truncation_side = "left"
+        enc = self.tokenizer(prompts, return_tensors="pt", padding=True, truncation=True,
+                             max_length=self.max_prompt_length, add_special_tokens=self.add_special_tokens)
+        return enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
+
+    @torch.no_grad()
+    def generate(self, prompts: list[str], sampling: SamplingParams) -> RolloutBatch:
+        prompt_ids, prompt_mask = self.tokenize_prompts(prompts)
+        prompt_ids = prompt_ids.repeat_interleave(sampling.n, dim=0)
+        prompt_mask = prompt_mask.repeat_interleave(sampling.n, dim=0)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with self._autocast():
+                out = self.model.generate(input_ids=prompt_ids, attention_mask=prompt_mask,
+                                          generation_config=self._generation_config(sampling))
+        finally:
+            self.model.train(was_training)
+        completion_ids = out[:, prompt_ids.shape[1]:]
+        mask, ended = completion_mask_from_ids(completion_ids, self.eos_ids)
+        completion_ids = torch.where(mask.bool(), completion_ids, torch.full_like(completion_ids, self.pad_id))
+        # Decode without the EOS token itself: it may not be marked special in every tokenizer.
+        text_lengths = (mask.sum(-1) - ended.long()).tolist()
+        texts = self.tokenizer.batch_decode(
+            [ids[:n] for ids, n in zip(completion_ids, text_lengths)], skip_special_tokens=True
+        )
+        return RolloutBatch(
+            prompt_ids=prompt_ids,
+            prompt_mask=prompt_mask,
+            completion_ids=completion_ids,
+            completion_mask=mask,
+            texts=texts,
+            finish_reasons=["stop" if e else "length" for e in ended.tolist()],
+            prompt_index=[i for i in range(len(prompts)) for _ in range(sampling.n)],
+        )

@@ -1,0 +1,65 @@
+"""Builds the parts the training loop plugs together, from a validated config."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from rlft.config.schema import RlftConfig
+from rlft.logging.console import get_logger
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+@dataclass
+class ModelParts:
+    model: torch.nn.Module
+    tokenizer: object
+    reference: object | None
+    device: torch.device
+    autocast_dtype: torch.dtype | None
+    model_dir: str
+
+
+def build_model(cfg: RlftConfig) -> ModelParts:
+    """Policy (fp32 master weights), tokenizer and the frozen reference policy."""
+    from rlft.models.gguf import resolve_model_dir
+    from rlft.models.loading import load_policy, load_tokenizer, resolve_device
+    from rlft.models.reference import make_reference
+
+    device = resolve_device(cfg.model.device)
+    model_dir = resolve_model_dir(cfg.model.path)
+    tokenizer = load_tokenizer(model_dir)
+    model = load_policy(cfg.model, device, model_dir=model_dir)
+    # Without a KL term the reference is never used, so don't pay for a copy of the weights.
+    reference = make_reference(model) if cfg.algorithm.kl_coef > 0 else None
+    autocast = torch.bfloat16 if cfg.model.dtype == "bf16" else None
+    n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    n_all = sum(p.numel() for p in model.parameters())
+    get_logger().info(f"model loaded: {model_dir} on {device} ({n_all / 1e6:.1f}M parameters, "
+                      f"{n_train / 1e6:.2f}M trainable, dtype {cfg.model.dtype}"
+                      f"{', LoRA r=%d' % cfg.model.lora.r if cfg.model.lora else ''})")
+    return ModelParts(model, tokenizer, reference, device, autocast, str(model_dir))
+
+
+def build_data(cfg: RlftConfig, tokenizer):
+    """Train and (optional) eval prompt sets; logs counts and skipped rows."""
+    from rlft.data.prompts import load_prompts
+
+    log = get_logger()
+    train = load_prompts(cfg.data, tokenizer, "train", cfg.train.seed)
+    evalset = load_prompts(cfg.data, tokenizer, "eval", cfg.train.seed)
+    for ps in (train, evalset):
+        if ps is not None and ps.skipped:
+            log.warning(f"{ps.path}: skipped {len(ps.skipped)} bad rows, e.g. {ps.skipped[0][1]}")
+    n_eval = len(evalset) if evalset is not None else 0
+    log.info(f"data loaded: {len(train)} train prompts, {n_eval} eval prompts "
+             f"({sum(len(p.skipped) for p in (train, evalset) if p is not None)} rows skipped)")
+    return train, evalset

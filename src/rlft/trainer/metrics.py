@@ -1,0 +1,67 @@
+"""Per-step training metrics and their averaging over a logging interval."""
+
+from __future__ import annotations
+
+import math
+import resource
+import sys
+
+import torch
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak accelerator memory if on GPU, else the process's peak resident set size."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 2**20 if sys.platform == "darwin" else rss / 2**10
+
+
+def rollout_metrics(rewards_total: torch.Tensor, per_reward: dict[str, torch.Tensor], lengths: torch.Tensor,
+                    finish_reasons: list[str], group_size: int) -> dict[str, float]:
+    """Reward and completion statistics of one rollout batch. rewards_total, lengths: [N]."""
+    total = rewards_total.float()
+    grouped = total.view(-1, group_size)
+    metrics = {
+        "reward/mean": total.mean().item(),
+        "reward/std": total.std().item() if total.numel() > 1 else 0.0,
+        "groups_zero_std": (grouped.std(dim=1) == 0).float().mean().item() if group_size > 1 else 1.0,
+        "completion_len/mean": lengths.float().mean().item(),
+        "completion_len/max": lengths.max().item(),
+        "truncation_rate": sum(r == "length" for r in finish_reasons) / max(len(finish_reasons), 1),
+    }
+    for name, values in per_reward.items():
+        metrics[f"reward/{name}/mean"] = values.float().mean().item()
+    return metrics
+
+
+class MetricWindow:
+    """Averages numeric metrics over the steps since the last log (maxima stay maxima)."""
+
+    def __init__(self):
+        self._sums: dict[str, float] = {}
+        self._count = 0
+
+    def add(self, metrics: dict[str, float]) -> None:
+        for k, v in metrics.items():
+            if k.endswith("/max") or k == "peak_mem_mb":
+                self._sums[k] = max(self._sums.get(k, -math.inf), v)
+            else:
+                self._sums[k] = self._sums.get(k, 0.0) + v
+        self._count += 1
+
+    def flush(self) -> dict[str, float]:
+        out = {k: (v if (k.endswith("/max") or k == "peak_mem_mb") else v / self._count) for k, v in self._sums.items()}
+        self._sums, self._count = {}, 0
+        return out
+
+
+def format_step_line(step: int, total: int, m: dict[str, float]) -> str:
+    """The one human-readable line per logging step."""
+    parts = [f"step {step}/{total}", f"reward {m['reward/mean']:.3f} ± {m['reward/std']:.3f}"]
+    if "kl" in m:
+        parts.append(f"kl {m['kl']:.4f}")
+    parts += [f"entropy {m['entropy']:.3f}", f"len {m['completion_len/mean']:.1f}",
+              f"clip {m['clip_frac']:.3f}", f"lr {m['lr']:.2e}", f"{m['step_seconds']:.2f} s/step",
+              f"{m['tokens_per_s']:.0f} tok/s"]
+    return " | ".join(parts)

@@ -1,0 +1,41 @@
+"""AdamW and the learning-rate schedule (linear warm-up, then constant / cosine / linear decay)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def build_optimizer(params, *, lr: float, weight_decay: float, betas: tuple[float, float], eps: float) -> torch.optim.Optimizer:
+    """AdamW over the trainable parameters (fused kernels where the device supports them)."""
+    params = [p for p in params if p.requires_grad]
+    if not params:
+        raise ValueError("the model has no trainable parameters")
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas, eps=eps)
+
+
+def lr_multiplier(step: int, *, total_steps: int, warmup_steps: int, schedule: str, min_ratio: float) -> float:
+    """Multiplier of the peak learning rate for optimizer step ``step`` (0-based)."""
+    if warmup_steps > 0 and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    span = max(total_steps - warmup_steps, 1)
+    progress = min(max(step - warmup_steps, 0) / span, 1.0)
+    if schedule == "cosine":
+        decay = 0.5 * (1.0 + math.cos(math.pi * progress))
+    elif schedule == "linear":
+        decay = 1.0 - progress
+    else:
+        raise ValueError(f"unknown lr schedule '{schedule}'")
+    return min_ratio + (1.0 - min_ratio) * decay
+
+
+def build_scheduler(optimizer, *, total_steps: int, warmup_steps: int, schedule: str, min_ratio: float):
+    """A LambdaLR stepping once per optimizer step."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda s: lr_multiplier(s, total_steps=total_steps, warmup_steps=warmup_steps, schedule=schedule,
+                                min_ratio=min_ratio),
+    )

@@ -1,0 +1,239 @@
+"""The training loop: rollout -> reward -> advantage -> update -> log -> checkpoint -> eval.
+
+Read :meth:`Trainer.train` top to bottom; every step it calls is a plain
+function or a small object built in :meth:`Trainer.setup`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from rlft.algorithms import AdvantageInputs, compute_advantages
+from rlft.algorithms.presets import PRESETS
+from rlft.config.loader import config_to_yaml, load_config
+from rlft.config.schema import RlftConfig
+from rlft.evaluation import EvalResult, columns_of, evaluate
+from rlft.logging.console import ProgressBar, attach_file_log, get_logger, setup_console_logging
+from rlft.logging.run_dir import RunDirectory, append_jsonl
+from rlft.rollout import HFGenerateEngine, SamplingParams
+from rlft.trainer.metrics import MetricWindow, format_step_line, peak_memory_mb, rollout_metrics
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    steps: int
+    final_checkpoint: Path | None
+    eval_before: EvalResult | None = None
+    eval_after: EvalResult | None = None
+    last_metrics: dict = field(default_factory=dict)
+
+
+class Trainer:
+    """Runs one RL fine-tuning job described by a config.
+
+    >>> Trainer(config_path="configs/minimal_example.yaml", output_dir="./outputs").train()
+    """
+
+    def __init__(self, config_path: str | Path | None = None, *, config: RlftConfig | dict | None = None,
+                 output_dir: str | Path | None = None, overrides: list[str] | None = None):
+        if isinstance(config, RlftConfig):
+            cfg = config
+        else:
+            cfg = load_config(config_path, overrides=overrides, data=config)
+        if output_dir is not None:
+            cfg.train.output_dir = str(Path(output_dir).expanduser().resolve())
+        self.cfg = cfg
+        self.config_source = str(config_path) if config_path else "<dict>"
+        self._ready = False
+
+    # ------------------------------------------------------------------ setup
+
+    def setup(self) -> None:
+        """Create the run directory and build model, data, rewards, engine and optimizer."""
+        from rlft.rewards.manager import RewardManager
+        from rlft.trainer.components import build_data, build_model, seed_everything
+        from rlft.trainer.optim import build_optimizer, build_scheduler
+        from rlft.trainer.update import PolicyUpdater, UpdateParams
+
+        cfg, alg = self.cfg, self.cfg.algorithm
+        self.run_dir = RunDirectory.create(cfg.train.output_dir, cfg.train.run_name, alg.name)
+        self.log = setup_console_logging()
+        self._file_log = attach_file_log(self.run_dir.log)
+        self.run_dir.config.write_text(config_to_yaml(cfg))
+        self.run_dir.write_run_info(status="starting", config=self.config_source, started=time.time())
+        self.log.info(f"config loaded: {self.config_source} -> run directory {self.run_dir.root}")
+        seed_everything(cfg.train.seed)
+        self.parts = build_model(cfg)
+        self.train_set, self.eval_set = build_data(cfg, self.parts.tokenizer)
+        self.rewards = RewardManager.from_specs(cfg.reward.functions)
+        self.engine = HFGenerateEngine(self.parts.model, self.parts.tokenizer, max_prompt_length=cfg.data.max_prompt_length,
+                                       autocast_dtype=self.parts.autocast_dtype,
+                                       add_special_tokens=not cfg.data.use_chat_template)
+        from rlft.data.sampler import PromptSampler
+
+        self.sampler = PromptSampler(len(self.train_set), alg.rollout_batch_size, seed=cfg.train.seed,
+                                     shuffle=cfg.data.shuffle)
+        self.total_steps = self._total_steps()
+        steps_per_update = alg.ppo_epochs * -(-alg.rollout_batch_size * alg.num_generations // (
+            alg.mini_batch_size or alg.rollout_batch_size * alg.num_generations))
+        optimizer = build_optimizer(self.parts.model.parameters(), lr=alg.learning_rate, weight_decay=alg.weight_decay,
+                                    betas=tuple(alg.adam_betas), eps=alg.adam_eps)
+        scheduler = build_scheduler(optimizer, total_steps=self.total_steps * steps_per_update,
+                                    warmup_steps=alg.warmup_steps * steps_per_update, schedule=alg.lr_scheduler,
+                                    min_ratio=alg.min_lr_ratio)
+        self.preset = PRESETS[alg.name]
+        params = UpdateParams(loss_name=self.preset.policy_loss, clip_low=alg.clip_range, clip_high=alg.clip_range,
+                              kl_coef=alg.kl_coef, kl_estimator=alg.kl_estimator, aggregation=alg.loss_aggregation,
+                              temperature=alg.temperature, ppo_epochs=alg.ppo_epochs,
+                              mini_batch_size=alg.mini_batch_size, micro_batch_size=alg.micro_batch_size,
+                              max_grad_norm=alg.max_grad_norm, max_len=alg.max_new_tokens)
+        self.updater = PolicyUpdater(self.parts.model, self.parts.reference, optimizer, scheduler, params,
+                                     self.parts.autocast_dtype)
+        self.step = 0
+        self._log_algorithm()
+        self._ready = True
+
+    def _total_steps(self) -> int:
+        total = self.cfg.train.epochs * self.sampler.steps_per_epoch
+        if self.cfg.train.max_steps is not None:
+            total = min(total, self.cfg.train.max_steps)
+        return total
+
+    def _log_algorithm(self) -> None:
+        alg = self.cfg.algorithm
+        params = ", ".join(f"{k}={v}" for k, v in alg.model_dump().items() if k != "name")
+        self.log.info(f"algorithm: {alg.name} (advantage={self.preset.advantage}, loss={self.preset.policy_loss}) {params}")
+        self.log.info(f"rewards: " + ", ".join(f"{n} (weight {w})" for n, w in self.rewards.weights.items()))
+        self.log.info(f"training for {self.total_steps} steps: {alg.rollout_batch_size} prompts x "
+                      f"{alg.num_generations} completions per step, {self.sampler.steps_per_epoch} steps per epoch")
+
+    # ------------------------------------------------------------------ loop
+
+    def train(self) -> TrainResult:
+        """Run the whole job; returns where everything was written and the before/after evaluation."""
+        if not self._ready:
+            self.setup()
+        result = TrainResult(run_dir=self.run_dir.root, steps=0, final_checkpoint=None)
+        self.run_dir.write_run_info(status="running", total_steps=self.total_steps)
+        try:
+            if self.cfg.eval.before_training:
+                result.eval_before = self.evaluate(tag="before training")
+            window = MetricWindow()
+            with ProgressBar(self.total_steps, self.cfg.train.progress_bar) as bar:
+                while self.step < self.total_steps:
+                    metrics = self.train_step()
+                    window.add(metrics)
+                    self._after_step(window, bar, result)
+            result.final_checkpoint = self.save_checkpoint()
+            if self.cfg.eval.after_training:
+                result.eval_after = self.evaluate(tag="after training")
+            self._report(result)
+        except BaseException as exc:
+            self.run_dir.write_run_info(status="failed", error=f"{type(exc).__name__}: {exc}", ended=time.time())
+            raise
+        finally:
+            get_logger().removeHandler(self._file_log)
+            self._file_log.close()
+        result.steps = self.step
+        self.run_dir.write_run_info(status="completed", step=self.step, ended=time.time())
+        return result
+
+    def _after_step(self, window: MetricWindow, bar: ProgressBar, result: TrainResult) -> None:
+        tcfg = self.cfg.train
+        if self.step % tcfg.logging_interval == 0 or self.step == self.total_steps:
+            metrics = {"step": self.step, "epoch": round(self.step / self.sampler.steps_per_epoch, 4), **window.flush()}
+            append_jsonl(self.run_dir.metrics, metrics)
+            self.log.info(format_step_line(self.step, self.total_steps, metrics))
+            result.last_metrics = metrics
+            self.run_dir.write_run_info(step=self.step)
+        bar.advance(self.step, info=f"reward {self._last_reward:.3f}")
+        if self.step % tcfg.save_interval == 0 and self.step < self.total_steps:
+            self.save_checkpoint()
+        if self.cfg.eval.interval and self.step % self.cfg.eval.interval == 0 and self.step < self.total_steps:
+            self.evaluate(tag=f"step {self.step}")
+
+    def train_step(self) -> dict[str, float]:
+        """One RL step on the next batch of prompts; returns its metrics."""
+        from rlft.trainer.update import UpdateBatch
+
+        alg = self.cfg.algorithm
+        t0 = time.perf_counter()
+        examples = [self.train_set.examples[i] for i in self.sampler.next_batch()]
+        sampling = SamplingParams(max_new_tokens=alg.max_new_tokens, n=alg.num_generations,
+                                  temperature=alg.temperature, top_p=alg.top_p, top_k=alg.top_k)
+        rollout = self.engine.generate([ex.text for ex in examples], sampling)
+        t_gen = time.perf_counter() - t0
+        prompts = [examples[i].prompt for i in rollout.prompt_index]
+        columns = columns_of([examples[i] for i in rollout.prompt_index])
+        scored = self.rewards.score(prompts, rollout.texts, columns)
+        mask = rollout.completion_mask
+        advantages = compute_advantages(self.preset.advantage, AdvantageInputs(scored.total.to(mask.device), mask,
+                                        alg.num_generations), scale_rewards=alg.scale_rewards)
+        lr = self.updater.optimizer.param_groups[0]["lr"]
+        t1 = time.perf_counter()
+        stats = self.updater.update(UpdateBatch(rollout.input_ids, rollout.attention_mask, mask, advantages))
+        self.step += 1
+        seconds = time.perf_counter() - t0
+        metrics = rollout_metrics(scored.total, scored.per_reward, rollout.completion_lengths,
+                                  rollout.finish_reasons, alg.num_generations)
+        metrics.update(stats)
+        metrics.update({"lr": lr, "step_seconds": seconds, "generation_seconds": t_gen,
+                        "update_seconds": time.perf_counter() - t1,
+                        "tokens_per_s": float(mask.sum().item()) / seconds,
+                        "peak_mem_mb": peak_memory_mb(self.parts.device)})
+        self._last_reward = metrics["reward/mean"]
+        self._write_samples(prompts, rollout.texts, scored)
+        return metrics
+
+    _last_reward = 0.0
+
+    def _write_samples(self, prompts, texts, scored) -> None:
+        n = self.cfg.train.samples_per_log
+        if n == 0 or self.step % self.cfg.train.logging_interval:
+            return
+        stride = max(len(texts) // n, 1)
+        for i in list(range(0, len(texts), stride))[:n]:
+            append_jsonl(self.run_dir.samples, {
+                "step": self.step, "prompt": prompts[i], "completion": texts[i],
+                "reward": float(scored.total[i]), "rewards": {k: float(v[i]) for k, v in scored.per_reward.items()}})
+
+    # ------------------------------------------------------------------ eval / checkpoint
+
+    def evaluate(self, tag: str = "") -> EvalResult | None:
+        """Greedy evaluation on the eval set; writes eval/step-<N>.json and logs one line."""
+        if self.eval_set is None:
+            return None
+        ecfg, alg = self.cfg.eval, self.cfg.algorithm
+        examples = self.eval_set.examples[: ecfg.max_samples] if ecfg.max_samples else self.eval_set.examples
+        res = evaluate(self.engine, examples, self.rewards, max_new_tokens=ecfg.max_new_tokens or alg.max_new_tokens,
+                       batch_size=ecfg.batch_size, accuracy_reward=ecfg.accuracy_reward or self.rewards.names[0],
+                       success_threshold=ecfg.success_threshold)
+        out = {"step": self.step, "tag": tag, **res.summary(), "samples": res.samples}
+        (self.run_dir.eval_dir / f"step-{self.step}.json").write_text(json.dumps(out, indent=2, ensure_ascii=False))
+        self.log.info(f"eval ({tag}, step {self.step}): accuracy {res.accuracy:.1%} on {res.num_prompts} prompts, "
+                      f"reward {res.reward_mean:.3f}, len {res.completion_length_mean:.1f} ({res.seconds:.0f}s)")
+        return res
+
+    def save_checkpoint(self) -> Path:
+        from rlft.checkpoint import save_checkpoint
+
+        target = self.run_dir.checkpoint(self.step)
+        state = {"step": self.step, "total_steps": self.total_steps, "sampler": self.sampler.state_dict(),
+                 "model_dir": self.parts.model_dir}
+        save_checkpoint(target, model=self.parts.model, tokenizer=self.parts.tokenizer,
+                        optimizer=self.updater.optimizer, scheduler=self.updater.scheduler, trainer_state=state,
+                        config_yaml=config_to_yaml(self.cfg))
+        self.log.info(f"checkpoint saved: {target}")
+        return target
+
+    def _report(self, result: TrainResult) -> None:
+        before, after = result.eval_before, result.eval_after
+        if before is not None and after is not None:
+            self.log.info(f"held-out accuracy: before {before.accuracy:.1%} -> after {after.accuracy:.1%} "
+                          f"({after.num_prompts} prompts)")

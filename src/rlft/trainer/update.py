@@ -1,0 +1,141 @@
+"""One policy update from a rollout batch: reference/old log-probs, micro-batched loss, optimizer steps."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from rlft.algorithms import policy_objective
+from rlft.models.logprobs import completion_logprobs
+
+
+@dataclass(frozen=True)
+class UpdateParams:
+    """Plain scalars unpacked from the config by the trainer."""
+
+    loss_name: str
+    clip_low: float
+    clip_high: float
+    kl_coef: float
+    kl_estimator: str
+    aggregation: str
+    temperature: float
+    ppo_epochs: int
+    mini_batch_size: int | None
+    micro_batch_size: int
+    max_grad_norm: float
+    max_len: int
+
+
+@dataclass
+class UpdateBatch:
+    """Tensors of one rollout batch, N rows. input_ids/attention_mask: [N, P+T]; mask/advantages: [N, T]."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    mask: torch.Tensor
+    advantages: torch.Tensor
+
+    def rows(self, idx: slice) -> "UpdateBatch":
+        """A trimmed slice: drops columns that are padding in every selected row, so short
+        micro-batches cost less."""
+        attn = self.attention_mask[idx]
+        mask = self.mask[idx]
+        comp_len = int(mask.sum(-1).max().item()) or 1
+        T = self.mask.shape[1]
+        prompt_cols = attn[:, : attn.shape[1] - T].any(dim=0).nonzero()
+        start = int(prompt_cols[0].item()) if len(prompt_cols) else 0
+        end = attn.shape[1] - T + comp_len
+        return UpdateBatch(self.input_ids[idx, start:end], attn[:, start:end], mask[:, :comp_len],
+                           self.advantages[idx, :comp_len])
+
+
+def _slices(n: int, size: int) -> list[slice]:
+    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+class PolicyUpdater:
+    """Owns the optimizer step of the policy; the maths comes from ``rlft.algorithms``."""
+
+    def __init__(self, model, reference, optimizer, scheduler, params: UpdateParams,
+                 autocast_dtype: torch.dtype | None):
+        self.model = model
+        self.reference = reference
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.p = params
+        self.autocast_dtype = autocast_dtype
+
+    def _autocast(self, device: torch.device):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=device.type, dtype=self.autocast_dtype)
+
+    @torch.no_grad()
+    def _logprobs_no_grad(self, module, batch: UpdateBatch) -> torch.Tensor:
+        """Log-probs [N, T] under ``module`` for every row, computed in micro-batches."""
+        out = torch.zeros_like(batch.mask, dtype=torch.float32)
+        for sl in _slices(batch.mask.shape[0], self.p.micro_batch_size):
+            mb = batch.rows(sl)
+            with self._autocast(mb.input_ids.device):
+                lp, _ = completion_logprobs(module, mb.input_ids, mb.attention_mask, mb.mask.shape[1],
+                                            temperature=self.p.temperature)
+            out[sl, : lp.shape[1]] = lp
+        return out
+
+    def _reference_logprobs(self, batch: UpdateBatch) -> torch.Tensor | None:
+        if self.p.kl_coef <= 0 or self.reference is None:
+            return None  # no KL: skip the reference forward entirely
+        with self.reference.context() as ref_module:
+            return self._logprobs_no_grad(ref_module, batch)
+
+    def update(self, batch: UpdateBatch) -> dict[str, float]:
+        """Run ppo_epochs x mini-batches of optimizer steps; returns averaged statistics."""
+        n = batch.mask.shape[0]
+        mini = self.p.mini_batch_size or n
+        ref_lp = self._reference_logprobs(batch)
+        # With one optimizer step per rollout the policy has not moved since sampling, so the
+        # old log-probs equal the current ones detached and no extra forward is needed.
+        single_step = self.p.ppo_epochs == 1 and mini >= n
+        old_lp = None if single_step else self._logprobs_no_grad(self.model, batch)
+        totals: dict[str, float] = {}
+        num_steps = 0
+        self.model.train()
+        for _ in range(self.p.ppo_epochs):
+            for mb_slice in _slices(n, mini):
+                stats = self._optimizer_step(batch, mb_slice, old_lp, ref_lp)
+                for k, v in stats.items():
+                    totals[k] = totals.get(k, 0.0) + v
+                num_steps += 1
+        return {k: v / num_steps for k, v in totals.items()}
+
+    def _optimizer_step(self, batch: UpdateBatch, rows: slice, old_lp, ref_lp) -> dict[str, float]:
+        """Accumulate gradients over micro-batches of ``rows`` and take one optimizer step."""
+        mask = batch.mask[rows]
+        counts = dict(num_tokens=float(mask.sum().item()), num_seqs=float(mask.shape[0]), max_len=self.p.max_len)
+        stats: dict[str, float] = {"entropy": 0.0}
+        self.optimizer.zero_grad(set_to_none=True)
+        for sl in _slices(rows.stop - rows.start, self.p.micro_batch_size):
+            abs_sl = slice(rows.start + sl.start, rows.start + sl.stop)
+            mb = batch.rows(abs_sl)
+            T = mb.mask.shape[1]
+            with self._autocast(mb.input_ids.device):
+                lp, ent = completion_logprobs(self.model, mb.input_ids, mb.attention_mask, T,
+                                              temperature=self.p.temperature, with_entropy=True)
+            old = lp.detach() if old_lp is None else old_lp[abs_sl, :T]
+            ref = None if ref_lp is None else ref_lp[abs_sl, :T]
+            out = policy_objective(lp, old, mb.advantages, mb.mask, ref, loss_name=self.p.loss_name,
+                                   clip_low=self.p.clip_low, clip_high=self.p.clip_high, kl_coef=self.p.kl_coef,
+                                   kl_estimator=self.p.kl_estimator, aggregation=self.p.aggregation, **counts)
+            out.loss.backward()
+            for k, v in out.stats.items():
+                stats[k] = stats.get(k, 0.0) + v
+            stats["entropy"] += float((ent * mb.mask).sum().item()) / max(counts["num_tokens"], 1.0)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.p.max_grad_norm)
+        stats["grad_norm"] = float(grad_norm.item())
+        self.optimizer.step()
+        self.scheduler.step()
+        return stats

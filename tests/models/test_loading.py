@@ -1,0 +1,115 @@
+"""Loading the policy and tokenizer from a tiny local model directory."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlft.config.schema import LoraConfig, ModelConfig
+from rlft.errors import ModelError
+from rlft.models.loading import hub_offline, load_policy, load_tokenizer, resolve_device
+from rlft.models.tiny import build_tiny_model_dir
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return build_tiny_model_dir(tmp_path_factory.mktemp("tiny"))
+
+
+def test_tokenizer_is_left_padded_with_pad_and_chat_template(tiny_dir):
+    tok = load_tokenizer(tiny_dir)
+    assert tok.padding_side == "left"
+    assert tok.pad_token == "<pad>" and tok.eos_token == "<eos>"
+    text = tok.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=False)
+    assert text == "<|user|>Hi<eos><|assistant|>"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert len(ids) == 5 and ids[3] == tok.eos_token_id
+    assert tok.decode(tok("a b\n1")["input_ids"]) == "a b\n1"
+
+
+def test_tokenizer_without_pad_gets_eos(tiny_dir, tmp_path):
+    tok = load_tokenizer(tiny_dir)
+    tok.pad_token = None
+    tok.save_pretrained(tmp_path)
+    assert load_tokenizer(tmp_path).pad_token == "<eos>"
+
+
+def test_load_policy_fp32_sdpa_and_generates(tiny_dir):
+    model = load_policy(ModelConfig(path=str(tiny_dir), dtype="bf16"), CPU)
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # bf16 is autocast only
+    assert model.config._attn_implementation == "sdpa"
+    assert not model.training
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    tok = load_tokenizer(tiny_dir)
+    enc = tok(["ab", "abcd"], return_tensors="pt", padding=True)
+    out = model.generate(**enc, max_new_tokens=5, do_sample=False)
+    assert out.shape[0] == 2 and 4 < out.shape[1] <= 4 + 5
+
+
+def test_load_policy_with_resolved_dir(tiny_dir):
+    model = load_policy(ModelConfig(path="ignored-when-model_dir-given"), CPU, model_dir=tiny_dir)
+    assert model.name_or_path == str(tiny_dir.resolve())
+
+
+def test_gradient_checkpointing(tiny_dir):
+    model = load_policy(ModelConfig(path=str(tiny_dir), gradient_checkpointing=True), CPU)
+    assert any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
+    assert model.config.use_cache is False and model.generation_config.use_cache is True
+    model.train()
+    ids = torch.randint(7, 50, (2, 6))
+    model(input_ids=ids, labels=ids).loss.backward()
+    assert model.model.layers[0].self_attn.q_proj.weight.grad is not None
+
+
+def test_lora_only_adapter_params_trainable(tiny_dir):
+    cfg = ModelConfig(path=str(tiny_dir), lora=LoraConfig(r=4, alpha=8), gradient_checkpointing=True)
+    model = load_policy(cfg, CPU)
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    assert not any("lm_head" in n for n in trainable)
+    model.train()
+    ids = torch.randint(7, 50, (2, 6))
+    model(input_ids=ids, labels=ids).loss.backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def test_lora_explicit_targets(tiny_dir):
+    cfg = ModelConfig(path=str(tiny_dir), lora=LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
+    model = load_policy(cfg, CPU)
+    names = {n.split(".lora_")[0].rsplit(".", 1)[-1] for n, p in model.named_parameters() if p.requires_grad}
+    assert names == {"q_proj", "v_proj"}
+
+
+def test_lora_bad_targets_is_model_error(tiny_dir):
+    with pytest.raises(ModelError, match="LoRA"):
+        load_policy(ModelConfig(path=str(tiny_dir), lora=LoraConfig(target_modules=["nope"])), CPU)
+
+
+def test_resolve_device():
+    assert resolve_device("cpu") == CPU
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ModelError):
+        resolve_device("banana")
+    if not torch.cuda.is_available():
+        with pytest.raises(ModelError, match="CUDA"):
+            resolve_device("cuda")
+
+
+def test_hub_offline_restores_environment(monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    before = constants.HF_HUB_OFFLINE
+    import os
+
+    with hub_offline():
+        assert os.environ["HF_HUB_OFFLINE"] == "1" and constants.HF_HUB_OFFLINE is True
+    assert "HF_HUB_OFFLINE" not in os.environ and constants.HF_HUB_OFFLINE == before
+
+
+def test_broken_model_dir_is_model_error(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ModelError, match="Could not load"):
+        load_policy(ModelConfig(path=str(tmp_path)), CPU)
