@@ -102,6 +102,12 @@ class AlgorithmConfig(Section):
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Floor of cosine/linear decay as a fraction of peak.")
 
 
+class RolloutConfig(Section):
+    engine: Literal["native", "hf"] = Field(
+        "native", description="'native': shared-prompt prefill, finished rows leave the batch; 'hf': transformers generate."
+    )
+
+
 # --------------------------------------------------------------------------- rewards
 
 
@@ -218,6 +224,7 @@ class RlftConfig(Section):
     model: ModelConfig = Field(default_factory=ModelConfig, description="Policy model.")
     data: DataConfig = Field(..., description="Training and evaluation data.")
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="RL algorithm and its knobs.")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Generation engine.")
     reward: RewardConfig = Field(..., description="Reward functions.")
     train: TrainConfig = Field(default_factory=TrainConfig, description="Loop length, logging and checkpoints.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")

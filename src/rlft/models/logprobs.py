@@ -1,13 +1,40 @@
-"""Per-token log-probabilities of completions under a causal LM."""
+"""Per-token log-probabilities of completions under a causal LM.
+
+Completions of the same prompt share the prompt's forward pass: the prompt is
+run once (with gradients), its KV cache is indexed out to every completion of
+the group, and only completion tokens are run per row.  With G completions per
+prompt this cuts the work of a step by roughly (P + T) / (P / G + T) for prompt
+length P and completion length T, and gives the same numbers as a full forward
+of every row (see tests/models/test_logprobs.py).
+"""
 
 from __future__ import annotations
 
+import warnings
+
 import torch
+
+# transformers 5.x renames ``past_key_values`` to ``cache`` (removal announced for 5.40,
+# pinned below that); the old name keeps PEFT wrappers and older releases working.
+warnings.filterwarnings("ignore", message=".*past_key_values.*is deprecated", category=FutureWarning)
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions that skip left padding, as Hugging Face ``generate`` assigns them. [B, L] -> [B, L]."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def _token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    log_probs = torch.log_softmax(logits, dim=-1)
+    token_lp = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = -(log_probs.exp() * log_probs).sum(-1)
+    return token_lp, entropy
 
 
 def completion_logprobs(
@@ -19,33 +46,55 @@ def completion_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs of the last ``completion_len`` tokens of each row.
+    """Log-probs of the last ``completion_len`` tokens of each row, one full forward per row.
 
-    input_ids, attention_mask: [B, P + T] with prompts left-padded to P and
-    completions right-padded to T = completion_len.  Returns logprobs [B, T]
-    (float32) and, if asked, the detached entropy of the sampling
-    distribution [B, T].
-
-    Only the T positions that predict completion tokens go through the LM head
-    (``logits_to_keep``): the vocabulary projection is a large share of a small
-    model's compute and the prompt positions are not needed.  Logits are divided
-    by ``temperature`` so the log-probs are those of the distribution sampled from.
+    input_ids, attention_mask: [B, P + T] (prompts left-padded, completions
+    right-padded, T = completion_len).  Returns logprobs [B, T] (float32) and,
+    if asked, the detached entropy [B, T] of the sampling distribution.  Only
+    the positions predicting completion tokens go through the LM head.
     """
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids_from_mask(attention_mask),
-        logits_to_keep=completion_len + 1,
-        use_cache=False,
-    )
-    logits = out.logits[:, :-1, :].float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    log_probs = torch.log_softmax(logits, dim=-1)
-    targets = input_ids[:, -completion_len:]
-    token_logprobs = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = -(log_probs.exp() * log_probs).sum(-1)
-    return token_logprobs, entropy
+    out = model(input_ids=input_ids, attention_mask=attention_mask,
+                position_ids=position_ids_from_mask(attention_mask), logits_to_keep=completion_len + 1,
+                use_cache=False)
+    return _token_logprobs(out.logits[:, :-1, :], input_ids[:, -completion_len:], temperature, with_entropy)
+
+
+def grouped_completion_logprobs(
+    model: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    row_prompt: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Like :func:`completion_logprobs`, but each distinct prompt is run once.
+
+    prompt_ids, prompt_mask: [U, P] distinct left-padded prompts.
+    row_prompt: [B] long, the prompt row of each completion.
+    completion_ids, completion_mask: [B, T] right-padded completions.
+    Returns logprobs [B, T] and optionally entropy [B, T].
+    """
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    prefill = model(input_ids=prompt_ids, attention_mask=prompt_mask,
+                    position_ids=position_ids_from_mask(prompt_mask), past_key_values=cache, use_cache=True,
+                    logits_to_keep=1)
+    cache = prefill.past_key_values
+    for layer in cache.layers:
+        layer.batch_select_indices(row_prompt)
+    T = completion_ids.shape[1]
+    row_prompt_mask = prompt_mask[row_prompt]
+    full_mask = torch.cat([row_prompt_mask, completion_mask.to(row_prompt_mask.dtype)], dim=1)
+    positions = position_ids_from_mask(full_mask)[:, -T:]
+    first_logits = prefill.logits[row_prompt, -1:, :]
+    if T > 1:
+        out = model(input_ids=completion_ids[:, :-1], attention_mask=full_mask[:, :-1], position_ids=positions[:, :-1],
+                    past_key_values=cache, use_cache=True)
+        logits = torch.cat([first_logits, out.logits], dim=1)
+    else:
+        logits = first_logits
+    return _token_logprobs(logits, completion_ids, temperature, with_entropy)

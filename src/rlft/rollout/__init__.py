@@ -1,6 +1,9 @@
-"""Generation engines behind one interface (:class:`RolloutEngine`)."""
+"""Generation engines behind one interface (:class:`RolloutEngine`), looked up by name."""
 
 from rlft.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
 from rlft.rollout.hf_engine import HFGenerateEngine
+from rlft.rollout.native_engine import NativeEngine
 
-__all__ = ["HFGenerateEngine", "RolloutBatch", "RolloutEngine", "SamplingParams"]
+ENGINES = {"native": NativeEngine, "hf": HFGenerateEngine}
+
+__all__ = ["ENGINES", "HFGenerateEngine", "NativeEngine", "RolloutBatch", "RolloutEngine", "SamplingParams"]

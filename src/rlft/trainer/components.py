@@ -32,6 +32,7 @@ def build_model(cfg: RlftConfig) -> ModelParts:
     """Policy (fp32 master weights), tokenizer and the frozen reference policy."""
     from rlft.models.gguf import resolve_model_dir
     from rlft.models.loading import load_policy, load_tokenizer, resolve_device
+    from rlft.models.precision import autocast_dtype
     from rlft.models.reference import make_reference
 
     device = resolve_device(cfg.model.device)
@@ -40,11 +41,13 @@ def build_model(cfg: RlftConfig) -> ModelParts:
     model = load_policy(cfg.model, device, model_dir=model_dir)
     # Without a KL term the reference is never used, so don't pay for a copy of the weights.
     reference = make_reference(model) if cfg.algorithm.kl_coef > 0 else None
-    autocast = torch.bfloat16 if cfg.model.dtype == "bf16" else None
+    autocast, warning = autocast_dtype(cfg.model.dtype, device)
+    if warning:
+        get_logger().warning(warning)
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
     n_all = sum(p.numel() for p in model.parameters())
     get_logger().info(f"model loaded: {model_dir} on {device} ({n_all / 1e6:.1f}M parameters, "
-                      f"{n_train / 1e6:.2f}M trainable, dtype {cfg.model.dtype}"
+                      f"{n_train / 1e6:.2f}M trainable, compute {'bf16 autocast' if autocast else 'fp32'}"
                       f"{', LoRA r=%d' % cfg.model.lora.r if cfg.model.lora else ''})")
     return ModelParts(model, tokenizer, reference, device, autocast, str(model_dir))
 

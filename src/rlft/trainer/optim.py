@@ -8,11 +8,15 @@ import torch
 
 
 def build_optimizer(params, *, lr: float, weight_decay: float, betas: tuple[float, float], eps: float) -> torch.optim.Optimizer:
-    """AdamW over the trainable parameters (fused kernels where the device supports them)."""
+    """AdamW over the trainable parameters.
+
+    ``foreach`` (multi-tensor) updates are forced on: PyTorch only picks them by
+    default on GPU, and on CPU the per-tensor loop is ~4x slower for a 135M model.
+    """
     params = [p for p in params if p.requires_grad]
     if not params:
         raise ValueError("the model has no trainable parameters")
-    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas, eps=eps)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas, eps=eps, foreach=True)
 
 
 def lr_multiplier(step: int, *, total_steps: int, warmup_steps: int, schedule: str, min_ratio: float) -> float:

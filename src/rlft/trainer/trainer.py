@@ -20,7 +20,7 @@ from rlft.config.schema import RlftConfig
 from rlft.evaluation import EvalResult, columns_of, evaluate
 from rlft.logging.console import ProgressBar, attach_file_log, get_logger, setup_console_logging
 from rlft.logging.run_dir import RunDirectory, append_jsonl
-from rlft.rollout import HFGenerateEngine, SamplingParams
+from rlft.rollout import ENGINES, SamplingParams
 from rlft.trainer.metrics import MetricWindow, format_step_line, peak_memory_mb, rollout_metrics
 
 
@@ -72,7 +72,7 @@ class Trainer:
         self.parts = build_model(cfg)
         self.train_set, self.eval_set = build_data(cfg, self.parts.tokenizer)
         self.rewards = RewardManager.from_specs(cfg.reward.functions)
-        self.engine = HFGenerateEngine(self.parts.model, self.parts.tokenizer, max_prompt_length=cfg.data.max_prompt_length,
+        self.engine = ENGINES[cfg.rollout.engine](self.parts.model, self.parts.tokenizer, max_prompt_length=cfg.data.max_prompt_length,
                                        autocast_dtype=self.parts.autocast_dtype,
                                        add_special_tokens=not cfg.data.use_chat_template)
         from rlft.data.sampler import PromptSampler
@@ -177,7 +177,7 @@ class Trainer:
                                         alg.num_generations), scale_rewards=alg.scale_rewards)
         lr = self.updater.optimizer.param_groups[0]["lr"]
         t1 = time.perf_counter()
-        stats = self.updater.update(UpdateBatch(rollout.input_ids, rollout.attention_mask, mask, advantages))
+        stats = self.updater.update(UpdateBatch.from_rollout(rollout, advantages))
         self.step += 1
         seconds = time.perf_counter() - t0
         metrics = rollout_metrics(scored.total, scored.per_reward, rollout.completion_lengths,

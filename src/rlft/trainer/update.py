@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 
 import torch
 
 from rlft.algorithms import policy_objective
-from rlft.models.logprobs import completion_logprobs
+from rlft.logging.console import get_logger
+from rlft.models.logprobs import grouped_completion_logprobs
 
 
 @dataclass(frozen=True)
@@ -31,25 +33,44 @@ class UpdateParams:
 
 @dataclass
 class UpdateBatch:
-    """Tensors of one rollout batch, N rows. input_ids/attention_mask: [N, P+T]; mask/advantages: [N, T]."""
+    """Tensors of one rollout batch of N completions over U distinct prompts.
 
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
+    prompt_ids, prompt_mask: [U, P] left-padded; row_prompt: [N] prompt row of each completion;
+    completion_ids, mask, advantages: [N, T] (mask: 1 on tokens in the loss).
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    row_prompt: torch.Tensor
+    completion_ids: torch.Tensor
     mask: torch.Tensor
     advantages: torch.Tensor
 
+    @classmethod
+    def from_rollout(cls, rollout, advantages: torch.Tensor) -> "UpdateBatch":
+        index = torch.tensor(rollout.prompt_index, device=rollout.prompt_ids.device)
+        first_row = {p: i for i, p in reversed(list(enumerate(rollout.prompt_index)))}
+        rows = torch.tensor([first_row[p] for p in sorted(first_row)], device=index.device)
+        return cls(rollout.prompt_ids[rows], rollout.prompt_mask[rows], index, rollout.completion_ids,
+                   rollout.completion_mask, advantages)
+
     def rows(self, idx: slice) -> "UpdateBatch":
-        """A trimmed slice: drops columns that are padding in every selected row, so short
-        micro-batches cost less."""
-        attn = self.attention_mask[idx]
+        """A slice of completions with only their prompts, trimmed of columns that are padding in every
+        selected row, so short micro-batches cost less."""
+        used, row_prompt = torch.unique(self.row_prompt[idx], return_inverse=True)
+        pmask = self.prompt_mask[used]
+        cols = pmask.any(dim=0).nonzero()
+        start = int(cols[0].item()) if len(cols) else 0
         mask = self.mask[idx]
         comp_len = int(mask.sum(-1).max().item()) or 1
-        T = self.mask.shape[1]
-        prompt_cols = attn[:, : attn.shape[1] - T].any(dim=0).nonzero()
-        start = int(prompt_cols[0].item()) if len(prompt_cols) else 0
-        end = attn.shape[1] - T + comp_len
-        return UpdateBatch(self.input_ids[idx, start:end], attn[:, start:end], mask[:, :comp_len],
-                           self.advantages[idx, :comp_len])
+        return UpdateBatch(self.prompt_ids[used, start:], pmask[:, start:], row_prompt,
+                           self.completion_ids[idx, :comp_len], mask[:, :comp_len], self.advantages[idx, :comp_len])
+
+    def logprobs(self, model, temperature: float, with_entropy: bool = False):
+        """[n, T] log-probs (and entropy) of this batch's completions under ``model``."""
+        return grouped_completion_logprobs(model, self.prompt_ids, self.prompt_mask, self.row_prompt,
+                                           self.completion_ids, self.mask, temperature=temperature,
+                                           with_entropy=with_entropy)
 
 
 def _slices(n: int, size: int) -> list[slice]:
@@ -79,9 +100,8 @@ class PolicyUpdater:
         out = torch.zeros_like(batch.mask, dtype=torch.float32)
         for sl in _slices(batch.mask.shape[0], self.p.micro_batch_size):
             mb = batch.rows(sl)
-            with self._autocast(mb.input_ids.device):
-                lp, _ = completion_logprobs(module, mb.input_ids, mb.attention_mask, mb.mask.shape[1],
-                                            temperature=self.p.temperature)
+            with self._autocast(mb.mask.device):
+                lp, _ = mb.logprobs(module, self.p.temperature)
             out[sl, : lp.shape[1]] = lp
         return out
 
@@ -121,9 +141,8 @@ class PolicyUpdater:
             abs_sl = slice(rows.start + sl.start, rows.start + sl.stop)
             mb = batch.rows(abs_sl)
             T = mb.mask.shape[1]
-            with self._autocast(mb.input_ids.device):
-                lp, ent = completion_logprobs(self.model, mb.input_ids, mb.attention_mask, T,
-                                              temperature=self.p.temperature, with_entropy=True)
+            with self._autocast(mb.mask.device):
+                lp, ent = mb.logprobs(self.model, self.p.temperature, with_entropy=True)
             old = lp.detach() if old_lp is None else old_lp[abs_sl, :T]
             ref = None if ref_lp is None else ref_lp[abs_sl, :T]
             out = policy_objective(lp, old, mb.advantages, mb.mask, ref, loss_name=self.p.loss_name,
@@ -134,8 +153,13 @@ class PolicyUpdater:
                 stats[k] = stats.get(k, 0.0) + v
             stats["entropy"] += float((ent * mb.mask).sum().item()) / max(counts["num_tokens"], 1.0)
         params = [p for p in self.model.parameters() if p.requires_grad]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.p.max_grad_norm)
-        stats["grad_norm"] = float(grad_norm.item())
-        self.optimizer.step()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.p.max_grad_norm).item())
+        stats["grad_norm"] = grad_norm
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+        else:
+            # One bad batch (overflow, a degenerate log-prob) must not poison the weights.
+            stats["skipped_updates"] = 1.0
+            get_logger().warning(f"non-finite gradient norm ({grad_norm}); optimizer step skipped")
         self.scheduler.step()
         return stats

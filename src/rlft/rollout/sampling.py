@@ -1,0 +1,37 @@
+"""Token sampling from next-token logits: temperature, top-k, top-p (nucleus), greedy."""
+
+from __future__ import annotations
+
+import torch
+
+from rlft.rollout.base import SamplingParams
+
+
+def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Set logits outside the top-k / top-p nucleus to -inf. logits: [N, V] -> [N, V]."""
+    if top_k and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+        # drop a token when the tokens before it already cover top_p (the first token always stays)
+        drop_sorted = (cum - torch.softmax(sorted_logits, dim=-1)) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def sample_next(logits: torch.Tensor, sampling: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick one token per row; returns tokens [N] and their log-probs [N] under the tempered,
+    unfiltered distribution (the one the trainer's log-prob computation sees)."""
+    logits = logits.float()
+    if sampling.greedy:
+        tokens = logits.argmax(-1)
+        logprobs = torch.log_softmax(logits, -1).gather(-1, tokens[:, None]).squeeze(-1)
+        return tokens, logprobs
+    tempered = logits / sampling.temperature
+    filtered = filter_logits(tempered, sampling.top_k, sampling.top_p)
+    tokens = torch.multinomial(torch.softmax(filtered, -1), 1).squeeze(-1)
+    logprobs = torch.log_softmax(tempered, -1).gather(-1, tokens[:, None]).squeeze(-1)
+    return tokens, logprobs

