@@ -55,7 +55,6 @@ def policy_objective(
     stats = {
         "pg_loss": aggregate(per_token.detach(), mask, aggregation, **counts).item(),
         "clip_frac": ((terms.clipped * mask).sum() * token_share).item(),
-        "ratio_mean": ((terms.ratio * mask).sum() * token_share).item(),
     }
     if ref_logprobs is not None:
         kl = kl_penalty(logprobs, ref_logprobs, kl_estimator)

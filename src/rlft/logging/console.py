@@ -73,15 +73,18 @@ class ProgressBar:
     """A rich progress bar with ETA when enabled (terminal), a no-op otherwise."""
 
     def __init__(self, total: int, mode: str = "auto", description: str = "training"):
-        enabled = mode == "on" or (mode == "auto" and sys.stdout.isatty())
         self._progress = None
-        if enabled:
+        if self.enabled_for(mode):
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
             self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                       TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
                                       TextColumn("{task.fields[info]}"))
             self._task = self._progress.add_task(description, total=total, info="")
+
+    @staticmethod
+    def enabled_for(mode: str) -> bool:
+        return mode == "on" or (mode == "auto" and sys.stdout.isatty())
 
     def __enter__(self):
         if self._progress is not None:
@@ -96,3 +99,13 @@ class ProgressBar:
         if self._progress is not None:
             self._progress.stop()
         return False
+
+
+def quiet_library_progress_bars() -> None:
+    """Silence transformers' own tqdm bars ("Loading weights ...") in non-interactive runs."""
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass

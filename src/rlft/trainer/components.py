@@ -66,3 +66,24 @@ def build_data(cfg: RlftConfig, tokenizer):
     log.info(f"data loaded: {len(train)} train prompts, {n_eval} eval prompts "
              f"({sum(len(p.skipped) for p in (train, evalset) if p is not None)} rows skipped)")
     return train, evalset
+
+
+def build_updater(cfg: RlftConfig, parts: ModelParts, preset, total_steps: int):
+    """Optimizer, lr schedule and the policy updater, from the algorithm section."""
+    from rlft.trainer.optim import build_optimizer, build_scheduler
+    from rlft.trainer.update import PolicyUpdater, UpdateParams
+
+    alg = cfg.algorithm
+    rollout_rows = alg.rollout_batch_size * alg.num_generations
+    steps_per_update = alg.ppo_epochs * -(-rollout_rows // (alg.mini_batch_size or rollout_rows))
+    optimizer = build_optimizer(parts.model.parameters(), lr=alg.learning_rate, weight_decay=alg.weight_decay,
+                                betas=tuple(alg.adam_betas), eps=alg.adam_eps)
+    scheduler = build_scheduler(optimizer, total_steps=total_steps * steps_per_update,
+                                warmup_steps=alg.warmup_steps * steps_per_update, schedule=alg.lr_scheduler,
+                                min_ratio=alg.min_lr_ratio)
+    params = UpdateParams(loss_name=preset.policy_loss, clip_low=alg.clip_range, clip_high=alg.clip_range,
+                          kl_coef=alg.kl_coef, kl_estimator=alg.kl_estimator, aggregation=alg.loss_aggregation,
+                          temperature=alg.temperature, ppo_epochs=alg.ppo_epochs, mini_batch_size=alg.mini_batch_size,
+                          micro_batch_size=alg.micro_batch_size, max_grad_norm=alg.max_grad_norm,
+                          max_len=alg.max_new_tokens)
+    return PolicyUpdater(parts.model, parts.reference, optimizer, scheduler, params, parts.autocast_dtype)

@@ -18,7 +18,8 @@ from rlft.algorithms.presets import PRESETS
 from rlft.config.loader import config_to_yaml, load_config
 from rlft.config.schema import RlftConfig
 from rlft.evaluation import EvalResult, columns_of, evaluate
-from rlft.logging.console import ProgressBar, attach_file_log, get_logger, setup_console_logging
+from rlft.logging.console import (ProgressBar, attach_file_log, get_logger, quiet_library_progress_bars,
+                                  setup_console_logging)
 from rlft.logging.run_dir import RunDirectory, append_jsonl
 from rlft.rollout import ENGINES, SamplingParams
 from rlft.trainer.metrics import MetricWindow, format_step_line, peak_memory_mb, rollout_metrics
@@ -32,6 +33,7 @@ class TrainResult:
     eval_before: EvalResult | None = None
     eval_after: EvalResult | None = None
     last_metrics: dict = field(default_factory=dict)
+    train_seconds: float = 0.0
 
 
 class Trainer:
@@ -55,49 +57,51 @@ class Trainer:
     # ------------------------------------------------------------------ setup
 
     def setup(self) -> None:
-        """Create the run directory and build model, data, rewards, engine and optimizer."""
-        from rlft.rewards.manager import RewardManager
-        from rlft.trainer.components import build_data, build_model, seed_everything
-        from rlft.trainer.optim import build_optimizer, build_scheduler
-        from rlft.trainer.update import PolicyUpdater, UpdateParams
+        """Create the run directory, then build model, data, rewards, engine and optimizer.
 
-        cfg, alg = self.cfg, self.cfg.algorithm
-        self.run_dir = RunDirectory.create(cfg.train.output_dir, cfg.train.run_name, alg.name)
+        A failure here is recorded in run.json like a failure during training."""
+        cfg = self.cfg
+        self.run_dir = RunDirectory.create(cfg.train.output_dir, cfg.train.run_name, cfg.algorithm.name)
         self.log = setup_console_logging()
         self._file_log = attach_file_log(self.run_dir.log)
         self.run_dir.config.write_text(config_to_yaml(cfg))
         self.run_dir.write_run_info(status="starting", config=self.config_source, started=time.time())
         self.log.info(f"config loaded: {self.config_source} -> run directory {self.run_dir.root}")
+        try:
+            self._build()
+        except BaseException as exc:
+            self._close(status="failed", error=f"{type(exc).__name__}: {exc}")
+            raise
+        self._ready = True
+
+    def _build(self) -> None:
+        from rlft.data.sampler import PromptSampler
+        from rlft.rewards.manager import RewardManager
+        from rlft.trainer.components import build_data, build_model, build_updater, seed_everything
+
+        cfg, alg = self.cfg, self.cfg.algorithm
+        if not ProgressBar.enabled_for(cfg.train.progress_bar):
+            quiet_library_progress_bars()
         seed_everything(cfg.train.seed)
         self.parts = build_model(cfg)
         self.train_set, self.eval_set = build_data(cfg, self.parts.tokenizer)
         self.rewards = RewardManager.from_specs(cfg.reward.functions)
-        self.engine = ENGINES[cfg.rollout.engine](self.parts.model, self.parts.tokenizer, max_prompt_length=cfg.data.max_prompt_length,
-                                       autocast_dtype=self.parts.autocast_dtype,
-                                       add_special_tokens=not cfg.data.use_chat_template)
-        from rlft.data.sampler import PromptSampler
-
+        self.engine = ENGINES[cfg.rollout.engine](
+            self.parts.model, self.parts.tokenizer, max_prompt_length=cfg.data.max_prompt_length,
+            autocast_dtype=self.parts.autocast_dtype, add_special_tokens=not cfg.data.use_chat_template)
         self.sampler = PromptSampler(len(self.train_set), alg.rollout_batch_size, seed=cfg.train.seed,
                                      shuffle=cfg.data.shuffle)
         self.total_steps = self._total_steps()
-        steps_per_update = alg.ppo_epochs * -(-alg.rollout_batch_size * alg.num_generations // (
-            alg.mini_batch_size or alg.rollout_batch_size * alg.num_generations))
-        optimizer = build_optimizer(self.parts.model.parameters(), lr=alg.learning_rate, weight_decay=alg.weight_decay,
-                                    betas=tuple(alg.adam_betas), eps=alg.adam_eps)
-        scheduler = build_scheduler(optimizer, total_steps=self.total_steps * steps_per_update,
-                                    warmup_steps=alg.warmup_steps * steps_per_update, schedule=alg.lr_scheduler,
-                                    min_ratio=alg.min_lr_ratio)
         self.preset = PRESETS[alg.name]
-        params = UpdateParams(loss_name=self.preset.policy_loss, clip_low=alg.clip_range, clip_high=alg.clip_range,
-                              kl_coef=alg.kl_coef, kl_estimator=alg.kl_estimator, aggregation=alg.loss_aggregation,
-                              temperature=alg.temperature, ppo_epochs=alg.ppo_epochs,
-                              mini_batch_size=alg.mini_batch_size, micro_batch_size=alg.micro_batch_size,
-                              max_grad_norm=alg.max_grad_norm, max_len=alg.max_new_tokens)
-        self.updater = PolicyUpdater(self.parts.model, self.parts.reference, optimizer, scheduler, params,
-                                     self.parts.autocast_dtype)
+        self.updater = build_updater(cfg, self.parts, self.preset, self.total_steps)
         self.step = 0
         self._log_algorithm()
-        self._ready = True
+
+    def _close(self, **run_info) -> None:
+        """Record the final status and detach this run's log file (API users may start another run)."""
+        self.run_dir.write_run_info(ended=time.time(), **run_info)
+        get_logger().removeHandler(self._file_log)
+        self._file_log.close()
 
     def _total_steps(self) -> int:
         total = self.cfg.train.epochs * self.sampler.steps_per_epoch
@@ -135,13 +139,10 @@ class Trainer:
                 result.eval_after = self.evaluate(tag="after training")
             self._report(result)
         except BaseException as exc:
-            self.run_dir.write_run_info(status="failed", error=f"{type(exc).__name__}: {exc}", ended=time.time())
+            self._close(status="failed", step=self.step, error=f"{type(exc).__name__}: {exc}")
             raise
-        finally:
-            get_logger().removeHandler(self._file_log)
-            self._file_log.close()
-        result.steps = self.step
-        self.run_dir.write_run_info(status="completed", step=self.step, ended=time.time())
+        result.steps, result.train_seconds = self.step, self.train_seconds
+        self._close(status="completed", step=self.step)
         return result
 
     def _after_step(self, window: MetricWindow, bar: ProgressBar, result: TrainResult) -> None:
@@ -188,10 +189,12 @@ class Trainer:
                         "tokens_per_s": float(mask.sum().item()) / seconds,
                         "peak_mem_mb": peak_memory_mb(self.parts.device)})
         self._last_reward = metrics["reward/mean"]
+        self.train_seconds += seconds
         self._write_samples(prompts, rollout.texts, scored)
         return metrics
 
     _last_reward = 0.0
+    train_seconds = 0.0  # wall time inside train steps (excludes model load, evaluation, checkpoints)
 
     def _write_samples(self, prompts, texts, scored) -> None:
         n = self.cfg.train.samples_per_log
@@ -234,6 +237,8 @@ class Trainer:
 
     def _report(self, result: TrainResult) -> None:
         before, after = result.eval_before, result.eval_after
+        self.log.info(f"trained {self.step} steps in {self.train_seconds / 60:.1f} min of training time "
+                      f"(model load, evaluation and checkpoints not counted)")
         if before is not None and after is not None:
             self.log.info(f"held-out accuracy: before {before.accuracy:.1%} -> after {after.accuracy:.1%} "
                           f"({after.num_prompts} prompts)")

@@ -54,7 +54,7 @@ class UpdateBatch:
         return cls(rollout.prompt_ids[rows], rollout.prompt_mask[rows], index, rollout.completion_ids,
                    rollout.completion_mask, advantages)
 
-    def rows(self, idx: slice) -> "UpdateBatch":
+    def rows(self, idx: torch.Tensor) -> "UpdateBatch":
         """A slice of completions with only their prompts, trimmed of columns that are padding in every
         selected row, so short micro-batches cost less."""
         used, row_prompt = torch.unique(self.row_prompt[idx], return_inverse=True)
@@ -71,10 +71,6 @@ class UpdateBatch:
         return grouped_completion_logprobs(model, self.prompt_ids, self.prompt_mask, self.row_prompt,
                                            self.completion_ids, self.mask, temperature=temperature,
                                            with_entropy=with_entropy)
-
-
-def _slices(n: int, size: int) -> list[slice]:
-    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
 
 class PolicyUpdater:
@@ -98,7 +94,7 @@ class PolicyUpdater:
     def _logprobs_no_grad(self, module, batch: UpdateBatch) -> torch.Tensor:
         """Log-probs [N, T] under ``module`` for every row, computed in micro-batches."""
         out = torch.zeros_like(batch.mask, dtype=torch.float32)
-        for sl in _slices(batch.mask.shape[0], self.p.micro_batch_size):
+        for sl in torch.arange(batch.mask.shape[0], device=batch.mask.device).split(self.p.micro_batch_size):
             mb = batch.rows(sl)
             with self._autocast(mb.mask.device):
                 lp, _ = mb.logprobs(module, self.p.temperature)
@@ -124,35 +120,48 @@ class PolicyUpdater:
         num_steps = 0
         self.model.train()
         for _ in range(self.p.ppo_epochs):
-            for mb_slice in _slices(n, mini):
-                stats = self._optimizer_step(batch, mb_slice, old_lp, ref_lp)
+            for rows in torch.arange(n, device=batch.mask.device).split(mini):
+                stats = self._optimizer_step(batch, rows, old_lp, ref_lp)
                 for k, v in stats.items():
                     totals[k] = totals.get(k, 0.0) + v
                 num_steps += 1
         return {k: v / num_steps for k, v in totals.items()}
 
-    def _optimizer_step(self, batch: UpdateBatch, rows: slice, old_lp, ref_lp) -> dict[str, float]:
+    def _rows_with_gradient(self, batch: UpdateBatch, rows: torch.Tensor, ref_lp) -> torch.Tensor:
+        """Rows whose loss can have a non-zero gradient. Without a KL term, a completion whose
+        advantage is zero everywhere (e.g. every member of its group got the same reward)
+        contributes exactly 0, so its forward/backward is skipped; the loss normalisers still
+        count it, so the update is identical to computing it."""
+        if ref_lp is not None and self.p.kl_coef > 0:
+            return rows
+        return rows[(batch.advantages[rows] != 0).any(dim=-1)]
+
+    def _optimizer_step(self, batch: UpdateBatch, rows: torch.Tensor, old_lp, ref_lp) -> dict[str, float]:
         """Accumulate gradients over micro-batches of ``rows`` and take one optimizer step."""
         mask = batch.mask[rows]
         counts = dict(num_tokens=float(mask.sum().item()), num_seqs=float(mask.shape[0]), max_len=self.p.max_len)
-        stats: dict[str, float] = {"entropy": 0.0}
+        active = self._rows_with_gradient(batch, rows, ref_lp)
+        stats: dict[str, float] = {"entropy": 0.0, "rows_in_update": float(active.numel()) / max(rows.numel(), 1)}
         self.optimizer.zero_grad(set_to_none=True)
-        for sl in _slices(rows.stop - rows.start, self.p.micro_batch_size):
-            abs_sl = slice(rows.start + sl.start, rows.start + sl.stop)
-            mb = batch.rows(abs_sl)
+        active_tokens = max(float(batch.mask[active].sum().item()), 1.0)
+        for chunk in active.split(self.p.micro_batch_size) if active.numel() else ():
+            mb = batch.rows(chunk)
             T = mb.mask.shape[1]
             with self._autocast(mb.mask.device):
                 lp, ent = mb.logprobs(self.model, self.p.temperature, with_entropy=True)
-            old = lp.detach() if old_lp is None else old_lp[abs_sl, :T]
-            ref = None if ref_lp is None else ref_lp[abs_sl, :T]
+            old = lp.detach() if old_lp is None else old_lp[chunk, :T]
+            ref = None if ref_lp is None else ref_lp[chunk, :T]
             out = policy_objective(lp, old, mb.advantages, mb.mask, ref, loss_name=self.p.loss_name,
                                    clip_low=self.p.clip_low, clip_high=self.p.clip_high, kl_coef=self.p.kl_coef,
                                    kl_estimator=self.p.kl_estimator, aggregation=self.p.aggregation, **counts)
             out.loss.backward()
             for k, v in out.stats.items():
                 stats[k] = stats.get(k, 0.0) + v
-            stats["entropy"] += float((ent * mb.mask).sum().item()) / max(counts["num_tokens"], 1.0)
+            stats["entropy"] += float((ent * mb.mask).sum().item()) / active_tokens
         params = [p for p in self.model.parameters() if p.requires_grad]
+        for p in params:  # a step with zero gradient still advances Adam's moments, as the full loss would
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.p.max_grad_norm).item())
         stats["grad_norm"] = grad_norm
         if math.isfinite(grad_norm):
