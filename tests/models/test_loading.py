@@ -8,14 +8,8 @@ import torch
 from rlft.config.schema import LoraConfig, ModelConfig
 from rlft.errors import ModelError
 from rlft.models.loading import hub_offline, load_policy, load_tokenizer, resolve_device
-from rlft.models.tiny import build_tiny_model_dir
 
 CPU = torch.device("cpu")
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return build_tiny_model_dir(tmp_path_factory.mktemp("tiny"))
 
 
 def test_tokenizer_is_left_padded_with_pad_and_chat_template(tiny_dir):

@@ -2,26 +2,15 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from rlft.config.schema import LoraConfig, ModelConfig
 from rlft.models.loading import load_policy
 from rlft.models.reference import make_reference
-from rlft.models.tiny import build_tiny_model_dir
 
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return build_tiny_model_dir(tmp_path_factory.mktemp("tiny"))
-
-
-@pytest.fixture
-def ids():
-    torch.manual_seed(1)
-    return torch.randint(7, 60, (2, 8))
 
 
 def test_lora_reference_is_base_model(tiny_dir, ids):

@@ -11,20 +11,10 @@ from rlft.config.schema import LoraConfig, ModelConfig
 from rlft.errors import ModelError
 from rlft.models.loading import load_policy, load_tokenizer
 from rlft.models.save import BASE_MODEL_FILE, adapter_base_dir, load_for_inference, save_pretrained_dir
-from rlft.models.tiny import build_tiny_model_dir
 
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return build_tiny_model_dir(tmp_path_factory.mktemp("tiny"))
-
-
-@pytest.fixture
-def ids():
-    torch.manual_seed(2)
-    return torch.randint(7, 60, (2, 8))
 
 
 def _perturb(model, name_part: str = "") -> None:

@@ -73,3 +73,25 @@ def test_update_moves_logprob_in_direction_of_advantage(tiny_model_dir):
         after, _ = batch.logprobs(model, 1.0)
     delta = ((after - before) * batch.mask).sum(-1)
     assert (delta[0::2] > 0).all() and (delta[1::2] < 0).all()
+
+
+def test_health_watch_warns_once_on_flat_rewards():
+    import logging
+
+    from rlft.trainer.metrics import HealthWatch
+
+    records = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    log = logging.getLogger("rlft-test-health")
+    log.addHandler(Collect())
+    watch = HealthWatch(log, patience=3)
+    flat = {"groups_zero_std": 1.0, "reward/mean": 0.0, "truncation_rate": 0.0}
+    for step in range(1, 7):
+        watch.observe(step, flat)
+    assert len(records) == 1 and "same reward" in records[0] and "step 3" in records[0]
+    watch.observe(7, {"groups_zero_std": 0.5, "reward/mean": 0.2, "truncation_rate": 0.95})
+    assert len(records) == 2 and "max_new_tokens" in records[1]

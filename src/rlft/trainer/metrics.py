@@ -65,3 +65,32 @@ def format_step_line(step: int, total: int, m: dict[str, float]) -> str:
               f"clip {m['clip_frac']:.3f}", f"lr {m['lr']:.2e}", f"{m['step_seconds']:.2f} s/step",
               f"{m['tokens_per_s']:.0f} tok/s"]
     return " | ".join(parts)
+
+
+class HealthWatch:
+    """Warns (once per kind) about runs that look healthy in the log but cannot learn."""
+
+    def __init__(self, logger, patience: int = 5):
+        self.log = logger
+        self.patience = patience
+        self._flat_steps = 0
+        self._warned: set[str] = set()
+
+    def observe(self, step: int, m: dict[str, float]) -> None:
+        # Every group with identical rewards means every advantage is 0: GRPO gets no signal.
+        self._flat_steps = self._flat_steps + 1 if m.get("groups_zero_std", 0.0) >= 1.0 else 0
+        if self._flat_steps >= self.patience:
+            self._warn("flat", f"step {step}: for {self._flat_steps} steps every prompt's completions got the same "
+                       f"reward (mean {m['reward/mean']:.3f}), so there is nothing to learn from; check that the reward "
+                       f"can vary, or raise temperature / num_generations")
+        if m.get("truncation_rate", 0.0) >= 0.9:
+            self._warn("trunc", f"step {step}: {m['truncation_rate']:.0%} of completions hit max_new_tokens; "
+                       f"rewards may be judging cut-off text")
+        if not all(math.isfinite(v) for v in m.values()):
+            bad = sorted(k for k, v in m.items() if not math.isfinite(v))
+            self._warn("nonfinite", f"step {step}: non-finite metrics {bad}")
+
+    def _warn(self, kind: str, message: str) -> None:
+        if kind not in self._warned:
+            self._warned.add(kind)
+            self.log.warning(message)

@@ -22,7 +22,7 @@ from rlft.logging.console import (ProgressBar, attach_file_log, get_logger, quie
                                   setup_console_logging)
 from rlft.logging.run_dir import RunDirectory, append_jsonl
 from rlft.rollout import ENGINES, SamplingParams
-from rlft.trainer.metrics import MetricWindow, format_step_line, peak_memory_mb, rollout_metrics
+from rlft.trainer.metrics import HealthWatch, MetricWindow, format_step_line, peak_memory_mb, rollout_metrics
 
 
 @dataclass
@@ -95,6 +95,7 @@ class Trainer:
         self.preset = PRESETS[alg.name]
         self.updater = build_updater(cfg, self.parts, self.preset, self.total_steps)
         self.step = 0
+        self._health = HealthWatch(self.log)
         self._log_algorithm()
 
     def _close(self, **run_info) -> None:
@@ -133,6 +134,7 @@ class Trainer:
                 while self.step < self.total_steps:
                     metrics = self.train_step()
                     window.add(metrics)
+                    self._health.observe(self.step, metrics)
                     self._after_step(window, bar, result)
             result.final_checkpoint = self.save_checkpoint()
             if self.cfg.eval.after_training:
