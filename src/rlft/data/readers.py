@@ -55,7 +55,7 @@ def _jsonl_items(path: Path) -> Iterator[_Item]:
             if not line.strip():
                 continue
             try:
-                value = json.loads(line)
+                value = json.loads(line.rstrip("\r\n"))
             except json.JSONDecodeError as exc:
                 yield number, None, f"invalid JSON ({exc.msg} at column {exc.colno})"
                 continue
