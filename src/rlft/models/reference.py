@@ -27,10 +27,10 @@ from torch import nn
 
 
 def is_peft_model(model: nn.Module) -> bool:
-    """True if ``model`` is a PEFT model (has an adapter that can be disabled)."""
-    from peft import PeftModel
+    """True if ``model`` is a PEFT model (has an adapter that can be disabled).
 
-    return isinstance(model, PeftModel)
+    Duck-typed so a full fine-tune never imports peft."""
+    return hasattr(model, "peft_config") and hasattr(model, "disable_adapter")
 
 
 class ReferencePolicy:
