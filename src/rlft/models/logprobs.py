@@ -10,13 +10,23 @@ of every row (see tests/models/test_logprobs.py).
 
 from __future__ import annotations
 
-import warnings
+import functools
+import inspect
 
 import torch
 
-# transformers 5.x renames ``past_key_values`` to ``cache`` (removal announced for 5.40,
-# pinned below that); the old name keeps PEFT wrappers and older releases working.
-warnings.filterwarnings("ignore", message=".*past_key_values.*is deprecated", category=FutureWarning)
+
+@functools.lru_cache(maxsize=None)
+def _cache_kwarg_name() -> str:
+    """transformers 5.x renamed the KV-cache argument ``past_key_values`` to ``cache``."""
+    from transformers import LlamaForCausalLM
+
+    return "cache" if "cache" in inspect.signature(LlamaForCausalLM.forward).parameters else "past_key_values"
+
+
+def cache_kwargs(cache) -> dict:
+    """Keyword arguments passing ``cache`` (updated in place by the model) to a forward call."""
+    return {_cache_kwarg_name(): cache, "use_cache": True}
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -81,9 +91,7 @@ def grouped_completion_logprobs(
 
     cache = DynamicCache()
     prefill = model(input_ids=prompt_ids, attention_mask=prompt_mask,
-                    position_ids=position_ids_from_mask(prompt_mask), past_key_values=cache, use_cache=True,
-                    logits_to_keep=1)
-    cache = prefill.past_key_values
+                    position_ids=position_ids_from_mask(prompt_mask), logits_to_keep=1, **cache_kwargs(cache))
     for layer in cache.layers:
         layer.batch_select_indices(row_prompt)
     T = completion_ids.shape[1]
@@ -93,7 +101,7 @@ def grouped_completion_logprobs(
     first_logits = prefill.logits[row_prompt, -1:, :]
     if T > 1:
         out = model(input_ids=completion_ids[:, :-1], attention_mask=full_mask[:, :-1], position_ids=positions[:, :-1],
-                    past_key_values=cache, use_cache=True)
+                    **cache_kwargs(cache))
         logits = torch.cat([first_logits, out.logits], dim=1)
     else:
         logits = first_logits

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from rlft.models.logprobs import position_ids_from_mask
+from rlft.models.logprobs import cache_kwargs, position_ids_from_mask
 from rlft.rollout.base import RolloutBatch, SamplingParams
 from rlft.rollout.hf_engine import HFGenerateEngine
 from rlft.rollout.sampling import sample_next
@@ -47,10 +47,9 @@ class NativeEngine(HFGenerateEngine):
         from transformers import DynamicCache
 
         n, T, device = sampling.n, sampling.max_new_tokens, prompt_ids.device
+        cache = DynamicCache()
         out = self.model(input_ids=prompt_ids, attention_mask=prompt_mask,
-                         position_ids=position_ids_from_mask(prompt_mask), past_key_values=DynamicCache(),
-                         use_cache=True, logits_to_keep=1)
-        cache = out.past_key_values
+                         position_ids=position_ids_from_mask(prompt_mask), logits_to_keep=1, **cache_kwargs(cache))
         for layer in cache.layers:
             layer.batch_repeat_interleave(n)
         logits = out.logits[:, -1].repeat_interleave(n, 0)
@@ -77,7 +76,7 @@ class NativeEngine(HFGenerateEngine):
                 alive, attn, positions, tok = alive[keep], attn[keep], positions[keep], tok[keep]
             attn = torch.cat([attn, attn.new_ones(attn.shape[0], 1)], dim=1)
             out = self.model(input_ids=tok[:, None], attention_mask=attn, position_ids=positions[:, None],
-                             past_key_values=cache, use_cache=True)
+                             **cache_kwargs(cache))
             positions = positions + 1
             logits = out.logits[:, -1]
         return tokens, logprobs, lengths, ended
