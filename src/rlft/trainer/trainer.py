@@ -15,14 +15,19 @@ import torch
 
 from rlft.algorithms import AdvantageInputs, compute_advantages
 from rlft.algorithms.presets import PRESETS
+from rlft.checkpoint import save_checkpoint
 from rlft.config.loader import config_to_yaml, load_config
 from rlft.config.schema import RlftConfig
+from rlft.data.sampler import PromptSampler
 from rlft.evaluation import EvalResult, columns_of, evaluate
 from rlft.logging.console import (ProgressBar, attach_file_log, get_logger, quiet_library_progress_bars,
                                   setup_console_logging)
 from rlft.logging.run_dir import RunDirectory, append_jsonl
+from rlft.rewards.manager import RewardManager
 from rlft.rollout import ENGINES, SamplingParams
+from rlft.trainer.components import build_data, build_model, build_updater, seed_everything
 from rlft.trainer.metrics import HealthWatch, MetricWindow, format_step_line, peak_memory_mb, rollout_metrics
+from rlft.trainer.update import UpdateBatch
 
 
 @dataclass
@@ -75,9 +80,6 @@ class Trainer:
         self._ready = True
 
     def _build(self) -> None:
-        from rlft.data.sampler import PromptSampler
-        from rlft.rewards.manager import RewardManager
-        from rlft.trainer.components import build_data, build_model, build_updater, seed_everything
 
         cfg, alg = self.cfg, self.cfg.algorithm
         if not ProgressBar.enabled_for(cfg.train.progress_bar):
@@ -163,7 +165,6 @@ class Trainer:
 
     def train_step(self) -> dict[str, float]:
         """One RL step on the next batch of prompts; returns its metrics."""
-        from rlft.trainer.update import UpdateBatch
 
         alg = self.cfg.algorithm
         t0 = time.perf_counter()
@@ -226,7 +227,6 @@ class Trainer:
         return res
 
     def save_checkpoint(self) -> Path:
-        from rlft.checkpoint import save_checkpoint
 
         target = self.run_dir.checkpoint(self.step)
         state = {"step": self.step, "total_steps": self.total_steps, "sampler": self.sampler.state_dict(),
