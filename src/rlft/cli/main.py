@@ -29,6 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="Run RL fine-tuning from a config.")
     _add_config_args(train)
     train.add_argument("--output-dir", "--output_dir", default=None, help="Override train.output_dir.")
+    train.add_argument("--resume", default=None, metavar="CHECKPOINT|auto",
+                       help="Continue from a checkpoint directory, or 'auto' for the run's latest complete one.")
     validate = sub.add_parser("validate", help="Validate a config and print the resolved YAML.")
     _add_config_args(validate)
     sub.add_parser("check-env", help="Report torch, devices and optional packages.")
@@ -38,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _cmd_train(args) -> int:
     from rlft.trainer.trainer import Trainer
 
-    Trainer(args.config, overrides=args.overrides, output_dir=args.output_dir).train()
+    Trainer(args.config, overrides=args.overrides, output_dir=args.output_dir, resume_from=args.resume).train()
     return 0
 
 

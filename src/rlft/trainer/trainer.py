@@ -48,7 +48,8 @@ class Trainer:
     """
 
     def __init__(self, config_path: str | Path | None = None, *, config: RlftConfig | dict | None = None,
-                 output_dir: str | Path | None = None, overrides: list[str] | None = None):
+                 output_dir: str | Path | None = None, overrides: list[str] | None = None,
+                 resume_from: str | Path | None = None):
         if isinstance(config, RlftConfig):
             cfg = config
         else:
@@ -57,6 +58,7 @@ class Trainer:
             cfg.train.output_dir = str(Path(output_dir).expanduser().resolve())
         self.cfg = cfg
         self.config_source = str(config_path) if config_path else "<dict>"
+        self.resume_from = str(resume_from) if resume_from else None
         self._ready = False
 
     # ------------------------------------------------------------------ setup
@@ -66,7 +68,15 @@ class Trainer:
 
         A failure here is recorded in run.json like a failure during training."""
         cfg = self.cfg
-        self.run_dir = RunDirectory.create(cfg.train.output_dir, cfg.train.run_name, cfg.algorithm.name)
+        self._resume_point = None
+        if self.resume_from:
+            from rlft.checkpoint.resume import find_checkpoint
+
+            named = Path(cfg.train.output_dir).expanduser().resolve() / cfg.train.run_name if cfg.train.run_name else None
+            self._resume_point = find_checkpoint(self.resume_from, named)
+            self.run_dir = RunDirectory(self._resume_point.run_root)
+        else:
+            self.run_dir = RunDirectory.create(cfg.train.output_dir, cfg.train.run_name, cfg.algorithm.name)
         self.log = setup_console_logging()
         self._file_log = attach_file_log(self.run_dir.log)
         self.run_dir.config.write_text(config_to_yaml(cfg))
@@ -99,6 +109,14 @@ class Trainer:
         self.step = 0
         self._health = HealthWatch(self.log)
         self._log_algorithm()
+        if self._resume_point is not None:
+            from rlft.checkpoint.resume import restore_training_state
+
+            self.step = restore_training_state(self._resume_point, model=self.parts.model,
+                                               optimizer=self.updater.optimizer, scheduler=self.updater.scheduler,
+                                               sampler=self.sampler)
+            self.log.info(f"resumed from {self._resume_point.checkpoint} at step {self.step}; continuing to "
+                          f"step {self.total_steps}")
 
     def _close(self, **run_info) -> None:
         """Record the final status and detach this run's log file (API users may start another run)."""
@@ -129,7 +147,7 @@ class Trainer:
         result = TrainResult(run_dir=self.run_dir.root, steps=0, final_checkpoint=None)
         self.run_dir.write_run_info(status="running", total_steps=self.total_steps)
         try:
-            if self.cfg.eval.before_training:
+            if self.cfg.eval.before_training and self.step == 0:
                 result.eval_before = self.evaluate(tag="before training")
             window = MetricWindow()
             with ProgressBar(self.total_steps, self.cfg.train.progress_bar) as bar:
@@ -239,7 +257,7 @@ class Trainer:
 
     def _report(self, result: TrainResult) -> None:
         before, after = result.eval_before, result.eval_after
-        self.log.info(f"trained {self.step} steps in {self.train_seconds / 60:.1f} min of training time "
+        self.log.info(f"reached step {self.step}; {self.train_seconds / 60:.1f} min of training time in this process "
                       f"(model load, evaluation and checkpoints not counted)")
         if before is not None and after is not None:
             self.log.info(f"held-out accuracy: before {before.accuracy:.1%} -> after {after.accuracy:.1%} "

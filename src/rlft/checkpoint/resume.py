@@ -1,0 +1,72 @@
+"""Continuing a run from a checkpoint: find it, restore weights and training state."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from rlft.checkpoint.io import STATE_FILE, is_complete, list_checkpoints, set_rng_state
+from rlft.errors import UsageError
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    checkpoint: Path
+    run_root: Path
+    state: dict
+
+
+def find_checkpoint(resume: str, run_root: Path | None) -> ResumePoint:
+    """``resume`` is a checkpoint directory or 'auto' (latest complete checkpoint of ``run_root``)."""
+    if resume == "auto":
+        if run_root is None:
+            raise UsageError("--resume auto needs train.run_name, so rlft knows which run directory to look in "
+                             "(or pass the checkpoint directory itself)")
+        found = list_checkpoints(run_root / "checkpoints")
+        if not found:
+            raise UsageError(f"--resume auto: no complete checkpoint under {run_root / 'checkpoints'}")
+        path = found[-1]
+    else:
+        path = Path(resume).expanduser().resolve()
+        if not is_complete(path):
+            raise UsageError(f"--resume {resume}: not a complete checkpoint directory (no {STATE_FILE}); "
+                             f"an interrupted save leaves only a hidden .tmp-checkpoint-N folder")
+    state = json.loads((path / STATE_FILE).read_text())
+    return ResumePoint(checkpoint=path, run_root=path.parent.parent, state=state)
+
+
+def load_weights(model, checkpoint: Path) -> None:
+    """Load the checkpoint's trainable weights into ``model`` in place (full model or LoRA adapter)."""
+    from safetensors.torch import load_file
+
+    adapter = checkpoint / "adapter_model.safetensors"
+    if adapter.is_file():
+        from peft import set_peft_model_state_dict
+
+        result = set_peft_model_state_dict(model, load_file(str(adapter)))
+        unexpected = getattr(result, "unexpected_keys", [])
+    else:
+        state = load_file(str(checkpoint / "model.safetensors"))
+        result = model.load_state_dict(state, strict=False)
+        unexpected = result.unexpected_keys
+        tied = {k for k in result.missing_keys if k.endswith("lm_head.weight")}
+        missing = [k for k in result.missing_keys if k not in tied]
+        if missing:
+            raise UsageError(f"checkpoint {checkpoint} does not match the model: missing {missing[:5]}")
+    if unexpected:
+        raise UsageError(f"checkpoint {checkpoint} does not match the model: unexpected {list(unexpected)[:5]}")
+
+
+def restore_training_state(point: ResumePoint, *, model, optimizer, scheduler, sampler) -> int:
+    """Weights, optimizer, scheduler, data position and RNG; returns the step to continue from."""
+    ck = point.checkpoint
+    load_weights(model, ck)
+    optimizer.load_state_dict(torch.load(ck / "optimizer.pt", weights_only=False))
+    scheduler.load_state_dict(torch.load(ck / "scheduler.pt", weights_only=False))
+    sampler.load_state_dict(point.state["sampler"])
+    # Last, so nothing built above consumes random numbers the continued run expects.
+    set_rng_state(torch.load(ck / "rng_state.pt", weights_only=False))
+    return int(point.state["step"])

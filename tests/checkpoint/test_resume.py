@@ -1,0 +1,66 @@
+"""Resume: N steps + resume + N steps equals 2N steps in one go, bit for bit, on CPU."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlft import Trainer
+from rlft.errors import UsageError
+from tests.conftest import read_jsonl
+
+TIMING = {"step_seconds", "generation_seconds", "update_seconds", "tokens_per_s", "peak_mem_mb"}
+
+
+def _strip(rows):
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lora", [False, True])
+def test_resume_is_bit_exact(tiny_config, lora):
+    if lora:
+        tiny_config["model"]["lora"] = {"r": 4, "alpha": 8, "dropout": 0.0}
+    tiny_config["eval"]["before_training"] = False
+    straight = copy.deepcopy(tiny_config)
+    straight["train"].update(max_steps=4, save_interval=2, run_name="straight")
+    a = Trainer(config=straight).train()
+
+    first = copy.deepcopy(tiny_config)
+    first["train"].update(max_steps=2, save_interval=2, run_name="resumed")
+    b1 = Trainer(config=first).train()
+    second = copy.deepcopy(first)
+    second["train"]["max_steps"] = 4
+    b2 = Trainer(config=second, resume_from=b1.final_checkpoint).train()
+
+    assert b2.run_dir == b1.run_dir
+    rows = read_jsonl(b2.run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]  # appended, continuing, not restarted
+    assert _strip(rows) == _strip(read_jsonl(a.run_dir / "metrics.jsonl"))
+    name = "adapter_model.safetensors" if lora else "model.safetensors"
+    wa, wb = load_file(str(a.final_checkpoint / name)), load_file(str(b2.final_checkpoint / name))
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+
+
+def test_resume_auto_finds_latest_complete_checkpoint(tiny_config):
+    tiny_config["train"].update(max_steps=2, save_interval=1, run_name="auto")
+    tiny_config["eval"].update(before_training=False, after_training=False)
+    first = Trainer(config=tiny_config).train()
+    (first.run_dir / "checkpoints" / ".tmp-checkpoint-3").mkdir()  # an interrupted save is ignored
+    tiny_config["train"]["max_steps"] = 3
+    t = Trainer(config=tiny_config, resume_from="auto")
+    t.setup()
+    assert t.step == 2
+
+
+def test_resume_errors_are_usage_errors(tiny_config, tmp_path):
+    with pytest.raises(UsageError, match="not a complete checkpoint"):
+        Trainer(config=tiny_config, resume_from=tmp_path).setup()
+    tiny_config["train"]["run_name"] = None
+    with pytest.raises(UsageError, match="needs train.run_name"):
+        Trainer(config=tiny_config, resume_from="auto").setup()
