@@ -34,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     validate = sub.add_parser("validate", help="Validate a config and print the resolved YAML.")
     _add_config_args(validate)
     sub.add_parser("check-env", help="Report torch, devices and optional packages.")
+    from rlft.cli.generate import add_arguments
+
+    add_arguments(sub.add_parser("generate", help="Generate from a checkpoint or model (one prompt or a JSONL file)."))
     return parser
 
 
@@ -57,7 +60,13 @@ def _cmd_check_env(args) -> int:
     return 0 if check_env(verbose=True)["ok"] else 1
 
 
-COMMANDS = {"train": _cmd_train, "validate": _cmd_validate, "check-env": _cmd_check_env}
+def _cmd_generate(args) -> int:
+    from rlft.cli.generate import run
+
+    return run(args)
+
+
+COMMANDS = {"train": _cmd_train, "validate": _cmd_validate, "check-env": _cmd_check_env, "generate": _cmd_generate}
 
 
 def main(argv: list[str] | None = None) -> int:
