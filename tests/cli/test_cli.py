@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import read_jsonl, write_jsonl
+from tests.conftest import read_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN_PY = REPO / "train.py"

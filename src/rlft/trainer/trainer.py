@@ -11,7 +11,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 
 from rlft.algorithms import AdvantageInputs, compute_advantages
 from rlft.algorithms.presets import PRESETS
@@ -134,7 +133,7 @@ class Trainer:
         alg = self.cfg.algorithm
         params = ", ".join(f"{k}={v}" for k, v in alg.model_dump().items() if k != "name")
         self.log.info(f"algorithm: {alg.name} (advantage={self.preset.advantage}, loss={self.preset.policy_loss}) {params}")
-        self.log.info(f"rewards: " + ", ".join(f"{n} (weight {w})" for n, w in self.rewards.weights.items()))
+        self.log.info("rewards: " + ", ".join(f"{n} (weight {w})" for n, w in self.rewards.weights.items()))
         self.log.info(f"training for {self.total_steps} steps: {alg.rollout_batch_size} prompts x "
                       f"{alg.num_generations} completions per step, {self.sampler.steps_per_epoch} steps per epoch")
 

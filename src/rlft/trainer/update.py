@@ -48,10 +48,11 @@ class UpdateBatch:
 
     @classmethod
     def from_rollout(cls, rollout, advantages: torch.Tensor) -> "UpdateBatch":
+        # prompt_index holds 0..U-1 (every prompt given to generate); its rows repeat the prompt,
+        # so the first row of each prompt stands for all of them.
         index = torch.tensor(rollout.prompt_index, device=rollout.prompt_ids.device)
-        first_row = {p: i for i, p in reversed(list(enumerate(rollout.prompt_index)))}
-        rows = torch.tensor([first_row[p] for p in sorted(first_row)], device=index.device)
-        return cls(rollout.prompt_ids[rows], rollout.prompt_mask[rows], index, rollout.completion_ids,
+        first = [rollout.prompt_index.index(p) for p in range(int(index.max()) + 1)]
+        return cls(rollout.prompt_ids[first], rollout.prompt_mask[first], index, rollout.completion_ids,
                    rollout.completion_mask, advantages)
 
     def rows(self, idx: torch.Tensor) -> "UpdateBatch":
