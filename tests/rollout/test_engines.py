@@ -8,7 +8,7 @@ from rlft.config.schema import ModelConfig
 from rlft.models.loading import load_policy, load_tokenizer
 from rlft.models.logprobs import completion_logprobs
 from rlft.rollout import HFGenerateEngine, NativeEngine, SamplingParams
-from rlft.rollout.sampling import filter_logits
+from rlft.rollout.sampling import filter_logits, sample_categorical
 
 PROMPTS = ["hello there", "abc", "a much longer prompt here"]
 
@@ -57,8 +57,33 @@ def test_eos_ends_completion_and_mask_includes_it(tiny_model_dir):
     assert r.texts == [""] * 6
 
 
+def test_min_new_tokens_suppresses_eos_in_both_engines(tiny_model_dir):
+    model, native, hf = _engines(tiny_model_dir)
+    eos = native.eos_ids[0]
+    model.lm_head.register_forward_hook(lambda m, i, out: out.index_fill(-1, torch.tensor([eos]), 50.0))
+    for engine in (native, hf):
+        for sp in (SamplingParams(max_new_tokens=6, min_new_tokens=3, n=2, greedy=True),
+                   SamplingParams(max_new_tokens=6, min_new_tokens=3, n=2, temperature=1.0)):
+            r = engine.generate(PROMPTS, sp)
+            # EOS is forced as soon as it is allowed: every completion is exactly 3 tokens + EOS
+            assert r.completion_mask.sum(-1).tolist() == [4] * 6, type(engine).__name__
+            assert r.finish_reasons == ["stop"] * 6
+    r = native.generate(PROMPTS, SamplingParams(max_new_tokens=6, min_new_tokens=3, n=1, greedy=True))
+    # the reported log-probs are those of the unconstrained distribution, where EOS had all the mass
+    assert (r.logprobs[:, :3] < -10).all()
+
+
 def test_top_k_top_p_filtering():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     assert torch.isinf(filter_logits(logits, 2, 1.0)).tolist() == [[False, False, True, True]]
     assert torch.isinf(filter_logits(logits, 0, 0.7)).tolist() == [[False, False, True, True]]
     assert torch.isinf(filter_logits(logits, 0, 0.5)).tolist() == [[False, True, True, True]]
+
+
+def test_sample_categorical_follows_the_distribution():
+    torch.manual_seed(0)
+    probs = torch.tensor([[0.5, 0.0, 0.3, 0.2], [0.0, 0.0, 0.0, 1.0]])
+    draws = torch.stack([sample_categorical(probs) for _ in range(20000)])  # [20000, 2]
+    freq = torch.stack([(draws[:, 0] == k).float().mean() for k in range(4)])
+    torch.testing.assert_close(freq, probs[0], atol=0.015, rtol=0)  # ~4 standard errors
+    assert (draws[:, 0] != 1).all() and (draws[:, 1] == 3).all()  # zero mass is never drawn

@@ -80,6 +80,9 @@ class AlgorithmConfig(Section):
     rollout_batch_size: int = Field(16, gt=0, description="Prompts sampled per training step.")
     num_generations: int = Field(8, gt=0, description="Completions sampled per prompt (the GRPO group size).")
     max_new_tokens: int = Field(256, gt=0, description="Maximum tokens generated per completion.")
+    min_new_tokens: int = Field(
+        0, ge=0, description="End-of-sequence is not sampled before this many tokens (benchmarks: fixed-length work)."
+    )
     temperature: float = Field(1.0, gt=0, description="Sampling temperature for rollouts.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold for rollouts.")
     top_k: int = Field(0, ge=0, description="Top-k sampling for rollouts (0 = off).")
@@ -240,6 +243,9 @@ class RlftConfig(Section):
                     f"algorithm.mini_batch_size ({alg.mini_batch_size}) is larger than the rollout batch "
                     f"(rollout_batch_size x num_generations = {total})"
                 )
+        if alg.min_new_tokens > alg.max_new_tokens:
+            problems.append(f"algorithm.min_new_tokens ({alg.min_new_tokens}) is larger than "
+                            f"algorithm.max_new_tokens ({alg.max_new_tokens})")
         names = [r.name or _default_reward_name(r) for r in self.reward.functions]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:

@@ -16,9 +16,14 @@ import torch
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to sample. ``n`` completions per prompt; ``greedy`` ignores temperature/top_p/top_k."""
+    """How to sample. ``n`` completions per prompt; ``greedy`` ignores temperature/top_p/top_k.
+
+    ``min_new_tokens`` forbids end-of-sequence tokens before that many tokens (as in Hugging Face
+    ``generate``); the returned log-probs stay those of the unconstrained tempered distribution.
+    """
 
     max_new_tokens: int
+    min_new_tokens: int = 0
     n: int = 1
     temperature: float = 1.0
     top_p: float = 1.0

@@ -60,8 +60,8 @@ class HFGenerateEngine:
     def _generation_config(self, sampling: SamplingParams):
         from transformers import GenerationConfig
 
-        kwargs = dict(max_new_tokens=sampling.max_new_tokens, eos_token_id=self.eos_ids, pad_token_id=self.pad_id,
-                      use_cache=True)
+        kwargs = dict(max_new_tokens=sampling.max_new_tokens, min_new_tokens=sampling.min_new_tokens,
+                      eos_token_id=self.eos_ids, pad_token_id=self.pad_id, use_cache=True)
         if sampling.greedy:
             return GenerationConfig(do_sample=False, **kwargs)
         return GenerationConfig(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,

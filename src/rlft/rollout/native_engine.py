@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from rlft.models.logprobs import cache_kwargs, position_ids_from_mask
+from rlft.models.logprobs import cache_kwargs, head_logits, position_ids_from_mask, split_lm_head
 from rlft.rollout.base import RolloutBatch, SamplingParams
 from rlft.rollout.hf_engine import HFGenerateEngine
 from rlft.rollout.sampling import sample_next
@@ -48,11 +48,11 @@ class NativeEngine(HFGenerateEngine):
 
         n, T, device = sampling.n, sampling.max_new_tokens, prompt_ids.device
         cache = DynamicCache()
-        out = self.model(input_ids=prompt_ids, attention_mask=prompt_mask,
-                         position_ids=position_ids_from_mask(prompt_mask), logits_to_keep=1, **cache_kwargs(cache))
+        split = split_lm_head(self.model)
+        logits = self._last_logits(split, cache, prompt_ids, prompt_mask, position_ids_from_mask(prompt_mask))
         for layer in cache.layers:
             layer.batch_repeat_interleave(n)
-        logits = out.logits[:, -1].repeat_interleave(n, 0)
+        logits = logits.repeat_interleave(n, 0)
         attn = prompt_mask.repeat_interleave(n, 0)
         N = attn.shape[0]
         positions = attn.sum(-1)
@@ -63,7 +63,7 @@ class NativeEngine(HFGenerateEngine):
         ended = torch.zeros(N, dtype=torch.bool, device=device)
         eos = torch.tensor(self.eos_ids, device=device)
         for t in range(T):
-            tok, lp = sample_next(logits, sampling)
+            tok, lp = sample_next(logits, sampling, eos if t < sampling.min_new_tokens else None)
             tokens[alive, t], logprobs[alive, t] = tok, lp
             done = torch.isin(tok, eos)
             lengths[alive[done]], ended[alive[done]] = t + 1, True
@@ -75,8 +75,15 @@ class NativeEngine(HFGenerateEngine):
                     layer.batch_select_indices(keep)
                 alive, attn, positions, tok = alive[keep], attn[keep], positions[keep], tok[keep]
             attn = torch.cat([attn, attn.new_ones(attn.shape[0], 1)], dim=1)
-            out = self.model(input_ids=tok[:, None], attention_mask=attn, position_ids=positions[:, None],
-                             **cache_kwargs(cache))
+            logits = self._last_logits(split, cache, tok[:, None], attn, positions[:, None])
             positions = positions + 1
-            logits = out.logits[:, -1]
         return tokens, logprobs, lengths, ended
+
+    def _last_logits(self, split, cache, input_ids, attention_mask, position_ids) -> torch.Tensor:
+        """Next-token logits [B, V] after ``input_ids`` [B, L]; extends ``cache`` in place."""
+        kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                      **cache_kwargs(cache))
+        if split is None:
+            return self.model(**kwargs, logits_to_keep=1).logits[:, -1]
+        decoder, head_weight = split
+        return head_logits(head_weight, decoder(**kwargs).last_hidden_state[:, -1])

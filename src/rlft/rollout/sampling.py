@@ -22,16 +22,35 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return logits
 
 
-def sample_next(logits: torch.Tensor, sampling: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_categorical(probs: torch.Tensor) -> torch.Tensor:
+    """One draw per row of ``probs`` [N, V] -> [N] by inverting the cumulative distribution.
+
+    Needs N random numbers where ``torch.multinomial`` draws V of them (on CPU that was a
+    quarter of a second per 32-token rollout of a 49k-vocabulary model). Zero-probability
+    tokens are never picked: the first index whose cumulative mass exceeds u is taken.
+    """
+    cdf = probs.cumsum(-1)
+    u = torch.rand(probs.shape[0], 1, device=probs.device, dtype=cdf.dtype) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
+
+
+def sample_next(logits: torch.Tensor, sampling: SamplingParams,
+                suppress: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row; returns tokens [N] and their log-probs [N] under the tempered,
-    unfiltered distribution (the one the trainer's log-prob computation sees)."""
+    unfiltered distribution (the one the trainer's log-prob computation sees).
+
+    suppress: optional token ids [K] that may not be picked (end-of-sequence before ``min_new_tokens``).
+    """
     logits = logits.float()
     if sampling.greedy:
-        tokens = logits.argmax(-1)
+        pick = logits if suppress is None else logits.index_fill(-1, suppress, float("-inf"))
+        tokens = pick.argmax(-1)
         logprobs = torch.log_softmax(logits, -1).gather(-1, tokens[:, None]).squeeze(-1)
         return tokens, logprobs
     tempered = logits / sampling.temperature
     filtered = filter_logits(tempered, sampling.top_k, sampling.top_p)
-    tokens = torch.multinomial(torch.softmax(filtered, -1), 1).squeeze(-1)
+    if suppress is not None:
+        filtered = filtered.index_fill(-1, suppress, float("-inf"))
+    tokens = sample_categorical(torch.softmax(filtered, -1))
     logprobs = torch.log_softmax(tempered, -1).gather(-1, tokens[:, None]).squeeze(-1)
     return tokens, logprobs

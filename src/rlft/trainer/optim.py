@@ -8,15 +8,19 @@ import torch
 
 
 def build_optimizer(params, *, lr: float, weight_decay: float, betas: tuple[float, float], eps: float) -> torch.optim.Optimizer:
-    """AdamW over the trainable parameters.
+    """AdamW over the trainable parameters, with the fused kernel where PyTorch has one.
 
-    ``foreach`` (multi-tensor) updates are forced on: PyTorch only picks them by
-    default on GPU, and on CPU the per-tensor loop is ~4x slower for a 135M model.
+    PyTorch picks the per-tensor loop by default on CPU; for a 135M model the fused
+    kernel takes ~0.13 s a step against ~0.7 s (``foreach``) and ~0.9 s (loop).
     """
     params = [p for p in params if p.requires_grad]
     if not params:
         raise ValueError("the model has no trainable parameters")
-    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas, eps=eps, foreach=True)
+    kwargs = dict(lr=lr, weight_decay=weight_decay, betas=betas, eps=eps)
+    try:
+        return torch.optim.AdamW(params, fused=True, **kwargs)
+    except (RuntimeError, ValueError):  # a device or dtype without a fused kernel
+        return torch.optim.AdamW(params, foreach=True, **kwargs)
 
 
 def lr_multiplier(step: int, *, total_steps: int, warmup_steps: int, schedule: str, min_ratio: float) -> float:

@@ -186,7 +186,8 @@ class Trainer:
         alg = self.cfg.algorithm
         t0 = time.perf_counter()
         examples = [self.train_set.examples[i] for i in self.sampler.next_batch()]
-        sampling = SamplingParams(max_new_tokens=alg.max_new_tokens, n=alg.num_generations,
+        sampling = SamplingParams(max_new_tokens=alg.max_new_tokens, min_new_tokens=alg.min_new_tokens,
+                                  n=alg.num_generations,
                                   temperature=alg.temperature, top_p=alg.top_p, top_k=alg.top_k)
         rollout = self.engine.generate([ex.text for ex in examples], sampling)
         t_gen = time.perf_counter() - t0

@@ -1,0 +1,271 @@
+"""GRPO step time, rlft vs Hugging Face TRL's GRPOTrainer, on identical work, in one run.
+
+Each framework runs in its own worker process (so its peak memory is its own) and the two
+take turns: after a warm-up, step i of TRL, then step i of rlft, and so on, so that any drift
+of the machine hits both alike.  Only one worker computes at a time.
+
+Workload (the defaults): SmolLM2-135M-Instruct, 2 prompts x 8 completions, exactly 32 new
+tokens (EOS is suppressed until then, so both do the same arithmetic), temperature 1.0,
+KL beta 0.04 (reference forward included), one optimizer step per rollout batch.
+
+    pip install -e .[bench]
+    python benchmarks/grpo_step.py                      # the acceptance workload
+    python benchmarks/grpo_step.py --dtype fp32 bf16    # both precisions
+    python benchmarks/grpo_step.py --json out.json --group-size 16 --max-new-tokens 128
+
+A step is timed from the moment the worker is told to go until its optimizer step is done,
+including data loading, reward and logging; model loading and the warm-up are not timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import workload  # noqa: E402
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+# ---------------------------------------------------------------------------- workers
+
+
+def rlft_config(opts: dict, workdir: Path) -> dict:
+    """The rlft config of the benchmark workload (prompts written to ``workdir``)."""
+    from rlft.models.loading import load_tokenizer
+
+    with open(workdir / "prompts.jsonl", "w") as f:
+        for t in workload.prompts(load_tokenizer(opts["model_dir"]), 16):
+            f.write(json.dumps({"prompt": t}) + "\n")
+    T = opts["max_new_tokens"]
+    return {
+        "model": {"path": opts["model_dir"], "dtype": opts["dtype"]},
+        "data": {"train_file": str(workdir / "prompts.jsonl"), "use_chat_template": False, "shuffle": True},
+        "algorithm": {"name": "grpo", "learning_rate": 1e-6, "kl_coef": opts["beta"],
+                      "rollout_batch_size": opts["prompts"], "num_generations": opts["group_size"],
+                      "max_new_tokens": T, "min_new_tokens": T if opts["fixed_length"] else 0,
+                      "temperature": 1.0, "micro_batch_size": opts["prompts"] * opts["group_size"]},
+        "rollout": {"engine": opts["engine"]},
+        "reward": {"functions": [{"type": "custom", "function": f"{HERE / 'workload.py'}:e_density"}]},
+        "train": {"epochs": 100000, "max_steps": 100000, "logging_interval": 1, "samples_per_log": 0,
+                  "progress_bar": "off", "output_dir": str(workdir / "out"), "seed": 0},
+        "eval": {"before_training": False, "after_training": False, "interval": 0},
+    }
+
+
+def _rlft_worker(conn, opts: dict) -> None:
+    import torch
+
+    torch.set_num_threads(opts["threads"])
+    from rlft import Trainer
+
+    config = rlft_config(opts, Path(tempfile.mkdtemp(prefix="rlft-bench-")))
+    trainer = Trainer(config=config)
+    trainer.setup()
+    conn.send({"ready": True})
+    while conn.recv() == "step":
+        t0 = time.perf_counter()
+        m = trainer.train_step()
+        conn.send({"seconds": time.perf_counter() - t0, "tokens": m["completion_len/mean"] *
+                   opts["prompts"] * opts["group_size"], "generation_seconds": m["generation_seconds"]})
+    conn.send({"peak_rss_mb": _peak_rss_mb()})
+
+
+def _trl_worker(conn, opts: dict) -> None:
+    import torch
+
+    torch.set_num_threads(opts["threads"])
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    tokenizer = AutoTokenizer.from_pretrained(opts["model_dir"])
+    tokenizer.padding_side = "left"
+    data = Dataset.from_list([{"prompt": t} for t in workload.prompts(tokenizer, 16)] * 1000)
+    T = opts["max_new_tokens"]
+    state = {"t0": 0.0}
+
+    class Turns(TrainerCallback):
+        """Hands control to the coordinator between steps; times each step."""
+
+        def on_train_begin(self, args, st, control, **kw):
+            conn.send({"ready": True})
+            self._wait(control)
+
+        def on_step_end(self, args, st, control, **kw):
+            conn.send({"seconds": time.perf_counter() - state["t0"],
+                       "tokens": float(opts["prompts"] * opts["group_size"] * T) if opts["fixed_length"] else None})
+            self._wait(control)
+
+        def _wait(self, control):
+            if conn.recv() != "step":
+                control.should_training_stop = True
+            state["t0"] = time.perf_counter()
+
+    args = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="trl-bench-"), per_device_train_batch_size=opts["prompts"] * opts["group_size"],
+        num_generations=opts["group_size"], max_completion_length=T, temperature=1.0, beta=opts["beta"],
+        learning_rate=1e-6, num_iterations=1, gradient_accumulation_steps=1, max_steps=100000, logging_steps=1,
+        report_to="none", save_strategy="no", use_cpu=True, bf16=opts["dtype"] == "bf16",
+        disable_tqdm=True, seed=0, dataloader_num_workers=0,
+        generation_kwargs={"min_new_tokens": T} if opts["fixed_length"] else None,
+        model_init_kwargs={"dtype": torch.float32},
+    )
+    trainer = GRPOTrainer(model=opts["model_dir"], reward_funcs=workload.e_density, args=args, train_dataset=data,
+                          processing_class=tokenizer, callbacks=[Turns()])
+    trainer.train()
+    conn.send({"peak_rss_mb": _peak_rss_mb()})
+
+
+WORKERS = {"rlft": _rlft_worker, "trl": _trl_worker}
+
+
+def _worker(conn, name: str, opts: dict) -> None:
+    try:
+        WORKERS[name](conn, opts)
+    except BaseException:
+        import traceback
+
+        conn.send({"error": f"{name} worker failed:\n{traceback.format_exc()}"})
+
+
+def _recv(conn) -> dict:
+    msg = conn.recv()
+    if "error" in msg:
+        raise SystemExit(msg["error"])
+    return msg
+
+
+# ---------------------------------------------------------------------------- coordinator
+
+
+def _run_case(opts: dict, frameworks: list[str], warmup: int, steps: int) -> dict:
+    ctx = mp.get_context("spawn")
+    procs, conns = {}, {}
+    for name in frameworks:
+        parent, child = ctx.Pipe()
+        procs[name] = ctx.Process(target=_worker, args=(child, name, opts), daemon=True)
+        procs[name].start()
+        child.close()  # so a crashed worker shows up as EOFError here instead of a hang
+        conns[name] = parent
+        _recv(conns[name])  # ready: loaded one at a time so loading does not contend either
+    times = {n: [] for n in frameworks}
+    tokens = {n: [] for n in frameworks}
+    gen = []
+    for i in range(warmup + steps):
+        for name in frameworks:
+            conns[name].send("step")
+            r = _recv(conns[name])
+            if i >= warmup:
+                times[name].append(r["seconds"])
+                tokens[name].append(r["tokens"])
+                if "generation_seconds" in r:
+                    gen.append(r["generation_seconds"])
+            print(f"  [{opts['dtype']}] {name} step {i + 1}{' (warm-up)' if i < warmup else ''}: "
+                  f"{r['seconds']:.2f}s", file=sys.stderr, flush=True)
+    out = {}
+    for name in frameworks:
+        conns[name].send("stop")
+        peak = _recv(conns[name])["peak_rss_mb"]
+        procs[name].join(timeout=60)
+        toks = [t for t in tokens[name] if t is not None]
+        out[name] = {"step_seconds": statistics.median(times[name]), "all_step_seconds": times[name],
+                     "peak_rss_mb": peak,
+                     "tokens_per_s": (sum(toks) / sum(times[name][:len(toks)])) if toks else None}
+    if gen:
+        out["rlft"]["generation_seconds"] = statistics.median(gen)
+    return out
+
+
+def _prompt_tokens(model_dir: str) -> int:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    texts = workload.prompts(tok, 16)
+    return round(statistics.mean(len(tok(t, add_special_tokens=False)["input_ids"]) for t in texts))
+
+
+def _resolve_model(name: str) -> str:
+    if name == "tiny":
+        from rlft.models.tiny import build_tiny_model_dir
+
+        return str(build_tiny_model_dir(Path(tempfile.mkdtemp(prefix="tiny-")) / "tiny", hidden_size=64))
+    from rlft.models.gguf import resolve_model_dir
+
+    return str(resolve_model_dir(name))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2-135m-instruct", help="built-in name, HF directory, or 'tiny'")
+    ap.add_argument("--dtype", nargs="+", default=["fp32"], choices=["fp32", "bf16"])
+    ap.add_argument("--prompts", type=int, default=2)
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--beta", type=float, default=0.04)
+    ap.add_argument("--natural-eos", action="store_true", help="let completions end at EOS (work then differs)")
+    ap.add_argument("--engine", default="native", choices=["native", "hf"], help="rlft rollout engine")
+    ap.add_argument("--frameworks", nargs="+", default=["trl", "rlft"], choices=sorted(WORKERS))
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--json", help="also write the results here")
+    a = ap.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(a.threads)
+    model_dir = _resolve_model(a.model)
+    peaks = {d: workload.matmul_peak_tflops(torch.float32 if d == "fp32" else torch.bfloat16) for d in ("fp32", "bf16")}
+    p_tok = _prompt_tokens(model_dir)
+    flops = {s: workload.step_flops(model_dir, p_tok, a.prompts, a.group_size, a.max_new_tokens, shared_prefill=s,
+                                    with_reference=a.beta > 0) for s in (True, False)}
+    print(f"machine: {os.cpu_count()} CPUs, {a.threads} threads; measured matmul peak fp32 {peaks['fp32']:.3f} "
+          f"TFLOP/s, bf16 {peaks['bf16']:.3f} TFLOP/s")
+    print(f"workload: {a.model}, {a.prompts} prompts x {a.group_size} completions, {a.max_new_tokens} new tokens "
+          f"({'natural EOS' if a.natural_eos else 'fixed length'}), prompt ~{p_tok} tokens, beta {a.beta}; "
+          f"{flops[False] / 1e12:.2f} TFLOP per step computed per row, {flops[True] / 1e12:.2f} with shared prefill")
+    results = {"machine": {"cpus": os.cpu_count(), "threads": a.threads, "matmul_peak_tflops": peaks},
+               "workload": {**vars(a), "prompt_tokens": p_tok, "step_tflop_per_row": flops[False] / 1e12,
+                            "step_tflop_shared_prefill": flops[True] / 1e12}, "results": {}}
+    for dtype in a.dtype:
+        opts = dict(model_dir=model_dir, dtype=dtype, prompts=a.prompts, group_size=a.group_size,
+                    max_new_tokens=a.max_new_tokens, beta=a.beta, fixed_length=not a.natural_eos,
+                    engine=a.engine, threads=a.threads)
+        res = _run_case(opts, a.frameworks, a.warmup, a.steps)
+        results["results"][dtype] = res
+        _print_case(dtype, res, flops[True], peaks)
+    if a.json:
+        Path(a.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+def _print_case(dtype: str, res: dict, rlft_flops: float, peaks: dict) -> None:
+    print(f"\n== {dtype} (median of timed steps)")
+    for name, r in res.items():
+        tps = f"{r['tokens_per_s']:.0f} generated tok/s" if r["tokens_per_s"] else "tok/s n/a"
+        print(f"  {name:5s} {r['step_seconds']:7.2f} s/step  {tps:>24s}  peak RSS {r['peak_rss_mb']:7.0f} MB")
+    if "rlft" in res:
+        r = res["rlft"]
+        achieved = rlft_flops / r["step_seconds"] / 1e12
+        # bf16 autocast only engages where the CPU has native bf16; otherwise rlft computes in fp32
+        print(f"  rlft achieved {achieved:.3f} TFLOP/s = {achieved / peaks['fp32']:.0%} of the fp32 matmul peak, "
+              f"{achieved / peaks['bf16']:.0%} of the bf16 peak")
+    if "rlft" in res and "trl" in res:
+        print(f"  speed-up rlft vs TRL: {res['trl']['step_seconds'] / res['rlft']['step_seconds']:.2f}x")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
