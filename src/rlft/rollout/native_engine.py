@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from rlft.models.logprobs import cache_kwargs, head_logits, position_ids_from_mask, split_lm_head
+from rlft.models.fast_linear import weight_first_linears
+from rlft.models.logprobs import cache_kwargs, position_ids_from_mask
 from rlft.rollout.base import RolloutBatch, SamplingParams
 from rlft.rollout.hf_engine import HFGenerateEngine
 from rlft.rollout.sampling import sample_next
@@ -25,7 +26,7 @@ class NativeEngine(HFGenerateEngine):
         was_training = self.model.training
         self.model.eval()
         try:
-            with self._autocast():
+            with self._autocast(), weight_first_linears(self.model):
                 tokens, logprobs, lengths, ended = self._decode(prompt_ids, prompt_mask, sampling)
         finally:
             self.model.train(was_training)
@@ -48,8 +49,7 @@ class NativeEngine(HFGenerateEngine):
 
         n, T, device = sampling.n, sampling.max_new_tokens, prompt_ids.device
         cache = DynamicCache()
-        split = split_lm_head(self.model)
-        logits = self._last_logits(split, cache, prompt_ids, prompt_mask, position_ids_from_mask(prompt_mask))
+        logits = self._last_logits(cache, prompt_ids, prompt_mask, position_ids_from_mask(prompt_mask))
         for layer in cache.layers:
             layer.batch_repeat_interleave(n)
         logits = logits.repeat_interleave(n, 0)
@@ -75,15 +75,11 @@ class NativeEngine(HFGenerateEngine):
                     layer.batch_select_indices(keep)
                 alive, attn, positions, tok = alive[keep], attn[keep], positions[keep], tok[keep]
             attn = torch.cat([attn, attn.new_ones(attn.shape[0], 1)], dim=1)
-            logits = self._last_logits(split, cache, tok[:, None], attn, positions[:, None])
+            logits = self._last_logits(cache, tok[:, None], attn, positions[:, None])
             positions = positions + 1
         return tokens, logprobs, lengths, ended
 
-    def _last_logits(self, split, cache, input_ids, attention_mask, position_ids) -> torch.Tensor:
+    def _last_logits(self, cache, input_ids, attention_mask, position_ids) -> torch.Tensor:
         """Next-token logits [B, V] after ``input_ids`` [B, L]; extends ``cache`` in place."""
-        kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                      **cache_kwargs(cache))
-        if split is None:
-            return self.model(**kwargs, logits_to_keep=1).logits[:, -1]
-        decoder, head_weight = split
-        return head_logits(head_weight, decoder(**kwargs).last_hidden_state[:, -1])
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          logits_to_keep=1, **cache_kwargs(cache)).logits[:, -1]

@@ -1,0 +1,49 @@
+"""The benchmark harness keeps working: worker protocol, FLOP count and report on the tiny model."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _load(name: str):
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_shared_prefill_flops_count_each_prompt_once(tiny_model_dir):
+    w = _load("workload")
+    kw = dict(prompt_tokens=40, num_prompts=2, group=8, new_tokens=32, with_reference=True)
+    shared = w.step_flops(tiny_model_dir, shared_prefill=True, **kw)
+    per_row = w.step_flops(tiny_model_dir, shared_prefill=False, **kw)
+    assert 0 < shared < per_row
+    no_ref = w.step_flops(tiny_model_dir, shared_prefill=True, **{**kw, "with_reference": False})
+    assert no_ref == pytest.approx(shared * 4 / 5)  # generation + policy fwd/bwd, no reference pass
+
+
+def test_reward_has_trl_signature():
+    w = _load("workload")
+    assert w.e_density(["p", "p"], ["eee", "abc"], answer=["x", "y"]) == [1.0, 0.0]
+
+
+@pytest.mark.slow
+def test_rlft_only_run_reports_step_times(tmp_path, capsys):
+    bench = _load("grpo_step")
+    out = tmp_path / "bench.json"
+    rc = bench.main(["--model", "tiny", "--frameworks", "rlft", "--warmup", "1", "--steps", "2",
+                     "--max-new-tokens", "8", "--json", str(out)])
+    assert rc == 0
+    res = json.loads(out.read_text())["results"]["fp32"]["rlft"]
+    assert len(res["all_step_seconds"]) == 2 and res["step_seconds"] > 0
+    assert res["peak_rss_mb"] > 50
+    assert res["tokens_per_s"] == pytest.approx(16 * 8 * 2 / sum(res["all_step_seconds"]), rel=1e-6)
+    assert "rlft achieved" in capsys.readouterr().out
