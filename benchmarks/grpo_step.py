@@ -40,6 +40,12 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _cpu_seconds() -> tuple[float, float]:
+    """(user, system) CPU seconds of this process, all threads; a large system share means oversubscribed threads."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime, r.ru_stime
+
+
 # ---------------------------------------------------------------------------- workers
 
 
@@ -77,10 +83,11 @@ def _rlft_worker(conn, opts: dict) -> None:
     trainer.setup()
     conn.send({"ready": True})
     while conn.recv() == "step":
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), _cpu_seconds()
         m = trainer.train_step()
         conn.send({"seconds": time.perf_counter() - t0, "tokens": m["completion_len/mean"] *
-                   opts["prompts"] * opts["group_size"], "generation_seconds": m["generation_seconds"]})
+                   opts["prompts"] * opts["group_size"], "generation_seconds": m["generation_seconds"],
+                   "cpu": [b - a for a, b in zip(cpu0, _cpu_seconds())]})
     conn.send({"peak_rss_mb": _peak_rss_mb()})
 
 
@@ -96,7 +103,7 @@ def _trl_worker(conn, opts: dict) -> None:
     tokenizer.padding_side = "left"
     data = Dataset.from_list([{"prompt": t} for t in workload.prompts(tokenizer, 16)] * 1000)
     T = opts["max_new_tokens"]
-    state = {"t0": 0.0}
+    state = {"t0": 0.0, "cpu0": (0.0, 0.0)}
 
     class Turns(TrainerCallback):
         """Hands control to the coordinator between steps; times each step."""
@@ -107,13 +114,14 @@ def _trl_worker(conn, opts: dict) -> None:
 
         def on_step_end(self, args, st, control, **kw):
             conn.send({"seconds": time.perf_counter() - state["t0"],
-                       "tokens": float(opts["prompts"] * opts["group_size"] * T) if opts["fixed_length"] else None})
+                       "tokens": float(opts["prompts"] * opts["group_size"] * T) if opts["fixed_length"] else None,
+                       "cpu": [b - a for a, b in zip(state["cpu0"], _cpu_seconds())]})
             self._wait(control)
 
         def _wait(self, control):
             if conn.recv() != "step":
                 control.should_training_stop = True
-            state["t0"] = time.perf_counter()
+            state["t0"], state["cpu0"] = time.perf_counter(), _cpu_seconds()
 
     args = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="trl-bench-"), per_device_train_batch_size=opts["prompts"] * opts["group_size"],
@@ -164,6 +172,7 @@ def _run_case(opts: dict, frameworks: list[str], warmup: int, steps: int) -> dic
         _recv(conns[name])  # ready: loaded one at a time so loading does not contend either
     times = {n: [] for n in frameworks}
     tokens = {n: [] for n in frameworks}
+    cpu = {n: [0.0, 0.0] for n in frameworks}
     gen = []
     for i in range(warmup + steps):
         for name in frameworks:
@@ -172,6 +181,7 @@ def _run_case(opts: dict, frameworks: list[str], warmup: int, steps: int) -> dic
             if i >= warmup:
                 times[name].append(r["seconds"])
                 tokens[name].append(r["tokens"])
+                cpu[name] = [c + x for c, x in zip(cpu[name], r["cpu"])]
                 if "generation_seconds" in r:
                     gen.append(r["generation_seconds"])
             print(f"  [{opts['dtype']}] {name} step {i + 1}{' (warm-up)' if i < warmup else ''}: "
@@ -183,7 +193,8 @@ def _run_case(opts: dict, frameworks: list[str], warmup: int, steps: int) -> dic
         procs[name].join(timeout=60)
         toks = [t for t in tokens[name] if t is not None]
         out[name] = {"step_seconds": statistics.median(times[name]), "all_step_seconds": times[name],
-                     "peak_rss_mb": peak,
+                     "peak_rss_mb": peak, "cpu_user_s_per_step": cpu[name][0] / steps,
+                     "cpu_system_s_per_step": cpu[name][1] / steps,
                      "tokens_per_s": (sum(toks) / sum(times[name][:len(toks)])) if toks else None}
     if gen:
         out["rlft"]["generation_seconds"] = statistics.median(gen)
@@ -256,7 +267,8 @@ def _print_case(dtype: str, res: dict, rlft_flops: float, peaks: dict) -> None:
     print(f"\n== {dtype} (median of timed steps)")
     for name, r in res.items():
         tps = f"{r['tokens_per_s']:.0f} generated tok/s" if r["tokens_per_s"] else "tok/s n/a"
-        print(f"  {name:5s} {r['step_seconds']:7.2f} s/step  {tps:>24s}  peak RSS {r['peak_rss_mb']:7.0f} MB")
+        print(f"  {name:5s} {r['step_seconds']:7.2f} s/step  {tps:>24s}  peak RSS {r['peak_rss_mb']:7.0f} MB  "
+              f"CPU/step user {r['cpu_user_s_per_step']:.1f} s, system {r['cpu_system_s_per_step']:.1f} s")
     if "rlft" in res:
         r = res["rlft"]
         achieved = rlft_flops / r["step_seconds"] / 1e12

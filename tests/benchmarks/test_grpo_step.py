@@ -13,11 +13,9 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def _load(name: str):
-    sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))  # spawned benchmark workers inherit it
+    return importlib.import_module(name)
 
 
 def test_shared_prefill_flops_count_each_prompt_once(tiny_model_dir):

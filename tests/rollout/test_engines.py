@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from rlft.config.schema import ModelConfig
@@ -30,12 +31,16 @@ def test_greedy_matches_hf_generate(tiny_model_dir):
     T = min(a.completion_ids.shape[1], b.completion_ids.shape[1])
     torch.testing.assert_close(a.completion_mask[:, :T], b.completion_mask[:, :T])
     assert torch.equal(a.completion_ids[:, :T] * a.completion_mask[:, :T], b.completion_ids[:, :T] * b.completion_mask[:, :T])
+    # both engines report the log-probs of what they picked, and they agree
+    torch.testing.assert_close(a.logprobs[:, :T], b.logprobs[:, :T], atol=1e-4, rtol=1e-4)
+    assert (a.logprobs[a.completion_mask.bool()] < 0).all()
 
 
-def test_sampled_logprobs_match_forward_pass(tiny_model_dir):
-    model, native, _ = _engines(tiny_model_dir)
+@pytest.mark.parametrize("engine", ["native", "hf"])
+def test_sampled_logprobs_match_forward_pass(tiny_model_dir, engine):
+    model, native, hf = _engines(tiny_model_dir)
     torch.manual_seed(0)
-    r = native.generate(PROMPTS, SamplingParams(max_new_tokens=8, n=3, temperature=0.8))
+    r = {"native": native, "hf": hf}[engine].generate(PROMPTS, SamplingParams(max_new_tokens=8, n=3, temperature=0.8))
     lp, _ = completion_logprobs(model, r.input_ids, r.attention_mask, r.completion_ids.shape[1], temperature=0.8)
     m = r.completion_mask.bool()
     torch.testing.assert_close(r.logprobs[m], lp[m], atol=1e-4, rtol=1e-4)

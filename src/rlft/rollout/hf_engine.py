@@ -31,6 +31,13 @@ def completion_mask_from_ids(completion_ids: torch.Tensor, eos_ids: list[int]) -
     return mask, is_eos.any(dim=1)
 
 
+def _token_logprobs(step_logits: tuple[torch.Tensor, ...], tokens: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Log-probs [N, T] of ``tokens`` under the tempered raw logits (one [N, V] per step), before any
+    top-k/top-p/min-length processing: the distribution the trainer's forward pass computes."""
+    logits = torch.stack(step_logits, dim=1).float() / temperature
+    return torch.log_softmax(logits, -1).gather(-1, tokens[:, : logits.shape[1], None]).squeeze(-1)
+
+
 class HFGenerateEngine:
     """Samples with ``model.generate`` under the trainer's autocast settings.
 
@@ -85,10 +92,11 @@ class HFGenerateEngine:
         try:
             with self._autocast():
                 out = self.model.generate(input_ids=prompt_ids, attention_mask=prompt_mask,
-                                          generation_config=self._generation_config(sampling))
+                                          generation_config=self._generation_config(sampling),
+                                          output_logits=True, return_dict_in_generate=True)
         finally:
             self.model.train(was_training)
-        completion_ids = out[:, prompt_ids.shape[1]:]
+        completion_ids = out.sequences[:, prompt_ids.shape[1]:]
         mask, ended = completion_mask_from_ids(completion_ids, self.eos_ids)
         completion_ids = torch.where(mask.bool(), completion_ids, torch.full_like(completion_ids, self.pad_id))
         # Decode without the EOS token itself: it may not be marked special in every tokenizer.
@@ -104,4 +112,5 @@ class HFGenerateEngine:
             texts=texts,
             finish_reasons=["stop" if e else "length" for e in ended.tolist()],
             prompt_index=[i for i in range(len(prompts)) for _ in range(sampling.n)],
+            logprobs=_token_logprobs(out.logits, completion_ids, 1.0 if sampling.greedy else sampling.temperature) * mask,
         )
