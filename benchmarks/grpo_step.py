@@ -251,6 +251,11 @@ def main(argv: list[str] | None = None) -> int:
     results = {"machine": {"cpus": os.cpu_count(), "threads": a.threads, "matmul_peak_tflops": peaks},
                "workload": {**vars(a), "prompt_tokens": p_tok, "step_tflop_per_row": flops[False] / 1e12,
                             "step_tflop_shared_prefill": flops[True] / 1e12}, "results": {}}
+    from rlft.models.precision import cpu_has_native_bf16
+
+    if "bf16" in a.dtype and not cpu_has_native_bf16():
+        print("WARNING: this CPU has no native bf16 matmul: TRL's bf16=True runs emulated bf16 (see the peak above) "
+              "while rlft falls back to fp32, so the bf16 rows do not compare like with like")
     for dtype in a.dtype:
         opts = dict(model_dir=model_dir, dtype=dtype, prompts=a.prompts, group_size=a.group_size,
                     max_new_tokens=a.max_new_tokens, beta=a.beta, fixed_length=not a.natural_eos,

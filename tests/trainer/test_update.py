@@ -75,6 +75,26 @@ def test_update_moves_logprob_in_direction_of_advantage(tiny_model_dir):
     assert (delta[0::2] > 0).all() and (delta[1::2] < 0).all()
 
 
+def test_multi_step_update_uses_rollout_logprobs_as_old(tiny_model_dir):
+    base = _model(tiny_model_dir)
+    batch = _batch([1.0, -1.0, 0.5, -0.5, 1.0, -1.0])
+    with torch.no_grad():
+        sampled, _ = batch.logprobs(base, 1.0)
+    runs = {}
+    for name, rollout_lp in [("reused", sampled + 1e-7), ("recomputed", None)]:
+        model = copy.deepcopy(base)
+        up = _updater(model, micro=2)
+        up.p = UpdateParams(**{**up.p.__dict__, "ppo_epochs": 2, "mini_batch_size": 3})
+        calls = []
+        up._logprobs_no_grad = lambda module, b, f=up._logprobs_no_grad: calls.append(1) or f(module, b)
+        batch.rollout_logprobs = rollout_lp
+        runs[name] = (up.update(batch), model, len(calls))
+    assert runs["reused"][2] == 0 and runs["recomputed"][2] == 1  # one forward pass fewer
+    # 4 optimizer steps later the weights agree: the old log-probs were the same numbers
+    for a, b in zip(runs["reused"][1].parameters(), runs["recomputed"][1].parameters()):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
 def test_health_watch_warns_once_on_flat_rewards():
     import logging
 

@@ -36,7 +36,8 @@ class UpdateBatch:
     """Tensors of one rollout batch of N completions over U distinct prompts.
 
     prompt_ids, prompt_mask: [U, P] left-padded; row_prompt: [N] prompt row of each completion;
-    completion_ids, mask, advantages: [N, T] (mask: 1 on tokens in the loss).
+    completion_ids, mask, advantages: [N, T] (mask: 1 on tokens in the loss);
+    rollout_logprobs: [N, T] the engine's sampling log-probs, if it reported them.
     """
 
     prompt_ids: torch.Tensor
@@ -45,6 +46,7 @@ class UpdateBatch:
     completion_ids: torch.Tensor
     mask: torch.Tensor
     advantages: torch.Tensor
+    rollout_logprobs: torch.Tensor | None = None
 
     @classmethod
     def from_rollout(cls, rollout, advantages: torch.Tensor) -> "UpdateBatch":
@@ -53,7 +55,7 @@ class UpdateBatch:
         index = torch.tensor(rollout.prompt_index, device=rollout.prompt_ids.device)
         first = [rollout.prompt_index.index(p) for p in range(int(index.max()) + 1)]
         return cls(rollout.prompt_ids[first], rollout.prompt_mask[first], index, rollout.completion_ids,
-                   rollout.completion_mask, advantages)
+                   rollout.completion_mask, advantages, rollout.logprobs)
 
     def rows(self, idx: torch.Tensor) -> "UpdateBatch":
         """A slice of completions with only their prompts, trimmed of columns that are padding in every
@@ -108,6 +110,17 @@ class PolicyUpdater:
         with self.reference.context() as ref_module:
             return self._logprobs_no_grad(ref_module, batch)
 
+    def _old_logprobs(self, batch: UpdateBatch) -> torch.Tensor:
+        """Log-probs [N, T] of the policy that sampled the batch, for the PPO ratio of later steps.
+
+        In fp32 the engine's sampling log-probs equal a forward pass up to summation order
+        (tests/rollout/test_engines.py), so they replace a whole forward over the batch. Under
+        reduced-precision autocast the decode and full-sequence kernels round differently, so the
+        ratio would start away from 1: there the old log-probs are recomputed."""
+        if batch.rollout_logprobs is not None and self.autocast_dtype is None:
+            return batch.rollout_logprobs.float()
+        return self._logprobs_no_grad(self.model, batch)
+
     def update(self, batch: UpdateBatch) -> dict[str, float]:
         """Run ppo_epochs x mini-batches of optimizer steps; returns averaged statistics."""
         n = batch.mask.shape[0]
@@ -116,7 +129,7 @@ class PolicyUpdater:
         # With one optimizer step per rollout the policy has not moved since sampling, so the
         # old log-probs equal the current ones detached and no extra forward is needed.
         single_step = self.p.ppo_epochs == 1 and mini >= n
-        old_lp = None if single_step else self._logprobs_no_grad(self.model, batch)
+        old_lp = None if single_step else self._old_logprobs(batch)
         totals: dict[str, float] = {}
         num_steps = 0
         self.model.train()
