@@ -58,7 +58,8 @@ def rlft_config(opts: dict, workdir: Path) -> dict:
             f.write(json.dumps({"prompt": t}) + "\n")
     T = opts["max_new_tokens"]
     return {
-        "model": {"path": opts["model_dir"], "dtype": opts["dtype"]},
+        "model": {"path": opts["model_dir"], "dtype": opts["dtype"],
+                  "gradient_checkpointing": opts.get("gradient_checkpointing", False)},
         "data": {"train_file": str(workdir / "prompts.jsonl"), "use_chat_template": False, "shuffle": True},
         "algorithm": {"name": "grpo", "learning_rate": 1e-6, "kl_coef": opts["beta"],
                       "rollout_batch_size": opts["prompts"], "num_generations": opts["group_size"],
@@ -229,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--beta", type=float, default=0.04)
     ap.add_argument("--natural-eos", action="store_true", help="let completions end at EOS (work then differs)")
     ap.add_argument("--engine", default="native", choices=["native", "hf"], help="rlft rollout engine")
+    ap.add_argument("--rlft-gradient-checkpointing", action="store_true",
+                    help="recompute activations in rlft's backward, as TRL does by default (less memory, more compute)")
     ap.add_argument("--frameworks", nargs="+", default=["trl", "rlft"], choices=sorted(WORKERS))
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--steps", type=int, default=5)
@@ -259,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     for dtype in a.dtype:
         opts = dict(model_dir=model_dir, dtype=dtype, prompts=a.prompts, group_size=a.group_size,
                     max_new_tokens=a.max_new_tokens, beta=a.beta, fixed_length=not a.natural_eos,
-                    engine=a.engine, threads=a.threads)
+                    engine=a.engine, threads=a.threads, gradient_checkpointing=a.rlft_gradient_checkpointing)
         res = _run_case(opts, a.frameworks, a.warmup, a.steps)
         results["results"][dtype] = res
         _print_case(dtype, res, flops[True], peaks)
