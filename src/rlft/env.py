@@ -14,6 +14,8 @@ def check_env(verbose: bool = False) -> dict:
     """
     import torch
 
+    from rlft.models.precision import cpu_has_native_bf16
+
     info: dict = {
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -23,7 +25,12 @@ def check_env(verbose: bool = False) -> dict:
         "cpu_threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
         "bf16_cpu": _cpu_bf16(),
+        "bf16_cpu_native": cpu_has_native_bf16(),
     }
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    # More compute threads than usable cores makes every op wait on the others (it shows as system time).
+    info["thread_warning"] = (f"torch uses {info['cpu_threads']} threads on {usable} usable cores; set "
+                              f"OMP_NUM_THREADS={usable}" if info["cpu_threads"] > usable else None)
     required = ["transformers", "safetensors", "pydantic", "yaml", "gguf", "accelerate", "peft"]
     optional = ["vllm", "ray", "wandb", "mlflow", "trl"]
     info["missing_required"] = [m for m in required if importlib.util.find_spec(m) is None]
@@ -33,7 +40,10 @@ def check_env(verbose: bool = False) -> dict:
         device = ", ".join(info["gpu_names"]) if info["cuda_available"] else "CPU"
         print(f"python {info['python']} | torch {info['torch']} | device: {device} | "
               f"CUDA available: {info['cuda_available']} | GPUs: {info['gpu_count']}")
-        print(f"CPU threads: {info['cpu_threads']} of {info['cpu_count']} cores | bf16 on CPU: {info['bf16_cpu']}")
+        print(f"CPU threads: {info['cpu_threads']} of {info['cpu_count']} cores | bf16 on CPU: {info['bf16_cpu']} "
+              f"({'native' if info['bf16_cpu_native'] else 'emulated: rlft computes in fp32 on this CPU'})")
+        if info["thread_warning"]:
+            print("WARNING: " + info["thread_warning"])
         print("required packages: " + ("all present" if info["ok"] else "MISSING " + ", ".join(info["missing_required"])))
         print("optional: " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in info["optional"].items()))
     return info

@@ -245,6 +245,25 @@ def test_check_env(tmp_path):
     assert "required packages: all present" in proc.stdout, proc.stdout
 
 
+def test_check_env_warns_about_oversubscribed_threads():
+    import os
+
+    import torch
+
+    from rlft import check_env
+
+    before = torch.get_num_threads()
+    usable = len(os.sched_getaffinity(0))
+    try:
+        torch.set_num_threads(usable + 3)
+        info = check_env()
+        assert info["thread_warning"] == f"torch uses {usable + 3} threads on {usable} usable cores; set OMP_NUM_THREADS={usable}"
+        torch.set_num_threads(usable)
+        assert check_env()["thread_warning"] is None
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_no_command_is_a_usage_error(tmp_path):
     proc = run_cli([], tmp_path)
     assert proc.returncode == 2 and "usage: rlft" in proc.stderr, proc.stderr
