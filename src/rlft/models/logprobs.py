@@ -37,7 +37,7 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 _CHUNK_ELEMENTS = 1 << 24  # full-vocabulary temporaries are bounded to this many floats (64 MB)
 
 
-def _token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
     """Log-probs [B, T] (float32) of ``targets`` [B, T] under ``logits`` [B, T, V], and the detached entropy.
 
     Computed as ``logit[target] - logsumexp(logits)`` a few rows at a time, so no [B, T, V]
@@ -77,7 +77,7 @@ def completion_logprobs(
     out = model(input_ids=input_ids, attention_mask=attention_mask,
                 position_ids=position_ids_from_mask(attention_mask), logits_to_keep=completion_len + 1,
                 use_cache=False)
-    return _token_logprobs(out.logits[:, :-1, :], input_ids[:, -completion_len:], temperature, with_entropy)
+    return token_logprobs(out.logits[:, :-1, :], input_ids[:, -completion_len:], temperature, with_entropy)
 
 
 def grouped_completion_logprobs(
@@ -111,11 +111,11 @@ def grouped_completion_logprobs(
     positions = position_ids_from_mask(full_mask)[:, -T:]
     # The first completion token is predicted by the prompt's last position; the rest by the
     # completion's own positions. Log-probs are joined, not the [B, T, V] logits (no big copy).
-    first = _token_logprobs(prefill.logits[row_prompt, -1:, :], completion_ids[:, :1], temperature, with_entropy)
+    first = token_logprobs(prefill.logits[row_prompt, -1:, :], completion_ids[:, :1], temperature, with_entropy)
     if T == 1:
         return first
     out = model(input_ids=completion_ids[:, :-1], attention_mask=full_mask[:, :-1], position_ids=positions[:, :-1],
                 **cache_kwargs(cache))
-    rest = _token_logprobs(out.logits, completion_ids[:, 1:], temperature, with_entropy)
+    rest = token_logprobs(out.logits, completion_ids[:, 1:], temperature, with_entropy)
     entropy = torch.cat([first[1], rest[1]], dim=1) if with_entropy else None
     return torch.cat([first[0], rest[0]], dim=1), entropy

@@ -6,6 +6,7 @@ import contextlib
 
 import torch
 
+from rlft.models.logprobs import token_logprobs
 from rlft.rollout.base import RolloutBatch, SamplingParams
 
 
@@ -29,13 +30,6 @@ def completion_mask_from_ids(completion_ids: torch.Tensor, eos_ids: list[int]) -
     seen_before = torch.cumsum(is_eos.long(), dim=1) - is_eos.long()
     mask = (seen_before == 0).long()
     return mask, is_eos.any(dim=1)
-
-
-def _token_logprobs(step_logits: tuple[torch.Tensor, ...], tokens: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Log-probs [N, T] of ``tokens`` under the tempered raw logits (one [N, V] per step), before any
-    top-k/top-p/min-length processing: the distribution the trainer's forward pass computes."""
-    logits = torch.stack(step_logits, dim=1).float() / temperature
-    return torch.log_softmax(logits, -1).gather(-1, tokens[:, : logits.shape[1], None]).squeeze(-1)
 
 
 class HFGenerateEngine:
@@ -73,6 +67,14 @@ class HFGenerateEngine:
             return GenerationConfig(do_sample=False, **kwargs)
         return GenerationConfig(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
                                 top_k=sampling.top_k if sampling.top_k > 0 else None, **kwargs)
+
+    @staticmethod
+    def _sampled_logprobs(step_logits: tuple[torch.Tensor, ...], tokens: torch.Tensor, sampling: SamplingParams):
+        """Log-probs [N, T] of ``tokens`` under the tempered raw logits (one [N, V] per step), before any
+        top-k/top-p/min-length processing: the distribution the trainer's forward pass computes."""
+        logits = torch.stack(step_logits, dim=1)
+        temperature = 1.0 if sampling.greedy else sampling.temperature
+        return token_logprobs(logits, tokens[:, : logits.shape[1]], temperature, with_entropy=False)[0]
 
     def tokenize_prompts(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-padded, left-truncated prompt ids and mask, each [B, P]."""
@@ -112,5 +114,5 @@ class HFGenerateEngine:
             texts=texts,
             finish_reasons=["stop" if e else "length" for e in ended.tolist()],
             prompt_index=[i for i in range(len(prompts)) for _ in range(sampling.n)],
-            logprobs=_token_logprobs(out.logits, completion_ids, 1.0 if sampling.greedy else sampling.temperature) * mask,
+            logprobs=self._sampled_logprobs(out.logits, completion_ids, sampling) * mask,
         )
