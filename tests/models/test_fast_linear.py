@@ -35,3 +35,9 @@ def test_gradients_match():
         layer(x).square().sum().backward()
     for g, e in zip((p.grad for p in layer.parameters()), expected):
         torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+
+
+def test_only_cpu_models_are_patched():
+    model = torch.nn.Linear(4, 4, device="meta")  # stands in for an accelerator: not a CPU tensor
+    with weight_first_linears(model):
+        assert "forward" not in model.__dict__
