@@ -20,10 +20,12 @@ def _strip(rows):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("lora", [False, True])
-def test_resume_is_bit_exact(tiny_config, lora):
+@pytest.mark.parametrize("lora,algorithm", [(False, "grpo"), (True, "grpo"), (False, "ppo")])
+def test_resume_is_bit_exact(tiny_config, lora, algorithm):
     if lora:
         tiny_config["model"]["lora"] = {"r": 4, "alpha": 8, "dropout": 0.0}
+    if algorithm == "ppo":  # the critic, its optimizer and the adaptive KL coefficient must resume too
+        tiny_config["algorithm"].update(name="ppo", kl_target=1e-3, kl_horizon=50, critic={"learning_rate": 1e-3})
     tiny_config["eval"]["before_training"] = False
     straight = copy.deepcopy(tiny_config)
     straight["train"].update(max_steps=4, save_interval=2, run_name="straight")
@@ -45,6 +47,11 @@ def test_resume_is_bit_exact(tiny_config, lora):
     assert wa.keys() == wb.keys()
     for k in wa:
         assert torch.equal(wa[k], wb[k]), k
+    if algorithm == "ppo":
+        ca = torch.load(a.final_checkpoint / "critic" / "value_model.pt", weights_only=True)
+        cb = torch.load(b2.final_checkpoint / "critic" / "value_model.pt", weights_only=True)
+        assert all(torch.equal(ca[k], cb[k]) for k in ca)
+        assert rows[-1]["kl_coef"] != rows[0]["kl_coef"]  # the controller moved, and resumed where it was
 
 
 def test_resume_auto_finds_latest_complete_checkpoint(tiny_config):

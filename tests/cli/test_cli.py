@@ -100,11 +100,11 @@ def test_missing_config_file(tmp_path):
 
 def test_bad_set_override_is_reported(tmp_path, tiny_config):
     config = write_config(tmp_path, quick(tiny_config))
-    stderr = assert_user_error(run_cli(["validate", "--config", str(config), "--set", "algorithm.clip_rnage=0.3",
+    stderr = assert_user_error(run_cli(["validate", "--config", str(config), "--set", "algorithm.clip_hgh=0.3",
                                         "--set", "oops"], tmp_path), code=2)
     assert "--set oops: expected KEY=VALUE" in stderr, stderr
-    assert "algorithm.clip_rnage: unknown key" in stderr and "did you mean 'clip_range'" in stderr, stderr
-    assert "(from --set algorithm.clip_rnage=0.3)" in stderr, stderr
+    assert "algorithm.clip_hgh: unknown key" in stderr and "did you mean 'clip_high'" in stderr, stderr
+    assert "(from --set algorithm.clip_hgh=0.3)" in stderr, stderr
 
 
 # --------------------------------------------------------------------------- data errors
@@ -230,7 +230,7 @@ def test_validate_prints_resolved_yaml_with_defaults(tmp_path, tiny_config):
     proc = run_cli(["validate", "--config", str(config), "--set", "algorithm.kl_coef=0.5"], tmp_path)
     assert_ok(proc)
     resolved = yaml.safe_load(proc.stdout)
-    assert resolved["algorithm"]["clip_range"] == 0.2  # a default, written out
+    assert resolved["algorithm"]["clip_low"] == 0.2  # a default, written out
     assert resolved["algorithm"]["kl_coef"] == 0.5  # the override
     assert resolved["data"]["on_bad_row"] == "error"
     assert resolved["reward"]["functions"][0] == {"type": "contains", "weight": 1.0, "name": "has_a",
@@ -284,3 +284,33 @@ def test_python_api_trainer_writes_into_output_dir(tmp_path, tiny_config, monkey
     assert result.final_checkpoint == result.run_dir / "checkpoints" / "checkpoint-2"
     assert (result.final_checkpoint / "model.safetensors").is_file()
     assert not (tmp_path / "outputs").exists()
+
+
+def test_two_configs_differing_only_in_algorithm_name_both_train(tmp_path, tiny_config):
+    """The same command trains GRPO and RLOO; the log says which ran and every parameter in effect."""
+    base = quick(tiny_config, steps=2)
+    base["algorithm"].pop("kl_coef")
+    for name in ("grpo", "rloo"):
+        cfg = {**base, "algorithm": {**base["algorithm"], "name": name},
+               "train": {**base["train"], "run_name": f"run-{name}"}}
+        config = write_config(tmp_path, cfg, f"{name}.yaml")
+        proc = run_cli(["train", "--config", str(config)], tmp_path)
+        assert_ok(proc)
+        log = (tmp_path / "outputs" / f"run-{name}" / "train_log.log").read_text()
+        assert f"algorithm: {name} -- " in log, log
+        in_effect = next(line for line in log.splitlines() if "algorithm parameters in effect" in line)
+        estimator = {"grpo": "advantage_estimator=grpo", "rloo": "advantage_estimator=rloo"}[name]
+        placement = {"grpo": "kl_placement=in_loss", "rloo": "kl_placement=in_reward"}[name]
+        assert estimator in in_effect and placement in in_effect, in_effect
+        rows = read_jsonl(tmp_path / "outputs" / f"run-{name}" / "metrics.jsonl")
+        assert [r["step"] for r in rows] == [1, 2] and "kl" in rows[-1]
+    a = yaml.safe_load((tmp_path / "grpo.yaml").read_text())
+    b = yaml.safe_load((tmp_path / "rloo.yaml").read_text())
+    a["algorithm"].pop("name"), b["algorithm"].pop("name"), a["train"].pop("run_name"), b["train"].pop("run_name")
+    assert a == b
+
+
+def test_unknown_algorithm_name_lists_valid_ones(tmp_path, tiny_config):
+    config = write_config(tmp_path, quick(tiny_config))
+    stderr = assert_user_error(run_cli(["validate", "--config", str(config), "--set", "algorithm.name=dpo"], tmp_path))
+    assert "algorithm.name: 'dpo' is not one of: grpo, dr_grpo, dapo, gspo, rloo, reinforce_pp, ppo" in stderr, stderr

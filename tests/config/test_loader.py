@@ -161,7 +161,7 @@ train: {epochs: 0}
         "model.dtype: 'f16' is not one of: fp32, bf16 (did you mean 'bf16'?)",
         "data.train_file: required",
         "data.eval_split: must be < 1, got 2",
-        "algorithm.name: 'ppo2' is not one of: grpo",
+        "algorithm.name: 'ppo2' is not one of: grpo, dr_grpo, dapo, gspo, rloo, reinforce_pp, ppo (did you mean 'ppo'?)",
         "algorithm.learning_rate: expected a number, got 'fast'",
         "algorithm.lerning_rate: unknown key (did you mean 'learning_rate'?)",
         "reward.functions.1.weight: expected a number, got 'heavy'",

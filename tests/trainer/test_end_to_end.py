@@ -31,7 +31,7 @@ def test_run_directory_contents(tiny_config):
     run = result.run_dir
     resolved = yaml.safe_load((run / "config.yaml").read_text())
     assert resolved["algorithm"]["kl_coef"] == 0.01
-    assert resolved["algorithm"]["clip_range"] == 0.2  # defaults are written out too
+    assert resolved["algorithm"]["clip_low"] == 0.2  # defaults are written out too
     rows = read_jsonl(run / "metrics.jsonl")
     assert [r["step"] for r in rows] == [2, 4]
     required = {"step", "epoch", "reward/mean", "reward/std", "reward/has_a/mean", "kl", "entropy", "clip_frac",

@@ -9,13 +9,14 @@ import torch
 from rlft.config.schema import ModelConfig
 from rlft.models.loading import load_policy
 from rlft.trainer.optim import build_optimizer, build_scheduler
-from rlft.trainer.update import PolicyUpdater, UpdateBatch, UpdateParams
+from rlft.trainer.batch import UpdateBatch
+from rlft.trainer.update import PolicyUpdater, UpdateParams
 
 
 def _updater(model, micro=3):
     opt = build_optimizer(model.parameters(), lr=1e-2, weight_decay=0.0, betas=(0.9, 0.999), eps=1e-8)
     sched = build_scheduler(opt, total_steps=10, warmup_steps=0, schedule="constant", min_ratio=0.0)
-    params = UpdateParams(loss_name="ppo_clip", clip_low=0.2, clip_high=0.2, kl_coef=0.0, kl_estimator="k3",
+    params = UpdateParams(loss_name="ppo_clip", loss_params={"clip_low": 0.2, "clip_high": 0.2}, kl_estimator="k3",
                           aggregation="token_mean", temperature=1.0, ppo_epochs=1, mini_batch_size=None,
                           micro_batch_size=micro, max_grad_norm=1e9, max_len=4)
     return PolicyUpdater(model, None, opt, sched, params, None)
@@ -41,7 +42,7 @@ def test_skipping_zero_advantage_rows_is_exact(tiny_model_dir):
     skip, full = copy.deepcopy(base), copy.deepcopy(base)
     batch = _batch([1.0, 0.0, -1.0, 0.0, 0.0, 0.5])
     up_skip, up_full = _updater(skip), _updater(full)
-    up_full._rows_with_gradient = lambda b, rows, ref: rows  # compute every row
+    up_full._rows_with_gradient = lambda b, rows: rows  # compute every row
     s1 = up_skip.update(batch)
     s2 = up_full.update(batch)
     assert s1["rows_in_update"] == 0.5 and s2["rows_in_update"] == 1.0
@@ -87,7 +88,8 @@ def test_multi_step_update_uses_rollout_logprobs_as_old(tiny_model_dir):
         up.p = UpdateParams(**{**up.p.__dict__, "ppo_epochs": 2, "mini_batch_size": 3})
         calls = []
         up._logprobs_no_grad = lambda module, b, f=up._logprobs_no_grad: calls.append(1) or f(module, b)
-        batch.rollout_logprobs = rollout_lp
+        batch.rollout_logprobs, batch.old_logprobs = rollout_lp, None
+        up.score(batch)
         runs[name] = (up.update(batch), model, len(calls))
     assert runs["reused"][2] == 0 and runs["recomputed"][2] == 1  # one forward pass fewer
     # 4 optimizer steps later the weights agree: the old log-probs were the same numbers

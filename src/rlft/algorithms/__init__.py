@@ -1,27 +1,36 @@
-"""Pure torch maths of RL fine-tuning: advantages, policy losses, KL, aggregation.
+"""Pure torch maths of RL fine-tuning: advantages, policy losses, KL, aggregation, critic losses.
 
 Nothing here touches a model, a config object or the file system.  Each kind of
-piece lives in one name -> function registry.
+piece lives in one name -> function registry; ``presets`` says which pieces and
+defaults each ``algorithm.name`` selects.
 """
 
-from rlft.algorithms.advantages import ADVANTAGES, AdvantageInputs, compute_advantages
+from rlft.algorithms.advantages import ADVANTAGES, AdvantageInputs, Advantages, compute_advantages
 from rlft.algorithms.aggregation import AGGREGATIONS, aggregate, masked_mean
-from rlft.algorithms.kl import KL_ESTIMATORS, kl_penalty
+from rlft.algorithms.kl import KL_ESTIMATORS, adaptive_kl_coef, kl_penalty
 from rlft.algorithms.losses import POLICY_LOSSES, PolicyLossTerms, policy_loss
 from rlft.algorithms.objective import ObjectiveOutput, policy_objective
+from rlft.algorithms.shaping import groups_with_signal, overlong_penalty
+from rlft.algorithms.value import VALUE_LOSSES, explained_variance
 
 __all__ = [
     "ADVANTAGES",
     "AGGREGATIONS",
     "KL_ESTIMATORS",
     "POLICY_LOSSES",
+    "VALUE_LOSSES",
     "AdvantageInputs",
+    "Advantages",
     "ObjectiveOutput",
     "PolicyLossTerms",
+    "adaptive_kl_coef",
     "aggregate",
     "compute_advantages",
+    "explained_variance",
+    "groups_with_signal",
     "kl_penalty",
     "masked_mean",
+    "overlong_penalty",
     "policy_loss",
     "policy_objective",
 ]

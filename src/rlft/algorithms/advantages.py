@@ -1,8 +1,11 @@
-"""Advantage estimators: rewards (and later values) -> per-token advantages.
+"""Advantage estimators: rewards (and values) -> per-token advantages.
 
-Each estimator takes an :class:`AdvantageInputs` bundle plus keyword
-hyper-parameters and returns advantages of shape [N, T] (zero on padding), so
-sequence-level estimators (GRPO) and token-level ones (GAE) share one call.
+Each estimator takes an :class:`AdvantageInputs` bundle plus keyword-only
+hyper-parameters and returns :class:`Advantages` of shape [N, T] (zero on
+tokens outside the loss mask), so sequence-level estimators (GRPO, RLOO) and
+token-level ones (REINFORCE++, GAE) share one call.  Loss masks may have holes
+(tool output between model turns in multi-turn rollouts): token-level
+recursions step over masked positions as if they were not there.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlft.algorithms.aggregation import masked_mean
 from rlft.algorithms.registry import Registry
 
 ADVANTAGES: Registry = Registry("advantage estimator")
@@ -20,14 +24,61 @@ ADVANTAGES: Registry = Registry("advantage estimator")
 class AdvantageInputs:
     """Everything an estimator may use.
 
-    rewards: [N] one scalar reward per completion; completions of the same
-        prompt are contiguous, ``group_size`` of them per prompt.
+    rewards: [N] one outcome reward per completion; completions of the same prompt are contiguous,
+        ``group_size`` of them per prompt.
     mask: [N, T] 1 on completion tokens that count in the loss.
+    token_rewards: [N, T] per-token reward terms added to the outcome (e.g. -beta * KL when KL is
+        placed in the reward), or None.  Sequence-level estimators use their sum per row.
+    values: [N, T] critic values V(s_t) of the state before each token (GAE only), or None.
     """
 
     rewards: torch.Tensor
     mask: torch.Tensor
     group_size: int
+    token_rewards: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+
+    def sequence_rewards(self) -> torch.Tensor:
+        """[N] outcome reward plus the sum of the per-token terms."""
+        r = self.rewards.float()
+        if self.token_rewards is not None:
+            r = r + (self.token_rewards.float() * self.mask).sum(-1)
+        return r
+
+    def dense_rewards(self) -> torch.Tensor:
+        """[N, T] the outcome reward on each row's last loss token, plus the per-token terms."""
+        dense = place_on_last_token(self.rewards.float(), self.mask)
+        if self.token_rewards is not None:
+            dense = dense + self.token_rewards.float() * self.mask
+        return dense
+
+
+@dataclass
+class Advantages:
+    """advantages: [N, T]; returns: [N, T] regression targets of a critic (GAE only), else None."""
+
+    advantages: torch.Tensor
+    returns: torch.Tensor | None = None
+
+
+def place_on_last_token(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Put each row's scalar reward on its last loss token. rewards: [N], mask: [N, T] -> [N, T].
+
+    A row without loss tokens gets nothing (it has no action to credit)."""
+    mask = mask.float()
+    T = mask.shape[1]
+    positions = torch.arange(T, device=mask.device).expand_as(mask)
+    last = torch.where(mask > 0, positions, torch.full_like(positions, -1)).max(dim=1).values
+    dense = torch.zeros_like(mask)
+    has_tokens = last >= 0
+    dense[has_tokens, last[has_tokens]] = rewards[has_tokens].to(dense.dtype)
+    return dense
+
+
+def _grouped(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    if group_size <= 0 or rewards.numel() % group_size:
+        raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
+    return rewards.float().view(-1, group_size)
 
 
 def group_normalize(rewards: torch.Tensor, group_size: int, *, scale: bool, eps: float = 1e-4) -> torch.Tensor:
@@ -36,29 +87,130 @@ def group_normalize(rewards: torch.Tensor, group_size: int, *, scale: bool, eps:
     rewards: [N] with N divisible by group_size -> [N]. The std is the unbiased
     one (as in the GRPO paper's reference code); a group of one gets advantage 0.
     """
-    if rewards.numel() % group_size:
-        raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
-    grouped = rewards.float().view(-1, group_size)
+    grouped = _grouped(rewards, group_size)
     centred = grouped - grouped.mean(dim=1, keepdim=True)
     if scale and group_size > 1:
         centred = centred / (grouped.std(dim=1, keepdim=True) + eps)
-    return centred.reshape(-1)
+    return _zero_flat_groups(centred, grouped).reshape(-1)
+
+
+def _zero_flat_groups(adv: torch.Tensor, grouped: torch.Tensor) -> torch.Tensor:
+    """Exactly 0 for groups whose rewards are all equal. Their float mean need not equal the rewards
+    (0.3 * 6 / 6 != 0.3), and dividing that rounding residue by a tiny std would blow it up."""
+    flat = grouped.max(dim=1, keepdim=True).values == grouped.min(dim=1, keepdim=True).values
+    return adv.masked_fill(flat, 0.0)
+
+
+def _broadcast(seq_adv: torch.Tensor, mask: torch.Tensor) -> Advantages:
+    return Advantages(seq_adv.unsqueeze(-1) * mask.to(seq_adv.dtype))
 
 
 @ADVANTAGES.register("grpo")
-def grpo_advantages(inputs: AdvantageInputs, *, scale_rewards: bool = True, eps: float = 1e-4) -> torch.Tensor:
+def grpo_advantages(inputs: AdvantageInputs, *, scale_rewards: bool = True, eps: float = 1e-4) -> Advantages:
     """GRPO outcome advantages (Shao et al. 2024, DeepSeekMath, sec. 4.1.2), broadcast to every token.
 
+    A_i = (R_i - mean(R_group)) / (std(R_group) + eps).
+
     Departures from the paper: the std gets ``eps`` added (not only guarded
-    against zero) so an all-equal group yields exactly 0 rather than NaN, and
-    ``scale_rewards=False`` gives the mean-only baseline of Dr. GRPO.
-
-    Returns [N, T].
+    against zero) so an all-equal group yields exactly 0 rather than NaN;
+    ``scale_rewards=False`` drops the std (as Dr. GRPO does); per-token reward
+    terms (KL placed in the reward) are summed into R_i.
     """
-    seq_adv = group_normalize(inputs.rewards, inputs.group_size, scale=scale_rewards, eps=eps)
-    return seq_adv.unsqueeze(-1) * inputs.mask.to(seq_adv.dtype)
+    seq = group_normalize(inputs.sequence_rewards(), inputs.group_size, scale=scale_rewards, eps=eps)
+    return _broadcast(seq, inputs.mask)
 
 
-def compute_advantages(name: str, inputs: AdvantageInputs, **params) -> torch.Tensor:
-    """Run the named estimator; ``params`` are its keyword hyper-parameters."""
-    return ADVANTAGES.get(name)(inputs, **params)
+@ADVANTAGES.register("dr_grpo")
+def dr_grpo_advantages(inputs: AdvantageInputs) -> Advantages:
+    """Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-like training"): A_i = R_i - mean(R_group).
+
+    The paper's other half, removing the 1/|o_i| length normalisation, is the loss aggregation
+    ``seq_mean_token_sum_norm`` that the ``dr_grpo`` preset selects; no departure here.
+    """
+    return _broadcast(group_normalize(inputs.sequence_rewards(), inputs.group_size, scale=False), inputs.mask)
+
+
+@ADVANTAGES.register("rloo")
+def rloo_advantages(inputs: AdvantageInputs) -> Advantages:
+    """RLOO (Kool et al. 2019; Ahmadian et al. 2024): A_i = R_i - mean of the *other* G-1 rewards.
+
+    Equals G / (G - 1) * (R_i - mean(R_group)), so each group sums to zero.  A group of one has no
+    other sample to compare with and gets advantage 0 (the papers assume G >= 2).
+    """
+    grouped = _grouped(inputs.sequence_rewards(), inputs.group_size)
+    g = inputs.group_size
+    if g == 1:
+        return _broadcast(torch.zeros(grouped.numel(), device=grouped.device), inputs.mask)
+    baseline = (grouped.sum(dim=1, keepdim=True) - grouped) / (g - 1)
+    return _broadcast(_zero_flat_groups(grouped - baseline, grouped).reshape(-1), inputs.mask)
+
+
+def discounted_returns(dense_rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
+    """G_t = r_t + gamma * G_{t+1} over loss tokens (masked positions are skipped). [N, T] -> [N, T]."""
+    mask = mask.float()
+    out = torch.zeros_like(dense_rewards, dtype=torch.float32)
+    running = torch.zeros(dense_rewards.shape[0], device=dense_rewards.device)
+    for t in reversed(range(dense_rewards.shape[1])):
+        m = mask[:, t]
+        new = dense_rewards[:, t].float() + gamma * running
+        running = torch.where(m > 0, new, running)
+        out[:, t] = new * m
+    return out
+
+
+def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """(x - mean) / std over the masked entries of the whole batch; zero outside the mask. [N, T] -> [N, T]."""
+    mask = mask.to(values.dtype)
+    inside = values[mask > 0]
+    if inside.numel() == 0 or inside.max() == inside.min():
+        return torch.zeros_like(values)  # nothing to normalise; avoids amplifying rounding residue
+    mean = masked_mean(values, mask)
+    var = masked_mean((values - mean).square(), mask)
+    return (values - mean) * torch.rsqrt(var + eps) * mask
+
+
+@ADVANTAGES.register("reinforce_pp")
+def reinforce_pp_advantages(inputs: AdvantageInputs, *, gamma: float = 1.0) -> Advantages:
+    """REINFORCE++ (Hu et al. 2025): per-token discounted returns, whitened over the whole batch.
+
+    The dense reward is the outcome on the last token plus the per-token terms (the
+    ``reinforce_pp`` preset places -beta * KL there).  No critic and no per-prompt baseline: the
+    global normalisation is the baseline.  Departure: the mean and std are over this rollout
+    batch's loss tokens (the paper's "global batch" is the same thing at one process).
+    """
+    returns = discounted_returns(inputs.dense_rewards(), inputs.mask, gamma)
+    return Advantages(whiten(returns, inputs.mask))
+
+
+@ADVANTAGES.register("gae")
+def gae_advantages(inputs: AdvantageInputs, *, gamma: float = 1.0, lam: float = 0.95,
+                   whiten_advantages: bool = True) -> Advantages:
+    """Generalised advantage estimation (Schulman et al. 2016) with a learned value function.
+
+    delta_t = r_t + gamma * V_{t+1} - V_t (V after the last token is 0);
+    A_t = delta_t + gamma * lam * A_{t+1};  returns R_t = A_t + V_t (the critic's targets).
+
+    Departures: the advantages (not the returns) are whitened over the batch's loss tokens, as
+    most RLHF PPO implementations do; masked positions inside a sequence are skipped, so the
+    "next" value of a model token before a tool response is that of the next model token.
+    """
+    if inputs.values is None:
+        raise ValueError("gae needs critic values (AdvantageInputs.values)")
+    rewards, values, mask = inputs.dense_rewards(), inputs.values.float(), inputs.mask.float()
+    adv = torch.zeros_like(values)
+    last_gae = torch.zeros(values.shape[0], device=values.device)
+    next_value = torch.zeros_like(last_gae)
+    for t in reversed(range(values.shape[1])):
+        m = mask[:, t]
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        gae_t = delta + gamma * lam * last_gae
+        adv[:, t] = gae_t * m
+        last_gae = torch.where(m > 0, gae_t, last_gae)
+        next_value = torch.where(m > 0, values[:, t], next_value)
+    returns = (adv + values) * mask
+    return Advantages(whiten(adv, mask) if whiten_advantages else adv, returns)
+
+
+def compute_advantages(name: str, inputs: AdvantageInputs, /, **pool) -> Advantages:
+    """Run the named estimator; it takes the hyper-parameters it declares from ``pool``."""
+    return ADVANTAGES.call(name, inputs, **pool)

@@ -42,3 +42,15 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
     """Per-token KL estimate [B, T] with the named estimator."""
     return KL_ESTIMATORS.get(estimator)(logprobs, ref_logprobs)
+
+
+def adaptive_kl_coef(coef: float, observed_kl: float, *, target: float, horizon: int, n_steps: int = 1) -> float:
+    """One update of the adaptive KL controller (Ziegler et al. 2019, sec. 2.2).
+
+    e = clip(observed / target - 1, -0.2, 0.2);  coef <- coef * (1 + e * n_steps / horizon).
+    The coefficient grows while the policy drifts further from the reference than ``target`` and
+    shrinks while it stays closer.  Departure: ``observed_kl`` is the mean per-token KL (the paper
+    uses the per-sequence sum), so ``target`` is per token and independent of completion length.
+    """
+    error = max(-0.2, min(0.2, observed_kl / target - 1.0))
+    return coef * (1.0 + error * n_steps / horizon)

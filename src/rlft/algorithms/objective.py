@@ -8,6 +8,7 @@ micro-batches yields the batch value.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -32,8 +33,7 @@ def policy_objective(
     ref_logprobs: torch.Tensor | None,
     *,
     loss_name: str,
-    clip_low: float,
-    clip_high: float,
+    loss_params: dict[str, Any],
     kl_coef: float,
     kl_estimator: str,
     aggregation: str,
@@ -41,20 +41,23 @@ def policy_objective(
     num_seqs: float,
     max_len: int,
 ) -> ObjectiveOutput:
-    """GRPO-style objective: aggregate(policy_loss + kl_coef * KL) over completion tokens.
+    """aggregate(policy_loss + kl_coef * KL) over completion tokens.
 
     logprobs (with grad), old_logprobs, advantages, mask, ref_logprobs: [B, T].
+    ``loss_params`` is a pool of hyper-parameters; the named loss takes those it declares.
+    ``ref_logprobs`` None means no KL term in the loss (none at all, or KL placed in the reward).
     ``num_tokens``/``num_seqs`` count the whole optimizer batch, not just this
     micro-batch; ``max_len`` is the fixed normaliser of seq_mean_token_sum_norm.
     """
     mask = mask.to(logprobs.dtype)
-    terms = policy_loss(loss_name, logprobs, old_logprobs, advantages, clip_low=clip_low, clip_high=clip_high)
+    terms = policy_loss(loss_name, logprobs, old_logprobs, advantages, mask, **loss_params)
     per_token = terms.per_token_loss
     counts = dict(num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len)
     token_share = 1.0 / max(num_tokens, 1.0)
     stats = {
         "pg_loss": aggregate(per_token.detach(), mask, aggregation, **counts).item(),
         "clip_frac": ((terms.clipped * mask).sum() * token_share).item(),
+        "ratio/mean": ((terms.ratio * mask).sum() * token_share).item(),
     }
     if ref_logprobs is not None:
         kl = kl_penalty(logprobs, ref_logprobs, kl_estimator)

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Callable, Generic, TypeVar
+import inspect
+from typing import Any, Callable, Generic, TypeVar
 
 F = TypeVar("F", bound=Callable)
 
 
 class Registry(Generic[F]):
-    """Maps names to functions; ``register`` is a decorator, ``get`` lists valid names on a miss."""
+    """Maps names to functions; ``register`` is a decorator, ``get`` lists valid names on a miss.
+
+    A registered function takes its data positionally and its hyper-parameters as keyword-only
+    arguments.  :meth:`call` picks those keywords by name from a larger pool (the algorithm's
+    plain-scalar settings), so the caller never needs to know which function wants what.
+    """
 
     def __init__(self, kind: str):
         self.kind = kind
@@ -29,6 +35,16 @@ class Registry(Generic[F]):
         except KeyError:
             valid = ", ".join(sorted(self._items))
             raise KeyError(f"unknown {self.kind} '{name}'; valid: {valid}") from None
+
+    def hyperparameters(self, name: str) -> list[str]:
+        """Names of the keyword-only hyper-parameters the named function declares."""
+        sig = inspect.signature(self.get(name))
+        return [p.name for p in sig.parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+
+    def call(self, name: str, /, *data: Any, **pool: Any) -> Any:
+        """Call the named function on ``data`` with the hyper-parameters it declares taken from ``pool``."""
+        wanted = self.hyperparameters(name)
+        return self.get(name)(*data, **{k: v for k, v in pool.items() if k in wanted})
 
     def names(self) -> list[str]:
         return sorted(self._items)

@@ -4,6 +4,7 @@
         config.json, model.safetensors, tokenizer files   (or adapter_config.json + adapter_model.safetensors)
         trainer_state.json     step, epoch, data position, metrics at save time
         optimizer.pt, scheduler.pt, rng_state.pt
+        critic/                PPO only: value_model.pt, optimizer.pt
         config.yaml            the run's resolved config
 
 A checkpoint is written into a hidden temporary directory, fsynced and then
@@ -48,8 +49,11 @@ def _fsync_tree(root: Path) -> None:
 
 
 def save_checkpoint(target: Path, *, model, tokenizer, optimizer, scheduler, trainer_state: dict,
-                    config_yaml: str) -> Path:
-    """Atomically write a checkpoint to ``target``; returns ``target``."""
+                    config_yaml: str, components: dict | None = None) -> Path:
+    """Atomically write a checkpoint to ``target``; returns ``target``.
+
+    ``components`` are further trained parts (a PPO critic, ...), each with ``save(directory)``; each
+    is written into its own sub-directory of the checkpoint."""
     from rlft.models.save import save_pretrained_dir
 
     tmp = target.parent / f".tmp-{target.name}"
@@ -61,6 +65,8 @@ def save_checkpoint(target: Path, *, model, tokenizer, optimizer, scheduler, tra
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     torch.save(rng_state(), tmp / "rng_state.pt")
     (tmp / "config.yaml").write_text(config_yaml)
+    for name, part in (components or {}).items():
+        part.save(tmp / name)
     (tmp / STATE_FILE).write_text(json.dumps(trainer_state, indent=2))
     _fsync_tree(tmp)
     if target.exists():

@@ -60,10 +60,17 @@ def load_weights(model, checkpoint: Path) -> None:
         raise UsageError(f"checkpoint {checkpoint} does not match the model: unexpected {list(unexpected)[:5]}")
 
 
-def restore_training_state(point: ResumePoint, *, model, optimizer, scheduler, sampler) -> int:
-    """Weights, optimizer, scheduler, data position and RNG; returns the step to continue from."""
+def restore_training_state(point: ResumePoint, *, model, optimizer, scheduler, sampler,
+                           components: dict | None = None) -> int:
+    """Weights, optimizer, scheduler, further components (each with ``load(directory)``), data position
+    and RNG; returns the step to continue from."""
     ck = point.checkpoint
     load_weights(model, ck)
+    for name, part in (components or {}).items():
+        if not (ck / name).is_dir():
+            raise UsageError(f"checkpoint {ck} has no {name}/ directory, but this run has a {name}; "
+                             f"was it saved by a run with another algorithm?")
+        part.load(ck / name)
     optimizer.load_state_dict(torch.load(ck / "optimizer.pt", weights_only=False))
     scheduler.load_state_dict(torch.load(ck / "scheduler.pt", weights_only=False))
     sampler.load_state_dict(point.state["sampler"])

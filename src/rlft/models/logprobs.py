@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from typing import Callable
 
 import torch
 
@@ -80,23 +81,23 @@ def completion_logprobs(
     return token_logprobs(out.logits[:, :-1, :], input_ids[:, -completion_len:], temperature, with_entropy)
 
 
-def grouped_completion_logprobs(
+def grouped_forward(
     model: torch.nn.Module,
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
     row_prompt: torch.Tensor,
     completion_ids: torch.Tensor,
     completion_mask: torch.Tensor,
-    *,
-    temperature: float = 1.0,
-    with_entropy: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Like :func:`completion_logprobs`, but each distinct prompt is run once.
+    reduce: Callable[[torch.Tensor, torch.Tensor], tuple],
+) -> tuple:
+    """Run each distinct prompt once, then every completion on its prompt's KV cache.
 
     prompt_ids, prompt_mask: [U, P] distinct left-padded prompts.
     row_prompt: [B] long, the prompt row of each completion.
     completion_ids, completion_mask: [B, T] right-padded completions.
-    Returns logprobs [B, T] and optionally entropy [B, T].
+    ``reduce(outputs [b, t, D], targets [b, t])`` turns the model's per-position outputs (its
+    ``.logits``: vocabulary logits, or values for a value model) that predict ``targets`` into a
+    tuple of [b, t] tensors (or None); the tuple of [B, T] results is returned.
     """
     from transformers import DynamicCache
 
@@ -110,12 +111,30 @@ def grouped_completion_logprobs(
     full_mask = torch.cat([row_prompt_mask, completion_mask.to(row_prompt_mask.dtype)], dim=1)
     positions = position_ids_from_mask(full_mask)[:, -T:]
     # The first completion token is predicted by the prompt's last position; the rest by the
-    # completion's own positions. Log-probs are joined, not the [B, T, V] logits (no big copy).
-    first = token_logprobs(prefill.logits[row_prompt, -1:, :], completion_ids[:, :1], temperature, with_entropy)
+    # completion's own positions. Reduced outputs are joined, not the [B, T, V] logits (no big copy).
+    first = reduce(prefill.logits[row_prompt, -1:, :], completion_ids[:, :1])
     if T == 1:
         return first
     out = model(input_ids=completion_ids[:, :-1], attention_mask=full_mask[:, :-1], position_ids=positions[:, :-1],
                 **cache_kwargs(cache))
-    rest = token_logprobs(out.logits, completion_ids[:, 1:], temperature, with_entropy)
-    entropy = torch.cat([first[1], rest[1]], dim=1) if with_entropy else None
-    return torch.cat([first[0], rest[0]], dim=1), entropy
+    rest = reduce(out.logits, completion_ids[:, 1:])
+    return tuple(None if a is None else torch.cat([a, b], dim=1) for a, b in zip(first, rest))
+
+
+def grouped_completion_logprobs(
+    model: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    row_prompt: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Like :func:`completion_logprobs`, but each distinct prompt is run once (see :func:`grouped_forward`).
+
+    Returns logprobs [B, T] (float32) and optionally the detached entropy [B, T].
+    """
+    return grouped_forward(model, prompt_ids, prompt_mask, row_prompt, completion_ids, completion_mask,
+                           lambda logits, targets: token_logprobs(logits, targets, temperature, with_entropy))

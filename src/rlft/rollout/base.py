@@ -69,6 +69,36 @@ class RolloutBatch:
         """[N] number of loss tokens per completion."""
         return self.completion_mask.sum(-1)
 
+    def select(self, rows: list[int]) -> "RolloutBatch":
+        """These rows only, with ``prompt_index`` renumbered 0..U-1 in order of first appearance."""
+        idx = torch.tensor(rows, dtype=torch.long, device=self.prompt_ids.device)
+        renumber: dict[int, int] = {}
+        prompt_index = [renumber.setdefault(self.prompt_index[r], len(renumber)) for r in rows]
+        return RolloutBatch(self.prompt_ids[idx], self.prompt_mask[idx], self.completion_ids[idx],
+                            self.completion_mask[idx], [self.texts[r] for r in rows],
+                            [self.finish_reasons[r] for r in rows], prompt_index,
+                            None if self.logprobs is None else self.logprobs[idx])
+
+    @staticmethod
+    def concat(batches: list["RolloutBatch"]) -> "RolloutBatch":
+        """Rows of several batches in order; prompts are re-padded on the left, completions on the right,
+        and ``prompt_index`` values of later batches are offset past the earlier ones'."""
+        P = max(b.prompt_ids.shape[1] for b in batches)
+        T = max(b.completion_ids.shape[1] for b in batches)
+        left = lambda t: torch.nn.functional.pad(t, (P - t.shape[1], 0))  # noqa: E731
+        right = lambda t: torch.nn.functional.pad(t, (0, T - t.shape[1]))  # noqa: E731
+        offset, prompt_index = 0, []
+        for b in batches:
+            prompt_index += [offset + p for p in b.prompt_index]
+            offset += max(b.prompt_index) + 1
+        has_lp = all(b.logprobs is not None for b in batches)
+        return RolloutBatch(
+            torch.cat([left(b.prompt_ids) for b in batches]), torch.cat([left(b.prompt_mask) for b in batches]),
+            torch.cat([right(b.completion_ids) for b in batches]),
+            torch.cat([right(b.completion_mask) for b in batches]),
+            [t for b in batches for t in b.texts], [f for b in batches for f in b.finish_reasons], prompt_index,
+            torch.cat([right(b.logprobs) for b in batches]) if has_lp else None)
+
 
 class RolloutEngine(Protocol):
     """Anything that turns formatted prompts into a :class:`RolloutBatch`."""

@@ -40,7 +40,7 @@ def build_model(cfg: RlftConfig) -> ModelParts:
     tokenizer = load_tokenizer(model_dir)
     model = load_policy(cfg.model, device, model_dir=model_dir)
     # Without a KL term the reference is never used, so don't pay for a copy of the weights.
-    reference = make_reference(model) if cfg.algorithm.kl_coef > 0 else None
+    reference = make_reference(model) if cfg.algorithm.uses_reference() else None
     autocast, warning = autocast_dtype(cfg.model.dtype, device)
     if warning:
         get_logger().warning(warning)
@@ -68,7 +68,12 @@ def build_data(cfg: RlftConfig, tokenizer):
     return train, evalset
 
 
-def build_updater(cfg: RlftConfig, parts: ModelParts, preset, total_steps: int):
+def hyperparameter_pool(cfg: RlftConfig) -> dict:
+    """The algorithm section's plain values: registered functions take the ones they declare by name."""
+    return cfg.algorithm.model_dump(exclude={"critic"})
+
+
+def build_updater(cfg: RlftConfig, parts: ModelParts, total_steps: int):
     """Optimizer, lr schedule and the policy updater, from the algorithm section."""
     from rlft.trainer.optim import build_optimizer, build_scheduler
     from rlft.trainer.update import PolicyUpdater, UpdateParams
@@ -81,9 +86,57 @@ def build_updater(cfg: RlftConfig, parts: ModelParts, preset, total_steps: int):
     scheduler = build_scheduler(optimizer, total_steps=total_steps * steps_per_update,
                                 warmup_steps=alg.warmup_steps * steps_per_update, schedule=alg.lr_scheduler,
                                 min_ratio=alg.min_lr_ratio)
-    params = UpdateParams(loss_name=preset.policy_loss, clip_low=alg.clip_range, clip_high=alg.clip_range,
-                          kl_coef=alg.kl_coef, kl_estimator=alg.kl_estimator, aggregation=alg.loss_aggregation,
-                          temperature=alg.temperature, ppo_epochs=alg.ppo_epochs, mini_batch_size=alg.mini_batch_size,
-                          micro_batch_size=alg.micro_batch_size, max_grad_norm=alg.max_grad_norm,
-                          max_len=alg.max_new_tokens)
-    return PolicyUpdater(parts.model, parts.reference, optimizer, scheduler, params, parts.autocast_dtype)
+    params = UpdateParams(loss_name=alg.policy_loss, loss_params=hyperparameter_pool(cfg),
+                          kl_estimator=alg.kl_estimator, kl_in_loss=alg.kl_placement == "in_loss",
+                          aggregation=alg.loss_aggregation, temperature=alg.temperature, ppo_epochs=alg.ppo_epochs,
+                          mini_batch_size=alg.mini_batch_size, micro_batch_size=alg.micro_batch_size,
+                          max_grad_norm=alg.max_grad_norm, max_len=alg.max_new_tokens)
+    return PolicyUpdater(parts.model, parts.reference, optimizer, scheduler, params, parts.autocast_dtype,
+                         kl_coef=alg.kl_coef)
+
+
+def build_critic(cfg: RlftConfig, parts: ModelParts):
+    """The PPO critic (value model, optimizer, updater), or None if the estimator needs no values."""
+    alg = cfg.algorithm
+    if not alg.uses_critic():
+        return None
+    from rlft.models.gguf import resolve_model_dir
+    from rlft.models.value import build_value_model
+    from rlft.trainer.critic import CriticParams, CriticUpdater
+    from rlft.trainer.optim import build_optimizer
+
+    ccfg = alg.critic
+    model_dir = resolve_model_dir(ccfg.model_path) if ccfg.model_path else parts.model_dir
+    model = build_value_model(ccfg.type, parts.model, model_dir, gradient_checkpointing=cfg.model.gradient_checkpointing)
+    optimizer = build_optimizer(model.parameters(), lr=ccfg.learning_rate, weight_decay=0.0,
+                                betas=tuple(alg.adam_betas), eps=alg.adam_eps)
+    params = CriticParams(value_loss=ccfg.value_loss, value_clip=ccfg.value_clip, ppo_epochs=alg.ppo_epochs,
+                          mini_batch_size=alg.mini_batch_size, micro_batch_size=alg.micro_batch_size,
+                          max_grad_norm=ccfg.max_grad_norm)
+    n_train = sum(p.numel() for p in model.trainable_parameters())
+    get_logger().info(f"critic: {ccfg.type} ({'backbone ' + str(model_dir) + ', ' if ccfg.type == 'separate' else ''}"
+                      f"{n_train / 1e6:.2f}M trainable parameters, lr {ccfg.learning_rate:g}, "
+                      f"{ccfg.warmup_steps} warm-up steps)")
+    return CriticUpdater(model, optimizer, params, parts.autocast_dtype)
+
+
+def build_advantage_stage(cfg: RlftConfig):
+    from rlft.trainer.advantage import AdvantageStage, KLController
+
+    alg = cfg.algorithm
+    stage = AdvantageStage(alg.advantage_estimator, alg.num_generations, alg.kl_estimator,
+                           kl_in_reward=alg.kl_placement == "in_reward", params=hyperparameter_pool(cfg))
+    return stage, KLController(alg.kl_coef, alg.kl_target, alg.kl_horizon)
+
+
+def build_collector(cfg: RlftConfig, engine, rewards, train_set, sampler):
+    from rlft.rollout import SamplingParams
+    from rlft.trainer.collect import CollectParams, RolloutCollector
+
+    alg = cfg.algorithm
+    sampling = SamplingParams(max_new_tokens=alg.max_new_tokens, min_new_tokens=alg.min_new_tokens,
+                              n=alg.num_generations, temperature=alg.temperature, top_p=alg.top_p, top_k=alg.top_k)
+    params = CollectParams(sampling, alg.rollout_batch_size, overlong_buffer=alg.overlong_buffer,
+                           overlong_penalty=alg.overlong_penalty, dynamic_sampling=alg.dynamic_sampling,
+                           max_rounds=alg.max_sampling_rounds)
+    return RolloutCollector(engine, rewards, train_set, sampler, params)

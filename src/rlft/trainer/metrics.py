@@ -36,34 +36,41 @@ def rollout_metrics(rewards_total: torch.Tensor, per_reward: dict[str, torch.Ten
 
 
 class MetricWindow:
-    """Averages numeric metrics over the steps since the last log (maxima stay maxima)."""
+    """Averages numeric metrics over the steps since the last log (maxima stay maxima).
+
+    Each metric is averaged over the steps that reported it (e.g. entropy is absent from a step
+    whose update had no row to compute)."""
 
     def __init__(self):
         self._sums: dict[str, float] = {}
-        self._count = 0
+        self._counts: dict[str, int] = {}
 
     def add(self, metrics: dict[str, float]) -> None:
         for k, v in metrics.items():
-            if k.endswith("/max") or k == "peak_mem_mb":
+            if _is_max(k):
                 self._sums[k] = max(self._sums.get(k, -math.inf), v)
             else:
                 self._sums[k] = self._sums.get(k, 0.0) + v
-        self._count += 1
+            self._counts[k] = self._counts.get(k, 0) + 1
 
     def flush(self) -> dict[str, float]:
-        out = {k: (v if (k.endswith("/max") or k == "peak_mem_mb") else v / self._count) for k, v in self._sums.items()}
-        self._sums, self._count = {}, 0
+        out = {k: (v if _is_max(k) else v / self._counts[k]) for k, v in self._sums.items()}
+        self._sums, self._counts = {}, {}
         return out
 
 
+def _is_max(key: str) -> bool:
+    return key.endswith("/max") or key == "peak_mem_mb"
+
+
 def format_step_line(step: int, total: int, m: dict[str, float]) -> str:
-    """The one human-readable line per logging step."""
+    """The one human-readable line per logging step (parts whose metric this run lacks are left out)."""
     parts = [f"step {step}/{total}", f"reward {m['reward/mean']:.3f} ± {m['reward/std']:.3f}"]
-    if "kl" in m:
-        parts.append(f"kl {m['kl']:.4f}")
-    parts += [f"entropy {m['entropy']:.3f}", f"len {m['completion_len/mean']:.1f}",
-              f"clip {m['clip_frac']:.3f}", f"lr {m['lr']:.2e}", f"{m['step_seconds']:.2f} s/step",
-              f"{m['tokens_per_s']:.0f} tok/s"]
+    optional = [("kl", "kl {:.4f}"), ("entropy", "entropy {:.3f}"), ("completion_len/mean", "len {:.1f}"),
+                ("clip_frac", "clip {:.3f}"), ("critic/value_loss", "value loss {:.4f}"),
+                ("critic/explained_variance", "expl. var {:.3f}"), ("dynamic_sampling/dropped_groups", "dropped {:.0f}"),
+                ("lr", "lr {:.2e}"), ("step_seconds", "{:.2f} s/step"), ("tokens_per_s", "{:.0f} tok/s")]
+    parts += [fmt.format(m[key]) for key, fmt in optional if key in m]
     return " | ".join(parts)
 
 

@@ -47,3 +47,25 @@ def build_scheduler(optimizer, *, total_steps: int, warmup_steps: int, schedule:
         lambda s: lr_multiplier(s, total_steps=total_steps, warmup_steps=warmup_steps, schedule=schedule,
                                 min_ratio=min_ratio),
     )
+
+
+def clipped_step(optimizer, scheduler, params: list[torch.nn.Parameter], max_grad_norm: float) -> dict[str, float]:
+    """Clip the gradient norm of ``params`` and step (optimizer, then scheduler if any).
+
+    A parameter without a gradient gets a zero one: a step with zero gradient still advances
+    Adam's moments, as the full loss would.  A non-finite norm skips the optimizer step, so one bad
+    batch (overflow, a degenerate log-prob) cannot poison the weights; returns grad_norm and, if
+    so, skipped_updates=1.
+    """
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm).item())
+    stats = {"grad_norm": grad_norm}
+    if math.isfinite(grad_norm):
+        optimizer.step()
+    else:
+        stats["skipped_updates"] = 1.0
+    if scheduler is not None:
+        scheduler.step()
+    return stats

@@ -12,21 +12,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
-from rlft.algorithms import AdvantageInputs, compute_advantages
-from rlft.algorithms.presets import PRESETS
 from rlft.checkpoint import save_checkpoint
 from rlft.config.loader import config_to_yaml, load_config
 from rlft.config.schema import RlftConfig
 from rlft.data.sampler import PromptSampler
-from rlft.evaluation import EvalResult, columns_of, evaluate
+from rlft.evaluation import EvalResult, evaluate
 from rlft.logging.console import (ProgressBar, attach_file_log, get_logger, quiet_library_progress_bars,
                                   setup_console_logging)
 from rlft.logging.run_dir import RunDirectory, append_jsonl
 from rlft.rewards.manager import RewardManager
-from rlft.rollout import ENGINES, SamplingParams
-from rlft.trainer.components import build_data, build_model, build_updater, seed_everything
+from rlft.config.presets import PRESETS
+from rlft.rollout import ENGINES
+from rlft.trainer.batch import UpdateBatch
+from rlft.trainer.components import (build_advantage_stage, build_collector, build_critic, build_data, build_model,
+                                     build_updater, seed_everything)
 from rlft.trainer.metrics import HealthWatch, MetricWindow, format_step_line, peak_memory_mb, rollout_metrics
-from rlft.trainer.update import UpdateBatch
 
 
 @dataclass
@@ -103,8 +103,10 @@ class Trainer:
         self.sampler = PromptSampler(len(self.train_set), alg.rollout_batch_size, seed=cfg.train.seed,
                                      shuffle=cfg.data.shuffle)
         self.total_steps = self._total_steps()
-        self.preset = PRESETS[alg.name]
-        self.updater = build_updater(cfg, self.parts, self.preset, self.total_steps)
+        self.collector = build_collector(cfg, self.engine, self.rewards, self.train_set, self.sampler)
+        self.updater = build_updater(cfg, self.parts, self.total_steps)
+        self.critic = build_critic(cfg, self.parts)
+        self.advantage, self.kl = build_advantage_stage(cfg)
         self.step = 0
         self._health = HealthWatch(self.log)
         self._log_algorithm()
@@ -113,7 +115,8 @@ class Trainer:
 
             self.step = restore_training_state(self._resume_point, model=self.parts.model,
                                                optimizer=self.updater.optimizer, scheduler=self.updater.scheduler,
-                                               sampler=self.sampler)
+                                               sampler=self.sampler, components=self._components())
+            self.kl.coef = self.updater.kl_coef = float(self._resume_point.state.get("kl_coef", self.kl.coef))
             self.log.info(f"resumed from {self._resume_point.checkpoint} at step {self.step}; continuing to "
                           f"step {self.total_steps}")
 
@@ -132,7 +135,8 @@ class Trainer:
     def _log_algorithm(self) -> None:
         alg = self.cfg.algorithm
         params = ", ".join(f"{k}={v}" for k, v in alg.model_dump().items() if k != "name")
-        self.log.info(f"algorithm: {alg.name} (advantage={self.preset.advantage}, loss={self.preset.policy_loss}) {params}")
+        self.log.info(f"algorithm: {alg.name} -- {PRESETS[alg.name].summary}")
+        self.log.info(f"algorithm parameters in effect: {params}")
         self.log.info("rewards: " + ", ".join(f"{n} (weight {w})" for n, w in self.rewards.weights.items()))
         self.log.info(f"training for {self.total_steps} steps: {alg.rollout_batch_size} prompts x "
                       f"{alg.num_generations} completions per step, {self.sampler.steps_per_epoch} steps per epoch")
@@ -181,38 +185,43 @@ class Trainer:
             self.evaluate(tag=f"step {self.step}")
 
     def train_step(self) -> dict[str, float]:
-        """One RL step on the next batch of prompts; returns its metrics."""
-
+        """One RL step: collect a scored batch, score it under the policies, advantages, update."""
         alg = self.cfg.algorithm
         t0 = time.perf_counter()
-        examples = [self.train_set.examples[i] for i in self.sampler.next_batch()]
-        sampling = SamplingParams(max_new_tokens=alg.max_new_tokens, min_new_tokens=alg.min_new_tokens,
-                                  n=alg.num_generations,
-                                  temperature=alg.temperature, top_p=alg.top_p, top_k=alg.top_k)
-        rollout = self.engine.generate([ex.text for ex in examples], sampling)
+        collected = self.collector.collect()
         t_gen = time.perf_counter() - t0
-        prompts = [examples[i].prompt for i in rollout.prompt_index]
-        columns = columns_of([examples[i] for i in rollout.prompt_index])
-        scored = self.rewards.score(prompts, rollout.texts, columns)
-        mask = rollout.completion_mask
-        advantages = compute_advantages(self.preset.advantage, AdvantageInputs(scored.total.to(mask.device), mask,
-                                        alg.num_generations), scale_rewards=alg.scale_rewards)
+        batch = UpdateBatch.from_rollout(collected.rollout)
+        self.updater.score(batch)
+        if self.critic is not None:
+            batch.old_values = self.critic.values(batch)
+        stats = self.advantage.apply(collected.scored.total, batch, self.updater.kl_coef)
         lr = self.updater.optimizer.param_groups[0]["lr"]
         t1 = time.perf_counter()
-        stats = self.updater.update(UpdateBatch.from_rollout(rollout, advantages))
+        if self.critic is not None:
+            stats.update(self.critic.update(batch))
+        if self.critic is None or self.step >= alg.critic.warmup_steps:
+            stats.update(self.updater.update(batch))
+        stats["kl_coef"] = self.updater.kl_coef
+        self.updater.kl_coef = self.kl.observe(stats.get("kl"), len(batch))
         self.step += 1
         seconds = time.perf_counter() - t0
+        rollout, scored = collected.rollout, collected.scored
         metrics = rollout_metrics(scored.total, scored.per_reward, rollout.completion_lengths,
                                   rollout.finish_reasons, alg.num_generations)
+        metrics.update(collected.stats)
         metrics.update(stats)
         metrics.update({"lr": lr, "step_seconds": seconds, "generation_seconds": t_gen,
                         "update_seconds": time.perf_counter() - t1,
-                        "tokens_per_s": float(mask.sum().item()) / seconds,
+                        "tokens_per_s": float(batch.mask.sum().item()) / seconds,
                         "peak_mem_mb": peak_memory_mb(self.parts.device)})
         self._last_reward = metrics["reward/mean"]
         self.train_seconds += seconds
-        self._write_samples(prompts, rollout.texts, scored)
+        self._write_samples(collected.prompts, rollout.texts, scored)
         return metrics
+
+    def _components(self) -> dict:
+        """Extra trained parts saved inside each checkpoint, by sub-directory name."""
+        return {"critic": self.critic} if self.critic is not None else {}
 
     _last_reward = 0.0
     train_seconds = 0.0  # wall time inside train steps (excludes model load, evaluation, checkpoints)
@@ -248,10 +257,10 @@ class Trainer:
 
         target = self.run_dir.checkpoint(self.step)
         state = {"step": self.step, "total_steps": self.total_steps, "sampler": self.sampler.state_dict(),
-                 "model_dir": self.parts.model_dir}
+                 "model_dir": self.parts.model_dir, "kl_coef": self.updater.kl_coef}
         save_checkpoint(target, model=self.parts.model, tokenizer=self.parts.tokenizer,
                         optimizer=self.updater.optimizer, scheduler=self.updater.scheduler, trainer_state=state,
-                        config_yaml=config_to_yaml(self.cfg))
+                        config_yaml=config_to_yaml(self.cfg), components=self._components())
         self.log.info(f"checkpoint saved: {target}")
         return target
 

@@ -1,0 +1,51 @@
+"""From rewards to advantages: KL placed in the reward (if so configured), then the named estimator."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlft.algorithms import AdvantageInputs, adaptive_kl_coef, compute_advantages, kl_penalty, masked_mean
+from rlft.trainer.batch import UpdateBatch
+
+
+@dataclass(frozen=True)
+class AdvantageStage:
+    """estimator: a name in ``ADVANTAGES``; params: the pool its hyper-parameters are taken from."""
+
+    estimator: str
+    group_size: int
+    kl_estimator: str
+    kl_in_reward: bool
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def apply(self, rewards, batch: UpdateBatch, kl_coef: float) -> dict[str, float]:
+        """Set ``batch.advantages`` (and ``batch.returns``) from rewards [N]; returns statistics."""
+        stats: dict[str, float] = {}
+        token_rewards = None
+        if self.kl_in_reward and batch.ref_logprobs is not None:
+            kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, self.kl_estimator) * batch.mask
+            token_rewards = -kl_coef * kl
+            stats["kl"] = float(masked_mean(kl, batch.mask))
+        inputs = AdvantageInputs(rewards.to(batch.mask.device), batch.mask, self.group_size, token_rewards,
+                                 batch.old_values)
+        out = compute_advantages(self.estimator, inputs, **self.params)
+        batch.advantages, batch.returns = out.advantages, out.returns
+        stats["advantage/abs_mean"] = float(masked_mean(out.advantages.abs(), batch.mask))
+        return stats
+
+
+@dataclass
+class KLController:
+    """Fixed KL coefficient, or the adaptive controller when ``target`` is set."""
+
+    coef: float
+    target: float | None = None
+    horizon: int = 10000
+
+    def observe(self, observed_kl: float | None, n_samples: int) -> float:
+        """Update after a step that saw ``observed_kl`` (mean per-token) on ``n_samples`` completions."""
+        if self.target is not None and observed_kl is not None:
+            self.coef = adaptive_kl_coef(self.coef, observed_kl, target=self.target, horizon=self.horizon,
+                                         n_steps=n_samples)
+        return self.coef

@@ -1,0 +1,102 @@
+"""The tensors of one rollout batch as the update sees them, and how they are cut into pieces."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, replace
+from typing import Callable, Iterator
+
+import torch
+
+from rlft.models.logprobs import grouped_completion_logprobs, grouped_forward
+
+# Per-token [N, T] tensors that travel with the rows; None until a stage fills them in.
+_TOKEN_FIELDS = ("mask", "advantages", "returns", "rollout_logprobs", "old_logprobs", "ref_logprobs", "old_values")
+
+
+@dataclass
+class UpdateBatch:
+    """N completions over U distinct prompts, and what the algorithm has computed about them.
+
+    prompt_ids, prompt_mask: [U, P] left-padded; row_prompt: [N] prompt row of each completion;
+    completion_ids, mask: [N, T] (mask: 1 on tokens in the loss);
+    rollout_logprobs: [N, T] the engine's sampling log-probs, if it reported them;
+    old_logprobs / ref_logprobs: [N, T] under the sampling policy / the reference (when needed);
+    old_values: [N, T] the critic's values at sampling time (PPO);
+    advantages, returns: [N, T] from the advantage estimator (returns: critic targets, PPO only).
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    row_prompt: torch.Tensor
+    completion_ids: torch.Tensor
+    mask: torch.Tensor
+    advantages: torch.Tensor | None = None
+    rollout_logprobs: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+    old_logprobs: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
+    old_values: torch.Tensor | None = None
+
+    @classmethod
+    def from_rollout(cls, rollout) -> "UpdateBatch":
+        # prompt_index holds 0..U-1 (every prompt given to generate); its rows repeat the prompt,
+        # so the first row of each prompt stands for all of them.
+        index = torch.tensor(rollout.prompt_index, device=rollout.prompt_ids.device)
+        first = [rollout.prompt_index.index(p) for p in range(int(index.max()) + 1)]
+        return cls(rollout.prompt_ids[first], rollout.prompt_mask[first], index, rollout.completion_ids,
+                   rollout.completion_mask, rollout_logprobs=rollout.logprobs)
+
+    def __len__(self) -> int:
+        return self.mask.shape[0]
+
+    def rows(self, idx: torch.Tensor) -> "UpdateBatch":
+        """A slice of completions with only their prompts, trimmed of columns that are padding in every
+        selected row, so short micro-batches cost less."""
+        used, row_prompt = torch.unique(self.row_prompt[idx], return_inverse=True)
+        pmask = self.prompt_mask[used]
+        cols = pmask.any(dim=0).nonzero()
+        start = int(cols[0].item()) if len(cols) else 0
+        comp_len = int(self.mask[idx].sum(-1).max().item()) or 1
+        token = {f: getattr(self, f)[idx, :comp_len] for f in _TOKEN_FIELDS if getattr(self, f) is not None}
+        return replace(self, prompt_ids=self.prompt_ids[used, start:], prompt_mask=pmask[:, start:],
+                       row_prompt=row_prompt, completion_ids=self.completion_ids[idx, :comp_len], **token)
+
+    def logprobs(self, model, temperature: float, with_entropy: bool = False):
+        """[n, T] log-probs (and entropy) of this batch's completions under ``model``."""
+        return grouped_completion_logprobs(model, self.prompt_ids, self.prompt_mask, self.row_prompt,
+                                           self.completion_ids, self.mask, temperature=temperature,
+                                           with_entropy=with_entropy)
+
+    def values(self, value_model) -> torch.Tensor:
+        """[n, T] float32 values V(s_t) of the state before each completion token."""
+        (values,) = grouped_forward(value_model, self.prompt_ids, self.prompt_mask, self.row_prompt,
+                                    self.completion_ids, self.mask, lambda out, _: (out.squeeze(-1).float(),))
+        return values
+
+
+def minibatches(n: int, mini_batch_size: int | None, epochs: int, device) -> Iterator[torch.Tensor]:
+    """Row indices of each optimizer step: ``epochs`` passes over n rows in chunks of mini_batch_size."""
+    for _ in range(epochs):
+        yield from torch.arange(n, device=device).split(mini_batch_size or n)
+
+
+def autocast(dtype: torch.dtype | None, device: torch.device):
+    """bf16/fp16 autocast on ``device`` if ``dtype`` is set, else nothing."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+@torch.no_grad()
+def per_row_no_grad(batch: UpdateBatch, micro_batch_size: int, autocast_dtype: torch.dtype | None,
+                    compute: Callable[[UpdateBatch], torch.Tensor]) -> torch.Tensor:
+    """``compute`` ([n, t] per micro-batch) over every row without gradients, joined into [N, T] float32."""
+    out = torch.zeros_like(batch.mask, dtype=torch.float32)
+    for sl in torch.arange(len(batch), device=batch.mask.device).split(micro_batch_size):
+        mb = batch.rows(sl)
+        with autocast(autocast_dtype, mb.mask.device):
+            values = compute(mb)
+        out[sl, : values.shape[1]] = values
+    return out
+

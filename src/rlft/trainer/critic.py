@@ -1,0 +1,84 @@
+"""The critic side of a PPO update: values at sampling time, then value-loss optimizer steps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from rlft.algorithms import VALUE_LOSSES, aggregate, explained_variance, masked_mean
+from rlft.trainer.batch import UpdateBatch, autocast, minibatches, per_row_no_grad
+from rlft.trainer.optim import clipped_step
+
+
+@dataclass(frozen=True)
+class CriticParams:
+    value_loss: str
+    value_clip: float
+    ppo_epochs: int
+    mini_batch_size: int | None
+    micro_batch_size: int
+    max_grad_norm: float
+
+
+class CriticUpdater:
+    """Owns the value model and its optimizer; saves and restores both inside a checkpoint."""
+
+    WEIGHTS, OPTIMIZER = "value_model.pt", "optimizer.pt"
+
+    def __init__(self, value_model, optimizer, params: CriticParams, autocast_dtype: torch.dtype | None):
+        self.model = value_model
+        self.optimizer = optimizer
+        self.p = params
+        self.autocast_dtype = autocast_dtype
+
+    def values(self, batch: UpdateBatch) -> torch.Tensor:
+        """[N, T] values of every completion token's state, without gradients."""
+        self.model.eval()
+        return per_row_no_grad(batch, self.p.micro_batch_size, self.autocast_dtype, lambda mb: mb.values(self.model))
+
+    def update(self, batch: UpdateBatch) -> dict[str, float]:
+        """ppo_epochs x mini-batches of value-loss steps on ``batch.returns``; returns averaged stats.
+
+        explained_variance compares the values the critic had at sampling time with the returns they
+        were meant to predict (before this update moved it)."""
+        mask = batch.mask.float()
+        stats = {"critic/explained_variance": explained_variance(batch.old_values, batch.returns, mask),
+                 "critic/values_mean": float(masked_mean(batch.old_values, mask)),
+                 "critic/returns_mean": float(masked_mean(batch.returns, mask))}
+        totals: dict[str, float] = {}
+        num_steps = 0
+        self.model.train()
+        for rows in minibatches(len(batch), self.p.mini_batch_size, self.p.ppo_epochs, batch.mask.device):
+            for k, v in self._optimizer_step(batch, rows).items():
+                totals[k] = totals.get(k, 0.0) + v
+            num_steps += 1
+        stats.update({k: v / num_steps for k, v in totals.items()})
+        return stats
+
+    def _optimizer_step(self, batch: UpdateBatch, rows: torch.Tensor) -> dict[str, float]:
+        num_tokens = float(batch.mask[rows].sum().item())
+        counts = dict(num_tokens=num_tokens, num_seqs=float(rows.numel()), max_len=1)
+        total = 0.0
+        self.optimizer.zero_grad(set_to_none=True)
+        for chunk in rows.split(self.p.micro_batch_size):
+            mb = batch.rows(chunk)
+            with autocast(self.autocast_dtype, mb.mask.device):
+                values = mb.values(self.model)
+            per_token = VALUE_LOSSES.call(self.p.value_loss, values, mb.old_values, mb.returns,
+                                          value_clip=self.p.value_clip)
+            loss = aggregate(per_token, mb.mask.float(), "token_mean", **counts)
+            loss.backward()
+            total += float(loss.detach())
+        step = clipped_step(self.optimizer, None, self.model.trainable_parameters(), self.p.max_grad_norm)
+        return {"critic/value_loss": total, **{f"critic/{k}": v for k, v in step.items()}}
+
+    def save(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        torch.save(self.model.state_dict(), directory / self.WEIGHTS)
+        torch.save(self.optimizer.state_dict(), directory / self.OPTIMIZER)
+
+    def load(self, directory: Path) -> None:
+        self.model.load_state_dict(torch.load(directory / self.WEIGHTS, weights_only=True))
+        self.optimizer.load_state_dict(torch.load(directory / self.OPTIMIZER, weights_only=False))
