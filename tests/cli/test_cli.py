@@ -314,3 +314,11 @@ def test_unknown_algorithm_name_lists_valid_ones(tmp_path, tiny_config):
     config = write_config(tmp_path, quick(tiny_config))
     stderr = assert_user_error(run_cli(["validate", "--config", str(config), "--set", "algorithm.name=dpo"], tmp_path))
     assert "algorithm.name: 'dpo' is not one of: grpo, dr_grpo, dapo, gspo, rloo, reinforce_pp, ppo" in stderr, stderr
+
+
+def test_algorithms_command_lists_every_name_with_its_defaults(tmp_path):
+    proc = run_cli(["algorithms"], tmp_path)
+    assert_ok(proc)
+    for name in ("grpo", "dr_grpo", "dapo", "gspo", "rloo", "reinforce_pp", "ppo"):
+        assert f"\n{name}\n" in f"\n{proc.stdout}", proc.stdout
+    assert "defaults: advantage_estimator=gae" in proc.stdout and "Departure" in proc.stdout

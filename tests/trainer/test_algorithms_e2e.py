@@ -87,3 +87,13 @@ def test_adaptive_kl_controller_raises_coefficient_when_kl_exceeds_target(tiny_c
 def test_kl_zero_skips_reference_model(tiny_config):
     result, rows = _run(tiny_config, "rloo", kl_coef=0.0)
     assert "kl" not in rows[0]  # no reference forward, so no KL to report
+
+
+def test_ppo_critic_warmup_trains_only_the_critic_first(tiny_config):
+    _, rows = _run(tiny_config, "ppo", mini_batch_size=8, critic={"learning_rate": 1e-3, "warmup_steps": 3})
+    for r in rows[:3]:
+        assert "pg_loss" not in r and "critic/value_loss" in r  # the policy waits for a useful baseline
+        assert r["lr"] == 5e-3
+    for r in rows[3:]:
+        assert "pg_loss" in r and "critic/value_loss" in r
+    assert "ratio/mean" in rows[-1] and rows[-1]["rows_in_update"] > 0  # 2 epochs x 4 mini-batches ran

@@ -111,9 +111,29 @@ def test_health_watch_warns_once_on_flat_rewards():
     log = logging.getLogger("rlft-test-health")
     log.addHandler(Collect())
     watch = HealthWatch(log, patience=3)
-    flat = {"groups_zero_std": 1.0, "reward/mean": 0.0, "truncation_rate": 0.0}
+    flat = {"groups_zero_std": 1.0, "advantage/abs_mean": 0.0, "reward/std": 0.3, "reward/mean": 0.0,
+            "truncation_rate": 0.0}
     for step in range(1, 7):
         watch.observe(step, flat)
     assert len(records) == 1 and "same reward" in records[0] and "step 3" in records[0]
     watch.observe(7, {"groups_zero_std": 0.5, "reward/mean": 0.2, "truncation_rate": 0.95})
     assert len(records) == 2 and "max_new_tokens" in records[1]
+
+
+def test_health_watch_is_quiet_when_a_critic_still_gives_signal():
+    """PPO/REINFORCE++ learn across prompts even when every group is flat: no false alarm."""
+    import logging
+
+    from rlft.trainer.metrics import HealthWatch
+
+    log = logging.getLogger("rlft-test-health-critic")
+    seen = []
+    log.addHandler(type("H", (logging.Handler,), {"emit": lambda self, r: seen.append(r)})())
+    watch = HealthWatch(log, patience=2)
+    for step in range(1, 6):
+        watch.observe(step, {"groups_zero_std": 1.0, "advantage/abs_mean": 0.4, "reward/std": 0.5,
+                             "reward/mean": 0.5, "truncation_rate": 0.0})
+    assert seen == []
+    for step in range(6, 9):  # one reward for the whole batch: nothing to learn, whatever the estimator
+        watch.observe(step, {"advantage/abs_mean": 0.4, "reward/std": 0.0, "reward/mean": 0.5})
+    assert len(seen) == 1

@@ -3,6 +3,7 @@
     rlft train --config configs/minimal_example.yaml [--set algorithm.learning_rate=1e-5 ...]
     rlft validate --config X          # check a config without loading a model
     rlft check-env                    # torch, devices, threads, optional packages
+    rlft algorithms                   # each algorithm.name, its paper departures and the defaults it selects
 
 User mistakes (bad config, bad data, failing reward) print one clear paragraph
 to stderr and exit non-zero (2 for usage/config/data errors); only bugs in rlft
@@ -34,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     validate = sub.add_parser("validate", help="Validate a config and print the resolved YAML.")
     _add_config_args(validate)
     sub.add_parser("check-env", help="Report torch, devices and optional packages.")
+    sub.add_parser("algorithms", help="List the algorithms and the defaults each one selects.")
     from rlft.cli.generate import add_arguments
 
     add_arguments(sub.add_parser("generate", help="Generate from a checkpoint or model (one prompt or a JSONL file)."))
@@ -66,7 +68,19 @@ def _cmd_generate(args) -> int:
     return run(args)
 
 
-COMMANDS = {"train": _cmd_train, "validate": _cmd_validate, "check-env": _cmd_check_env, "generate": _cmd_generate}
+def _cmd_algorithms(args) -> int:
+    import textwrap
+
+    from rlft.config.presets import PRESETS
+
+    for name, preset in PRESETS.items():
+        defaults = ", ".join(f"{k}={v}" for k, v in preset.defaults.items()) or "(the schema defaults)"
+        print(f"{name}\n{textwrap.indent(textwrap.fill(preset.summary, 96), '    ')}\n    defaults: {defaults}\n")
+    return 0
+
+
+COMMANDS = {"train": _cmd_train, "validate": _cmd_validate, "check-env": _cmd_check_env, "generate": _cmd_generate,
+            "algorithms": _cmd_algorithms}
 
 
 def main(argv: list[str] | None = None) -> int:

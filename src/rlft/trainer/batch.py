@@ -81,6 +81,18 @@ def minibatches(n: int, mini_batch_size: int | None, epochs: int, device) -> Ite
         yield from torch.arange(n, device=device).split(mini_batch_size or n)
 
 
+def run_epochs(batch: UpdateBatch, mini_batch_size: int | None, epochs: int,
+               optimizer_step: Callable[[UpdateBatch, torch.Tensor], dict[str, float]]) -> dict[str, float]:
+    """Call ``optimizer_step(batch, rows)`` for every mini-batch of every epoch; returns its stats averaged."""
+    totals: dict[str, float] = {}
+    num_steps = 0
+    for rows in minibatches(len(batch), mini_batch_size, epochs, batch.mask.device):
+        for k, v in optimizer_step(batch, rows).items():
+            totals[k] = totals.get(k, 0.0) + v
+        num_steps += 1
+    return {k: v / num_steps for k, v in totals.items()}
+
+
 def autocast(dtype: torch.dtype | None, device: torch.device):
     """bf16/fp16 autocast on ``device`` if ``dtype`` is set, else nothing."""
     if dtype is None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from rlft.algorithms import VALUE_LOSSES, aggregate, explained_variance, masked_mean
-from rlft.trainer.batch import UpdateBatch, autocast, minibatches, per_row_no_grad
+from rlft.trainer.batch import UpdateBatch, autocast, per_row_no_grad, run_epochs
 from rlft.trainer.optim import clipped_step
 
 
@@ -47,14 +47,8 @@ class CriticUpdater:
         stats = {"critic/explained_variance": explained_variance(batch.old_values, batch.returns, mask),
                  "critic/values_mean": float(masked_mean(batch.old_values, mask)),
                  "critic/returns_mean": float(masked_mean(batch.returns, mask))}
-        totals: dict[str, float] = {}
-        num_steps = 0
         self.model.train()
-        for rows in minibatches(len(batch), self.p.mini_batch_size, self.p.ppo_epochs, batch.mask.device):
-            for k, v in self._optimizer_step(batch, rows).items():
-                totals[k] = totals.get(k, 0.0) + v
-            num_steps += 1
-        stats.update({k: v / num_steps for k, v in totals.items()})
+        stats.update(run_epochs(batch, self.p.mini_batch_size, self.p.ppo_epochs, self._optimizer_step))
         return stats
 
     def _optimizer_step(self, batch: UpdateBatch, rows: torch.Tensor) -> dict[str, float]:

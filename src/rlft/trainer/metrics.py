@@ -84,8 +84,10 @@ class HealthWatch:
         self._warned: set[str] = set()
 
     def observe(self, step: int, m: dict[str, float]) -> None:
-        # Every group with identical rewards means every advantage is 0: GRPO gets no signal.
-        self._flat_steps = self._flat_steps + 1 if m.get("groups_zero_std", 0.0) >= 1.0 else 0
+        # All advantages 0 (group-relative estimators when every group is flat) or one reward for the
+        # whole batch (any estimator): the reward gives the update nothing to learn from.
+        flat = m.get("advantage/abs_mean", 1.0) == 0.0 or m.get("reward/std", 1.0) == 0.0
+        self._flat_steps = self._flat_steps + 1 if flat else 0
         if self._flat_steps >= self.patience:
             self._warn("flat", f"step {step}: for {self._flat_steps} steps every prompt's completions got the same "
                        f"reward (mean {m['reward/mean']:.3f}), so there is nothing to learn from; check that the reward "

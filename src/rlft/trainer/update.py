@@ -9,7 +9,7 @@ import torch
 
 from rlft.algorithms import policy_objective
 from rlft.logging.console import get_logger
-from rlft.trainer.batch import UpdateBatch, autocast, minibatches, per_row_no_grad
+from rlft.trainer.batch import UpdateBatch, autocast, per_row_no_grad, run_epochs
 from rlft.trainer.optim import clipped_step
 
 
@@ -82,14 +82,8 @@ class PolicyUpdater:
 
     def update(self, batch: UpdateBatch) -> dict[str, float]:
         """Run ppo_epochs x mini-batches of optimizer steps; returns averaged statistics."""
-        totals: dict[str, float] = {}
-        num_steps = 0
         self.model.train()
-        for rows in minibatches(len(batch), self.p.mini_batch_size, self.p.ppo_epochs, batch.mask.device):
-            for k, v in self._optimizer_step(batch, rows).items():
-                totals[k] = totals.get(k, 0.0) + v
-            num_steps += 1
-        return {k: v / num_steps for k, v in totals.items()}
+        return run_epochs(batch, self.p.mini_batch_size, self.p.ppo_epochs, self._optimizer_step)
 
     def _kl_ref(self, mb: UpdateBatch) -> torch.Tensor | None:
         return mb.ref_logprobs if self.p.kl_in_loss else None
