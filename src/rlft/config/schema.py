@@ -258,6 +258,8 @@ class TrainConfig(Section):
     run_name: str | None = Field(None, description="Run directory name (default: <date>-<time>-<algorithm>).")
     logging_interval: int = Field(10, gt=0, description="Write metrics/log lines every N steps.")
     save_interval: int = Field(200, gt=0, description="Save a checkpoint every N steps (and always at the end).")
+    keep_last: int | None = Field(
+        None, gt=0, description="Keep only the newest N complete checkpoints (older ones are deleted after a save).")
     samples_per_log: int = Field(4, ge=0, description="Prompt/completion pairs written to samples.jsonl per logging step.")
     progress_bar: Literal["auto", "on", "off"] = Field("auto", description="Progress bar: on a terminal only (auto), always, never.")
 
