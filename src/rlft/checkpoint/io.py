@@ -41,7 +41,8 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _fsync_tree(root: Path) -> None:
+def fsync_tree(root: Path) -> None:
+    """Flush every file under ``root`` to disk (before the rename that makes it visible)."""
     for path in root.rglob("*"):
         if path.is_file():
             with open(path, "rb") as f:
@@ -68,7 +69,7 @@ def save_checkpoint(target: Path, *, model, tokenizer, optimizer, scheduler, tra
     for name, part in (components or {}).items():
         part.save(tmp / name)
     (tmp / STATE_FILE).write_text(json.dumps(trainer_state, indent=2))
-    _fsync_tree(tmp)
+    fsync_tree(tmp)
     if target.exists():
         shutil.rmtree(target)
     os.rename(tmp, target)
@@ -83,3 +84,18 @@ def list_checkpoints(checkpoints_dir: Path) -> list[Path]:
     """Complete checkpoints under ``checkpoints_dir``, oldest step first."""
     found = [p for p in checkpoints_dir.glob("checkpoint-*") if is_complete(p)]
     return sorted(found, key=lambda p: int(p.name.rsplit("-", 1)[-1]))
+
+
+def prune_checkpoints(checkpoints_dir: Path, keep_last: int) -> list[Path]:
+    """Delete all but the newest ``keep_last`` complete checkpoints; returns the deleted ones.
+
+    Called only after a save completed, so the newest complete checkpoint is never at risk; a
+    half-written ``.tmp-checkpoint-N`` is not a checkpoint and is left to the next save to replace."""
+    found = list_checkpoints(checkpoints_dir)
+    doomed = found[:-keep_last] if keep_last > 0 else []
+    for path in doomed:
+        # Renamed first (atomic), so a crash mid-delete never leaves a complete-looking partial checkpoint.
+        trash = path.parent / f".tmp-delete-{path.name}"
+        os.rename(path, trash)
+        shutil.rmtree(trash)
+    return doomed

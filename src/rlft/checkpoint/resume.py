@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from rlft.checkpoint.continuity import compare_configs, file_fingerprint
 from rlft.checkpoint.io import STATE_FILE, is_complete, list_checkpoints, set_rng_state
 from rlft.errors import UsageError
 
@@ -36,6 +37,25 @@ def find_checkpoint(resume: str, run_root: Path | None) -> ResumePoint:
                              f"an interrupted save leaves only a hidden .tmp-checkpoint-N folder")
     state = json.loads((path / STATE_FILE).read_text())
     return ResumePoint(checkpoint=path, run_root=path.parent.parent, state=state)
+
+
+def check_continuity(point: ResumePoint, new_config: dict, train_file: str) -> list[str]:
+    """Refuse (UsageError) to continue ``point`` under a config that breaks continuity; returns the
+    harmless changes, one ``path: old -> new`` line each, for the log."""
+    import yaml
+
+    saved = yaml.safe_load((point.checkpoint / "config.yaml").read_text())
+    breaking, harmless = compare_configs(saved, new_config)
+    saved_print = point.state.get("data_fingerprint")
+    if saved_print and Path(train_file).is_file() and file_fingerprint(train_file) != saved_print:
+        breaking.append(f"data.train_file: {train_file} has other contents than when {point.checkpoint.name} was "
+                        f"saved (the data order and position refer to the original rows)")
+    if breaking:
+        lines = "\n".join(f"  - {b}" for b in breaking)
+        raise UsageError(f"cannot resume {point.checkpoint} with this config; it changes what the checkpoint "
+                         f"means:\n{lines}\nResume with the original values, or start a new run "
+                         f"(another train.run_name) from the checkpoint's weights with model.path: {point.checkpoint}")
+    return harmless
 
 
 def load_weights(model, checkpoint: Path) -> None:

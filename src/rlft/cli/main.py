@@ -4,6 +4,9 @@
     rlft validate --config X          # check a config without loading a model
     rlft check-env                    # torch, devices, threads, optional packages
     rlft algorithms                   # each algorithm.name, its paper departures and the defaults it selects
+    rlft generate --model C --prompt "..."          # inference (also python inference.py)
+    rlft eval --config X --base --checkpoint C ...  # side-by-side evaluation, markdown + HTML report
+    rlft export --checkpoint C --out DIR            # standalone HF model directory, LoRA merged
 
 User mistakes (bad config, bad data, failing reward) print one clear paragraph
 to stderr and exit non-zero (2 for usage/config/data errors); only bugs in rlft
@@ -39,6 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
     from rlft.cli.generate import add_arguments
 
     add_arguments(sub.add_parser("generate", help="Generate from a checkpoint or model (one prompt or a JSONL file)."))
+    from rlft.cli.export import add_arguments as add_export_arguments
+
+    add_export_arguments(sub.add_parser("export", help="Write a checkpoint as a plain HF model dir (LoRA merged)."))
+    from rlft.cli import eval as eval_cli
+
+    eval_cli.add_arguments(sub.add_parser("eval", help="Compare checkpoints (and --base) on the eval prompts."))
     return parser
 
 
@@ -68,6 +77,18 @@ def _cmd_generate(args) -> int:
     return run(args)
 
 
+def _cmd_export(args) -> int:
+    from rlft.cli.export import run
+
+    return run(args)
+
+
+def _cmd_eval(args) -> int:
+    from rlft.cli.eval import run
+
+    return run(args)
+
+
 def _cmd_algorithms(args) -> int:
     import textwrap
 
@@ -80,7 +101,8 @@ def _cmd_algorithms(args) -> int:
 
 
 COMMANDS = {"train": _cmd_train, "validate": _cmd_validate, "check-env": _cmd_check_env, "generate": _cmd_generate,
-            "algorithms": _cmd_algorithms}
+            "algorithms": _cmd_algorithms, "export": _cmd_export,
+            "eval": _cmd_eval}
 
 
 def main(argv: list[str] | None = None) -> int:

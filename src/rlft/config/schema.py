@@ -250,6 +250,18 @@ class RewardConfig(Section):
 # --------------------------------------------------------------------------- train / eval
 
 
+class WatchConfig(Section):
+    """Reward-hacking watch thresholds (warnings in the log and in eval/step-N.json)."""
+
+    window: int = Field(5, gt=0, description="Steps averaged at the start and end of a growth comparison.")
+    length_growth: float = Field(0.5, gt=0, description="Flag mean completion length growing by this fraction.")
+    repetition_growth: float = Field(0.15, gt=0, description="Flag the mean repetition score rising by this much.")
+    accuracy_drop: float = Field(0.05, ge=0, description="Flag eval accuracy this far below its best ...")
+    reward_rise: float = Field(0.05, ge=0, description="... while the training reward rose by at least this much.")
+    dominance: float = Field(0.9, gt=0, le=1, description="Flag one reward carrying this share of the reward variation ...")
+    patience: int = Field(5, gt=0, description="... for this many steps in a row.")
+
+
 class TrainConfig(Section):
     epochs: int = Field(1, gt=0, description="Passes over the training prompts.")
     max_steps: int | None = Field(None, gt=0, description="Stop after this many steps even if epochs remain.")
@@ -258,6 +270,7 @@ class TrainConfig(Section):
     run_name: str | None = Field(None, description="Run directory name (default: <date>-<time>-<algorithm>).")
     logging_interval: int = Field(10, gt=0, description="Write metrics/log lines every N steps.")
     save_interval: int = Field(200, gt=0, description="Save a checkpoint every N steps (and always at the end).")
+    watch: WatchConfig = Field(default_factory=WatchConfig, description="Reward-hacking watch thresholds.")
     keep_last: int | None = Field(
         None, gt=0, description="Keep only the newest N complete checkpoints (older ones are deleted after a save).")
     samples_per_log: int = Field(4, ge=0, description="Prompt/completion pairs written to samples.jsonl per logging step.")
@@ -275,6 +288,12 @@ class EvalConfig(Section):
         None, description="Name of the reward that defines accuracy (default: the first reward)."
     )
     success_threshold: float = Field(1.0, description="A sample counts as correct when that reward is >= this value.")
+    num_samples: int = Field(
+        0, ge=0, description="Also sample this many completions per prompt for sampled accuracy and pass@k "
+        "(0 = greedy only; sampled batches hold at most batch_size sequences).")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature of those num_samples completions.")
+    pass_k: list[Annotated[int, Field(gt=0)]] = Field(
+        default_factory=lambda: [1], description="Report pass@k for each k (each 1 <= k <= num_samples).")
 
 
 class RlftConfig(Section):
@@ -317,6 +336,11 @@ class RlftConfig(Section):
             problems.append(f"reward.functions: duplicate reward names {dupes}; give each a distinct 'name'")
         if self.eval.accuracy_reward is not None and self.eval.accuracy_reward not in names:
             problems.append(f"eval.accuracy_reward: '{self.eval.accuracy_reward}' is not one of the rewards {names}")
+        too_big = sorted({k for k in self.eval.pass_k if k > self.eval.num_samples})
+        if self.eval.num_samples > 0 and too_big:
+            problems.append(f"eval.pass_k: {', '.join(map(str, too_big))} larger than eval.num_samples "
+                            f"({self.eval.num_samples}); pass@k needs k samples per prompt, so each k must be "
+                            f"between 1 and num_samples")
         if problems:
             raise ValueError("; ".join(problems))
         return self

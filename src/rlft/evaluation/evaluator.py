@@ -1,16 +1,33 @@
-"""Held-out evaluation: generate for every eval prompt, score with the run's rewards."""
+"""Held-out evaluation: generate for every eval prompt, score with the run's rewards.
+
+One greedy completion per prompt gives accuracy, mean rewards, length, truncation and
+repetition. Optionally ``num_samples`` sampled completions per prompt (at ``temperature``)
+give sampled accuracy, the unbiased pass@k and sampled mean rewards.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
+import torch
+
+from rlft.evaluation.metrics import mean, pass_at_k_table, rate, repetition_score
 from rlft.rollout.base import RolloutEngine, SamplingParams
 
 
 @dataclass
 class EvalResult:
-    """accuracy: share of prompts whose ``accuracy_reward`` >= threshold; rewards: mean of each reward."""
+    """accuracy: share of prompts whose greedy completion has ``accuracy_reward`` >= threshold;
+    rewards: mean of each reward over the greedy completions; repetition_mean: mean
+    :func:`~rlft.evaluation.metrics.repetition_score` (word trigrams) of the greedy completions.
+
+    With ``num_samples > 0``: sampled_accuracy is the share of all sampled completions that are
+    correct, pass_at_k maps k to the mean unbiased pass@k over prompts, sampled_rewards the mean
+    of each reward over all samples. Without samples these stay None / empty.
+    """
 
     accuracy: float
     reward_mean: float
@@ -20,9 +37,48 @@ class EvalResult:
     truncation_rate: float
     seconds: float
     samples: list[dict] = field(default_factory=list)
+    repetition_mean: float = 0.0
+    num_samples: int = 0
+    temperature: float | None = None
+    sampled_accuracy: float | None = None
+    pass_at_k: dict[int, float] = field(default_factory=dict)
+    sampled_reward_mean: float | None = None
+    sampled_rewards: dict[str, float] = field(default_factory=dict)
+    accuracy_reward: str | None = None
+    success_threshold: float | None = None
+
+    def metrics_line(self) -> str:
+        """The headline numbers in one line (for logs): accuracy, reward, length, repetition, and
+        sampled accuracy and pass@k when there are samples."""
+        parts = [f"accuracy {self.accuracy:.1%} on {self.num_prompts} prompts", f"reward {self.reward_mean:.3f}",
+                 f"len {self.completion_length_mean:.1f}", f"truncated {self.truncation_rate:.0%}",
+                 f"repetition {self.repetition_mean:.2f}"]
+        if self.num_samples > 0:
+            parts.append(f"sampled accuracy {self.sampled_accuracy:.1%} ({self.num_samples}/prompt, "
+                         f"T={self.temperature:g})")
+            parts += [f"pass@{k} {v:.1%}" for k, v in self.pass_at_k.items()]
+        return ", ".join(parts)
 
     def summary(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "samples"}
+        """Every metric (no samples), JSON-serialisable: pass_at_k keys become strings."""
+        return {
+            "accuracy": self.accuracy,
+            "sampled_accuracy": self.sampled_accuracy,
+            "pass_at_k": {str(k): v for k, v in self.pass_at_k.items()},
+            "reward_mean": self.reward_mean,
+            "rewards": dict(self.rewards),
+            "sampled_reward_mean": self.sampled_reward_mean,
+            "sampled_rewards": dict(self.sampled_rewards),
+            "num_prompts": self.num_prompts,
+            "num_samples": self.num_samples,
+            "temperature": self.temperature,
+            "completion_length_mean": self.completion_length_mean,
+            "truncation_rate": self.truncation_rate,
+            "repetition_mean": self.repetition_mean,
+            "accuracy_reward": self.accuracy_reward,
+            "success_threshold": self.success_threshold,
+            "seconds": self.seconds,
+        }
 
 
 def columns_of(examples) -> dict[str, list]:
@@ -33,37 +89,97 @@ def columns_of(examples) -> dict[str, list]:
     return {k: [ex.columns.get(k) for ex in examples] for k in keys}
 
 
-def evaluate(engine: RolloutEngine, examples, reward_manager, *, max_new_tokens: int, batch_size: int,
-             accuracy_reward: str, success_threshold: float, greedy: bool = True) -> EvalResult:
-    """One completion per prompt (greedy by default) scored by every reward."""
-    start = time.perf_counter()
-    sampling = SamplingParams(max_new_tokens=max_new_tokens, n=1, greedy=greedy)
-    per_reward: dict[str, list[float]] = {}
-    totals: list[float] = []
-    lengths: list[int] = []
-    truncated = 0
-    samples = []
-    for i in range(0, len(examples), batch_size):
-        chunk = examples[i : i + batch_size]
+@contextlib.contextmanager
+def _seeded(seed: int | None) -> Iterator[None]:
+    """Run the block on its own torch random stream seeded with ``seed``, leaving the global one
+    untouched (so evaluating during training never changes the training trajectory)."""
+    if seed is None:
+        yield
+        return
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
+
+
+def _generate_scored(engine: RolloutEngine, examples, reward_manager, sampling: SamplingParams,
+                     prompts_per_batch: int) -> Iterator[tuple[int, object, str, str, int, dict[str, float], float]]:
+    """Per generated row: index of its example, the example, text, finish reason, length (tokens),
+    reward values by name, weighted total."""
+    for i in range(0, len(examples), prompts_per_batch):
+        chunk = examples[i : i + prompts_per_batch]
         rollout = engine.generate([ex.text for ex in chunk], sampling)
-        scored = reward_manager.score([ex.prompt for ex in chunk], rollout.texts, columns_of(chunk))
-        totals.extend(scored.total.tolist())
-        for name, values in scored.per_reward.items():
-            per_reward.setdefault(name, []).extend(values.tolist())
-        lengths.extend(rollout.completion_lengths.tolist())
-        truncated += sum(r == "length" for r in rollout.finish_reasons)
-        for j, ex in enumerate(chunk):
-            samples.append({"source": ex.source, "prompt": ex.prompt, "completion": rollout.texts[j],
-                            "rewards": {n: v[i + j] for n, v in per_reward.items()}})
-    n = max(len(totals), 1)
-    correct = sum(v >= success_threshold for v in per_reward[accuracy_reward])
-    return EvalResult(
-        accuracy=correct / n,
-        reward_mean=sum(totals) / n,
-        rewards={name: sum(v) / n for name, v in per_reward.items()},
-        num_prompts=len(totals),
-        completion_length_mean=sum(lengths) / n,
-        truncation_rate=truncated / n,
-        seconds=time.perf_counter() - start,
+        rows = [chunk[p] for p in rollout.prompt_index]
+        scored = reward_manager.score([ex.prompt for ex in rows], rollout.texts, columns_of(rows))
+        per_reward = {name: values.tolist() for name, values in scored.per_reward.items()}
+        totals = scored.total.tolist()
+        lengths = rollout.completion_lengths.tolist()
+        for r, ex in enumerate(rows):
+            yield (i + rollout.prompt_index[r], ex, rollout.texts[r], rollout.finish_reasons[r], int(lengths[r]),
+                   {name: v[r] for name, v in per_reward.items()}, totals[r])
+
+
+def evaluate(engine: RolloutEngine, examples, reward_manager, *, max_new_tokens: int, batch_size: int,
+             accuracy_reward: str, success_threshold: float, greedy: bool = True, num_samples: int = 0,
+             temperature: float = 1.0, pass_k: Sequence[int] = (1,), seed: int | None = None) -> EvalResult:
+    """One completion per prompt (greedy by default) scored by every reward; with ``num_samples > 0``
+    also that many sampled completions per prompt at ``temperature`` for sampled accuracy and pass@k
+    (each k in ``pass_k`` must be between 1 and ``num_samples``).
+
+    ``batch_size`` is the number of prompts per greedy generation batch; sampled batches hold at most
+    ``batch_size`` sequences (at least one prompt). With ``seed`` all generation runs on a separate
+    random stream seeded with it, so results are reproducible and the global stream is not advanced.
+    """
+    if num_samples < 0:
+        raise ValueError(f"num_samples must be >= 0 (got {num_samples})")
+    ks = sorted(set(pass_k)) if num_samples > 0 else []
+    bad = [k for k in ks if not 1 <= k <= num_samples]
+    if bad:
+        raise ValueError(f"pass_k values {bad} are not between 1 and num_samples={num_samples}")
+    names = list(reward_manager.names)
+    if accuracy_reward not in names:
+        raise ValueError(f"accuracy_reward '{accuracy_reward}' is not one of the rewards {names}")
+    start = time.perf_counter()
+    samples: list[dict] = []
+    with _seeded(seed):
+        greedy_params = SamplingParams(max_new_tokens=max_new_tokens, n=1, greedy=greedy)
+        for _, ex, text, finish, length, rewards, total in _generate_scored(engine, examples, reward_manager,
+                                                                            greedy_params, batch_size):
+            samples.append({"source": ex.source, "prompt": ex.prompt, "completion": text, "rewards": rewards,
+                            "reward": total, "correct": rewards[accuracy_reward] >= success_threshold,
+                            "length": length, "finish_reason": finish, "repetition": repetition_score(text)})
+        sampled: list[list[dict]] = [[] for _ in samples]
+        if num_samples > 0:
+            params = SamplingParams(max_new_tokens=max_new_tokens, n=num_samples, temperature=temperature)
+            per_batch = max(1, batch_size // num_samples)
+            for idx, _, text, finish, length, rewards, total in _generate_scored(
+                    engine, examples, reward_manager, params, per_batch):
+                sampled[idx].append({"completion": text, "rewards": rewards, "reward": total,
+                                     "correct": rewards[accuracy_reward] >= success_threshold,
+                                     "length": length, "finish_reason": finish})
+    result = EvalResult(
+        accuracy=rate(s["correct"] for s in samples),
+        reward_mean=mean(s["reward"] for s in samples),
+        rewards={name: mean(s["rewards"][name] for s in samples) for name in names},
+        num_prompts=len(samples),
+        completion_length_mean=mean(s["length"] for s in samples),
+        truncation_rate=rate(s["finish_reason"] == "length" for s in samples),
+        seconds=0.0,
         samples=samples,
+        repetition_mean=mean(s["repetition"] for s in samples),
+        num_samples=num_samples,
+        accuracy_reward=accuracy_reward,
+        success_threshold=success_threshold,
     )
+    if num_samples > 0:
+        for s, rows in zip(samples, sampled):
+            s["sampled"] = rows
+            s["sampled_correct"] = sum(r["correct"] for r in rows)
+        sampled_rows = [r for rows in sampled for r in rows]
+        result.temperature = temperature
+        result.sampled_accuracy = rate(r["correct"] for r in sampled_rows)
+        result.pass_at_k = pass_at_k_table(num_samples, [s["sampled_correct"] for s in samples], ks)
+        result.sampled_reward_mean = mean(r["reward"] for r in sampled_rows)
+        result.sampled_rewards = {name: mean(r["rewards"][name] for r in sampled_rows) for name in names}
+    result.seconds = time.perf_counter() - start
+    return result

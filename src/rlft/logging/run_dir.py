@@ -26,8 +26,14 @@ class RunDirectory:
 
     @classmethod
     def create(cls, output_dir: str | Path, run_name: str | None, algorithm: str) -> "RunDirectory":
+        """A new run directory. If ``<output_dir>/<run_name>`` already holds a run, ``-2``, ``-3`` ... is
+        appended instead: a fresh run never mixes its files with another's (continuing one is --resume)."""
         name = run_name or time.strftime("%Y%m%d-%H%M%S") + f"-{algorithm}"
-        root = Path(output_dir).expanduser().resolve() / name
+        base = Path(output_dir).expanduser().resolve() / name
+        root, n = base, 1
+        while cls(root).holds_run():
+            n += 1
+            root = base.with_name(f"{name}-{n}")
         root.mkdir(parents=True, exist_ok=True)
         (root / "checkpoints").mkdir(exist_ok=True)
         (root / "eval").mkdir(exist_ok=True)
@@ -40,6 +46,9 @@ class RunDirectory:
     checkpoints = property(lambda self: self.root / "checkpoints")
     eval_dir = property(lambda self: self.root / "eval")
     run_info = property(lambda self: self.root / "run.json")
+
+    def holds_run(self) -> bool:
+        return self.metrics.exists() or self.run_info.exists() or any(self.checkpoints.glob("checkpoint-*"))
 
     def checkpoint(self, step: int) -> Path:
         return self.checkpoints / f"checkpoint-{step}"
@@ -60,3 +69,18 @@ def append_jsonl(path: Path, record: dict) -> None:
     """Append one JSON object as a line and flush, so a crash loses at most the current line."""
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def truncate_jsonl(path: Path, max_step: int) -> int:
+    """Drop the records with ``step`` > max_step (written after the checkpoint a run resumes from, by the
+    process that crashed); rewritten atomically. Returns how many were dropped."""
+    if not path.exists():
+        return 0
+    lines = path.read_text(encoding="utf-8").splitlines()
+    keep = [ln for ln in lines if ln.strip() and json.loads(ln).get("step", 0) <= max_step]
+    dropped = sum(1 for ln in lines if ln.strip()) - len(keep)
+    if dropped:
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text("".join(ln + "\n" for ln in keep), encoding="utf-8")
+        os.replace(tmp, path)
+    return dropped

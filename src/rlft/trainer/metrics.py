@@ -18,8 +18,12 @@ def peak_memory_mb(device: torch.device) -> float:
 
 
 def rollout_metrics(rewards_total: torch.Tensor, per_reward: dict[str, torch.Tensor], lengths: torch.Tensor,
-                    finish_reasons: list[str], group_size: int) -> dict[str, float]:
-    """Reward and completion statistics of one rollout batch. rewards_total, lengths: [N]."""
+                    finish_reasons: list[str], group_size: int, *, texts: list[str] | None = None,
+                    weights: dict[str, float] | None = None) -> dict[str, float]:
+    """Reward and completion statistics of one rollout batch. rewards_total, lengths: [N].
+
+    With ``texts``: the mean repetition score. With ``weights``: each weighted reward's share of the
+    summed weighted standard deviations (which term moves the total)."""
     total = rewards_total.float()
     grouped = total.view(-1, group_size)
     metrics = {
@@ -32,6 +36,15 @@ def rollout_metrics(rewards_total: torch.Tensor, per_reward: dict[str, torch.Ten
     }
     for name, values in per_reward.items():
         metrics[f"reward/{name}/mean"] = values.float().mean().item()
+    if texts is not None:
+        from rlft.evaluation.metrics import repetition_score
+
+        metrics["repetition/mean"] = sum(repetition_score(t) for t in texts) / max(len(texts), 1)
+    if weights and len(per_reward) > 1 and total.numel() > 1:
+        spread = {n: abs(weights.get(n, 1.0)) * v.float().std().item() for n, v in per_reward.items()}
+        norm = sum(spread.values())
+        if norm > 0:
+            metrics.update({f"reward_share/{n}": s / norm for n, s in spread.items()})
     return metrics
 
 

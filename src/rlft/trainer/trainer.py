@@ -11,15 +11,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
 
-from rlft.checkpoint import save_checkpoint
+from rlft.checkpoint import prune_checkpoints, save_checkpoint
+from rlft.checkpoint.continuity import file_fingerprint
 from rlft.config.loader import config_to_yaml, load_config
 from rlft.config.schema import RlftConfig
 from rlft.data.sampler import PromptSampler
 from rlft.evaluation import EvalResult, evaluate
 from rlft.logging.console import (ProgressBar, attach_file_log, get_logger, quiet_library_progress_bars,
                                   setup_console_logging)
-from rlft.logging.run_dir import RunDirectory, append_jsonl
+from rlft.logging.run_dir import RunDirectory, append_jsonl, truncate_jsonl
 from rlft.rewards.manager import RewardManager
 from rlft.config.presets import PRESETS
 from rlft.rollout import ENGINES
@@ -27,6 +29,7 @@ from rlft.trainer.batch import UpdateBatch
 from rlft.trainer.components import (build_advantage_stage, build_collector, build_critic, build_data, build_model,
                                      build_updater, seed_everything)
 from rlft.trainer.metrics import HealthWatch, MetricWindow, format_step_line, peak_memory_mb, rollout_metrics
+from rlft.trainer.watch import RewardHackingWatch
 
 
 @dataclass
@@ -68,25 +71,38 @@ class Trainer:
         A failure here is recorded in run.json like a failure during training."""
         cfg = self.cfg
         self._resume_point = None
+        changes: list[str] = []
         if self.resume_from:
-            from rlft.checkpoint.resume import find_checkpoint
+            from rlft.checkpoint.resume import check_continuity, find_checkpoint
 
             named = Path(cfg.train.output_dir).expanduser().resolve() / cfg.train.run_name if cfg.train.run_name else None
             self._resume_point = find_checkpoint(self.resume_from, named)
+            # Before anything is written: a refused resume leaves the run directory as it was.
+            changes = check_continuity(self._resume_point, yaml.safe_load(config_to_yaml(cfg)), cfg.data.train_file)
             self.run_dir = RunDirectory(self._resume_point.run_root)
         else:
             self.run_dir = RunDirectory.create(cfg.train.output_dir, cfg.train.run_name, cfg.algorithm.name)
         self.log = setup_console_logging()
         self._file_log = attach_file_log(self.run_dir.log)
-        self.run_dir.config.write_text(config_to_yaml(cfg))
+        self.run_dir.config.write_text(config_to_yaml(cfg))  # the config in effect; each checkpoint keeps its own
         self.run_dir.write_run_info(status="starting", config=self.config_source, started=time.time())
         self.log.info(f"config loaded: {self.config_source} -> run directory {self.run_dir.root}")
+        if self._resume_point is not None:
+            self._prepare_resume(changes)
         try:
             self._build()
         except BaseException as exc:
             self._close(status="failed", error=f"{type(exc).__name__}: {exc}")
             raise
         self._ready = True
+
+    def _prepare_resume(self, changes: list[str]) -> None:
+        step = int(self._resume_point.state["step"])
+        for change in changes:
+            self.log.info(f"changed on resume: {change}")
+        dropped = sum(truncate_jsonl(p, step) for p in (self.run_dir.metrics, self.run_dir.samples))
+        if dropped:
+            self.log.info(f"dropped {dropped} log records written after step {step} by the interrupted process")
 
     def _build(self) -> None:
 
@@ -96,6 +112,7 @@ class Trainer:
         seed_everything(cfg.train.seed)
         self.parts = build_model(cfg)
         self.train_set, self.eval_set = build_data(cfg, self.parts.tokenizer)
+        self._data_fingerprint = file_fingerprint(cfg.data.train_file)
         self.rewards = RewardManager.from_specs(cfg.reward.functions)
         self.engine = ENGINES[cfg.rollout.engine](
             self.parts.model, self.parts.tokenizer, max_prompt_length=cfg.data.max_prompt_length,
@@ -109,6 +126,7 @@ class Trainer:
         self.advantage, self.kl = build_advantage_stage(cfg)
         self.step = 0
         self._health = HealthWatch(self.log)
+        self._watch = RewardHackingWatch(cfg.train.watch, self.log)
         self._log_algorithm()
         if self._resume_point is not None:
             from rlft.checkpoint.resume import restore_training_state
@@ -158,6 +176,7 @@ class Trainer:
                     metrics = self.train_step()
                     window.add(metrics)
                     self._health.observe(self.step, metrics)
+                    self._watch.observe_step(self.step, metrics)
                     self._after_step(window, bar, result)
             result.final_checkpoint = self.save_checkpoint()
             if self.cfg.eval.after_training:
@@ -207,7 +226,8 @@ class Trainer:
         seconds = time.perf_counter() - t0
         rollout, scored = collected.rollout, collected.scored
         metrics = rollout_metrics(scored.total, scored.per_reward, rollout.completion_lengths,
-                                  rollout.finish_reasons, alg.num_generations)
+                                  rollout.finish_reasons, alg.num_generations, texts=rollout.texts,
+                                  weights=self.rewards.weights)
         metrics.update(collected.stats)
         metrics.update(stats)
         metrics.update({"lr": lr, "step_seconds": seconds, "generation_seconds": t_gen,
@@ -239,29 +259,38 @@ class Trainer:
     # ------------------------------------------------------------------ eval / checkpoint
 
     def evaluate(self, tag: str = "") -> EvalResult | None:
-        """Greedy evaluation on the eval set; writes eval/step-<N>.json and logs one line."""
+        """Greedy evaluation on the eval set (plus eval.num_samples sampled completions per prompt for
+        pass@k); writes eval/step-<N>.json and logs one line.
+
+        Sampling runs on its own random stream seeded with train.seed, so evaluating never changes
+        the training trajectory (and resumed runs stay bit-identical)."""
         if self.eval_set is None:
             return None
         ecfg, alg = self.cfg.eval, self.cfg.algorithm
         examples = self.eval_set.examples[: ecfg.max_samples] if ecfg.max_samples else self.eval_set.examples
         res = evaluate(self.engine, examples, self.rewards, max_new_tokens=ecfg.max_new_tokens or alg.max_new_tokens,
                        batch_size=ecfg.batch_size, accuracy_reward=ecfg.accuracy_reward or self.rewards.names[0],
-                       success_threshold=ecfg.success_threshold)
-        out = {"step": self.step, "tag": tag, **res.summary(), "samples": res.samples}
+                       success_threshold=ecfg.success_threshold, num_samples=ecfg.num_samples,
+                       temperature=ecfg.temperature, pass_k=ecfg.pass_k, seed=self.cfg.train.seed)
+        self.log.info(f"eval ({tag}, step {self.step}): {res.metrics_line()} ({res.seconds:.0f}s)")
+        self._watch.observe_eval(self.step, res.accuracy)
+        out = {"step": self.step, "tag": tag, **res.summary(), "watch": self._watch.flags, "samples": res.samples}
         (self.run_dir.eval_dir / f"step-{self.step}.json").write_text(json.dumps(out, indent=2, ensure_ascii=False))
-        self.log.info(f"eval ({tag}, step {self.step}): accuracy {res.accuracy:.1%} on {res.num_prompts} prompts, "
-                      f"reward {res.reward_mean:.3f}, len {res.completion_length_mean:.1f} ({res.seconds:.0f}s)")
         return res
 
     def save_checkpoint(self) -> Path:
 
         target = self.run_dir.checkpoint(self.step)
         state = {"step": self.step, "total_steps": self.total_steps, "sampler": self.sampler.state_dict(),
-                 "model_dir": self.parts.model_dir, "kl_coef": self.updater.kl_coef}
+                 "model_dir": self.parts.model_dir, "kl_coef": self.updater.kl_coef,
+                 "data_fingerprint": self._data_fingerprint}
         save_checkpoint(target, model=self.parts.model, tokenizer=self.parts.tokenizer,
                         optimizer=self.updater.optimizer, scheduler=self.updater.scheduler, trainer_state=state,
                         config_yaml=config_to_yaml(self.cfg), components=self._components())
         self.log.info(f"checkpoint saved: {target}")
+        if self.cfg.train.keep_last:
+            for old in prune_checkpoints(self.run_dir.checkpoints, self.cfg.train.keep_last):
+                self.log.info(f"checkpoint removed (train.keep_last={self.cfg.train.keep_last}): {old.name}")
         return target
 
     def _report(self, result: TrainResult) -> None:

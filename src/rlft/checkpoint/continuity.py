@@ -1,0 +1,79 @@
+"""May a run continue from a checkpoint under a new config?  Which changes break it, which are harmless.
+
+A change breaks continuity when the saved state would no longer mean what the new config says:
+other weights or adapter shapes, another data order, another batch geometry or algorithm.  Any
+other change (logging, checkpoint cadence, max_steps, learning rate, evaluation ...) is allowed
+and logged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+# Dotted config paths (a prefix covers everything below it).
+BREAKING: dict[str, str] = {
+    "model.path": "the checkpoint holds weights of another model",
+    "model.lora": "the adapter's shape and targets are fixed by the checkpoint",
+    "data.train_file": "the data order and position refer to the original training file",
+    "data.prompt_field": "the prompts would differ",
+    "data.messages_field": "the prompts would differ",
+    "data.system_prompt": "the prompts would differ",
+    "data.use_chat_template": "the prompts would differ",
+    "data.max_prompt_length": "the prompts would differ",
+    "data.eval_split": "the training set is what remains after the split",
+    "data.shuffle": "the data order would differ",
+    "train.seed": "the data order and sampling would differ",
+    "algorithm.name": "the optimizer and critic state belong to the original algorithm",
+    "algorithm.advantage_estimator": "the critic state belongs to the original estimator",
+    "algorithm.rollout_batch_size": "the position in the data order counts batches of this size",
+    "algorithm.num_generations": "the group size is part of the batch geometry",
+    "algorithm.critic.type": "the saved critic has the original layout",
+}
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """{'a': {'b': 1}} -> {'a.b': 1}; lists and scalars are leaves."""
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def _rule(path: str) -> str | None:
+    for key, why in BREAKING.items():
+        if path == key or path.startswith(key + "."):
+            return why
+    return None
+
+
+def compare_configs(saved: dict, new: dict) -> tuple[list[str], list[str]]:
+    """Differences between the config a checkpoint was saved with and the one resuming it.
+
+    Returns (breaking, harmless): one line per changed dotted path, ``path: old -> new``, breaking
+    ones followed by why they break continuity."""
+    old_flat, new_flat = flatten(saved), flatten(new)
+    breaking, harmless = [], []
+    for path in sorted(set(old_flat) | set(new_flat)):
+        old, cur = old_flat.get(path, "(unset)"), new_flat.get(path, "(unset)")
+        if old == cur:
+            continue
+        why = _rule(path)
+        line = f"{path}: {old!r} -> {cur!r}"
+        if why:
+            breaking.append(f"{line} ({why})")
+        else:
+            harmless.append(line)
+    return breaking, harmless
+
+
+def file_fingerprint(path: str | Path) -> str:
+    """sha256 of a file's bytes: the same path with other contents is other data."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

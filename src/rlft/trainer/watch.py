@@ -1,0 +1,71 @@
+"""Reward-hacking watch: signs that a rising training reward is not a better model.
+
+Flags (each logged once as a warning, and kept in ``flags`` for the eval files):
+
+* held-out accuracy falls while the training reward rises;
+* completion length, or the repetition score, keeps growing;
+* one reward term carries almost all of the reward's variation (the others stopped mattering).
+
+Thresholds: ``train.watch`` (:class:`~rlft.config.schema.WatchConfig`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rlft.config.schema import WatchConfig
+
+
+@dataclass
+class RewardHackingWatch:
+    thresholds: WatchConfig
+    log: object
+    flags: list[dict] = field(default_factory=list)
+    _steps: list[dict] = field(default_factory=list)
+    _best_eval: tuple[float, float] | None = None  # (accuracy, training reward at that time)
+    _dominant_steps: int = 0
+
+    def observe_step(self, step: int, metrics: dict[str, float]) -> None:
+        self._steps.append(metrics)
+        t = self.thresholds
+        if len(self._steps) >= 2 * t.window:
+            self._check_growth(step, "completion_len/mean", "completion length",
+                               lambda a, b: b > a * (1 + t.length_growth) and b - a >= 2)
+            self._check_growth(step, "repetition/mean", "repetition score", lambda a, b: b - a > t.repetition_growth)
+        shares = {k.removeprefix("reward_share/"): v for k, v in metrics.items() if k.startswith("reward_share/")}
+        top = max(shares.items(), key=lambda kv: kv[1], default=None)
+        self._dominant_steps = self._dominant_steps + 1 if len(shares) > 1 and top[1] >= t.dominance else 0
+        if self._dominant_steps >= t.patience:
+            self._flag("dominance", step, f"reward '{top[0]}' carried {top[1]:.0%} of the reward variation for "
+                       f"{self._dominant_steps} steps: the other rewards barely steer the update")
+
+    def observe_eval(self, step: int, accuracy: float) -> None:
+        t = self.thresholds
+        reward = self._recent("reward/mean")
+        if reward is None:
+            return
+        if self._best_eval is None or accuracy > self._best_eval[0]:
+            self._best_eval = (accuracy, reward)
+            return
+        best_acc, reward_then = self._best_eval
+        if accuracy < best_acc - t.accuracy_drop and reward > reward_then + t.reward_rise:
+            self._flag("accuracy_falls", step, f"held-out accuracy fell to {accuracy:.1%} (best {best_acc:.1%}) while "
+                       f"the training reward rose from {reward_then:.3f} to {reward:.3f}: possible reward hacking")
+
+    def _recent(self, key: str, start: bool = False) -> float | None:
+        w = self.thresholds.window
+        rows = self._steps[:w] if start else self._steps[-w:]
+        values = [r[key] for r in rows if key in r]
+        return sum(values) / len(values) if values else None
+
+    def _check_growth(self, step: int, key: str, label: str, grew) -> None:
+        first, last = self._recent(key, start=True), self._recent(key)
+        if first is not None and last is not None and grew(first, last):
+            self._flag(f"growth:{key}", step, f"{label} grew from {first:.2f} (first {self.thresholds.window} steps) "
+                       f"to {last:.2f} (last {self.thresholds.window}); check samples.jsonl for padding or loops")
+
+    def _flag(self, kind: str, step: int, message: str) -> None:
+        if any(f["kind"] == kind for f in self.flags):
+            return
+        self.flags.append({"kind": kind, "step": step, "message": message})
+        self.log.warning(f"reward-hacking watch, step {step}: {message}")
