@@ -159,3 +159,19 @@ def test_eval_user_errors(tmp_path, tiny_config, capsys):
         assert code == 2, (args, err)
         assert "error: " in err and message in err, (args, err)
     assert not list(tmp_path.glob("outputs/eval-*")), "nothing is written when the arguments are wrong"
+
+
+def test_eval_report_carries_the_runs_reward_hacking_flags(tmp_path, tiny_config):
+    from rlft import Trainer
+
+    tiny_config["reward"]["functions"].append({"type": "contains", "keyword": "b", "name": "has_b", "weight": 0.01})
+    tiny_config["train"].update(max_steps=2, watch={"dominance": 0.5, "patience": 1})
+    tiny_config["eval"]["before_training"] = False
+    result = Trainer(config=tiny_config).train()
+    config = write_config(tmp_path, tiny_config)
+    out = tmp_path / "report"
+    assert main(["eval", "--config", str(config), "--checkpoint", str(result.final_checkpoint),
+                 "--out", str(out)]) == 0
+    report = (out / "report.md").read_text()
+    assert "reward-hacking watch (checkpoint-2's run, step 1): reward 'has_a' carried" in report
+    assert "reward-hacking watch" in (out / "report.html").read_text()

@@ -128,6 +128,21 @@ def _write_json(path: Path, data) -> None:
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
+def run_watch_flags(path: str) -> list[str]:
+    """Reward-hacking warnings the training run of checkpoint ``path`` recorded up to that checkpoint's step
+    (from <run>/eval/step-N.json); [] for anything that is not a checkpoint inside a run directory."""
+    ck = Path(path)
+    if ck.parent.name != "checkpoints" or not ck.name.startswith("checkpoint-"):
+        return []
+    step = int(ck.name.rsplit("-", 1)[-1])
+    evals = sorted((int(p.stem.split("-")[-1]), p) for p in (ck.parent.parent / "eval").glob("step-*.json")
+                   if p.stem.split("-")[-1].isdigit() and int(p.stem.split("-")[-1]) <= step)
+    if not evals:
+        return []
+    flags = json.loads(evals[-1][1].read_text()).get("watch", [])
+    return [f"reward-hacking watch ({ck.name}'s run, step {f['step']}): {f['message']}" for f in flags]
+
+
 def run(args) -> int:
     from rlft.config.loader import load_config
     from rlft.evaluation.report import (ModelResult, ReportContext, markdown_table, render_html, render_markdown,
@@ -184,7 +199,8 @@ def run(args) -> int:
     ctx = ReportContext(title=f"rlft eval: {Path(args.config).name}", config=settings["config"],
                         prompts_from=str(source), max_new_tokens=settings["max_new_tokens"],
                         created=time.strftime("%Y-%m-%d %H:%M:%S"),
-                        extra=[f"overrides: {' '.join(args.overrides)}"] if args.overrides else [])
+                        extra=([f"overrides: {' '.join(args.overrides)}"] if args.overrides else [])
+                        + [line for path in paths for line in run_watch_flags(path)])
     (out / "report.md").write_text(render_markdown(models, rows, ctx, args.examples), encoding="utf-8")
     (out / "report.html").write_text(render_html(models, rows, ctx, args.examples), encoding="utf-8")
     print(markdown_table(models))
