@@ -164,7 +164,7 @@ def test_eval_user_errors(tmp_path, tiny_config, capsys):
 def test_eval_report_carries_the_runs_reward_hacking_flags(tmp_path, tiny_config):
     from rlft import Trainer
 
-    tiny_config["reward"]["functions"].append({"type": "contains", "keyword": "b", "name": "has_b", "weight": 0.01})
+    tiny_config["reward"]["functions"].append({"type": "contains", "keyword": "b", "name": "has_b", "weight": 100.0})
     tiny_config["train"].update(max_steps=2, watch={"dominance": 0.5, "patience": 1})
     tiny_config["eval"]["before_training"] = False
     result = Trainer(config=tiny_config).train()
@@ -173,5 +173,5 @@ def test_eval_report_carries_the_runs_reward_hacking_flags(tmp_path, tiny_config
     assert main(["eval", "--config", str(config), "--checkpoint", str(result.final_checkpoint),
                  "--out", str(out)]) == 0
     report = (out / "report.md").read_text()
-    assert "reward-hacking watch (checkpoint-2's run, step 1): reward 'has_a' carried" in report
+    assert "reward-hacking watch (checkpoint-2's run, step 1): reward 'has_b' carried" in report
     assert "reward-hacking watch" in (out / "report.html").read_text()

@@ -18,7 +18,7 @@ class _Log:
 
 def _watch(**kw):
     log = _Log()
-    return RewardHackingWatch(WatchConfig(**kw), log), log
+    return RewardHackingWatch(WatchConfig(**kw), log, task_reward="correct"), log
 
 
 def test_accuracy_falling_while_reward_rises_is_flagged_once():
@@ -72,6 +72,12 @@ def test_one_dominant_reward_term_is_flagged_after_patience():
     assert log.warnings == []
     watch.observe_step(3, m)
     assert len(log.warnings) == 1 and "reward 'format' carried 100%" in log.warnings[0]
+    # The task reward carrying the variation (the format reward saturated) is the healthy case.
+    healthy = dict(m, **{"reward_share/format": 0.0, "reward_share/correct": 1.0})
+    watch, log = _watch(patience=1)
+    for step in range(1, 5):
+        watch.observe_step(step, healthy)
+    assert log.warnings == []
 
 
 def test_watch_flags_reach_the_log_and_eval_files(tiny_config):
@@ -80,9 +86,9 @@ def test_watch_flags_reach_the_log_and_eval_files(tiny_config):
 
     from rlft import Trainer
 
-    tiny_config["reward"]["functions"].append({"type": "contains", "keyword": "b", "name": "has_b", "weight": 0.01})
+    tiny_config["reward"]["functions"].append({"type": "contains", "keyword": "b", "name": "has_b", "weight": 100.0})
     tiny_config["train"].update(max_steps=3, watch={"dominance": 0.5, "patience": 1})
     result = Trainer(config=tiny_config).train()
-    assert "reward-hacking watch, step 1: reward 'has_a'" in (result.run_dir / "train_log.log").read_text()
+    assert "reward-hacking watch, step 1: reward 'has_b'" in (result.run_dir / "train_log.log").read_text()
     after = json.loads((result.run_dir / "eval" / "step-3.json").read_text())
     assert after["watch"] and after["watch"][0]["kind"] == "dominance"

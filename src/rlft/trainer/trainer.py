@@ -126,7 +126,7 @@ class Trainer:
         self.advantage, self.kl = build_advantage_stage(cfg)
         self.step = 0
         self._health = HealthWatch(self.log)
-        self._watch = RewardHackingWatch(cfg.train.watch, self.log)
+        self._watch = RewardHackingWatch(cfg.train.watch, self.log, cfg.eval.accuracy_reward or self.rewards.names[0])
         self._log_algorithm()
         if self._resume_point is not None:
             from rlft.checkpoint.resume import restore_training_state

@@ -4,7 +4,9 @@ Flags (each logged once as a warning, and kept in ``flags`` for the eval files):
 
 * held-out accuracy falls while the training reward rises;
 * completion length, or the repetition score, keeps growing;
-* one reward term carries almost all of the reward's variation (the others stopped mattering).
+* a reward term other than the task reward (``eval.accuracy_reward``, default the first) carries almost
+  all of the reward's variation: shaping, not the task, is steering the update.  (The task reward
+  dominating once a format reward saturates is the healthy case and is not flagged.)
 
 Thresholds: ``train.watch`` (:class:`~rlft.config.schema.WatchConfig`).
 """
@@ -20,6 +22,7 @@ from rlft.config.schema import WatchConfig
 class RewardHackingWatch:
     thresholds: WatchConfig
     log: object
+    task_reward: str | None = None
     flags: list[dict] = field(default_factory=list)
     _steps: list[dict] = field(default_factory=list)
     _best_eval: tuple[float, float] | None = None  # (accuracy, training reward at that time)
@@ -34,10 +37,12 @@ class RewardHackingWatch:
             self._check_growth(step, "repetition/mean", "repetition score", lambda a, b: b - a > t.repetition_growth)
         shares = {k.removeprefix("reward_share/"): v for k, v in metrics.items() if k.startswith("reward_share/")}
         top = max(shares.items(), key=lambda kv: kv[1], default=None)
-        self._dominant_steps = self._dominant_steps + 1 if len(shares) > 1 and top[1] >= t.dominance else 0
+        dominant = len(shares) > 1 and top[0] != self.task_reward and top[1] >= t.dominance
+        self._dominant_steps = self._dominant_steps + 1 if dominant else 0
         if self._dominant_steps >= t.patience:
             self._flag("dominance", step, f"reward '{top[0]}' carried {top[1]:.0%} of the reward variation for "
-                       f"{self._dominant_steps} steps: the other rewards barely steer the update")
+                       f"{self._dominant_steps} steps, more than the task reward '{self.task_reward}': "
+                       f"the update follows it, not the task")
 
     def observe_eval(self, step: int, accuracy: float) -> None:
         t = self.thresholds
