@@ -143,10 +143,30 @@ def run_watch_flags(path: str) -> list[str]:
     return [f"reward-hacking watch ({ck.name}'s run, step {f['step']}): {f['message']}" for f in flags]
 
 
+def _write_outputs(out: Path, models, columns, cfg, args, settings: dict, paths: list[str]) -> None:
+    """side_by_side.jsonl, report.md and report.html; the metrics table to stdout."""
+    from rlft.evaluation.report import ReportContext, markdown_table, render_html, render_markdown, side_by_side_rows
+
+    rows = side_by_side_rows(models, columns)
+    with open(out / "side_by_side.jsonl", "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    source = cfg.data.eval_file or f"{cfg.data.train_file} (eval_split {cfg.data.eval_split:g})"
+    ctx = ReportContext(title=f"rlft eval: {Path(args.config).name}", config=settings["config"],
+                        prompts_from=str(source), max_new_tokens=settings["max_new_tokens"],
+                        created=time.strftime("%Y-%m-%d %H:%M:%S"),
+                        extra=([f"overrides: {' '.join(args.overrides)}"] if args.overrides else [])
+                        + [line for path in paths for line in run_watch_flags(path)])
+    (out / "report.md").write_text(render_markdown(models, rows, ctx, args.examples), encoding="utf-8")
+    (out / "report.html").write_text(render_html(models, rows, ctx, args.examples), encoding="utf-8")
+    print(markdown_table(models))
+    print(f"wrote {len(models)} results, side_by_side.jsonl, report.md and report.html to {out.resolve()}",
+          file=sys.stderr)
+
+
 def run(args) -> int:
     from rlft.config.loader import load_config
-    from rlft.evaluation.report import (ModelResult, ReportContext, markdown_table, render_html, render_markdown,
-                                        side_by_side_rows)
+    from rlft.evaluation.report import ModelResult
     from rlft.logging.console import quiet_library_progress_bars
     from rlft.models.loading import resolve_device
     from rlft.models.precision import autocast_dtype
@@ -191,19 +211,5 @@ def run(args) -> int:
         print(f"[{i}/{len(paths)}] {label}: {result.metrics_line()} ({result.seconds:.0f}s)", file=sys.stderr,
               flush=True)
 
-    rows = side_by_side_rows(models, columns)
-    with open(out / "side_by_side.jsonl", "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    source = cfg.data.eval_file or f"{cfg.data.train_file} (eval_split {cfg.data.eval_split:g})"
-    ctx = ReportContext(title=f"rlft eval: {Path(args.config).name}", config=settings["config"],
-                        prompts_from=str(source), max_new_tokens=settings["max_new_tokens"],
-                        created=time.strftime("%Y-%m-%d %H:%M:%S"),
-                        extra=([f"overrides: {' '.join(args.overrides)}"] if args.overrides else [])
-                        + [line for path in paths for line in run_watch_flags(path)])
-    (out / "report.md").write_text(render_markdown(models, rows, ctx, args.examples), encoding="utf-8")
-    (out / "report.html").write_text(render_html(models, rows, ctx, args.examples), encoding="utf-8")
-    print(markdown_table(models))
-    print(f"wrote {len(models)} results, side_by_side.jsonl, report.md and report.html to {out.resolve()}",
-          file=sys.stderr)
+    _write_outputs(out, models, columns, cfg, args, settings, paths)
     return 0
