@@ -34,6 +34,17 @@ def test_accuracy_falling_while_reward_rises_is_flagged_once():
     assert watch.flags[0]["kind"] == "accuracy_falls" and watch.flags[0]["step"] == 4
 
 
+def test_accuracy_drop_within_sampling_noise_is_not_flagged():
+    # best 18% on 50 prompts: 2 standard errors = 2 * sqrt(0.18 * 0.82 / 50) = 0.109, so 10% is noise, 5% is not
+    for acc, flagged in [(0.10, False), (0.05, True)]:
+        watch, log = _watch(window=1)
+        watch.observe_step(1, {"reward/mean": 0.5})
+        watch.observe_eval(1, 0.18, 50)
+        watch.observe_step(2, {"reward/mean": 0.6})
+        watch.observe_eval(2, acc, 50)
+        assert bool(log.warnings) is flagged, (acc, log.warnings)
+
+
 def test_accuracy_falling_with_flat_reward_is_not_reward_hacking():
     watch, log = _watch(window=2)
     for step in range(1, 5):

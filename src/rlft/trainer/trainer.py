@@ -273,7 +273,7 @@ class Trainer:
                        success_threshold=ecfg.success_threshold, num_samples=ecfg.num_samples,
                        temperature=ecfg.temperature, pass_k=ecfg.pass_k, seed=self.cfg.train.seed)
         self.log.info(f"eval ({tag}, step {self.step}): {res.metrics_line()} ({res.seconds:.0f}s)")
-        self._watch.observe_eval(self.step, res.accuracy)
+        self._watch.observe_eval(self.step, res.accuracy, res.num_prompts)
         out = {"step": self.step, "tag": tag, **res.summary(), "watch": self._watch.flags, "samples": res.samples}
         (self.run_dir.eval_dir / f"step-{self.step}.json").write_text(json.dumps(out, indent=2, ensure_ascii=False))
         return res

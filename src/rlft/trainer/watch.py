@@ -13,6 +13,7 @@ Thresholds: ``train.watch`` (:class:`~rlft.config.schema.WatchConfig`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from rlft.config.schema import WatchConfig
@@ -44,7 +45,9 @@ class RewardHackingWatch:
                        f"{self._dominant_steps} steps, more than the task reward '{self.task_reward}': "
                        f"the update follows it, not the task")
 
-    def observe_eval(self, step: int, accuracy: float) -> None:
+    def observe_eval(self, step: int, accuracy: float, num_prompts: int | None = None) -> None:
+        """``num_prompts``: how many prompts the accuracy is over. A drop smaller than two binomial standard
+        errors of the best accuracy is sampling noise (on 50 prompts, 18% -> 10% is 4 prompts) and not flagged."""
         t = self.thresholds
         reward = self._recent("reward/mean")
         if reward is None:
@@ -53,7 +56,8 @@ class RewardHackingWatch:
             self._best_eval = (accuracy, reward)
             return
         best_acc, reward_then = self._best_eval
-        if accuracy < best_acc - t.accuracy_drop and reward > reward_then + t.reward_rise:
+        noise = 2 * math.sqrt(best_acc * (1 - best_acc) / num_prompts) if num_prompts else 0.0
+        if accuracy < best_acc - max(t.accuracy_drop, noise) and reward > reward_then + t.reward_rise:
             self._flag("accuracy_falls", step, f"held-out accuracy fell to {accuracy:.1%} (best {best_acc:.1%}) while "
                        f"the training reward rose from {reward_then:.3f} to {reward:.3f}: possible reward hacking")
 
