@@ -141,22 +141,24 @@ def evaluate(engine: RolloutEngine, examples, reward_manager, *, max_new_tokens:
         raise ValueError(f"accuracy_reward '{accuracy_reward}' is not one of the rewards {names}")
     start = time.perf_counter()
     samples: list[dict] = []
+
+    def judged(text: str, finish: str, length: int, rewards: dict[str, float], total: float) -> dict:
+        return {"completion": text, "rewards": rewards, "reward": total, "length": length, "finish_reason": finish,
+                "correct": rewards[accuracy_reward] >= success_threshold}
+
     with _seeded(seed):
         greedy_params = SamplingParams(max_new_tokens=max_new_tokens, n=1, greedy=greedy)
         for _, ex, text, finish, length, rewards, total in _generate_scored(engine, examples, reward_manager,
                                                                             greedy_params, batch_size):
-            samples.append({"source": ex.source, "prompt": ex.prompt, "completion": text, "rewards": rewards,
-                            "reward": total, "correct": rewards[accuracy_reward] >= success_threshold,
-                            "length": length, "finish_reason": finish, "repetition": repetition_score(text)})
+            samples.append({"source": ex.source, "prompt": ex.prompt, **judged(text, finish, length, rewards, total),
+                            "repetition": repetition_score(text)})
         sampled: list[list[dict]] = [[] for _ in samples]
         if num_samples > 0:
             params = SamplingParams(max_new_tokens=max_new_tokens, n=num_samples, temperature=temperature)
             per_batch = max(1, batch_size // num_samples)
             for idx, _, text, finish, length, rewards, total in _generate_scored(
                     engine, examples, reward_manager, params, per_batch):
-                sampled[idx].append({"completion": text, "rewards": rewards, "reward": total,
-                                     "correct": rewards[accuracy_reward] >= success_threshold,
-                                     "length": length, "finish_reason": finish})
+                sampled[idx].append(judged(text, finish, length, rewards, total))
     result = EvalResult(
         accuracy=rate(s["correct"] for s in samples),
         reward_mean=mean(s["reward"] for s in samples),
