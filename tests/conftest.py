@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# CI must be reproducible: with RLFT_HYPOTHESIS_DERANDOMIZE=1 (set by .ci/run) property tests use a
+# fixed example stream, so a landing is never decided by a lucky draw.  Locally they explore new
+# examples each run, which is how the float edge case in the k3 estimator was found.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("RLFT_HYPOTHESIS_DERANDOMIZE") == "1":
+    settings.load_profile("ci")
 
 
 @pytest.fixture(scope="session")
