@@ -75,10 +75,43 @@ def completion_logprobs(
     if asked, the detached entropy [B, T] of the sampling distribution.  Only
     the positions predicting completion tokens go through the LM head.
     """
+    return _full_forward(model, input_ids, attention_mask, completion_len,
+                         lambda logits, targets: token_logprobs(logits, targets, temperature, with_entropy))
+
+
+def _full_forward(model, input_ids, attention_mask, completion_len: int, reduce) -> tuple:
+    """``reduce`` applied to the outputs predicting the last ``completion_len`` tokens of full rows [B, P + T]."""
     out = model(input_ids=input_ids, attention_mask=attention_mask,
                 position_ids=position_ids_from_mask(attention_mask), logits_to_keep=completion_len + 1,
                 use_cache=False)
-    return token_logprobs(out.logits[:, :-1, :], input_ids[:, -completion_len:], temperature, with_entropy)
+    return reduce(out.logits[:, :-1, :], input_ids[:, -completion_len:])
+
+
+def replays_layers_without_cache(model: torch.nn.Module) -> bool:
+    """True when this forward would run under gradient checkpointing.
+
+    Hugging Face's checkpointed decoder layers drop the KV cache in a training forward with
+    gradients (a replayed layer would append to it twice), so completion tokens run on a shared
+    prompt cache would silently stop seeing their prompt.
+    """
+    return (torch.is_grad_enabled() and model.training
+            and any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules()))
+
+
+def _select_rows(cache, index: torch.Tensor) -> None:
+    """Expand a prompt KV cache to one row per completion.
+
+    ``index_select`` rather than ``tensor[index]``: on CPU the backward of advanced indexing
+    accumulates repeated rows with parallel atomic adds, in a different order each run, which made
+    training runs differ from each other in the 7th digit from the first step; ``index_select``'s
+    backward sums in a fixed order.
+    """
+    for layer in cache.layers:
+        if getattr(layer, "keys", None) is not None and layer.keys.numel() > 0 and hasattr(layer, "values"):
+            layer.keys = layer.keys.index_select(0, index)
+            layer.values = layer.values.index_select(0, index)
+        else:
+            layer.batch_select_indices(index)
 
 
 def grouped_forward(
@@ -98,21 +131,24 @@ def grouped_forward(
     ``reduce(outputs [b, t, D], targets [b, t])`` turns the model's per-position outputs (its
     ``.logits``: vocabulary logits, or values for a value model) that predict ``targets`` into a
     tuple of [b, t] tensors (or None); the tuple of [B, T] results is returned.
+    Under gradient checkpointing (which cannot keep a cache) every row runs in full instead.
     """
     from transformers import DynamicCache
 
+    T = completion_ids.shape[1]
+    row_prompt_mask = prompt_mask.index_select(0, row_prompt)
+    full_mask = torch.cat([row_prompt_mask, completion_mask.to(row_prompt_mask.dtype)], dim=1)
+    if replays_layers_without_cache(model):
+        full_ids = torch.cat([prompt_ids.index_select(0, row_prompt), completion_ids], dim=1)
+        return _full_forward(model, full_ids, full_mask, T, reduce)
     cache = DynamicCache()
     prefill = model(input_ids=prompt_ids, attention_mask=prompt_mask,
                     position_ids=position_ids_from_mask(prompt_mask), logits_to_keep=1, **cache_kwargs(cache))
-    for layer in cache.layers:
-        layer.batch_select_indices(row_prompt)
-    T = completion_ids.shape[1]
-    row_prompt_mask = prompt_mask[row_prompt]
-    full_mask = torch.cat([row_prompt_mask, completion_mask.to(row_prompt_mask.dtype)], dim=1)
+    _select_rows(cache, row_prompt)
     positions = position_ids_from_mask(full_mask)[:, -T:]
     # The first completion token is predicted by the prompt's last position; the rest by the
     # completion's own positions. Reduced outputs are joined, not the [B, T, V] logits (no big copy).
-    first = reduce(prefill.logits[row_prompt, -1:, :], completion_ids[:, :1])
+    first = reduce(prefill.logits[:, -1:, :].index_select(0, row_prompt), completion_ids[:, :1])
     if T == 1:
         return first
     out = model(input_ids=completion_ids[:, :-1], attention_mask=full_mask[:, :-1], position_ids=positions[:, :-1],
