@@ -119,6 +119,33 @@ def _generate_scored(engine: RolloutEngine, examples, reward_manager, sampling: 
                    {name: v[r] for name, v in per_reward.items()}, totals[r])
 
 
+def _checked_pass_k(num_samples: int, pass_k: Sequence[int], accuracy_reward: str, names: list[str]) -> list[int]:
+    """The sorted k values of pass@k (none without sampling); ValueError for impossible arguments."""
+    if num_samples < 0:
+        raise ValueError(f"num_samples must be >= 0 (got {num_samples})")
+    ks = sorted(set(pass_k)) if num_samples > 0 else []
+    bad = [k for k in ks if not 1 <= k <= num_samples]
+    if bad:
+        raise ValueError(f"pass_k values {bad} are not between 1 and num_samples={num_samples}")
+    if accuracy_reward not in names:
+        raise ValueError(f"accuracy_reward '{accuracy_reward}' is not one of the rewards {names}")
+    return ks
+
+
+def _add_sampled(result: EvalResult, sampled: list[list[dict]], temperature: float, ks: list[int],
+                 names: list[str]) -> None:
+    """Attach each prompt's sampled completions to its sample and fill the sampled metrics of ``result``."""
+    for s, rows in zip(result.samples, sampled):
+        s["sampled"] = rows
+        s["sampled_correct"] = sum(r["correct"] for r in rows)
+    sampled_rows = [r for rows in sampled for r in rows]
+    result.temperature = temperature
+    result.sampled_accuracy = rate(r["correct"] for r in sampled_rows)
+    result.pass_at_k = pass_at_k_table(result.num_samples, [s["sampled_correct"] for s in result.samples], ks)
+    result.sampled_reward_mean = mean(r["reward"] for r in sampled_rows)
+    result.sampled_rewards = {name: mean(r["rewards"][name] for r in sampled_rows) for name in names}
+
+
 def evaluate(engine: RolloutEngine, examples, reward_manager, *, max_new_tokens: int, batch_size: int,
              accuracy_reward: str, success_threshold: float, greedy: bool = True, num_samples: int = 0,
              temperature: float = 1.0, pass_k: Sequence[int] = (1,), seed: int | None = None) -> EvalResult:
@@ -130,15 +157,8 @@ def evaluate(engine: RolloutEngine, examples, reward_manager, *, max_new_tokens:
     ``batch_size`` sequences (at least one prompt). With ``seed`` all generation runs on a separate
     random stream seeded with it, so results are reproducible and the global stream is not advanced.
     """
-    if num_samples < 0:
-        raise ValueError(f"num_samples must be >= 0 (got {num_samples})")
-    ks = sorted(set(pass_k)) if num_samples > 0 else []
-    bad = [k for k in ks if not 1 <= k <= num_samples]
-    if bad:
-        raise ValueError(f"pass_k values {bad} are not between 1 and num_samples={num_samples}")
     names = list(reward_manager.names)
-    if accuracy_reward not in names:
-        raise ValueError(f"accuracy_reward '{accuracy_reward}' is not one of the rewards {names}")
+    ks = _checked_pass_k(num_samples, pass_k, accuracy_reward, names)
     start = time.perf_counter()
     samples: list[dict] = []
 
@@ -174,14 +194,6 @@ def evaluate(engine: RolloutEngine, examples, reward_manager, *, max_new_tokens:
         success_threshold=success_threshold,
     )
     if num_samples > 0:
-        for s, rows in zip(samples, sampled):
-            s["sampled"] = rows
-            s["sampled_correct"] = sum(r["correct"] for r in rows)
-        sampled_rows = [r for rows in sampled for r in rows]
-        result.temperature = temperature
-        result.sampled_accuracy = rate(r["correct"] for r in sampled_rows)
-        result.pass_at_k = pass_at_k_table(num_samples, [s["sampled_correct"] for s in samples], ks)
-        result.sampled_reward_mean = mean(r["reward"] for r in sampled_rows)
-        result.sampled_rewards = {name: mean(r["rewards"][name] for r in sampled_rows) for name in names}
+        _add_sampled(result, sampled, temperature, ks, names)
     result.seconds = time.perf_counter() - start
     return result
