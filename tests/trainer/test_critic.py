@@ -29,7 +29,8 @@ def _batch():
     prompt_mask[1, 0] = 0  # left padding
     return UpdateBatch(prompt_ids=torch.randint(5, 60, (2, 4), generator=g), prompt_mask=prompt_mask,
                        row_prompt=torch.tensor([0, 0, 0, 1, 1, 1]),
-                       completion_ids=torch.randint(5, 60, (n, T), generator=g), mask=mask)
+                       completion_ids=torch.randint(5, 60, (n, T), generator=g), completion_mask=mask,
+                       loss_mask=mask)
 
 
 def _critic(model, lr=1e-2, micro=4):
@@ -52,8 +53,8 @@ def test_grouped_values_match_a_plain_forward_per_row(tiny_model_dir):
             plain = critic(ids).logits[0, :, 0]
             P = int(p.sum())
             # the value of the state before completion token t sits at position P - 1 + t
-            expect = plain[P - 1: P - 1 + batch.mask.shape[1]]
-            m = batch.mask[i].bool()
+            expect = plain[P - 1: P - 1 + batch.loss_mask.shape[1]]
+            m = batch.loss_mask[i].bool()
             torch.testing.assert_close(grouped[i][m], expect[m], atol=1e-5, rtol=1e-4)
 
 
@@ -61,7 +62,7 @@ def test_value_steps_fit_the_returns(tiny_model_dir):
     policy = _policy(tiny_model_dir)
     critic = _critic(build_value_model("separate", policy, tiny_model_dir))
     batch = _batch()
-    batch.returns = torch.linspace(-1, 1, batch.mask.numel()).view_as(batch.mask.float()) * batch.mask
+    batch.returns = torch.linspace(-1, 1, batch.loss_mask.numel()).view_as(batch.loss_mask.float()) * batch.loss_mask
     losses, evs = [], []
     for _ in range(15):
         batch.old_values = critic.values(batch)
@@ -80,7 +81,7 @@ def test_value_head_never_moves_the_policy(tiny_model_dir):
     before = {n: p.detach().clone() for n, p in policy.named_parameters()}
     critic = _critic(value)
     batch = _batch()
-    batch.returns = torch.ones_like(batch.mask, dtype=torch.float32) * batch.mask
+    batch.returns = torch.ones_like(batch.loss_mask, dtype=torch.float32) * batch.loss_mask
     batch.old_values = critic.values(batch)
     critic.update(batch)
     assert value.head.bias.item() != 0.0

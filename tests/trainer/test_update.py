@@ -29,7 +29,7 @@ def _batch(adv_per_row):
     mask[::2, 3] = 0
     return UpdateBatch(prompt_ids=torch.randint(5, 60, (2, 5), generator=g), prompt_mask=torch.ones(2, 5, dtype=torch.long),
                        row_prompt=torch.tensor([0] * (n // 2) + [1] * (n - n // 2)),
-                       completion_ids=torch.randint(5, 60, (n, 4), generator=g), mask=mask,
+                       completion_ids=torch.randint(5, 60, (n, 4), generator=g), completion_mask=mask, loss_mask=mask,
                        advantages=torch.tensor(adv_per_row)[:, None] * mask)
 
 
@@ -72,7 +72,7 @@ def test_update_moves_logprob_in_direction_of_advantage(tiny_model_dir):
     up.update(batch)
     with torch.no_grad():
         after, _ = batch.logprobs(model, 1.0)
-    delta = ((after - before) * batch.mask).sum(-1)
+    delta = ((after - before) * batch.loss_mask).sum(-1)
     assert (delta[0::2] > 0).all() and (delta[1::2] < 0).all()
 
 

@@ -127,7 +127,8 @@ def grouped_forward(
 
     prompt_ids, prompt_mask: [U, P] distinct left-padded prompts.
     row_prompt: [B] long, the prompt row of each completion.
-    completion_ids, completion_mask: [B, T] right-padded completions.
+    completion_ids, completion_mask: [B, T] right-padded completions; ``completion_mask`` is 1 on every
+    real token (what attention sees and what positions count), including tokens outside the loss.
     ``reduce(outputs [b, t, D], targets [b, t])`` turns the model's per-position outputs (its
     ``.logits``: vocabulary logits, or values for a value model) that predict ``targets`` into a
     tuple of [b, t] tensors (or None); the tuple of [B, T] results is returned.

@@ -2,8 +2,9 @@
 
 The trainer only talks to :class:`RolloutEngine`; a faster native engine, a
 vLLM server or a multi-turn tool-calling environment can replace the Hugging
-Face engine without touching the loop.  Multi-turn engines mark environment
-tokens with 0 in ``completion_mask`` so they are excluded from the loss.
+Face engine without touching the loop.  Two masks keep what the model *sees*
+apart from what it is *trained on*: a multi-turn engine puts a tool result or
+user turn in ``completion_mask`` (it is real context) with 0 in ``loss_mask``.
 """
 
 from __future__ import annotations
@@ -37,8 +38,13 @@ class RolloutBatch:
 
     prompt_ids, prompt_mask: [N, P] left-padded prompt tokens.
     completion_ids: [N, T] right-padded completion tokens.
-    completion_mask: [N, T] 1 on tokens that count in the loss (generated
-        tokens up to and including the end-of-sequence token).
+    completion_mask: [N, T] 1 on every real completion token, i.e. what attention sees (generated
+        tokens up to and including the end-of-sequence token, and in a multi-turn episode the
+        tool / environment tokens between the model's turns).
+    loss_mask: [N, T] 1 on the tokens the model produced and is trained on (a subset of
+        ``completion_mask``); None at construction means "all of completion_mask" (single turn).
+    turn_index: [N, T] long, the turn each completion token belongs to (0 for a single turn);
+        None at construction means all zeros.
     texts: N decoded completions (special tokens removed).
     finish_reasons: N of "stop" (ended by an EOS token) or "length" (cut at max_new_tokens).
     prompt_index: N indices into the list of prompts given to ``generate``.
@@ -53,6 +59,14 @@ class RolloutBatch:
     finish_reasons: list[str]
     prompt_index: list[int]
     logprobs: torch.Tensor | None = None
+    loss_mask: torch.Tensor | None = None
+    turn_index: torch.Tensor | None = None
+
+    def __post_init__(self):
+        if self.loss_mask is None:
+            self.loss_mask = self.completion_mask
+        if self.turn_index is None:
+            self.turn_index = torch.zeros_like(self.completion_ids)
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -66,8 +80,8 @@ class RolloutBatch:
 
     @property
     def completion_lengths(self) -> torch.Tensor:
-        """[N] number of loss tokens per completion."""
-        return self.completion_mask.sum(-1)
+        """[N] number of tokens the model produced per completion (loss tokens)."""
+        return self.loss_mask.sum(-1)
 
     def select(self, rows: list[int]) -> "RolloutBatch":
         """These rows only, with ``prompt_index`` renumbered 0..U-1 in order of first appearance."""
@@ -77,7 +91,8 @@ class RolloutBatch:
         return RolloutBatch(self.prompt_ids[idx], self.prompt_mask[idx], self.completion_ids[idx],
                             self.completion_mask[idx], [self.texts[r] for r in rows],
                             [self.finish_reasons[r] for r in rows], prompt_index,
-                            None if self.logprobs is None else self.logprobs[idx])
+                            None if self.logprobs is None else self.logprobs[idx],
+                            self.loss_mask[idx], self.turn_index[idx])
 
     @staticmethod
     def concat(batches: list["RolloutBatch"]) -> "RolloutBatch":
@@ -97,7 +112,8 @@ class RolloutBatch:
             torch.cat([right(b.completion_ids) for b in batches]),
             torch.cat([right(b.completion_mask) for b in batches]),
             [t for b in batches for t in b.texts], [f for b in batches for f in b.finish_reasons], prompt_index,
-            torch.cat([right(b.logprobs) for b in batches]) if has_lp else None)
+            torch.cat([right(b.logprobs) for b in batches]) if has_lp else None,
+            torch.cat([right(b.loss_mask) for b in batches]), torch.cat([right(b.turn_index) for b in batches]))
 
 
 class RolloutEngine(Protocol):

@@ -24,14 +24,14 @@ class AdvantageStage:
         stats: dict[str, float] = {}
         token_rewards = None
         if self.kl_in_reward and batch.ref_logprobs is not None:
-            kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, self.kl_estimator) * batch.mask
+            kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, self.kl_estimator) * batch.loss_mask
             token_rewards = -kl_coef * kl
-            stats["kl"] = float(masked_mean(kl, batch.mask))
-        inputs = AdvantageInputs(rewards.to(batch.mask.device), batch.mask, self.group_size, token_rewards,
+            stats["kl"] = float(masked_mean(kl, batch.loss_mask))
+        inputs = AdvantageInputs(rewards.to(batch.loss_mask.device), batch.loss_mask, self.group_size, token_rewards,
                                  batch.old_values)
         out = compute_advantages(self.estimator, inputs, **self.params)
         batch.advantages, batch.returns = out.advantages, out.returns
-        stats["advantage/abs_mean"] = float(masked_mean(out.advantages.abs(), batch.mask))
+        stats["advantage/abs_mean"] = float(masked_mean(out.advantages.abs(), batch.loss_mask))
         return stats
 
 

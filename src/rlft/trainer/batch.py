@@ -11,7 +11,8 @@ import torch
 from rlft.models.logprobs import grouped_completion_logprobs, grouped_forward
 
 # Per-token [N, T] tensors that travel with the rows; None until a stage fills them in.
-_TOKEN_FIELDS = ("mask", "advantages", "returns", "rollout_logprobs", "old_logprobs", "ref_logprobs", "old_values")
+_TOKEN_FIELDS = ("completion_mask", "loss_mask", "turn_index", "advantages", "returns", "rollout_logprobs",
+                 "old_logprobs", "ref_logprobs", "old_values")
 
 
 @dataclass
@@ -19,7 +20,9 @@ class UpdateBatch:
     """N completions over U distinct prompts, and what the algorithm has computed about them.
 
     prompt_ids, prompt_mask: [U, P] left-padded; row_prompt: [N] prompt row of each completion;
-    completion_ids, mask: [N, T] (mask: 1 on tokens in the loss);
+    completion_ids, completion_mask: [N, T] (completion_mask: 1 on every real token, what attention sees);
+    loss_mask: [N, T] 1 on the tokens trained on (the model's own; never a tool result or user turn);
+    turn_index: [N, T] the turn of each token (0 for single-turn rollouts);
     rollout_logprobs: [N, T] the engine's sampling log-probs, if it reported them;
     old_logprobs / ref_logprobs: [N, T] under the sampling policy / the reference (when needed);
     old_values: [N, T] the critic's values at sampling time (PPO);
@@ -30,7 +33,9 @@ class UpdateBatch:
     prompt_mask: torch.Tensor
     row_prompt: torch.Tensor
     completion_ids: torch.Tensor
-    mask: torch.Tensor
+    completion_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    turn_index: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     rollout_logprobs: torch.Tensor | None = None
     returns: torch.Tensor | None = None
@@ -45,10 +50,10 @@ class UpdateBatch:
         index = torch.tensor(rollout.prompt_index, device=rollout.prompt_ids.device)
         first = [rollout.prompt_index.index(p) for p in range(int(index.max()) + 1)]
         return cls(rollout.prompt_ids[first], rollout.prompt_mask[first], index, rollout.completion_ids,
-                   rollout.completion_mask, rollout_logprobs=rollout.logprobs)
+                   rollout.completion_mask, rollout.loss_mask, rollout.turn_index, rollout_logprobs=rollout.logprobs)
 
     def __len__(self) -> int:
-        return self.mask.shape[0]
+        return self.loss_mask.shape[0]
 
     def rows(self, idx: torch.Tensor) -> "UpdateBatch":
         """A slice of completions with only their prompts, trimmed of columns that are padding in every
@@ -57,7 +62,7 @@ class UpdateBatch:
         pmask = self.prompt_mask[used]
         cols = pmask.any(dim=0).nonzero()
         start = int(cols[0].item()) if len(cols) else 0
-        comp_len = int(self.mask[idx].sum(-1).max().item()) or 1
+        comp_len = int(self.completion_mask[idx].sum(-1).max().item()) or 1
         token = {f: getattr(self, f)[idx, :comp_len] for f in _TOKEN_FIELDS if getattr(self, f) is not None}
         return replace(self, prompt_ids=self.prompt_ids[used, start:], prompt_mask=pmask[:, start:],
                        row_prompt=row_prompt, completion_ids=self.completion_ids[idx, :comp_len], **token)
@@ -65,13 +70,14 @@ class UpdateBatch:
     def logprobs(self, model, temperature: float, with_entropy: bool = False):
         """[n, T] log-probs (and entropy) of this batch's completions under ``model``."""
         return grouped_completion_logprobs(model, self.prompt_ids, self.prompt_mask, self.row_prompt,
-                                           self.completion_ids, self.mask, temperature=temperature,
+                                           self.completion_ids, self.completion_mask, temperature=temperature,
                                            with_entropy=with_entropy)
 
     def values(self, value_model) -> torch.Tensor:
         """[n, T] float32 values V(s_t) of the state before each completion token."""
         (values,) = grouped_forward(value_model, self.prompt_ids, self.prompt_mask, self.row_prompt,
-                                    self.completion_ids, self.mask, lambda out, _: (out.squeeze(-1).float(),))
+                                    self.completion_ids, self.completion_mask,
+                                    lambda out, _: (out.squeeze(-1).float(),))
         return values
 
 
@@ -86,7 +92,7 @@ def run_epochs(batch: UpdateBatch, mini_batch_size: int | None, epochs: int,
     """Call ``optimizer_step(batch, rows)`` for every mini-batch of every epoch; returns its stats averaged."""
     totals: dict[str, float] = {}
     num_steps = 0
-    for rows in minibatches(len(batch), mini_batch_size, epochs, batch.mask.device):
+    for rows in minibatches(len(batch), mini_batch_size, epochs, batch.loss_mask.device):
         for k, v in optimizer_step(batch, rows).items():
             totals[k] = totals.get(k, 0.0) + v
         num_steps += 1
@@ -104,10 +110,10 @@ def autocast(dtype: torch.dtype | None, device: torch.device):
 def per_row_no_grad(batch: UpdateBatch, micro_batch_size: int, autocast_dtype: torch.dtype | None,
                     compute: Callable[[UpdateBatch], torch.Tensor]) -> torch.Tensor:
     """``compute`` ([n, t] per micro-batch) over every row without gradients, joined into [N, T] float32."""
-    out = torch.zeros_like(batch.mask, dtype=torch.float32)
-    for sl in torch.arange(len(batch), device=batch.mask.device).split(micro_batch_size):
+    out = torch.zeros_like(batch.loss_mask, dtype=torch.float32)
+    for sl in torch.arange(len(batch), device=batch.loss_mask.device).split(micro_batch_size):
         mb = batch.rows(sl)
-        with autocast(autocast_dtype, mb.mask.device):
+        with autocast(autocast_dtype, mb.loss_mask.device):
             values = compute(mb)
         out[sl, : values.shape[1]] = values
     return out

@@ -43,7 +43,7 @@ class CriticUpdater:
 
         explained_variance compares the values the critic had at sampling time with the returns they
         were meant to predict (before this update moved it)."""
-        mask = batch.mask.float()
+        mask = batch.loss_mask.float()
         stats = {"critic/explained_variance": explained_variance(batch.old_values, batch.returns, mask),
                  "critic/values_mean": float(masked_mean(batch.old_values, mask)),
                  "critic/returns_mean": float(masked_mean(batch.returns, mask))}
@@ -52,17 +52,17 @@ class CriticUpdater:
         return stats
 
     def _optimizer_step(self, batch: UpdateBatch, rows: torch.Tensor) -> dict[str, float]:
-        num_tokens = float(batch.mask[rows].sum().item())
+        num_tokens = float(batch.loss_mask[rows].sum().item())
         counts = dict(num_tokens=num_tokens, num_seqs=float(rows.numel()), max_len=1)
         total = 0.0
         self.optimizer.zero_grad(set_to_none=True)
         for chunk in rows.split(self.p.micro_batch_size):
             mb = batch.rows(chunk)
-            with autocast(self.autocast_dtype, mb.mask.device):
+            with autocast(self.autocast_dtype, mb.loss_mask.device):
                 values = mb.values(self.model)
             per_token = VALUE_LOSSES.call(self.p.value_loss, values, mb.old_values, mb.returns,
                                           value_clip=self.p.value_clip)
-            loss = aggregate(per_token, mb.mask.float(), "token_mean", **counts)
+            loss = aggregate(per_token, mb.loss_mask.float(), "token_mean", **counts)
             loss.backward()
             total += float(loss.detach())
         step = clipped_step(self.optimizer, None, self.model.trainable_parameters(), self.p.max_grad_norm)

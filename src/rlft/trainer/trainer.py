@@ -232,7 +232,7 @@ class Trainer:
         metrics.update(stats)
         metrics.update({"lr": lr, "step_seconds": seconds, "generation_seconds": t_gen,
                         "update_seconds": time.perf_counter() - t1,
-                        "tokens_per_s": float(batch.mask.sum().item()) / seconds,
+                        "tokens_per_s": float(batch.loss_mask.sum().item()) / seconds,
                         "peak_mem_mb": peak_memory_mb(self.parts.device)})
         self._last_reward = metrics["reward/mean"]
         self.train_seconds += seconds

@@ -99,26 +99,26 @@ class PolicyUpdater:
 
     def _optimizer_step(self, batch: UpdateBatch, rows: torch.Tensor) -> dict[str, float]:
         """Accumulate gradients over micro-batches of ``rows`` and take one optimizer step."""
-        mask = batch.mask[rows]
+        mask = batch.loss_mask[rows]
         counts = dict(num_tokens=float(mask.sum().item()), num_seqs=float(mask.shape[0]), max_len=self.p.max_len)
         active = self._rows_with_gradient(batch, rows)
         # With no row to compute, every loss term is exactly 0 (all advantages 0, no KL in the loss).
         stats: dict[str, float] = {"loss": 0.0, "pg_loss": 0.0, "clip_frac": 0.0,
                                    "rows_in_update": float(active.numel()) / max(rows.numel(), 1)}
         self.optimizer.zero_grad(set_to_none=True)
-        active_tokens = max(float(batch.mask[active].sum().item()), 1.0)
+        active_tokens = max(float(batch.loss_mask[active].sum().item()), 1.0)
         for chunk in active.split(self.p.micro_batch_size) if active.numel() else ():
             mb = batch.rows(chunk)
-            with autocast(self.autocast_dtype, mb.mask.device):
+            with autocast(self.autocast_dtype, mb.loss_mask.device):
                 lp, ent = mb.logprobs(self.model, self.p.temperature, with_entropy=True)
             old = lp.detach() if mb.old_logprobs is None else mb.old_logprobs
-            out = policy_objective(lp, old, mb.advantages, mb.mask, self._kl_ref(mb), loss_name=self.p.loss_name,
+            out = policy_objective(lp, old, mb.advantages, mb.loss_mask, self._kl_ref(mb), loss_name=self.p.loss_name,
                                    loss_params=self.p.loss_params, kl_coef=self.kl_coef,
                                    kl_estimator=self.p.kl_estimator, aggregation=self.p.aggregation, **counts)
             out.loss.backward()
             for k, v in out.stats.items():
                 stats[k] = stats.get(k, 0.0) + v
-            stats["entropy"] = stats.get("entropy", 0.0) + float((ent * mb.mask).sum().item()) / active_tokens
+            stats["entropy"] = stats.get("entropy", 0.0) + float((ent * mb.loss_mask).sum().item()) / active_tokens
         params = [p for p in self.model.parameters() if p.requires_grad]
         stats.update(clipped_step(self.optimizer, self.scheduler, params, self.p.max_grad_norm))
         if "skipped_updates" in stats:
