@@ -52,6 +52,16 @@ def test_skipping_zero_advantage_rows_is_exact(tiny_model_dir):
         torch.testing.assert_close(a.grad, b.grad, atol=1e-7, rtol=1e-4, msg=name)
 
 
+def test_monitoring_means_average_over_the_computed_rows(tiny_model_dir):
+    """On-policy, the ratio is 1 on every token: ratio/mean must read 1.0 when half the rows are skipped
+    (it once read ~rows_in_update, 0.5, because it divided by the tokens of every row)."""
+    up = _updater(_model(tiny_model_dir))
+    stats = up.update(_batch([1.0, 0.0, -1.0, 0.0, 0.0, 0.5]))
+    assert stats["rows_in_update"] == 0.5
+    assert abs(stats["ratio/mean"] - 1.0) < 1e-6
+    assert 0.0 <= stats["clip_frac"] <= 1.0
+
+
 def test_all_zero_advantages_still_steps_without_error(tiny_model_dir):
     model = _model(tiny_model_dir)
     up = _updater(model)

@@ -40,6 +40,7 @@ def policy_objective(
     num_tokens: float,
     num_seqs: float,
     max_len: int,
+    num_computed_tokens: float | None = None,
 ) -> ObjectiveOutput:
     """aggregate(policy_loss + kl_coef * KL) over completion tokens.
 
@@ -48,12 +49,16 @@ def policy_objective(
     ``ref_logprobs`` None means no KL term in the loss (none at all, or KL placed in the reward).
     ``num_tokens``/``num_seqs`` count the whole optimizer batch, not just this
     micro-batch; ``max_len`` is the fixed normaliser of seq_mean_token_sum_norm.
+    ``num_computed_tokens`` counts the tokens of the rows the optimizer step actually computes
+    (rows whose loss is exactly zero may be skipped): the monitoring means ``ratio/mean``,
+    ``clip_frac`` and ``kl`` average over those, so an on-policy ratio reads 1.0 however many
+    rows were skipped. Default: ``num_tokens``.
     """
     mask = mask.to(logprobs.dtype)
     terms = policy_loss(loss_name, logprobs, old_logprobs, advantages, mask, **loss_params)
     per_token = terms.per_token_loss
     counts = dict(num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len)
-    token_share = 1.0 / max(num_tokens, 1.0)
+    token_share = 1.0 / max(num_tokens if num_computed_tokens is None else num_computed_tokens, 1.0)
     stats = {
         "pg_loss": aggregate(per_token.detach(), mask, aggregation, **counts).item(),
         "clip_frac": ((terms.clipped * mask).sum() * token_share).item(),

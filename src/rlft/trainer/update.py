@@ -114,7 +114,8 @@ class PolicyUpdater:
             old = lp.detach() if mb.old_logprobs is None else mb.old_logprobs
             out = policy_objective(lp, old, mb.advantages, mb.loss_mask, self._kl_ref(mb), loss_name=self.p.loss_name,
                                    loss_params=self.p.loss_params, kl_coef=self.kl_coef,
-                                   kl_estimator=self.p.kl_estimator, aggregation=self.p.aggregation, **counts)
+                                   kl_estimator=self.p.kl_estimator, aggregation=self.p.aggregation,
+                                   num_computed_tokens=active_tokens, **counts)
             out.loss.backward()
             for k, v in out.stats.items():
                 stats[k] = stats.get(k, 0.0) + v
