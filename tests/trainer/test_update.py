@@ -42,9 +42,9 @@ def test_skipping_zero_advantage_rows_is_exact(tiny_model_dir):
     skip, full = copy.deepcopy(base), copy.deepcopy(base)
     batch = _batch([1.0, 0.0, -1.0, 0.0, 0.0, 0.5])
     up_skip, up_full = _updater(skip), _updater(full)
-    up_full._rows_with_gradient = lambda b, rows: rows  # compute every row
-    s1 = up_skip.update(batch)
-    s2 = up_full.update(batch)
+    up_full._rows_with_gradient = lambda b, rows, kl_coef: rows  # compute every row
+    s1 = up_skip.update(batch, kl_coef=0.0)
+    s2 = up_full.update(batch, kl_coef=0.0)
     assert s1["rows_in_update"] == 0.5 and s2["rows_in_update"] == 1.0
     assert abs(s1["grad_norm"] - s2["grad_norm"]) < 1e-5
     # Compare the gradients the step used (Adam would amplify float round-off in near-zero gradients).
@@ -56,7 +56,7 @@ def test_monitoring_means_average_over_the_computed_rows(tiny_model_dir):
     """On-policy, the ratio is 1 on every token: ratio/mean must read 1.0 when half the rows are skipped
     (it once read ~rows_in_update, 0.5, because it divided by the tokens of every row)."""
     up = _updater(_model(tiny_model_dir))
-    stats = up.update(_batch([1.0, 0.0, -1.0, 0.0, 0.0, 0.5]))
+    stats = up.update(_batch([1.0, 0.0, -1.0, 0.0, 0.0, 0.5]), kl_coef=0.0)
     assert stats["rows_in_update"] == 0.5
     assert abs(stats["ratio/mean"] - 1.0) < 1e-6
     assert 0.0 <= stats["clip_frac"] <= 1.0
@@ -66,7 +66,7 @@ def test_all_zero_advantages_still_steps_without_error(tiny_model_dir):
     model = _model(tiny_model_dir)
     up = _updater(model)
     before = [p.detach().clone() for p in model.parameters()]
-    stats = up.update(_batch([0.0] * 6))
+    stats = up.update(_batch([0.0] * 6), kl_coef=0.0)
     assert stats["rows_in_update"] == 0.0 and stats["grad_norm"] == 0.0
     # first Adam step with a zero gradient leaves the weights unchanged
     for a, b in zip(before, model.parameters()):
@@ -79,7 +79,7 @@ def test_update_moves_logprob_in_direction_of_advantage(tiny_model_dir):
     batch = _batch([1.0, -1.0, 1.0, -1.0, 1.0, -1.0])
     with torch.no_grad():
         before, _ = batch.logprobs(model, 1.0)
-    up.update(batch)
+    up.update(batch, kl_coef=0.0)
     with torch.no_grad():
         after, _ = batch.logprobs(model, 1.0)
     delta = ((after - before) * batch.loss_mask).sum(-1)
@@ -99,8 +99,8 @@ def test_multi_step_update_uses_rollout_logprobs_as_old(tiny_model_dir):
         calls = []
         up._logprobs_no_grad = lambda module, b, f=up._logprobs_no_grad: calls.append(1) or f(module, b)
         batch.rollout_logprobs, batch.old_logprobs = rollout_lp, None
-        up.score(batch)
-        runs[name] = (up.update(batch), model, len(calls))
+        up.score(batch, kl_coef=0.0)
+        runs[name] = (up.update(batch, kl_coef=0.0), model, len(calls))
     assert runs["reused"][2] == 0 and runs["recomputed"][2] == 1  # one forward pass fewer
     # 4 optimizer steps later the weights agree: the old log-probs were the same numbers
     for a, b in zip(runs["reused"][1].parameters(), runs["recomputed"][1].parameters()):

@@ -37,7 +37,9 @@ class AdvantageStage:
 
 @dataclass
 class KLController:
-    """Fixed KL coefficient, or the adaptive controller when ``target`` is set."""
+    """The one owner of the KL coefficient: fixed, or adapted toward ``target`` between steps when set.
+
+    The trainer reads ``coef`` once per step and passes it to every stage that needs it."""
 
     coef: float
     target: float | None = None

@@ -91,8 +91,7 @@ def build_updater(cfg: RlftConfig, parts: ModelParts, total_steps: int):
                           aggregation=alg.loss_aggregation, temperature=alg.temperature, ppo_epochs=alg.ppo_epochs,
                           mini_batch_size=alg.mini_batch_size, micro_batch_size=alg.micro_batch_size,
                           max_grad_norm=alg.max_grad_norm, max_len=alg.max_new_tokens)
-    return PolicyUpdater(parts.model, parts.reference, optimizer, scheduler, params, parts.autocast_dtype,
-                         kl_coef=alg.kl_coef)
+    return PolicyUpdater(parts.model, parts.reference, optimizer, scheduler, params, parts.autocast_dtype)
 
 
 def build_critic(cfg: RlftConfig, parts: ModelParts):

@@ -134,7 +134,7 @@ class Trainer:
             self.step = restore_training_state(self._resume_point, model=self.parts.model,
                                                optimizer=self.updater.optimizer, scheduler=self.updater.scheduler,
                                                sampler=self.sampler, components=self._components())
-            self.kl.coef = self.updater.kl_coef = float(self._resume_point.state.get("kl_coef", self.kl.coef))
+            self.kl.coef = float(self._resume_point.state.get("kl_coef", self.kl.coef))
             self.log.info(f"resumed from {self._resume_point.checkpoint} at step {self.step}; continuing to "
                           f"step {self.total_steps}")
 
@@ -210,18 +210,19 @@ class Trainer:
         collected = self.collector.collect()
         t_gen = time.perf_counter() - t0
         batch = UpdateBatch.from_rollout(collected.rollout)
-        self.updater.score(batch)
+        kl_coef = self.kl.coef
+        self.updater.score(batch, kl_coef=kl_coef)
         if self.critic is not None:
             batch.old_values = self.critic.values(batch)
-        stats = self.advantage.apply(collected.scored.total, batch, self.updater.kl_coef)
+        stats = self.advantage.apply(collected.scored.total, batch, kl_coef)
         lr = self.updater.optimizer.param_groups[0]["lr"]
         t1 = time.perf_counter()
         if self.critic is not None:
             stats.update(self.critic.update(batch))
         if self.critic is None or self.step >= alg.critic.warmup_steps:
-            stats.update(self.updater.update(batch))
-        stats["kl_coef"] = self.updater.kl_coef
-        self.updater.kl_coef = self.kl.observe(stats.get("kl"), len(batch))
+            stats.update(self.updater.update(batch, kl_coef=kl_coef))
+        stats["kl_coef"] = kl_coef
+        self.kl.observe(stats.get("kl"), len(batch))
         self.step += 1
         seconds = time.perf_counter() - t0
         rollout, scored = collected.rollout, collected.scored
@@ -282,7 +283,7 @@ class Trainer:
 
         target = self.run_dir.checkpoint(self.step)
         state = {"step": self.step, "total_steps": self.total_steps, "sampler": self.sampler.state_dict(),
-                 "model_dir": self.parts.model_dir, "kl_coef": self.updater.kl_coef,
+                 "model_dir": self.parts.model_dir, "kl_coef": self.kl.coef,
                  "data_fingerprint": self._data_fingerprint}
         save_checkpoint(target, model=self.parts.model, tokenizer=self.parts.tokenizer,
                         optimizer=self.updater.optimizer, scheduler=self.updater.scheduler, trainer_state=state,

@@ -37,26 +37,26 @@ class UpdateParams:
 class PolicyUpdater:
     """Owns the policy's optimizer step; the maths comes from ``rlft.algorithms``.
 
-    ``kl_coef`` is an attribute, not a parameter: an adaptive KL controller changes it between steps.
+    The KL coefficient is passed in on every call (the trainer's ``KLController`` owns it and an
+    adaptive controller moves it between steps).
     """
 
     def __init__(self, model, reference, optimizer, scheduler, params: UpdateParams,
-                 autocast_dtype: torch.dtype | None, kl_coef: float = 0.0):
+                 autocast_dtype: torch.dtype | None):
         self.model = model
         self.reference = reference
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.p = params
         self.autocast_dtype = autocast_dtype
-        self.kl_coef = kl_coef
 
     def _single_step(self, n: int) -> bool:
         return self.p.ppo_epochs == 1 and (self.p.mini_batch_size or n) >= n
 
-    def score(self, batch: UpdateBatch) -> None:
+    def score(self, batch: UpdateBatch, *, kl_coef: float) -> None:
         """Fill ``batch.ref_logprobs`` (when there is a KL term) and ``batch.old_logprobs`` (when a ratio
         or the KL-in-reward needs the sampling policy's log-probs)."""
-        has_kl = self.kl_coef > 0 and self.reference is not None
+        has_kl = kl_coef > 0 and self.reference is not None
         if has_kl:  # no KL: skip the reference forward entirely
             with self.reference.context() as ref_module:
                 batch.ref_logprobs = self._logprobs_no_grad(ref_module, batch)
@@ -80,28 +80,29 @@ class PolicyUpdater:
             return batch.rollout_logprobs.float()
         return self._logprobs_no_grad(self.model, batch)
 
-    def update(self, batch: UpdateBatch) -> dict[str, float]:
+    def update(self, batch: UpdateBatch, *, kl_coef: float) -> dict[str, float]:
         """Run ppo_epochs x mini-batches of optimizer steps; returns averaged statistics."""
         self.model.train()
-        return run_epochs(batch, self.p.mini_batch_size, self.p.ppo_epochs, self._optimizer_step)
+        return run_epochs(batch, self.p.mini_batch_size, self.p.ppo_epochs,
+                          lambda b, rows: self._optimizer_step(b, rows, kl_coef))
 
     def _kl_ref(self, mb: UpdateBatch) -> torch.Tensor | None:
         return mb.ref_logprobs if self.p.kl_in_loss else None
 
-    def _rows_with_gradient(self, batch: UpdateBatch, rows: torch.Tensor) -> torch.Tensor:
+    def _rows_with_gradient(self, batch: UpdateBatch, rows: torch.Tensor, kl_coef: float) -> torch.Tensor:
         """Rows whose loss can have a non-zero gradient. Without a KL term in the loss, a completion
         whose advantage is zero everywhere (e.g. every member of its group got the same reward)
         contributes exactly 0, so its forward/backward is skipped; the loss normalisers still
         count it, so the update is identical to computing it."""
-        if batch.ref_logprobs is not None and self.p.kl_in_loss and self.kl_coef > 0:
+        if batch.ref_logprobs is not None and self.p.kl_in_loss and kl_coef > 0:
             return rows
         return rows[(batch.advantages[rows] != 0).any(dim=-1)]
 
-    def _optimizer_step(self, batch: UpdateBatch, rows: torch.Tensor) -> dict[str, float]:
+    def _optimizer_step(self, batch: UpdateBatch, rows: torch.Tensor, kl_coef: float) -> dict[str, float]:
         """Accumulate gradients over micro-batches of ``rows`` and take one optimizer step."""
         mask = batch.loss_mask[rows]
         counts = dict(num_tokens=float(mask.sum().item()), num_seqs=float(mask.shape[0]), max_len=self.p.max_len)
-        active = self._rows_with_gradient(batch, rows)
+        active = self._rows_with_gradient(batch, rows, kl_coef)
         # With no row to compute, every loss term is exactly 0 (all advantages 0, no KL in the loss).
         stats: dict[str, float] = {"loss": 0.0, "pg_loss": 0.0, "clip_frac": 0.0,
                                    "rows_in_update": float(active.numel()) / max(rows.numel(), 1)}
@@ -113,7 +114,7 @@ class PolicyUpdater:
                 lp, ent = mb.logprobs(self.model, self.p.temperature, with_entropy=True)
             old = lp.detach() if mb.old_logprobs is None else mb.old_logprobs
             out = policy_objective(lp, old, mb.advantages, mb.loss_mask, self._kl_ref(mb), loss_name=self.p.loss_name,
-                                   loss_params=self.p.loss_params, kl_coef=self.kl_coef,
+                                   loss_params=self.p.loss_params, kl_coef=kl_coef,
                                    kl_estimator=self.p.kl_estimator, aggregation=self.p.aggregation,
                                    num_computed_tokens=active_tokens, **counts)
             out.loss.backward()
