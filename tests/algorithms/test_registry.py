@@ -138,6 +138,22 @@ def test_schema_literal_matches_registry(literal, registry):
     assert sorted(get_args(literal)) == registry.names()
 
 
+def test_schema_group_estimators_are_the_group_relative_entries():
+    from rlft.config.schema import GROUP_ESTIMATORS
+
+    assert sorted(GROUP_ESTIMATORS) == [n for n in ADVANTAGES.names() if ADVANTAGES.trait(n, "group_relative")]
+
+
+def test_traits_are_declared_by_the_entry():
+    reg = Registry("thing")
+    reg.register("plain")(lambda x: x)
+    reg.register("special", needs_values=True)(lambda x: x)
+    assert reg.trait("special", "needs_values") is True and reg.trait("plain", "needs_values") is False
+    assert reg.trait("plain", "colour", default="none") == "none"
+    with pytest.raises(KeyError, match="valid: plain, special"):
+        reg.trait("missing", "needs_values")
+
+
 def test_config_fields_use_the_literals():
     assert AlgorithmConfig.model_fields["advantage_estimator"].annotation == AdvantageName
     assert AlgorithmConfig.model_fields["policy_loss"].annotation == PolicyLossName

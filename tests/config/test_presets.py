@@ -27,10 +27,12 @@ def test_name_selects_preset_defaults(name):
 
 
 def test_ppo_defaults_use_a_critic_and_kl_in_the_reward():
+    from rlft.algorithms import ADVANTAGES
+
     cfg = AlgorithmConfig(name="ppo")
-    assert cfg.advantage_estimator == "gae" and cfg.uses_critic()
+    assert cfg.advantage_estimator == "gae" and ADVANTAGES.trait(cfg.advantage_estimator, "needs_values")
     assert (cfg.kl_placement, cfg.kl_estimator) == ("in_reward", "k1") and cfg.ppo_epochs == 2
-    assert not AlgorithmConfig(name="grpo").uses_critic()
+    assert not ADVANTAGES.trait(AlgorithmConfig(name="grpo").advantage_estimator, "needs_values")
 
 
 def test_user_fields_override_preset_field_by_field(project):

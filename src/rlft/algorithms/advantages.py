@@ -17,6 +17,8 @@ import torch
 from rlft.algorithms.aggregation import masked_mean
 from rlft.algorithms.registry import Registry
 
+# Traits: ``group_relative`` -- the baseline compares the completions of one prompt, so it needs
+# num_generations >= 2; ``needs_values`` -- a critic must provide V(s_t) (AdvantageInputs.values).
 ADVANTAGES: Registry = Registry("advantage estimator")
 
 
@@ -105,7 +107,7 @@ def _broadcast(seq_adv: torch.Tensor, mask: torch.Tensor) -> Advantages:
     return Advantages(seq_adv.unsqueeze(-1) * mask.to(seq_adv.dtype))
 
 
-@ADVANTAGES.register("grpo")
+@ADVANTAGES.register("grpo", group_relative=True)
 def grpo_advantages(inputs: AdvantageInputs, *, scale_rewards: bool = True, eps: float = 1e-4) -> Advantages:
     """GRPO outcome advantages (Shao et al. 2024, DeepSeekMath, sec. 4.1.2), broadcast to every token.
 
@@ -120,7 +122,7 @@ def grpo_advantages(inputs: AdvantageInputs, *, scale_rewards: bool = True, eps:
     return _broadcast(seq, inputs.mask)
 
 
-@ADVANTAGES.register("dr_grpo")
+@ADVANTAGES.register("dr_grpo", group_relative=True)
 def dr_grpo_advantages(inputs: AdvantageInputs) -> Advantages:
     """Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-like training"): A_i = R_i - mean(R_group).
 
@@ -130,7 +132,7 @@ def dr_grpo_advantages(inputs: AdvantageInputs) -> Advantages:
     return _broadcast(group_normalize(inputs.sequence_rewards(), inputs.group_size, scale=False), inputs.mask)
 
 
-@ADVANTAGES.register("rloo")
+@ADVANTAGES.register("rloo", group_relative=True)
 def rloo_advantages(inputs: AdvantageInputs) -> Advantages:
     """RLOO (Kool et al. 2019; Ahmadian et al. 2024): A_i = R_i - mean of the *other* G-1 rewards.
 
@@ -182,7 +184,7 @@ def reinforce_pp_advantages(inputs: AdvantageInputs, *, gamma: float = 1.0) -> A
     return Advantages(whiten(returns, inputs.mask))
 
 
-@ADVANTAGES.register("gae")
+@ADVANTAGES.register("gae", needs_values=True)
 def gae_advantages(inputs: AdvantageInputs, *, gamma: float = 1.0, lam: float = 0.95,
                    whiten_advantages: bool = True) -> Advantages:
     """Generalised advantage estimation (Schulman et al. 2016) with a learned value function.

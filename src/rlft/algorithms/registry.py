@@ -14,20 +14,30 @@ class Registry(Generic[F]):
     A registered function takes its data positionally and its hyper-parameters as keyword-only
     arguments.  :meth:`call` picks those keywords by name from a larger pool (the algorithm's
     plain-scalar settings), so the caller never needs to know which function wants what.
+
+    An entry may declare traits (``register("gae", needs_values=True)``): what the rest of the
+    system must provide for it, read with :meth:`trait` instead of testing the name elsewhere.
     """
 
     def __init__(self, kind: str):
         self.kind = kind
         self._items: dict[str, F] = {}
+        self._traits: dict[str, dict[str, Any]] = {}
 
-    def register(self, name: str) -> Callable[[F], F]:
+    def register(self, name: str, **traits: Any) -> Callable[[F], F]:
         def deco(fn: F) -> F:
             if name in self._items:
                 raise ValueError(f"{self.kind} '{name}' is already registered")
             self._items[name] = fn
+            self._traits[name] = traits
             return fn
 
         return deco
+
+    def trait(self, name: str, trait: str, default: Any = False) -> Any:
+        """The value of ``trait`` that the named entry declared (``default`` if it declared none)."""
+        self.get(name)  # unknown names fail with the valid ones listed
+        return self._traits[name].get(trait, default)
 
     def get(self, name: str) -> F:
         try:

@@ -14,6 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rlft.config.presets import apply_preset
 
 BUILTIN_MODELS = ("smollm2-135m-instruct",)
+# The advantage estimators registered with the trait group_relative=True, spelled out here so that config
+# validation never imports torch (tests/algorithms/test_registry.py checks the two agree).
 GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
 
 
@@ -151,9 +153,6 @@ class AlgorithmConfig(Section):
     @classmethod
     def _fill_preset(cls, data: Any) -> Any:
         return apply_preset(data) if isinstance(data, dict) else data
-
-    def uses_critic(self) -> bool:
-        return self.advantage_estimator == "gae"
 
     def uses_reference(self) -> bool:
         return self.kl_coef > 0

@@ -96,8 +96,10 @@ def build_updater(cfg: RlftConfig, parts: ModelParts, total_steps: int):
 
 def build_critic(cfg: RlftConfig, parts: ModelParts):
     """The PPO critic (value model, optimizer, updater), or None if the estimator needs no values."""
+    from rlft.algorithms import ADVANTAGES
+
     alg = cfg.algorithm
-    if not alg.uses_critic():
+    if not ADVANTAGES.trait(alg.advantage_estimator, "needs_values"):
         return None
     from rlft.models.gguf import resolve_model_dir
     from rlft.models.value import build_value_model
