@@ -215,7 +215,7 @@ def _resolve_model(name: str) -> str:
         from rlft.models.tiny import build_tiny_model_dir
 
         return str(build_tiny_model_dir(Path(tempfile.mkdtemp(prefix="tiny-")) / "tiny", hidden_size=64))
-    from rlft.models.gguf import resolve_model_dir
+    from rlft.models.sources import resolve_model_dir
 
     return str(resolve_model_dir(name))
 

@@ -17,12 +17,12 @@ from tests.conftest import read_jsonl
 # reliably lands while checkpoint-2 is being written.
 SLOW_SAVE = """
 import sys, time
-import rlft.checkpoint.io as io
-_fsync = io.fsync_tree
+import rlft.atomic as atomic
+_fsync = atomic.fsync_tree
 def slow(root):
     _fsync(root)
     time.sleep(30)
-io.fsync_tree = slow
+atomic.fsync_tree = slow
 from rlft.cli.main import main
 sys.exit(main(sys.argv[1:]))
 """

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rlft.config.schema import ModelConfig
-from rlft.models.builtin import ensure_builtin
+from rlft.models.sources import ensure_builtin
 from rlft.models.loading import load_policy, load_tokenizer
 
 pytestmark = pytest.mark.real_model

@@ -8,8 +8,10 @@ import zipfile
 import pytest
 
 from rlft.errors import ModelError
-from rlft.models import builtin, cache
-from rlft.models.gguf import gguf_cache_dir, resolve_model_dir
+from rlft.models import cache
+from rlft.models import sources as builtin
+from rlft.models.gguf import gguf_cache_dir
+from rlft.models.sources import resolve_model_dir
 from rlft.models.tiny import build_tiny_model_dir
 
 

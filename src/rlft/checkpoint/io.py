@@ -8,8 +8,9 @@
         config.yaml            the run's resolved config
 
 A checkpoint is written into a hidden temporary directory, fsynced and then
-renamed into place, so a process killed mid-write never leaves a directory that
-looks complete; ``trainer_state.json`` is written last as the completion mark.
+renamed into place (:func:`rlft.atomic.atomic_directory`), so a process killed
+mid-write never leaves a directory that looks complete; ``trainer_state.json``
+is written last as the completion mark.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from rlft.atomic import TMP_PREFIX, atomic_directory
 
 STATE_FILE = "trainer_state.json"
 
@@ -41,14 +44,6 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def fsync_tree(root: Path) -> None:
-    """Flush every file under ``root`` to disk (before the rename that makes it visible)."""
-    for path in root.rglob("*"):
-        if path.is_file():
-            with open(path, "rb") as f:
-                os.fsync(f.fileno())
-
-
 def save_checkpoint(target: Path, *, model, tokenizer, optimizer, scheduler, trainer_state: dict,
                     config_yaml: str, components: dict | None = None) -> Path:
     """Atomically write a checkpoint to ``target``; returns ``target``.
@@ -57,27 +52,20 @@ def save_checkpoint(target: Path, *, model, tokenizer, optimizer, scheduler, tra
     is written into its own sub-directory of the checkpoint."""
     from rlft.models.save import save_pretrained_dir
 
-    tmp = target.parent / f".tmp-{target.name}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    save_pretrained_dir(model, tokenizer, tmp)
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-    torch.save(rng_state(), tmp / "rng_state.pt")
-    (tmp / "config.yaml").write_text(config_yaml)
-    for name, part in (components or {}).items():
-        part.save(tmp / name)
-    (tmp / STATE_FILE).write_text(json.dumps(trainer_state, indent=2))
-    fsync_tree(tmp)
-    if target.exists():
-        shutil.rmtree(target)
-    os.rename(tmp, target)
+    with atomic_directory(target) as tmp:
+        save_pretrained_dir(model, tokenizer, tmp)
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        torch.save(rng_state(), tmp / "rng_state.pt")
+        (tmp / "config.yaml").write_text(config_yaml)
+        for name, part in (components or {}).items():
+            part.save(tmp / name)
+        (tmp / STATE_FILE).write_text(json.dumps(trainer_state, indent=2))
     return target
 
 
 def is_complete(path: Path) -> bool:
-    return path.is_dir() and not path.name.startswith(".tmp-") and (path / STATE_FILE).is_file()
+    return path.is_dir() and not path.name.startswith(TMP_PREFIX) and (path / STATE_FILE).is_file()
 
 
 def list_checkpoints(checkpoints_dir: Path) -> list[Path]:

@@ -13,11 +13,12 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+
+from rlft.atomic import write_text_atomic
 
 
 @dataclass(frozen=True)
@@ -60,9 +61,7 @@ class RunDirectory:
             info = json.loads(self.run_info.read_text())
         info.setdefault("run_id", uuid.uuid4().hex[:12])
         info.update(fields)
-        tmp = self.run_info.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(info, indent=2))
-        os.replace(tmp, self.run_info)
+        write_text_atomic(self.run_info, json.dumps(info, indent=2))
 
 
 def append_jsonl(path: Path, record: dict) -> None:
@@ -80,7 +79,5 @@ def truncate_jsonl(path: Path, max_step: int) -> int:
     keep = [ln for ln in lines if ln.strip() and json.loads(ln).get("step", 0) <= max_step]
     dropped = sum(1 for ln in lines if ln.strip()) - len(keep)
     if dropped:
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text("".join(ln + "\n" for ln in keep), encoding="utf-8")
-        os.replace(tmp, path)
+        write_text_atomic(path, "".join(ln + "\n" for ln in keep))
     return dropped

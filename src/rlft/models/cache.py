@@ -20,6 +20,8 @@ from typing import Callable
 
 from filelock import FileLock, Timeout
 
+from rlft.atomic import honour_umask
+
 logger = logging.getLogger("rlft")
 
 #: Written last into every directory built by :func:`build_once`.
@@ -79,6 +81,7 @@ def _build_locked(target: Path, build: Callable[[Path, Path], None], info: dict 
         scratch.mkdir()
         build(staging, scratch)
         (staging / COMPLETE_MARKER).write_text(json.dumps(info or {}, indent=2) + "\n")
+        honour_umask(staging)  # the cache may be shared; some writers create 0600 files
         if target.exists():
             shutil.rmtree(target)
         os.replace(staging, target)

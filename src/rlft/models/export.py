@@ -9,21 +9,19 @@ optimizer or trainer state.  The result loads with plain
 ``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer.from_pretrained``.
 
 Like a checkpoint, the directory is written into a hidden temporary sibling,
-fsynced and renamed into place, so an interrupted export never leaves a
-directory that looks complete.
+fsynced and renamed into place (:func:`rlft.atomic.atomic_directory`), so an
+interrupted export never leaves a directory that looks complete; its files get
+the permissions the umask asks for, so others sharing the folder can read them.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from rlft.checkpoint.io import fsync_tree
-
+from rlft.atomic import atomic_directory
 from rlft.models.save import is_adapter_dir, load_for_inference, save_pretrained_dir
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -53,31 +51,6 @@ def export_model(source: str | Path, out_dir: str | Path, dtype: str = "fp32") -
     num_parameters = sum(p.numel() for p in model.parameters())
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.parent / f".tmp-{out_dir.name}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    try:
+    with atomic_directory(out_dir) as tmp:
         save_pretrained_dir(model, tokenizer, tmp)
-        fsync_tree(tmp)
-        _replace_dir(tmp, out_dir)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return ExportResult(out_dir=out_dir, num_parameters=num_parameters, dtype=dtype, merged_adapter=merged)
-
-
-def _replace_dir(new: Path, target: Path) -> None:
-    """Rename ``new`` to ``target``; an existing ``target`` is moved aside first and removed afterwards."""
-    if not target.exists():
-        os.rename(new, target)
-        return
-    old = target.parent / f".old-{target.name}"
-    if old.exists():
-        shutil.rmtree(old)
-    os.rename(target, old)
-    try:
-        os.rename(new, target)
-    except BaseException:
-        os.rename(old, target)
-        raise
-    shutil.rmtree(old, ignore_errors=True)

@@ -1,4 +1,4 @@
-"""GGUF -> Hugging Face conversion, and resolving ``model.path`` to a model directory.
+"""GGUF -> Hugging Face conversion, cached once per file.
 
 Transformers can read GGUF files (dequantising them to float), but a model
 loaded that way refuses ``save_pretrained``.  :func:`convert_gguf` therefore
@@ -15,7 +15,6 @@ import logging
 import re
 from pathlib import Path
 
-from rlft.config.schema import BUILTIN_MODELS
 from rlft.errors import ModelError
 from rlft.models.cache import build_once, models_cache_dir
 
@@ -106,35 +105,7 @@ def _set_token_ids(model, tokenizer) -> None:
     model.generation_config = GenerationConfig(**ids)
 
 
-# --------------------------------------------------------------------------- resolving model.path
-
-
-def resolve_model_dir(path: str) -> Path:
-    """Turn ``model.path`` into a local Hugging Face model directory.
-
-    A built-in name is fetched and converted once (:func:`rlft.models.builtin.ensure_builtin`);
-    a ``.gguf`` file is converted once into the cache; a directory is used as is
-    and must contain ``config.json``.  Anything else raises :class:`ModelError`.
-    """
-    if path in BUILTIN_MODELS:
-        from rlft.models.builtin import ensure_builtin
-
-        return ensure_builtin(path)
-    p = Path(path).expanduser()
-    if p.is_dir():
-        if (p / "config.json").is_file():
-            return p.resolve()
-        hint = ""
-        if (p / "adapter_config.json").is_file():
-            hint = " It looks like a LoRA adapter; point model.path at its base model instead."
-        raise ModelError(f"Model directory {p} has no config.json, so it is not a Hugging Face model directory.{hint}")
-    if p.is_file():
-        if p.suffix.lower() == ".gguf":
-            return ensure_gguf(p)
-        raise ModelError(f"Model path {p} is a file but not a .gguf file; give a model directory, a .gguf file "
-                         f"or a built-in name ({', '.join(BUILTIN_MODELS)}).")
-    raise ModelError(f"Model path '{path}' is neither an existing directory, a .gguf file nor a built-in model "
-                     f"name (built-ins: {', '.join(BUILTIN_MODELS)}).")
+# --------------------------------------------------------------------------- the converted-file cache
 
 
 def gguf_cache_dir(gguf_file: Path) -> Path:

