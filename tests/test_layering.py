@@ -14,14 +14,18 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # Packages that must not import the ones listed: the direction of each arrow is fixed.
 NEVER_IMPORTS = {
     "rlft.config": {"rlft.models", "rlft.trainer", "rlft.rollout", "rlft.data", "rlft.rewards", "rlft.checkpoint",
-                    "rlft.sft", "rlft.jobs", "rlft.cli", "rlft.chat"},
+                    "rlft.sft", "rlft.rl", "rlft.cli", "rlft.chat"},
     "rlft.algorithms": {"rlft.config", "rlft.models", "rlft.trainer", "rlft.rollout", "rlft.data", "rlft.rewards",
-                        "rlft.checkpoint", "rlft.sft", "rlft.jobs", "rlft.cli"},
-    "rlft.models": {"rlft.checkpoint", "rlft.trainer", "rlft.sft", "rlft.jobs", "rlft.cli"},
-    "rlft.chat": {"rlft.models", "rlft.trainer", "rlft.rollout", "rlft.data", "rlft.sft", "rlft.jobs", "rlft.cli"},
-    "rlft.data": {"rlft.models", "rlft.trainer", "rlft.rollout", "rlft.sft", "rlft.jobs", "rlft.cli"},
-    "rlft.rollout": {"rlft.trainer", "rlft.sft", "rlft.jobs", "rlft.cli"},
-    "rlft.checkpoint": {"rlft.trainer", "rlft.sft", "rlft.jobs", "rlft.cli"},
+                        "rlft.checkpoint", "rlft.sft", "rlft.rl", "rlft.cli"},
+    "rlft.models": {"rlft.checkpoint", "rlft.trainer", "rlft.sft", "rlft.rl", "rlft.cli"},
+    "rlft.chat": {"rlft.models", "rlft.trainer", "rlft.rollout", "rlft.data", "rlft.sft", "rlft.rl", "rlft.cli"},
+    "rlft.data": {"rlft.models", "rlft.trainer", "rlft.rollout", "rlft.sft", "rlft.rl", "rlft.cli"},
+    "rlft.rollout": {"rlft.trainer", "rlft.sft", "rlft.rl", "rlft.cli"},
+    "rlft.checkpoint": {"rlft.trainer", "rlft.rl", "rlft.sft", "rlft.cli"},
+    # The shared lifecycle knows a kind of job only by the import path in config.schema.JOB_KINDS.
+    "rlft.trainer": {"rlft.rl", "rlft.sft", "rlft.cli"},
+    "rlft.rl": {"rlft.sft", "rlft.cli"},
+    "rlft.sft": {"rlft.rl", "rlft.cli"},
 }
 
 

@@ -9,9 +9,12 @@ import json
 import pytest
 
 from rlft import Trainer
-from rlft.checkpoint.continuity import compare_configs
+from rlft.checkpoint.continuity import COMMON_RULES, compare_configs
 from rlft.errors import UsageError
+from rlft.rl.job import RLJob
 from tests.conftest import read_jsonl, write_jsonl
+
+RL_RULES = {**COMMON_RULES, **RLJob.CONTINUITY}
 
 
 def test_compare_configs_splits_breaking_from_harmless():
@@ -23,13 +26,13 @@ def test_compare_configs_splits_breaking_from_harmless():
     new["algorithm"]["critic"].update(type="value_head", value_clip=0.5)
     new["model"]["lora"] = {"r": 4}
     new["train"]["max_steps"] = 20
-    breaking, harmless = compare_configs(saved, new)
+    breaking, harmless = compare_configs(saved, new, RL_RULES)
     assert [b.split(":")[0] for b in breaking] == ["algorithm.critic.type", "algorithm.num_generations", "model.lora",
                                                    "model.lora.r"]  # None -> {r: 4}
     assert "algorithm.num_generations: 8 -> 4 (the group size is part of the batch geometry)" in breaking
     assert harmless == ["algorithm.critic.value_clip: 0.2 -> 0.5", "algorithm.learning_rate: 1e-05 -> 2e-05",
                         "train.max_steps: 10 -> 20"]
-    assert compare_configs(saved, copy.deepcopy(saved)) == ([], [])
+    assert compare_configs(saved, copy.deepcopy(saved), RL_RULES) == ([], [])
 
 
 def _first_run(tiny_config, steps=2, **train):

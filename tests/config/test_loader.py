@@ -171,7 +171,7 @@ train: {epochs: 0}
         assert line in probs
     tag = [p for p in probs if p.startswith("reward.functions.0.type:")]
     assert tag == ["reward.functions.0.type: unknown reward type 'containz' (did you mean 'contains'?); "
-                   "choose one of contains, regex, exact_answer, numeric_answer, format, length_penalty, custom"]
+                   "choose one of contains, regex, exact_answer, numeric_answer, format, length_penalty, tool_call, custom"]
     assert any(p.startswith("reward.functions.2.type: required; choose one of contains") for p in probs)
     assert len(probs) == len(expected) + 2
     assert all("\n" not in p for p in probs)
@@ -186,7 +186,7 @@ def test_unknown_key_suggestions(project):
     probs = problems_of(excinfo)
     assert "algoritm: unknown key (did you mean 'algorithm'?)" in probs
     assert any(p.startswith("learning_rate: unknown key (did you mean 'algorithm.learning_rate'?") for p in probs)
-    assert "zzz: unknown key; allowed keys: model, data, algorithm, rollout, reward, train, eval" in probs
+    assert "zzz: unknown key; allowed keys: kind, model, data, algorithm, rollout, reward, train, eval" in probs
     assert any(p.startswith("train.qqqq: unknown key; allowed keys: epochs, max_steps,") for p in probs)
     assert "reward.functions.0.kewyord: unknown key (did you mean 'keyword'?)" in probs  # the contains model
     assert "reward.functions.0.keyword: required" in probs
@@ -312,7 +312,7 @@ def test_duplicate_yaml_key_is_an_error(tmp_path):
 def test_top_level_must_be_a_mapping(tmp_path):
     with pytest.raises(ConfigError) as excinfo:
         load_text(tmp_path, "- a\n- b\n")
-    assert problems_of(excinfo)[0].startswith("top level: expected a mapping of sections (model, data,")
+    assert problems_of(excinfo)[0].startswith("top level: expected a mapping of sections (kind, model, data,")
 
 
 def test_missing_config_file(tmp_path):

@@ -20,7 +20,7 @@ def test_forced_bf16_autocast_trains(tiny_config, monkeypatch, algorithm):
     tiny_config["model"]["lora"] = None
     trainer = Trainer(config=tiny_config)
     result = trainer.train()
-    assert trainer.parts.autocast_dtype is not None
+    assert trainer.job.parts.autocast_dtype is not None
     rows = read_jsonl(result.run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(math.isfinite(r["loss"]) and math.isfinite(r["kl"]) for r in rows)

@@ -3,7 +3,7 @@
 A change breaks continuity when the saved state would no longer mean what the new config says:
 other weights or adapter shapes, another data order, another batch geometry or algorithm.  Any
 other change (logging, checkpoint cadence, max_steps, learning rate, evaluation ...) is allowed
-and logged.
+and logged.  The rules every kind of job shares are here; each kind adds its own.
 """
 
 from __future__ import annotations
@@ -12,8 +12,10 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-# Dotted config paths (a prefix covers everything below it).
-BREAKING: dict[str, str] = {
+# Dotted config paths (a prefix covers everything below it) whose change breaks a resume in every kind
+# of job; each kind adds its own (the CONTINUITY of its job class).
+COMMON_RULES: dict[str, str] = {
+    "kind": "the checkpoint's state belongs to another kind of job",
     "model.path": "the checkpoint holds weights of another model",
     "model.lora": "the adapter's shape and targets are fixed by the checkpoint",
     "data.train_file": "the data order and position refer to the original training file",
@@ -21,15 +23,11 @@ BREAKING: dict[str, str] = {
     "data.messages_field": "the prompts would differ",
     "data.system_prompt": "the prompts would differ",
     "data.use_chat_template": "the prompts would differ",
-    "data.max_prompt_length": "the prompts would differ",
+    "data.chat_template": "the prompts would differ",
+    "data.tools_field": "the prompts would differ",
     "data.eval_split": "the training set is what remains after the split",
     "data.shuffle": "the data order would differ",
     "train.seed": "the data order and sampling would differ",
-    "algorithm.name": "the optimizer and critic state belong to the original algorithm",
-    "algorithm.advantage_estimator": "the critic state belongs to the original estimator",
-    "algorithm.rollout_batch_size": "the position in the data order counts batches of this size",
-    "algorithm.num_generations": "the group size is part of the batch geometry",
-    "algorithm.critic.type": "the saved critic has the original layout",
 }
 
 
@@ -43,25 +41,25 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _rule(path: str) -> str | None:
-    for key, why in BREAKING.items():
+def _rule(path: str, rules: dict[str, str]) -> str | None:
+    for key, why in rules.items():
         if path == key or path.startswith(key + "."):
             return why
     return None
 
 
-def compare_configs(saved: dict, new: dict) -> tuple[list[str], list[str]]:
+def compare_configs(saved: dict, new: dict, rules: dict[str, str]) -> tuple[list[str], list[str]]:
     """Differences between the config a checkpoint was saved with and the one resuming it.
 
-    Returns (breaking, harmless): one line per changed dotted path, ``path: old -> new``, breaking
-    ones followed by why they break continuity."""
+    ``rules`` maps the dotted paths that break continuity to why. Returns (breaking, harmless): one
+    line per changed dotted path, ``path: old -> new``, breaking ones followed by why."""
     old_flat, new_flat = flatten(saved), flatten(new)
     breaking, harmless = [], []
     for path in sorted(set(old_flat) | set(new_flat)):
         old, cur = old_flat.get(path, "(unset)"), new_flat.get(path, "(unset)")
         if old == cur:
             continue
-        why = _rule(path)
+        why = _rule(path, rules)
         line = f"{path}: {old!r} -> {cur!r}"
         if why:
             breaking.append(f"{line} ({why})")

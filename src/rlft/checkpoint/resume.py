@@ -39,13 +39,14 @@ def find_checkpoint(resume: str, run_root: Path | None) -> ResumePoint:
     return ResumePoint(checkpoint=path, run_root=path.parent.parent, state=state)
 
 
-def check_continuity(point: ResumePoint, new_config: dict, train_file: str) -> list[str]:
-    """Refuse (UsageError) to continue ``point`` under a config that breaks continuity; returns the
-    harmless changes, one ``path: old -> new`` line each, for the log."""
+def check_continuity(point: ResumePoint, new_config: dict, train_file: str, rules: dict[str, str]) -> list[str]:
+    """Refuse (UsageError) to continue ``point`` under a config that breaks continuity (``rules``: dotted
+    path -> why); returns the harmless changes, one ``path: old -> new`` line each, for the log."""
     import yaml
 
     saved = yaml.safe_load((point.checkpoint / "config.yaml").read_text())
-    breaking, harmless = compare_configs(saved, new_config)
+    saved.setdefault("kind", "rl")  # checkpoints from before there were several kinds of job
+    breaking, harmless = compare_configs(saved, new_config, rules)
     saved_print = point.state.get("data_fingerprint")
     if saved_print and Path(train_file).is_file() and file_fingerprint(train_file) != saved_print:
         breaking.append(f"data.train_file: {train_file} has other contents than when {point.checkpoint.name} was "

@@ -7,6 +7,7 @@ run about 50-100x slower than fp32, so asking for bf16 there would turn a
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -41,3 +42,10 @@ def autocast_dtype(requested: str, device: torch.device) -> tuple[torch.dtype | 
         return torch.bfloat16, None
     return None, (f"model.dtype is bf16 but this {device.type.upper()} has no native bf16 matmul "
                   f"(no {' / '.join(_BF16_CPU_FLAGS)}); emulated bf16 is far slower than fp32, so this run computes in fp32")
+
+
+def autocast(dtype: torch.dtype | None, device: torch.device):
+    """bf16/fp16 autocast on ``device`` if ``dtype`` is set, else nothing."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)

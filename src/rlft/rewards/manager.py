@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from rlft.config.schema import _default_reward_name
+from rlft.config.rewards import default_reward_name
 from rlft.errors import RewardError
 from rlft.rewards.builtin import ANSWER_COLUMN_PARAM, BUILTIN_REWARDS
 from rlft.rewards.loading import load_custom_reward
@@ -92,7 +92,7 @@ class RewardManager:
 
 
 def _from_spec(spec: Any) -> NamedReward:
-    name = spec.name or _default_reward_name(spec)
+    name = spec.name or default_reward_name(spec)
     weight = float(spec.weight)
     if spec.type == "custom":
         return NamedReward(name, load_custom_reward(spec.function), weight, dict(spec.kwargs))

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
 import torch
 
 from rlft.models.logprobs import grouped_completion_logprobs, grouped_forward
+from rlft.models.precision import autocast
 
 # Per-token [N, T] tensors that travel with the rows; None until a stage fills them in.
 _TOKEN_FIELDS = ("completion_mask", "loss_mask", "turn_index", "advantages", "returns", "rollout_logprobs",
@@ -97,13 +97,6 @@ def run_epochs(batch: UpdateBatch, mini_batch_size: int | None, epochs: int,
             totals[k] = totals.get(k, 0.0) + v
         num_steps += 1
     return {k: v / num_steps for k, v in totals.items()}
-
-
-def autocast(dtype: torch.dtype | None, device: torch.device):
-    """bf16/fp16 autocast on ``device`` if ``dtype`` is set, else nothing."""
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
 
 
 @torch.no_grad()

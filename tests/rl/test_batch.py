@@ -8,7 +8,7 @@ from rlft.config.schema import ModelConfig
 from rlft.models.loading import load_policy
 from rlft.models.logprobs import completion_logprobs
 from rlft.rollout.base import RolloutBatch
-from rlft.trainer.batch import UpdateBatch
+from rlft.rl.batch import UpdateBatch
 
 # One episode: the model's turn (3 tokens), a tool result (2 tokens, not trained), the model's next turn
 # (2 tokens), then right padding.

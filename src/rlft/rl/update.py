@@ -9,7 +9,7 @@ import torch
 
 from rlft.algorithms import policy_objective
 from rlft.logging.console import get_logger
-from rlft.trainer.batch import UpdateBatch, autocast, per_row_no_grad, run_epochs
+from rlft.rl.batch import UpdateBatch, autocast, per_row_no_grad, run_epochs
 from rlft.trainer.optim import clipped_step
 
 

@@ -9,8 +9,8 @@ import torch
 from rlft.config.schema import ModelConfig
 from rlft.models.loading import load_policy
 from rlft.trainer.optim import build_optimizer, build_scheduler
-from rlft.trainer.batch import UpdateBatch
-from rlft.trainer.update import PolicyUpdater, UpdateParams
+from rlft.rl.batch import UpdateBatch
+from rlft.rl.update import PolicyUpdater, UpdateParams
 
 
 def _updater(model, micro=3):
@@ -110,7 +110,7 @@ def test_multi_step_update_uses_rollout_logprobs_as_old(tiny_model_dir):
 def test_health_watch_warns_once_on_flat_rewards():
     import logging
 
-    from rlft.trainer.metrics import HealthWatch
+    from rlft.rl.metrics import HealthWatch
 
     records = []
 
@@ -134,7 +134,7 @@ def test_health_watch_is_quiet_when_a_critic_still_gives_signal():
     """PPO/REINFORCE++ learn across prompts even when every group is flat: no false alarm."""
     import logging
 
-    from rlft.trainer.metrics import HealthWatch
+    from rlft.rl.metrics import HealthWatch
 
     log = logging.getLogger("rlft-test-health-critic")
     seen = []

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 
 from rlft.config.schema import WatchConfig
-from rlft.trainer.metrics import rollout_metrics
-from rlft.trainer.watch import RewardHackingWatch
+from rlft.rl.metrics import rollout_metrics
+from rlft.rl.watch import RewardHackingWatch
 
 
 class _Log:

@@ -1,58 +1,13 @@
-"""Builds the parts the training loop plugs together, from a validated config."""
+"""Builds the parts of an RL step from a validated config: data, rollout collector, updater, critic."""
 
 from __future__ import annotations
 
-import random
-from dataclasses import dataclass
-
-import numpy as np
-import torch
-
-from rlft.config.schema import RlftConfig
+from rlft.config.schema import RLConfig
 from rlft.logging.console import get_logger
+from rlft.trainer.parts import ModelParts
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-@dataclass
-class ModelParts:
-    model: torch.nn.Module
-    tokenizer: object
-    reference: object | None
-    device: torch.device
-    autocast_dtype: torch.dtype | None
-    model_dir: str
-
-
-def build_model(cfg: RlftConfig) -> ModelParts:
-    """Policy (fp32 master weights), tokenizer and the frozen reference policy."""
-    from rlft.models.sources import resolve_model_dir
-    from rlft.models.loading import load_policy, load_tokenizer, resolve_device
-    from rlft.models.precision import autocast_dtype
-    from rlft.models.reference import make_reference
-
-    device = resolve_device(cfg.model.device)
-    model_dir = resolve_model_dir(cfg.model.path)
-    tokenizer = load_tokenizer(model_dir)
-    model = load_policy(cfg.model, device, model_dir=model_dir)
-    # Without a KL term the reference is never used, so don't pay for a copy of the weights.
-    reference = make_reference(model) if cfg.algorithm.uses_reference() else None
-    autocast, warning = autocast_dtype(cfg.model.dtype, device)
-    if warning:
-        get_logger().warning(warning)
-    n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    n_all = sum(p.numel() for p in model.parameters())
-    get_logger().info(f"model loaded: {model_dir} on {device} ({n_all / 1e6:.1f}M parameters, "
-                      f"{n_train / 1e6:.2f}M trainable, compute {'bf16 autocast' if autocast else 'fp32'}"
-                      f"{', LoRA r=%d' % cfg.model.lora.r if cfg.model.lora else ''})")
-    return ModelParts(model, tokenizer, reference, device, autocast, str(model_dir))
-
-
-def build_data(cfg: RlftConfig, tokenizer):
+def build_data(cfg: RLConfig, tokenizer):
     """Train and (optional) eval prompt sets; logs counts and skipped rows."""
     from rlft.data.prompts import load_prompts
 
@@ -68,15 +23,15 @@ def build_data(cfg: RlftConfig, tokenizer):
     return train, evalset
 
 
-def hyperparameter_pool(cfg: RlftConfig) -> dict:
+def hyperparameter_pool(cfg: RLConfig) -> dict:
     """The algorithm section's plain values: registered functions take the ones they declare by name."""
     return cfg.algorithm.model_dump(exclude={"critic"})
 
 
-def build_updater(cfg: RlftConfig, parts: ModelParts, total_steps: int):
+def build_updater(cfg: RLConfig, parts: ModelParts, total_steps: int):
     """Optimizer, lr schedule and the policy updater, from the algorithm section."""
     from rlft.trainer.optim import build_optimizer, build_scheduler
-    from rlft.trainer.update import PolicyUpdater, UpdateParams
+    from rlft.rl.update import PolicyUpdater, UpdateParams
 
     alg = cfg.algorithm
     rollout_rows = alg.rollout_batch_size * alg.num_generations
@@ -94,7 +49,7 @@ def build_updater(cfg: RlftConfig, parts: ModelParts, total_steps: int):
     return PolicyUpdater(parts.model, parts.reference, optimizer, scheduler, params, parts.autocast_dtype)
 
 
-def build_critic(cfg: RlftConfig, parts: ModelParts):
+def build_critic(cfg: RLConfig, parts: ModelParts):
     """The PPO critic (value model, optimizer, updater), or None if the estimator needs no values."""
     from rlft.algorithms import ADVANTAGES
 
@@ -103,7 +58,7 @@ def build_critic(cfg: RlftConfig, parts: ModelParts):
         return None
     from rlft.models.sources import resolve_model_dir
     from rlft.models.value import build_value_model
-    from rlft.trainer.critic import CriticParams, CriticUpdater
+    from rlft.rl.critic import CriticParams, CriticUpdater
     from rlft.trainer.optim import build_optimizer
 
     ccfg = alg.critic
@@ -121,8 +76,8 @@ def build_critic(cfg: RlftConfig, parts: ModelParts):
     return CriticUpdater(model, optimizer, params, parts.autocast_dtype)
 
 
-def build_advantage_stage(cfg: RlftConfig):
-    from rlft.trainer.advantage import AdvantageStage, KLController
+def build_advantage_stage(cfg: RLConfig):
+    from rlft.rl.advantage import AdvantageStage, KLController
 
     alg = cfg.algorithm
     stage = AdvantageStage(alg.advantage_estimator, alg.num_generations, alg.kl_estimator,
@@ -130,9 +85,9 @@ def build_advantage_stage(cfg: RlftConfig):
     return stage, KLController(alg.kl_coef, alg.kl_target, alg.kl_horizon)
 
 
-def build_collector(cfg: RlftConfig, engine, rewards, train_set, sampler):
+def build_collector(cfg: RLConfig, engine, rewards, train_set, sampler):
     from rlft.rollout import SamplingParams
-    from rlft.trainer.collect import CollectParams, RolloutCollector
+    from rlft.rl.collect import CollectParams, RolloutCollector
 
     alg = cfg.algorithm
     sampling = SamplingParams(max_new_tokens=alg.max_new_tokens, min_new_tokens=alg.min_new_tokens,

@@ -9,8 +9,8 @@ import torch
 from rlft.config.schema import ModelConfig
 from rlft.models.loading import load_policy
 from rlft.models.value import build_value_model
-from rlft.trainer.batch import UpdateBatch
-from rlft.trainer.critic import CriticParams, CriticUpdater
+from rlft.rl.batch import UpdateBatch
+from rlft.rl.critic import CriticParams, CriticUpdater
 from rlft.trainer.optim import build_optimizer
 
 

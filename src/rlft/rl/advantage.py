@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlft.algorithms import AdvantageInputs, adaptive_kl_coef, compute_advantages, kl_penalty, masked_mean
-from rlft.trainer.batch import UpdateBatch
+from rlft.rl.batch import UpdateBatch
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from rlft.algorithms import VALUE_LOSSES, aggregate, explained_variance, masked_mean
-from rlft.trainer.batch import UpdateBatch, autocast, per_row_no_grad, run_epochs
+from rlft.rl.batch import UpdateBatch, autocast, per_row_no_grad, run_epochs
 from rlft.trainer.optim import clipped_step
 
 

@@ -1,0 +1,100 @@
+"""The RL sections: ``algorithm`` (with its critic) and ``rollout``."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from rlft.config.presets import apply_preset
+from rlft.config.sections import Section
+
+# The advantage estimators registered with the trait group_relative=True, spelled out here so that config
+# validation never imports torch (tests/algorithms/test_registry.py checks the two agree).
+GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
+
+AlgorithmName = Literal["grpo", "dr_grpo", "dapo", "gspo", "rloo", "reinforce_pp", "ppo"]
+AdvantageName = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "gae"]
+PolicyLossName = Literal["ppo_clip", "dual_clip", "gspo", "reinforce"]
+AggregationName = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
+
+
+class CriticConfig(Section):
+    type: Literal["separate", "value_head"] = Field(
+        "separate",
+        description="'separate': a value model with its own backbone (initialised from model_path); "
+        "'value_head': a linear head on the policy's own (detached) hidden states, no second backbone.",
+    )
+    model_path: str | None = Field(None, description="Backbone of a separate critic (default: the policy's model).")
+    learning_rate: float = Field(1e-5, gt=0, description="Peak learning rate of the critic's AdamW.")
+    value_loss: Literal["clipped_mse", "mse"] = Field("clipped_mse", description="Value loss.")
+    value_clip: float = Field(0.2, gt=0, description="How far (in reward units) values may move from the rollout's.")
+    warmup_steps: int = Field(0, ge=0, description="Train only the critic for this many first steps.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Clip the critic's gradient norm to this value.")
+
+
+class AlgorithmConfig(Section):
+    """``name`` picks vetted defaults (rlft.config.presets); every other field overrides one of them."""
+
+    name: AlgorithmName = Field("grpo", description="RL algorithm; selects the defaults of the fields below.")
+    advantage_estimator: AdvantageName = Field("grpo", description="How rewards become advantages.")
+    policy_loss: PolicyLossName = Field("ppo_clip", description="Policy-gradient loss.")
+    loss_aggregation: AggregationName = Field("token_mean", description="How per-token losses are reduced to one number.")
+    learning_rate: float = Field(1e-6, gt=0, description="Peak learning rate of AdamW.")
+    kl_coef: float = Field(0.04, ge=0, description="Weight of the KL penalty to the reference policy (0 disables it).")
+    kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="Per-token KL estimator.")
+    kl_placement: Literal["in_loss", "in_reward"] = Field(
+        "in_loss", description="Add KL to the loss, or subtract kl_coef x KL from each token's reward.")
+    kl_target: float | None = Field(
+        None, gt=0, description="Adapt kl_coef to keep the mean per-token KL near this value (None: fixed coef).")
+    kl_horizon: int = Field(10000, gt=0, description="Adaptive KL controller horizon, in rollout samples.")
+    rollout_batch_size: int = Field(16, gt=0, description="Prompts sampled per training step.")
+    num_generations: int = Field(8, gt=0, description="Completions sampled per prompt (the group size).")
+    max_new_tokens: int = Field(256, gt=0, description="Maximum tokens generated per completion.")
+    min_new_tokens: int = Field(
+        0, ge=0, description="End-of-sequence is not sampled before this many tokens (benchmarks: fixed-length work)."
+    )
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature for rollouts.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold for rollouts.")
+    top_k: int = Field(0, ge=0, description="Top-k sampling for rollouts (0 = off).")
+    clip_low: float = Field(0.2, gt=0, description="PPO ratio clip below 1 (ratio >= 1 - clip_low).")
+    clip_high: float = Field(0.2, gt=0, description="PPO ratio clip above 1 (ratio <= 1 + clip_high; DAPO raises it).")
+    dual_clip_c: float = Field(3.0, gt=1, description="dual_clip loss: bound on the loss of negative advantages.")
+    scale_rewards: bool = Field(True, description="grpo estimator: divide group-centred rewards by the group std.")
+    gamma: float = Field(1.0, gt=0, le=1, description="Discount for token-level returns (reinforce_pp, gae).")
+    lam: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
+    whiten_advantages: bool = Field(True, description="gae: normalise advantages over the batch.")
+    dynamic_sampling: bool = Field(
+        False, description="Drop groups whose rewards are all equal and sample more prompts until the batch is full.")
+    max_sampling_rounds: int = Field(
+        4, gt=0, description="Dynamic sampling: at most this many generation rounds per step.")
+    overlong_buffer: float = Field(
+        0.0, ge=0, lt=1, description="Soft overlong penalty over the last fraction of max_new_tokens (0 = off).")
+    overlong_penalty: float = Field(1.0, ge=0, description="Penalty at max_new_tokens when overlong_buffer > 0.")
+    critic: CriticConfig = Field(default_factory=CriticConfig, description="Value model (advantage_estimator: gae).")
+    ppo_epochs: int = Field(1, gt=0, description="Passes over each rollout batch.")
+    mini_batch_size: int | None = Field(
+        None, gt=0, description="Sequences per optimizer step (default: the whole rollout batch)."
+    )
+    micro_batch_size: int = Field(8, gt=0, description="Sequences per forward/backward (gradient accumulation).")
+    max_grad_norm: float = Field(1.0, gt=0, description="Clip the global gradient norm to this value.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    adam_eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
+    lr_scheduler: Literal["constant", "cosine", "linear"] = Field("constant", description="Learning-rate schedule.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps.")
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Floor of cosine/linear decay as a fraction of peak.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_preset(cls, data: Any) -> Any:
+        return apply_preset(data) if isinstance(data, dict) else data
+
+    def uses_reference(self) -> bool:
+        return self.kl_coef > 0
+
+
+class RolloutConfig(Section):
+    engine: Literal["native", "hf"] = Field(
+        "native", description="'native': shared-prompt prefill, finished rows leave the batch; 'hf': transformers generate."
+    )

@@ -1,0 +1,102 @@
+"""The ``reward`` section: built-in rule rewards and custom functions, combined by weight."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import Field
+
+from rlft.config.sections import Section
+
+class _Reward(Section):
+    weight: float = Field(1.0, description="Weight of this reward in the total.")
+    name: str | None = Field(None, description="Name used in logs (defaults to the type or function name).")
+
+
+class ContainsReward(_Reward):
+    type: Literal["contains"]
+    keyword: str = Field(..., min_length=1, description="Reward 1.0 if this text occurs in the completion, else 0.0.")
+    case_sensitive: bool = Field(True, description="Match case exactly.")
+
+
+class RegexReward(_Reward):
+    type: Literal["regex"]
+    pattern: str = Field(..., description="Python regular expression.")
+    mode: Literal["search", "fullmatch"] = Field("search", description="re.search anywhere, or re.fullmatch of the stripped completion.")
+
+
+class ExactAnswerReward(_Reward):
+    type: Literal["exact_answer"]
+    answer_field: str = Field("answer", description="Column holding the reference answer.")
+    extract: Literal["full", "last_line", "boxed", "after_marker"] = Field(
+        "full", description="Which part of the completion is compared with the answer."
+    )
+    marker: str = Field("####", description="With extract=after_marker: the text after the last marker is the answer.")
+    case_sensitive: bool = Field(False, description="Compare case exactly.")
+
+
+class NumericAnswerReward(_Reward):
+    type: Literal["numeric_answer"]
+    answer_field: str = Field("answer", description="Column holding the reference number.")
+    extract: Literal["only", "last", "first"] = Field(
+        "last", description="'only': the completion must be just a number; else the last/first number in it."
+    )
+    tolerance: float = Field(1e-6, ge=0, description="Absolute tolerance for equality.")
+
+
+class FormatReward(_Reward):
+    type: Literal["format"]
+    pattern: str | None = Field(None, description="Regex the whole (stripped) completion must match.")
+    required_tags: list[str] = Field(
+        default_factory=list, description="Tag names that must each appear once as <tag>...</tag>, in this order."
+    )
+
+
+class LengthPenaltyReward(_Reward):
+    type: Literal["length_penalty"]
+    target_chars: int = Field(200, ge=0, description="Completions up to this many characters get no penalty.")
+    penalty_per_char: float = Field(0.001, ge=0, description="Penalty per character beyond target_chars (returned negative).")
+    max_penalty: float = Field(1.0, ge=0, description="Cap on the penalty.")
+
+
+class ToolCallReward(_Reward):
+    type: Literal["tool_call"]
+    tools_field: str = Field(
+        "tools", description="Column with the row's tools: when present, each call must name one of them and give "
+        "its required arguments.")
+
+
+class CustomReward(_Reward):
+    type: Literal["custom"]
+    function: str = Field(
+        ...,
+        description="'package.module:function' or 'path/to/file.py:function' with the TRL signature "
+        "f(prompts, completions, **columns) -> list[float].",
+    )
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments passed on every call.")
+
+
+RewardSpec = Annotated[
+    Union[
+        ContainsReward,
+        RegexReward,
+        ExactAnswerReward,
+        NumericAnswerReward,
+        FormatReward,
+        LengthPenaltyReward,
+        ToolCallReward,
+        CustomReward,
+    ],
+    Field(discriminator="type"),
+]
+
+
+class RewardConfig(Section):
+    functions: list[RewardSpec] = Field(..., min_length=1, description="Reward functions; the total is their weighted sum.")
+
+
+def default_reward_name(spec: Any) -> str:
+    """The name a reward gets in logs when the config gives it none: the function name or the type."""
+    if getattr(spec, "type", None) == "custom":
+        return spec.function.rsplit(":", 1)[-1]
+    return spec.type

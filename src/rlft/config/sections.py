@@ -1,0 +1,127 @@
+"""The configuration sections every kind of run shares: model, data, train and eval.
+
+Every field has a default and a one-line ``description``.  Unknown keys are rejected so that a
+typo never silently falls back to a default.  No torch import: validation stays fast.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+BUILTIN_MODELS = ("smollm2-135m-instruct",)
+# data.chat_template values that name a template rather than a .jinja file (rlft.chat.templates has them).
+CHAT_TEMPLATE_NAMES = ("auto", "tokenizer", "hermes")
+
+
+class Section(BaseModel):
+    """Base for every config section: unknown keys are errors, values are re-validated on assignment."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+# --------------------------------------------------------------------------- model
+
+
+class LoraConfig(Section):
+    r: int = Field(16, gt=0, description="LoRA rank.")
+    alpha: float = Field(32.0, gt=0, description="LoRA scaling numerator (scale = alpha / r).")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the LoRA branch.")
+    target_modules: list[str] | str = Field(
+        "all-linear",
+        description="Module names to adapt, or 'all-linear' for every linear layer but the LM head.",
+    )
+
+
+class ModelConfig(Section):
+    path: str = Field(
+        "smollm2-135m-instruct",
+        description="A Hugging Face model directory, a .gguf file, or a built-in name "
+        f"({', '.join(BUILTIN_MODELS)}).",
+    )
+    dtype: Literal["fp32", "bf16"] = Field(
+        "bf16", description="Compute dtype. bf16 keeps fp32 master weights and runs matmuls under bf16 autocast."
+    )
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
+    lora: LoraConfig | None = Field(None, description="Train a LoRA adapter instead of all weights.")
+    device: str = Field("auto", description="'auto' (cuda if available, else cpu), 'cpu', 'cuda' or 'cuda:N'.")
+
+
+# --------------------------------------------------------------------------- data
+
+
+class DataConfig(Section):
+    train_file: str = Field(..., description="Training prompts: .jsonl, .json, .csv or .parquet.")
+    eval_file: str | None = Field(None, description="Held-out prompts for evaluation (same format).")
+    eval_split: float = Field(
+        0.0, ge=0, lt=1, description="Fraction of train_file held out for evaluation when eval_file is not set."
+    )
+    prompt_field: str = Field("prompt", description="Column holding the prompt text.")
+    messages_field: str | None = Field(
+        None, description="Column holding a chat in the Hugging Face format (a list of {role, content}, assistant "
+        "tool_calls and tool results included); used instead of prompt_field."
+    )
+    system_prompt: str | None = Field(None, description="System message prepended to every prompt.")
+    use_chat_template: bool = Field(True, description="Format prompts with the tokenizer's chat template.")
+    max_prompt_length: int = Field(512, gt=0, description="Prompts longer than this many tokens are left-truncated.")
+    on_bad_row: Literal["error", "skip"] = Field(
+        "error", description="What to do with a malformed row: stop with an error, or skip it and count it."
+    )
+    shuffle: bool = Field(True, description="Shuffle the training rows every epoch (seeded).")
+    chat_template: str = Field(
+        "auto", description="'auto': the tokenizer's own template, or the built-in Hermes tool template when tools "
+        "appear and the tokenizer's cannot render them; 'tokenizer'; 'hermes'; or a path to a .jinja file.")
+    tools_field: str = Field(
+        "tools", description="Column holding a row's tools (JSON schemas) for the chat template; rows without it "
+        "have none.")
+
+
+# --------------------------------------------------------------------------- train / eval
+
+
+class WatchConfig(Section):
+    """Reward-hacking watch thresholds (warnings in the log and in eval/step-N.json)."""
+
+    window: int = Field(5, gt=0, description="Steps averaged at the start and end of a growth comparison.")
+    length_growth: float = Field(0.5, gt=0, description="Flag mean completion length growing by this fraction.")
+    repetition_growth: float = Field(0.15, gt=0, description="Flag the mean repetition score rising by this much.")
+    accuracy_drop: float = Field(0.05, ge=0, description="Flag eval accuracy this far below its best ...")
+    reward_rise: float = Field(0.05, ge=0, description="... while the training reward rose by at least this much.")
+    dominance: float = Field(0.9, gt=0, le=1, description="Flag one reward carrying this share of the reward variation ...")
+    patience: int = Field(5, gt=0, description="... for this many steps in a row.")
+
+
+class TrainConfig(Section):
+    epochs: int = Field(1, gt=0, description="Passes over the training prompts.")
+    max_steps: int | None = Field(None, gt=0, description="Stop after this many steps even if epochs remain.")
+    seed: int = Field(42, description="Seed for data order, sampling and initialisation.")
+    output_dir: str = Field("./outputs", description="Runs are written to <output_dir>/<run_name>/.")
+    run_name: str | None = Field(None, description="Run directory name (default: <date>-<time>-<algorithm>).")
+    logging_interval: int = Field(10, gt=0, description="Write metrics/log lines every N steps.")
+    save_interval: int = Field(200, gt=0, description="Save a checkpoint every N steps (and always at the end).")
+    watch: WatchConfig = Field(default_factory=WatchConfig, description="Reward-hacking watch thresholds.")
+    keep_last: int | None = Field(
+        None, gt=0, description="Keep only the newest N complete checkpoints (older ones are deleted after a save).")
+    samples_per_log: int = Field(4, ge=0, description="Prompt/completion pairs written to samples.jsonl per logging step.")
+    progress_bar: Literal["auto", "on", "off"] = Field("auto", description="Progress bar: on a terminal only (auto), always, never.")
+
+
+class EvalConfig(Section):
+    before_training: bool = Field(True, description="Evaluate the model before the first step.")
+    after_training: bool = Field(True, description="Evaluate the model after the last step.")
+    interval: int = Field(0, ge=0, description="Also evaluate every N steps (0 = never during training).")
+    max_samples: int | None = Field(None, gt=0, description="Evaluate on at most this many eval prompts.")
+    max_new_tokens: int | None = Field(
+        None, gt=0, description="Generation budget (default: algorithm.max_new_tokens in RL runs, 256 in SFT runs).")
+    batch_size: int = Field(32, gt=0, description="Prompts per generation batch.")
+    accuracy_reward: str | None = Field(
+        None, description="Name of the reward that defines accuracy (default: the first reward)."
+    )
+    success_threshold: float = Field(1.0, description="A sample counts as correct when that reward is >= this value.")
+    num_samples: int = Field(
+        0, ge=0, description="Also sample this many completions per prompt for sampled accuracy and pass@k "
+        "(0 = greedy only; sampled batches hold at most batch_size sequences).")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature of those num_samples completions.")
+    pass_k: list[Annotated[int, Field(gt=0)]] = Field(
+        default_factory=lambda: [1], description="Report pass@k for each k (each 1 <= k <= num_samples).")

@@ -1,0 +1,163 @@
+"""The RL job: rollout -> reward -> advantage -> policy (and critic) update, one step at a time.
+
+Read :meth:`RLJob.train_step` top to bottom; every piece it calls is a plain function or a small
+object built in :meth:`RLJob.build` (see :mod:`rlft.rl.build`). The run around it (directory,
+checkpoints, resume, cadence) is the shared lifecycle, :class:`rlft.trainer.trainer.Trainer`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rlft.config.presets import PRESETS
+from rlft.config.schema import RLConfig
+from rlft.data.sampler import PromptSampler
+from rlft.evaluation import evaluate
+from rlft.logging.console import get_logger
+from rlft.logging.run_dir import RunDirectory, append_jsonl
+from rlft.rewards.manager import RewardManager
+from rlft.rl.batch import UpdateBatch
+from rlft.rl.build import build_advantage_stage, build_collector, build_critic, build_data, build_updater
+from rlft.rl.metrics import HealthWatch, format_step_line, rollout_metrics
+from rlft.rl.watch import RewardHackingWatch
+from rlft.rollout import ENGINES
+from rlft.trainer.job import EvalRecord, TrainedState, total_steps
+from rlft.trainer.metrics import peak_memory_mb
+from rlft.trainer.parts import build_model
+
+
+class RLJob:
+    """One RL fine-tuning job (``kind: rl``): the algorithm is chosen by ``algorithm.name``."""
+
+    CONTINUITY = {
+        "algorithm.name": "the optimizer and critic state belong to the original algorithm",
+        "algorithm.advantage_estimator": "the critic state belongs to the original estimator",
+        "algorithm.rollout_batch_size": "the position in the data order counts batches of this size",
+        "algorithm.num_generations": "the group size is part of the batch geometry",
+        "algorithm.critic.type": "the saved critic has the original layout",
+        "data.max_prompt_length": "the prompts would differ",
+    }
+
+    def __init__(self, cfg: RLConfig):
+        self.cfg = cfg
+        self._last_reward = 0.0
+
+    def build(self, run_dir: RunDirectory) -> None:
+        cfg, alg = self.cfg, self.cfg.algorithm
+        self.log = get_logger()
+        self.samples_file = run_dir.samples
+        # Without a KL term the reference is never used, so don't pay for a copy of the weights.
+        self.parts = build_model(cfg.model, with_reference=alg.uses_reference())
+        self.device, self.model_dir = self.parts.device, self.parts.model_dir
+        self.train_set, self.eval_set = build_data(cfg, self.parts.tokenizer)
+        self.rewards = RewardManager.from_specs(cfg.reward.functions)
+        self.engine = ENGINES[cfg.rollout.engine](
+            self.parts.model, self.parts.tokenizer, max_prompt_length=cfg.data.max_prompt_length,
+            autocast_dtype=self.parts.autocast_dtype, add_special_tokens=not cfg.data.use_chat_template)
+        self.sampler = PromptSampler(len(self.train_set), alg.rollout_batch_size, seed=cfg.train.seed,
+                                     shuffle=cfg.data.shuffle)
+        self.steps_per_epoch = self.sampler.steps_per_epoch
+        self.total_steps = total_steps(cfg.train, self.steps_per_epoch)
+        self.collector = build_collector(cfg, self.engine, self.rewards, self.train_set, self.sampler)
+        self.updater = build_updater(cfg, self.parts, self.total_steps)
+        self.critic = build_critic(cfg, self.parts)
+        self.advantage, self.kl = build_advantage_stage(cfg)
+        self._health = HealthWatch(self.log)
+        self._watch = RewardHackingWatch(cfg.train.watch, self.log, cfg.eval.accuracy_reward or self.rewards.names[0])
+
+    def describe(self) -> list[str]:
+        alg = self.cfg.algorithm
+        params = ", ".join(f"{k}={v}" for k, v in alg.model_dump().items() if k != "name")
+        return [f"algorithm: {alg.name} -- {PRESETS[alg.name].summary}",
+                f"algorithm parameters in effect: {params}",
+                "rewards: " + ", ".join(f"{n} (weight {w})" for n, w in self.rewards.weights.items()),
+                f"training for {self.total_steps} steps: {alg.rollout_batch_size} prompts x "
+                f"{alg.num_generations} completions per step, {self.steps_per_epoch} steps per epoch"]
+
+    # ------------------------------------------------------------------ one step
+
+    def train_step(self, step: int) -> dict[str, float]:
+        """Collect a scored batch, score it under the policies, advantages, update."""
+        alg = self.cfg.algorithm
+        t0 = time.perf_counter()
+        collected = self.collector.collect()
+        t_gen = time.perf_counter() - t0
+        batch = UpdateBatch.from_rollout(collected.rollout)
+        kl_coef = self.kl.coef
+        self.updater.score(batch, kl_coef=kl_coef)
+        if self.critic is not None:
+            batch.old_values = self.critic.values(batch)
+        stats = self.advantage.apply(collected.scored.total, batch, kl_coef)
+        lr = self.updater.optimizer.param_groups[0]["lr"]
+        t1 = time.perf_counter()
+        if self.critic is not None:
+            stats.update(self.critic.update(batch))
+        # The critic trains alone for its warm-up steps (step counts from 1).
+        if self.critic is None or step > alg.critic.warmup_steps:
+            stats.update(self.updater.update(batch, kl_coef=kl_coef))
+        stats["kl_coef"] = kl_coef
+        self.kl.observe(stats.get("kl"), len(batch))
+        seconds = time.perf_counter() - t0
+        rollout, scored = collected.rollout, collected.scored
+        metrics = rollout_metrics(scored.total, scored.per_reward, rollout.completion_lengths,
+                                  rollout.finish_reasons, alg.num_generations, texts=rollout.texts,
+                                  weights=self.rewards.weights)
+        metrics.update(collected.stats)
+        metrics.update(stats)
+        metrics.update({"lr": lr, "step_seconds": seconds, "generation_seconds": t_gen,
+                        "update_seconds": time.perf_counter() - t1,
+                        "tokens_per_s": float(batch.loss_mask.sum().item()) / seconds,
+                        "peak_mem_mb": peak_memory_mb(self.device)})
+        self._last_reward = metrics["reward/mean"]
+        self._write_samples(step, collected.prompts, rollout.texts, scored)
+        self._health.observe(step, metrics)
+        self._watch.observe_step(step, metrics)
+        return metrics
+
+    def _write_samples(self, step: int, prompts, texts, scored) -> None:
+        n = self.cfg.train.samples_per_log
+        if n == 0 or step % self.cfg.train.logging_interval:
+            return
+        stride = max(len(texts) // n, 1)
+        for i in list(range(0, len(texts), stride))[:n]:
+            append_jsonl(self.samples_file, {
+                "step": step, "prompt": prompts[i], "completion": texts[i],
+                "reward": float(scored.total[i]), "rewards": {k: float(v[i]) for k, v in scored.per_reward.items()}})
+
+    def step_line(self, step: int, metrics: dict[str, float]) -> str:
+        return format_step_line(step, self.total_steps, metrics)
+
+    def progress_info(self) -> str:
+        return f"reward {self._last_reward:.3f}"
+
+    # ------------------------------------------------------------------ eval / state
+
+    def evaluate(self, step: int, tag: str) -> EvalRecord | None:
+        """Greedy evaluation on the eval set (plus eval.num_samples sampled completions per prompt for
+        pass@k), on its own random stream seeded with train.seed."""
+        if self.eval_set is None:
+            return None
+        ecfg, alg = self.cfg.eval, self.cfg.algorithm
+        examples = self.eval_set.examples[: ecfg.max_samples] if ecfg.max_samples else self.eval_set.examples
+        res = evaluate(self.engine, examples, self.rewards, max_new_tokens=ecfg.max_new_tokens or alg.max_new_tokens,
+                       batch_size=ecfg.batch_size, accuracy_reward=ecfg.accuracy_reward or self.rewards.names[0],
+                       success_threshold=ecfg.success_threshold, num_samples=ecfg.num_samples,
+                       temperature=ecfg.temperature, pass_k=ecfg.pass_k, seed=self.cfg.train.seed)
+        self._watch.observe_eval(step, res.accuracy, res.num_prompts)
+        payload = {**res.summary(), "watch": self._watch.flags, "samples": res.samples}
+        return EvalRecord(res, f"{res.metrics_line()} ({res.seconds:.0f}s)", payload)
+
+    def state(self) -> TrainedState:
+        return TrainedState(self.parts.model, self.parts.tokenizer, self.updater.optimizer, self.updater.scheduler,
+                            self.sampler, {"critic": self.critic} if self.critic is not None else {},
+                            {"kl_coef": self.kl.coef})
+
+    def restore(self, extra: dict[str, Any]) -> None:
+        self.kl.coef = float(extra.get("kl_coef", self.kl.coef))
+
+    def report(self, before: EvalRecord | None, after: EvalRecord | None) -> list[str]:
+        if before is None or after is None:
+            return []
+        return [f"held-out accuracy: before {before.result.accuracy:.1%} -> after {after.result.accuracy:.1%} "
+                f"({after.result.num_prompts} prompts)"]

@@ -1,0 +1,80 @@
+"""What an RL step reports: reward and completion statistics, the step line, and the health watch."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def rollout_metrics(rewards_total: torch.Tensor, per_reward: dict[str, torch.Tensor], lengths: torch.Tensor,
+                    finish_reasons: list[str], group_size: int, *, texts: list[str] | None = None,
+                    weights: dict[str, float] | None = None) -> dict[str, float]:
+    """Reward and completion statistics of one rollout batch. rewards_total, lengths: [N].
+
+    With ``texts``: the mean repetition score. With ``weights``: each weighted reward's share of the
+    summed weighted standard deviations (which term moves the total)."""
+    total = rewards_total.float()
+    grouped = total.view(-1, group_size)
+    metrics = {
+        "reward/mean": total.mean().item(),
+        "reward/std": total.std().item() if total.numel() > 1 else 0.0,
+        "groups_zero_std": (grouped.std(dim=1) == 0).float().mean().item() if group_size > 1 else 1.0,
+        "completion_len/mean": lengths.float().mean().item(),
+        "completion_len/max": lengths.max().item(),
+        "truncation_rate": sum(r == "length" for r in finish_reasons) / max(len(finish_reasons), 1),
+    }
+    for name, values in per_reward.items():
+        metrics[f"reward/{name}/mean"] = values.float().mean().item()
+    if texts is not None:
+        from rlft.evaluation.metrics import repetition_score
+
+        metrics["repetition/mean"] = sum(repetition_score(t) for t in texts) / max(len(texts), 1)
+    if weights and len(per_reward) > 1 and total.numel() > 1:
+        spread = {n: abs(weights.get(n, 1.0)) * v.float().std().item() for n, v in per_reward.items()}
+        norm = sum(spread.values())
+        if norm > 0:
+            metrics.update({f"reward_share/{n}": s / norm for n, s in spread.items()})
+    return metrics
+
+
+def format_step_line(step: int, total: int, m: dict[str, float]) -> str:
+    """The one human-readable line per logging step (parts whose metric this run lacks are left out)."""
+    parts = [f"step {step}/{total}", f"reward {m['reward/mean']:.3f} ± {m['reward/std']:.3f}"]
+    optional = [("kl", "kl {:.4f}"), ("entropy", "entropy {:.3f}"), ("completion_len/mean", "len {:.1f}"),
+                ("clip_frac", "clip {:.3f}"), ("critic/value_loss", "value loss {:.4f}"),
+                ("critic/explained_variance", "expl. var {:.3f}"), ("dynamic_sampling/dropped_groups", "dropped {:.0f}"),
+                ("lr", "lr {:.2e}"), ("step_seconds", "{:.2f} s/step"), ("tokens_per_s", "{:.0f} tok/s")]
+    parts += [fmt.format(m[key]) for key, fmt in optional if key in m]
+    return " | ".join(parts)
+
+
+class HealthWatch:
+    """Warns (once per kind) about runs that look healthy in the log but cannot learn."""
+
+    def __init__(self, logger, patience: int = 5):
+        self.log = logger
+        self.patience = patience
+        self._flat_steps = 0
+        self._warned: set[str] = set()
+
+    def observe(self, step: int, m: dict[str, float]) -> None:
+        # All advantages 0 (group-relative estimators when every group is flat) or one reward for the
+        # whole batch (any estimator): the reward gives the update nothing to learn from.
+        flat = m.get("advantage/abs_mean", 1.0) == 0.0 or m.get("reward/std", 1.0) == 0.0
+        self._flat_steps = self._flat_steps + 1 if flat else 0
+        if self._flat_steps >= self.patience:
+            self._warn("flat", f"step {step}: for {self._flat_steps} steps every prompt's completions got the same "
+                       f"reward (mean {m['reward/mean']:.3f}), so there is nothing to learn from; check that the reward "
+                       f"can vary, or raise temperature / num_generations")
+        if m.get("truncation_rate", 0.0) >= 0.9:
+            self._warn("trunc", f"step {step}: {m['truncation_rate']:.0%} of completions hit max_new_tokens; "
+                       f"rewards may be judging cut-off text")
+        if not all(math.isfinite(v) for v in m.values()):
+            bad = sorted(k for k, v in m.items() if not math.isfinite(v))
+            self._warn("nonfinite", f"step {step}: non-finite metrics {bad}")
+
+    def _warn(self, kind: str, message: str) -> None:
+        if kind not in self._warned:
+            self._warned.add(kind)
+            self.log.warning(message)

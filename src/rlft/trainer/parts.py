@@ -1,0 +1,55 @@
+"""What every kind of job builds first: the seeded random state, the model and its tokenizer."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from rlft.config.schema import ModelConfig
+from rlft.logging.console import get_logger
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+@dataclass
+class ModelParts:
+    """model: the trained module (fp32 master weights, LoRA-wrapped if configured); reference: the
+    frozen KL reference or None; autocast_dtype: the compute dtype (None = fp32); model_dir: where
+    the weights came from."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    reference: object | None
+    device: torch.device
+    autocast_dtype: torch.dtype | None
+    model_dir: str
+
+
+def build_model(model_cfg: ModelConfig, *, with_reference: bool = False) -> ModelParts:
+    """The model, its tokenizer and (``with_reference``) the frozen reference policy."""
+    from rlft.models.loading import load_policy, load_tokenizer, resolve_device
+    from rlft.models.precision import autocast_dtype
+    from rlft.models.reference import make_reference
+    from rlft.models.sources import resolve_model_dir
+
+    device = resolve_device(model_cfg.device)
+    model_dir = resolve_model_dir(model_cfg.path)
+    tokenizer = load_tokenizer(model_dir)
+    model = load_policy(model_cfg, device, model_dir=model_dir)
+    reference = make_reference(model) if with_reference else None
+    autocast, warning = autocast_dtype(model_cfg.dtype, device)
+    if warning:
+        get_logger().warning(warning)
+    n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    n_all = sum(p.numel() for p in model.parameters())
+    get_logger().info(f"model loaded: {model_dir} on {device} ({n_all / 1e6:.1f}M parameters, "
+                      f"{n_train / 1e6:.2f}M trainable, compute {'bf16 autocast' if autocast else 'fp32'}"
+                      f"{', LoRA r=%d' % model_cfg.lora.r if model_cfg.lora else ''})")
+    return ModelParts(model, tokenizer, reference, device, autocast, str(model_dir))
