@@ -14,12 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from rlft.chat.messages import MessageError, normalise_messages
+from rlft.chat.tool_calls import schema_of
 from rlft.config.schema import DataConfig
 from rlft.data.readers import ReadResult, read_rows, where
-from rlft.errors import DataError
-
-ROLES = ("system", "user", "assistant")
-
+from rlft.errors import ConfigError, DataError
 
 @dataclass
 class PromptExample:
@@ -35,11 +34,13 @@ class PromptExample:
 
 @dataclass
 class PromptSet:
-    """The prompts of one split, the ``(row_number, message)`` of every skipped row, and the file read."""
+    """The prompts of one split, the ``(row_number, message)`` of every skipped row, the file read and
+    the chat template used."""
 
     examples: list[PromptExample]
     skipped: list[tuple[int, str]]
     path: str
+    chat_template: str | None = None  # which template formatted the prompts (for the log)
 
     def __len__(self) -> int:
         return len(self.examples)
@@ -65,7 +66,7 @@ def build_examples(
     for row, number in zip(result.rows, result.row_numbers):
         try:
             prompt, columns = _validate(row, data_cfg)
-            text = format_prompt(prompt, data_cfg, tokenizer)
+            text = format_prompt(prompt, data_cfg, tokenizer, row_tools(row, data_cfg))
         except _BadRow as exc:
             message = f"{where(path, result.unit, number)}: {exc}"
             if data_cfg.on_bad_row == "error":
@@ -79,7 +80,7 @@ def build_examples(
     return examples, skipped
 
 
-def _validate(row: dict, cfg: DataConfig) -> tuple[str | list[dict[str, str]], dict[str, Any]]:
+def _validate(row: dict, cfg: DataConfig) -> tuple[str | list[dict], dict[str, Any]]:
     key = cfg.messages_field or cfg.prompt_field
     kind = "messages" if cfg.messages_field else "prompt"
     if key not in row:
@@ -87,7 +88,10 @@ def _validate(row: dict, cfg: DataConfig) -> tuple[str | list[dict[str, str]], d
         raise _BadRow(f"missing {kind} field '{key}' (row has keys: {keys})")
     value = row[key]
     if cfg.messages_field:
-        _check_messages(value, key)
+        try:
+            value = normalise_messages(value, f"messages field '{key}'")
+        except MessageError as exc:
+            raise _BadRow(str(exc)) from None
     elif not isinstance(value, str):
         raise _BadRow(f"prompt field '{key}' must be a string, got {type(value).__name__}")
     elif not value.strip():
@@ -96,24 +100,21 @@ def _validate(row: dict, cfg: DataConfig) -> tuple[str | list[dict[str, str]], d
     return value, columns
 
 
-def _check_messages(value: Any, key: str) -> None:
-    if not isinstance(value, list):
-        raise _BadRow(f"messages field '{key}' must be a list of {{role, content}} objects, got {type(value).__name__}")
-    if not value:
-        raise _BadRow(f"messages field '{key}' is an empty list")
-    for i, msg in enumerate(value):
-        if not isinstance(msg, dict) or "role" not in msg or "content" not in msg:
-            raise _BadRow(f"messages field '{key}' item {i} must be an object with 'role' and 'content'")
-        if msg["role"] not in ROLES:
-            raise _BadRow(f"messages field '{key}' item {i} has role {msg['role']!r}; expected one of {', '.join(ROLES)}")
-        if not isinstance(msg["content"], str):
-            raise _BadRow(
-                f"messages field '{key}' item {i} content must be a string, got {type(msg['content']).__name__}"
-            )
+def row_tools(row: dict, cfg: DataConfig) -> list[dict] | None:
+    """The row's tools (a list of JSON schemas) from ``cfg.tools_field``, or None; _BadRow if malformed."""
+    tools = row.get(cfg.tools_field)
+    if tools is None:
+        return None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) and isinstance(schema_of(t).get("name"), str)
+                                             for t in tools):
+        raise _BadRow(f"tools field '{cfg.tools_field}' must be a list of JSON schemas "
+                      f"({{\"type\": \"function\", \"function\": {{\"name\": ..., \"parameters\": ...}}}})")
+    return tools
 
 
-def format_prompt(prompt: str | list[dict[str, str]], data_cfg: DataConfig, tokenizer: Any) -> str:
-    """The text fed to the model for ``prompt``.
+def format_prompt(prompt: str | list[dict], data_cfg: DataConfig, tokenizer: Any,
+                  tools: list[dict] | None = None) -> str:
+    """The text fed to the model for ``prompt`` (and the row's ``tools``).
 
     With ``use_chat_template`` and a tokenizer that has a chat template:
     ``apply_chat_template([system?] + messages, tokenize=False,
@@ -122,19 +123,52 @@ def format_prompt(prompt: str | list[dict[str, str]], data_cfg: DataConfig, toke
     and ``"\\n\\n"`` (if set) followed by the prompt, or by the chat's message
     contents joined with ``"\\n\\n"``.
     """
-    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-    system = data_cfg.system_prompt
-    if system and messages[0]["role"] != "system":
-        messages.insert(0, {"role": "system", "content": system})
+    messages = with_system_prompt(prompt, data_cfg.system_prompt)
     if data_cfg.use_chat_template and getattr(tokenizer, "chat_template", None):
+        extra = {"tools": tools} if tools else {}
         try:
-            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
         except Exception as exc:  # jinja raises TemplateError for e.g. non-alternating roles
             raise _BadRow(f"the chat template failed on this prompt ({type(exc).__name__}: {exc})") from None
         if not isinstance(text, str):
             raise _BadRow(f"apply_chat_template returned {type(text).__name__}, expected a string")
         return text
     return "\n\n".join(m["content"] for m in messages)
+
+
+def with_system_prompt(prompt: str | list[dict], system: str | None) -> list[dict]:
+    """``prompt`` as a list of messages, with ``system`` first unless the chat already starts with one."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    if system and messages[0]["role"] != "system":
+        messages.insert(0, {"role": "system", "content": system})
+    return messages
+
+
+def configure_chat_template(data_cfg: DataConfig, tokenizer: Any, needs_tools: bool) -> str | None:
+    """Put the template ``data.chat_template`` chooses on the tokenizer (so generation, evaluation and
+    checkpoints all use it) and check it preserves prefixes; returns a label for the log, or None when
+    prompts are plain text. A template that cannot be used is a ConfigError on data.chat_template."""
+    if not data_cfg.use_chat_template:
+        return None
+    from rlft.chat.templates import TemplateError, check_prefix_preservation, choose_template
+
+    try:
+        template, label = choose_template(data_cfg.chat_template, tokenizer, needs_tools=needs_tools)
+        if template is not None:
+            tokenizer.chat_template = template
+            check_prefix_preservation(tokenizer)
+    except TemplateError as exc:
+        raise ConfigError([f"data.chat_template: {exc}"]) from None
+    return label
+
+
+def rows_use_tools(rows: list[dict], data_cfg: DataConfig) -> bool:
+    """Whether any row offers tools or has tool calls / tool results in its conversation."""
+    def chat_tools(value: Any) -> bool:
+        return isinstance(value, list) and any(isinstance(m, dict) and (m.get("tool_calls") or m.get("role") == "tool")
+                                               for m in value)
+    return any(row.get(data_cfg.tools_field) is not None
+               or (data_cfg.messages_field and chat_tools(row.get(data_cfg.messages_field))) for row in rows)
 
 
 def load_prompts(
@@ -160,9 +194,10 @@ def load_prompts(
         result = read_rows(path, data_cfg.on_bad_row)
         if hold_out:
             held = held_out_indices(len(result.rows), data_cfg.eval_split, seed, path)
-            result = _subset(result, held, keep=split == "eval")
+            result = subset(result, held, keep=split == "eval")
+    template = configure_chat_template(data_cfg, tokenizer, rows_use_tools(result.rows, data_cfg))
     examples, skipped = build_examples(result, path, data_cfg, tokenizer)
-    return PromptSet(examples=examples, skipped=skipped, path=str(path))
+    return PromptSet(examples=examples, skipped=skipped, path=str(path), chat_template=template)
 
 
 def held_out_indices(n_rows: int, fraction: float, seed: int, path: str | Path = "train_file") -> set[int]:
@@ -176,7 +211,8 @@ def held_out_indices(n_rows: int, fraction: float, seed: int, path: str | Path =
     return set(order[:k])
 
 
-def _subset(result: ReadResult, held: set[int], keep: bool) -> ReadResult:
+def subset(result: ReadResult, held: set[int], keep: bool) -> ReadResult:
+    """The rows of ``result`` whose index is in ``held`` (``keep``) or not in it."""
     idx = [i for i in range(len(result.rows)) if (i in held) == keep]
     return ReadResult(
         rows=[result.rows[i] for i in idx],

@@ -17,6 +17,8 @@ def build_data(cfg: RLConfig, tokenizer):
     for ps in (train, evalset):
         if ps is not None and ps.skipped:
             log.warning(f"{ps.path}: skipped {len(ps.skipped)} bad rows, e.g. {ps.skipped[0][1]}")
+    if train.chat_template:
+        log.info(f"chat template: {train.chat_template}")
     n_eval = len(evalset) if evalset is not None else 0
     log.info(f"data loaded: {len(train)} train prompts, {n_eval} eval prompts "
              f"({sum(len(p.skipped) for p in (train, evalset) if p is not None)} rows skipped)")
