@@ -21,7 +21,13 @@ def P(n):
 
 
 def test_registry_covers_schema_types():
-    assert set(BUILTIN_REWARDS) == {"contains", "regex", "exact_answer", "numeric_answer", "format", "length_penalty"}
+    from typing import get_args
+
+    from rlft.config.rewards import RewardSpec
+
+    members = get_args(get_args(RewardSpec)[0])
+    schema_types = {get_args(m.model_fields["type"].annotation)[0] for m in members}
+    assert set(BUILTIN_REWARDS) == schema_types - {"custom"}
 
 
 def test_contains():
@@ -128,3 +134,15 @@ def test_length_penalty():
     assert got[0] == 0.0
     assert got[1] == pytest.approx(-0.5)
     assert got[2] == -2.0
+
+
+def test_tool_call_reward():
+    from rlft.rewards.builtin import tool_call
+
+    tools = [{"type": "function", "function": {"name": "calculator", "parameters": {
+        "type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}]
+    good = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2+3"}}\n</tool_call>'
+    completions = [good, "The answer is 5.", good.replace("calculator", "search"), good + "<tool_call>{oops",
+                   '<tool_call>{"name": "calculator", "arguments": {}}</tool_call>']
+    assert tool_call([""] * 5, completions, tools=[tools] * 5) == [1.0, 0.0, 0.0, 0.0, 0.0]
+    assert tool_call([""] * 2, [completions[2], completions[4]]) == [1.0, 1.0]  # no tools column: format only

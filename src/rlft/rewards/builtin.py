@@ -12,6 +12,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from rlft.chat.tool_calls import check_call, parse_tool_calls
 from rlft.errors import RewardError
 
 # An int or decimal, optionally signed, optionally with thousands separators
@@ -204,6 +205,22 @@ def length_penalty(prompts: Sequence[str], completions: Sequence[str], *, target
     return scores
 
 
+def tool_call(prompts: Sequence[str], completions: Sequence[str], *, tools_field: str = "tools",
+              **columns: Any) -> list[float]:
+    """1.0 if the completion makes at least one well-formed tool call (Hermes format: JSON with a
+    ``name`` and an ``arguments`` object between ``<tool_call>`` tags) and no malformed one; when the
+    row offers tools (column ``tools_field``), every call must also name one of them and give its
+    required arguments, and nothing else. 0.0 otherwise."""
+    offered = columns.get(tools_field) or [None] * len(completions)
+    scores = []
+    for completion, tools in zip(completions, offered, strict=True):
+        turn = parse_tool_calls(completion)
+        ok = bool(turn.calls) and not turn.errors and (not tools or all(check_call(c, tools) is None
+                                                                          for c in turn.calls))
+        scores.append(float(ok))
+    return scores
+
+
 #: Built-in reward functions keyed by the ``type`` of a ``reward.functions`` entry.
 BUILTIN_REWARDS: dict[str, Callable[..., list[float]]] = {
     "contains": contains,
@@ -212,6 +229,7 @@ BUILTIN_REWARDS: dict[str, Callable[..., list[float]]] = {
     "numeric_answer": numeric_answer,
     "format": format,
     "length_penalty": length_penalty,
+    "tool_call": tool_call,
 }
 
 #: Built-in rewards that read a reference column, and the parameter that names it.
