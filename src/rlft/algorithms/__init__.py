@@ -1,4 +1,4 @@
-"""Pure torch maths of RL fine-tuning: advantages, policy losses, KL, aggregation, critic losses.
+"""Pure torch maths of fine-tuning: advantages, policy losses, KL, aggregation, critic losses, the SFT loss.
 
 Nothing here touches a model, a config object or the file system.  Each kind of
 piece lives in one name -> function registry; ``presets`` says which pieces and
@@ -11,6 +11,7 @@ from rlft.algorithms.kl import KL_ESTIMATORS, adaptive_kl_coef, kl_penalty
 from rlft.algorithms.losses import POLICY_LOSSES, PolicyLossTerms, policy_loss
 from rlft.algorithms.objective import ObjectiveOutput, policy_objective
 from rlft.algorithms.shaping import groups_with_signal, overlong_penalty
+from rlft.algorithms.sft import sft_loss
 from rlft.algorithms.value import VALUE_LOSSES, explained_variance
 
 __all__ = [
@@ -33,4 +34,5 @@ __all__ = [
     "overlong_penalty",
     "policy_loss",
     "policy_objective",
+    "sft_loss",
 ]

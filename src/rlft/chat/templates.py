@@ -60,6 +60,15 @@ HERMES_TEMPLATE = (
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
 
+# For models without a chat template (data.use_chat_template: false in SFT): every turn's text on its own,
+# the assistant's followed by the end-of-sequence token so the model learns where to stop.
+PLAIN_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'assistant' -%}{{- message['content'] + eos_token -}}"
+    "{%- else -%}{{- message['content'] + '\n\n' -}}{%- endif -%}"
+    "{%- endfor -%}"
+)
+
 TEMPLATES = {"hermes": HERMES_TEMPLATE}
 NAMES = ("auto", "tokenizer", *TEMPLATES)  # config.sections.CHAT_TEMPLATE_NAMES lists the same
 

@@ -1,6 +1,7 @@
 """The ``rlft`` command line.
 
     rlft train --config configs/minimal_example.yaml [--set algorithm.learning_rate=1e-5 ...]
+    rlft sft --config configs/sft_tool_format.yaml   # supervised fine-tuning (same --set / --resume)
     rlft validate --config X          # check a config without loading a model
     rlft check-env                    # torch, devices, threads, optional packages
     rlft algorithms                   # each algorithm.name, its paper departures and the defaults it selects
@@ -30,11 +31,14 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlft", description="Reinforcement-learning fine-tuning of open-weight LMs.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    train = sub.add_parser("train", help="Run RL fine-tuning from a config.")
-    _add_config_args(train)
-    train.add_argument("--output-dir", "--output_dir", default=None, help="Override train.output_dir.")
-    train.add_argument("--resume", default=None, metavar="CHECKPOINT|auto",
-                       help="Continue from a checkpoint directory, or 'auto' for the run's latest complete one.")
+    for name, kind, text in (("train", "rl", "Run RL fine-tuning from a config."),
+                             ("sft", "sft", "Run supervised fine-tuning from a config (kind: sft).")):
+        job = sub.add_parser(name, help=text)
+        _add_config_args(job)
+        job.add_argument("--output-dir", "--output_dir", default=None, help="Override train.output_dir.")
+        job.add_argument("--resume", default=None, metavar="CHECKPOINT|auto",
+                         help="Continue from a checkpoint directory, or 'auto' for the run's latest complete one.")
+        job.set_defaults(kind=kind)
     validate = sub.add_parser("validate", help="Validate a config and print the resolved YAML.")
     _add_config_args(validate)
     sub.add_parser("check-env", help="Report torch, devices and optional packages.")
@@ -52,9 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_train(args) -> int:
+    """``rlft train`` (RL) and ``rlft sft``: the same lifecycle, the kind of job set by the command."""
     from rlft.trainer.trainer import Trainer
 
-    Trainer(args.config, overrides=args.overrides, output_dir=args.output_dir, resume_from=args.resume).train()
+    Trainer(args.config, overrides=args.overrides, output_dir=args.output_dir, resume_from=args.resume,
+            kind=args.kind).train()
     return 0
 
 
@@ -100,7 +106,7 @@ def _cmd_algorithms(args) -> int:
     return 0
 
 
-COMMANDS = {"train": _cmd_train, "validate": _cmd_validate, "check-env": _cmd_check_env, "generate": _cmd_generate,
+COMMANDS = {"train": _cmd_train, "sft": _cmd_train, "validate": _cmd_validate, "check-env": _cmd_check_env, "generate": _cmd_generate,
             "algorithms": _cmd_algorithms, "export": _cmd_export,
             "eval": _cmd_eval}
 

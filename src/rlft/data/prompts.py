@@ -46,7 +46,7 @@ class PromptSet:
         return len(self.examples)
 
 
-class _BadRow(DataError):
+class BadRow(DataError):
     """A row failed validation; the message has no location (build_examples adds it)."""
 
 
@@ -67,7 +67,7 @@ def build_examples(
         try:
             prompt, columns = _validate(row, data_cfg)
             text = format_prompt(prompt, data_cfg, tokenizer, row_tools(row, data_cfg))
-        except _BadRow as exc:
+        except BadRow as exc:
             message = f"{where(path, result.unit, number)}: {exc}"
             if data_cfg.on_bad_row == "error":
                 raise DataError(message) from None
@@ -85,29 +85,29 @@ def _validate(row: dict, cfg: DataConfig) -> tuple[str | list[dict], dict[str, A
     kind = "messages" if cfg.messages_field else "prompt"
     if key not in row:
         keys = ", ".join(map(str, row)) or "none"
-        raise _BadRow(f"missing {kind} field '{key}' (row has keys: {keys})")
+        raise BadRow(f"missing {kind} field '{key}' (row has keys: {keys})")
     value = row[key]
     if cfg.messages_field:
         try:
             value = normalise_messages(value, f"messages field '{key}'")
         except MessageError as exc:
-            raise _BadRow(str(exc)) from None
+            raise BadRow(str(exc)) from None
     elif not isinstance(value, str):
-        raise _BadRow(f"prompt field '{key}' must be a string, got {type(value).__name__}")
+        raise BadRow(f"prompt field '{key}' must be a string, got {type(value).__name__}")
     elif not value.strip():
-        raise _BadRow(f"prompt field '{key}' is empty")
+        raise BadRow(f"prompt field '{key}' is empty")
     columns = {k: v for k, v in row.items() if k != key}
     return value, columns
 
 
 def row_tools(row: dict, cfg: DataConfig) -> list[dict] | None:
-    """The row's tools (a list of JSON schemas) from ``cfg.tools_field``, or None; _BadRow if malformed."""
+    """The row's tools (a list of JSON schemas) from ``cfg.tools_field``, or None; BadRow if malformed."""
     tools = row.get(cfg.tools_field)
     if tools is None:
         return None
     if not isinstance(tools, list) or not all(isinstance(t, dict) and isinstance(schema_of(t).get("name"), str)
                                              for t in tools):
-        raise _BadRow(f"tools field '{cfg.tools_field}' must be a list of JSON schemas "
+        raise BadRow(f"tools field '{cfg.tools_field}' must be a list of JSON schemas "
                       f"({{\"type\": \"function\", \"function\": {{\"name\": ..., \"parameters\": ...}}}})")
     return tools
 
@@ -129,9 +129,9 @@ def format_prompt(prompt: str | list[dict], data_cfg: DataConfig, tokenizer: Any
         try:
             text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
         except Exception as exc:  # jinja raises TemplateError for e.g. non-alternating roles
-            raise _BadRow(f"the chat template failed on this prompt ({type(exc).__name__}: {exc})") from None
+            raise BadRow(f"the chat template failed on this prompt ({type(exc).__name__}: {exc})") from None
         if not isinstance(text, str):
-            raise _BadRow(f"apply_chat_template returned {type(text).__name__}, expected a string")
+            raise BadRow(f"apply_chat_template returned {type(text).__name__}, expected a string")
         return text
     return "\n\n".join(m["content"] for m in messages)
 
@@ -174,9 +174,21 @@ def rows_use_tools(rows: list[dict], data_cfg: DataConfig) -> bool:
 def load_prompts(
     data_cfg: DataConfig, tokenizer: Any, split: Literal["train", "eval"], seed: int
 ) -> PromptSet | None:
-    """Load the ``"train"`` or ``"eval"`` prompts described by ``data_cfg``.
+    """Load the ``"train"`` or ``"eval"`` prompts described by ``data_cfg`` (see :func:`read_split`);
+    None for ``"eval"`` when no eval data is configured."""
+    found = read_split(data_cfg, split, seed)
+    if found is None:
+        return None
+    path, result = found
+    template = configure_chat_template(data_cfg, tokenizer, rows_use_tools(result.rows, data_cfg))
+    examples, skipped = build_examples(result, path, data_cfg, tokenizer)
+    return PromptSet(examples=examples, skipped=skipped, path=str(path), chat_template=template)
 
-    Eval prompts come from ``eval_file``; failing that, when ``eval_split > 0``,
+
+def read_split(data_cfg: DataConfig, split: Literal["train", "eval"], seed: int) -> tuple[str, ReadResult] | None:
+    """The file and rows of the ``"train"`` or ``"eval"`` split.
+
+    Eval rows come from ``eval_file``; failing that, when ``eval_split > 0``,
     a seeded (``seed``) random fraction of ``train_file`` rows is held out, and
     the train split excludes exactly those rows.  Returns ``None`` for
     ``"eval"`` when neither is configured.
@@ -185,19 +197,15 @@ def load_prompts(
         raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
     hold_out = data_cfg.eval_file is None and data_cfg.eval_split > 0
     if split == "eval" and data_cfg.eval_file is not None:
-        path = data_cfg.eval_file
-        result = read_rows(path, data_cfg.on_bad_row)
-    elif split == "eval" and not hold_out:
+        return data_cfg.eval_file, read_rows(data_cfg.eval_file, data_cfg.on_bad_row)
+    if split == "eval" and not hold_out:
         return None
-    else:
-        path = data_cfg.train_file
-        result = read_rows(path, data_cfg.on_bad_row)
-        if hold_out:
-            held = held_out_indices(len(result.rows), data_cfg.eval_split, seed, path)
-            result = subset(result, held, keep=split == "eval")
-    template = configure_chat_template(data_cfg, tokenizer, rows_use_tools(result.rows, data_cfg))
-    examples, skipped = build_examples(result, path, data_cfg, tokenizer)
-    return PromptSet(examples=examples, skipped=skipped, path=str(path), chat_template=template)
+    path = data_cfg.train_file
+    result = read_rows(path, data_cfg.on_bad_row)
+    if hold_out:
+        held = held_out_indices(len(result.rows), data_cfg.eval_split, seed, path)
+        result = subset(result, held, keep=split == "eval")
+    return path, result
 
 
 def held_out_indices(n_rows: int, fraction: float, seed: int, path: str | Path = "train_file") -> set[int]:

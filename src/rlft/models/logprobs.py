@@ -175,3 +175,40 @@ def grouped_completion_logprobs(
     """
     return grouped_forward(model, prompt_ids, prompt_mask, row_prompt, completion_ids, completion_mask,
                            lambda logits, targets: token_logprobs(logits, targets, temperature, with_entropy))
+
+
+def _decoder_and_head(model: torch.nn.Module):
+    """(decoder, head) with ``head(decoder(...).last_hidden_state)`` equal to the model's logits, or None.
+
+    Models whose causal-LM forward does more than apply the head (logit soft-capping or scaling)
+    return None and are run whole."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") and hasattr(model, "peft_config") else model
+    if any(hasattr(base.config, a) for a in ("final_logit_softcapping", "logit_scale", "logits_scaling")):
+        return None
+    decoder = base.get_decoder() if hasattr(base, "get_decoder") else None
+    head = base.get_output_embeddings()
+    return (decoder, head) if decoder is not None and head is not None else None
+
+
+def marked_token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                          position_ids: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """Log-probs [n] (float32, with grad) of the tokens marked in ``loss_mask``, each predicted from
+    the position before it, in row-major order.
+
+    input_ids, position_ids, loss_mask: [B, L]; attention_mask: [B, L] (padding) or a [B, 1, L, L]
+    boolean mask (packed rows: each example attends only to itself). Only the n marked positions go
+    through the LM head: with 2048-token rows of a 49k vocabulary the full logits would be 0.4 GB a row.
+    """
+    targets_mask = loss_mask[:, 1:].bool()
+    targets = input_ids[:, 1:][targets_mask]
+    parts = _decoder_and_head(model)
+    if parts is None:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                       use_cache=False).logits[:, :-1][targets_mask]
+    else:
+        decoder, head = parts
+        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         use_cache=False).last_hidden_state
+        logits = head(hidden[:, :-1][targets_mask])
+    lp, _ = token_logprobs(logits.unsqueeze(1), targets.unsqueeze(1), 1.0, with_entropy=False)
+    return lp.squeeze(1)

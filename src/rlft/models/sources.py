@@ -65,8 +65,10 @@ def resolve_model_dir(path: str) -> Path:
     """Turn ``model.path`` into a local Hugging Face model directory.
 
     A built-in name is fetched and converted once (:func:`ensure_builtin`); a ``.gguf`` file is
-    converted once into the cache (:func:`rlft.models.gguf.ensure_gguf`); a directory is used as is
-    and must contain ``config.json``.  Anything else raises :class:`ModelError`.
+    converted once into the cache (:func:`rlft.models.gguf.ensure_gguf`); a model directory is used
+    as is and must contain ``config.json``, and so is a LoRA adapter directory (an adapter checkpoint
+    of a LoRA SFT run, say): code that trains from it merges it first
+    (:func:`rlft.models.merge.ensure_merged`).  Anything else raises :class:`ModelError`.
     """
     if path in BUILTIN_MODELS:
         return ensure_builtin(path)
@@ -74,10 +76,9 @@ def resolve_model_dir(path: str) -> Path:
     if p.is_dir():
         if (p / "config.json").is_file():
             return p.resolve()
-        hint = ""
         if (p / "adapter_config.json").is_file():
-            hint = " It looks like a LoRA adapter; point model.path at its base model instead."
-        raise ModelError(f"Model directory {p} has no config.json, so it is not a Hugging Face model directory.{hint}")
+            return p.resolve()  # a LoRA adapter checkpoint: loaders merge it (rlft.models.merge)
+        raise ModelError(f"Model directory {p} has no config.json, so it is not a Hugging Face model directory.")
     if p.is_file():
         if p.suffix.lower() == ".gguf":
             return ensure_gguf(p)

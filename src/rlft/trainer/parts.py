@@ -35,12 +35,16 @@ class ModelParts:
 def build_model(model_cfg: ModelConfig, *, with_reference: bool = False) -> ModelParts:
     """The model, its tokenizer and (``with_reference``) the frozen reference policy."""
     from rlft.models.loading import load_policy, load_tokenizer, resolve_device
+    from rlft.models.merge import ensure_merged
     from rlft.models.precision import autocast_dtype
     from rlft.models.reference import make_reference
+    from rlft.models.save import is_adapter_dir
     from rlft.models.sources import resolve_model_dir
 
     device = resolve_device(model_cfg.device)
     model_dir = resolve_model_dir(model_cfg.path)
+    if is_adapter_dir(model_dir):  # e.g. a checkpoint of a LoRA SFT run: start from the merged weights
+        model_dir = ensure_merged(model_dir)
     tokenizer = load_tokenizer(model_dir)
     model = load_policy(model_cfg, device, model_dir=model_dir)
     reference = make_reference(model) if with_reference else None

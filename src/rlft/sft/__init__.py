@@ -1,0 +1,1 @@
+"""Supervised fine-tuning: conversations -> trained-token masks -> (packed) rows -> the SFT job."""
