@@ -153,3 +153,44 @@ def test_reward_is_only_required_where_it_is_used(sft_config, tiny_config):
     sft_config["eval"]["accuracy_reward"] = "correct"
     with pytest.raises(ConfigError, match="eval.accuracy_reward: there are no rewards"):
         load_config(data=sft_config)
+
+
+def test_rlft_eval_compares_checkpoints_on_an_sft_config(sft_config, tmp_path):
+    import yaml
+
+    from rlft.cli.main import main
+
+    sft_config["train"]["max_steps"] = 2
+    sft_config["eval"].update(before_training=False, after_training=False, max_new_tokens=8)
+    sft_config["reward"] = {"functions": [{"type": "tool_call", "name": "well_formed"}]}
+    ck = Trainer(config=copy.deepcopy(sft_config)).train().final_checkpoint
+    config = tmp_path / "sft.yaml"
+    config.write_text(yaml.safe_dump(sft_config))
+    out = tmp_path / "report"
+    assert main(["eval", "--config", str(config), "--base", "--checkpoint", str(ck), "--out", str(out)]) == 0
+    base = json.loads((out / "base.json").read_text())
+    assert base["config_kind"] == "sft" and base["num_prompts"] == 4
+    assert base["samples"][0]["prompt"][-1]["role"] == "tool"  # the conversation up to its last assistant turn
+    assert (out / ck.name).with_suffix(".json").is_file() and (out / "report.md").is_file()
+    del sft_config["reward"]
+    config.write_text(yaml.safe_dump(sft_config))
+    assert main(["eval", "--config", str(config), "--base"]) == 2  # nothing to score generations with
+
+
+def test_a_template_that_does_not_preserve_prefixes_is_refused_at_start_up(sft_config, tmp_path):
+    template = tmp_path / "rewriting.jinja"  # drops earlier assistant turns' reasoning, as some templates do
+    template.write_text(
+        "{% for m in messages %}{% set c = m['content'] %}"
+        "{% if m['role'] == 'assistant' and not loop.last %}{% set c = c.split('</think>')[-1] %}{% endif %}"
+        "{{ '<|im_start|>' + m['role'] + '\\n' + c + '<|im_end|>\\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+    rows = [{"messages": [{"role": "user", "content": "Q1"}, {"role": "assistant", "content": "<think>a</think>A1"},
+                          {"role": "user", "content": "Q2"}, {"role": "assistant", "content": "A2"}]}] * 4
+    from tests.conftest import write_jsonl
+
+    sft_config["data"].update(train_file=str(write_jsonl(tmp_path / "think.jsonl", rows)), eval_file=None,
+                              chat_template=str(template))
+    trainer = Trainer(config=sft_config)
+    with pytest.raises(ConfigError, match="data.chat_template: the chat template does not preserve prefixes"):
+        trainer.train()
+    assert json.loads((trainer.run_dir.run_info).read_text())["status"] == "failed"

@@ -93,7 +93,8 @@ _PROBE_TOOL = {"type": "function", "function": {
 _PROBE = [
     {"role": "system", "content": "You answer briefly."},
     {"role": "user", "content": "Hello there."},
-    {"role": "assistant", "content": "Hi! How can I help?"},
+    # Reasoning in an earlier turn: templates that drop it from past turns fail the prefix check.
+    {"role": "assistant", "content": "<think>A greeting.</think>Hi! How can I help?"},
     {"role": "user", "content": "Look up probe_word_x."},
     {"role": "assistant", "content": "", "tool_calls": [
         {"type": "function", "function": {"name": "probe_lookup", "arguments": {"word": "probe_word_x"}}}]},

@@ -4,6 +4,8 @@
 
 Every model is evaluated exactly as the in-training evaluation does it (the config's eval prompts,
 rewards, ``eval.*`` settings, rollout engine and compute dtype), one model in memory at a time.
+An RL config's eval prompts are its prompts; an SFT config's are the held-out conversations up to
+their last assistant turn (the config needs a ``reward:`` section for either).
 Writes into ``--out`` (default ``<train.output_dir>/eval-<timestamp>/``): ``<label>.json`` per
 model, ``side_by_side.jsonl`` (one row per prompt) and ``report.md`` / ``report.html``; prints
 the metrics table to stdout.
@@ -96,32 +98,28 @@ def _out_dir(arg: str | None, output_dir: str) -> Path:
 
 
 def _evaluate_one(cfg, path: str, rewards, device, autocast):
-    """Load one model, evaluate it like Trainer.evaluate does, free it. Returns (EvalResult, eval examples)."""
+    """Load one model, evaluate it as the run's in-training evaluation does, free it.
+    Returns (EvalResult, eval examples)."""
     import torch
 
-    from rlft.data.prompts import load_prompts
-    from rlft.evaluation import evaluate
     from rlft.models.save import load_for_inference
-    from rlft.rollout import ENGINES
+    from rlft.trainer.generation import evaluate_generations
+    from rlft.trainer.job import job_class
 
-    ecfg, alg = cfg.eval, cfg.algorithm
+    job, engine = job_class(cfg), None
+    settings = job.generation(cfg)
     model, tok = load_for_inference(path, device=device)
-    engine = None
     try:
-        evalset = load_prompts(cfg.data, tok, "eval", cfg.train.seed)
-        examples = evalset.examples[: ecfg.max_samples] if ecfg.max_samples else evalset.examples
-        engine = ENGINES[cfg.rollout.engine](model, tok, max_prompt_length=cfg.data.max_prompt_length,
-                                             autocast_dtype=autocast, add_special_tokens=not cfg.data.use_chat_template)
-        result = evaluate(engine, examples, rewards, max_new_tokens=ecfg.max_new_tokens or alg.max_new_tokens,
-                          batch_size=ecfg.batch_size, accuracy_reward=ecfg.accuracy_reward or rewards.names[0],
-                          success_threshold=ecfg.success_threshold, num_samples=ecfg.num_samples,
-                          temperature=ecfg.temperature, pass_k=ecfg.pass_k, seed=cfg.train.seed)
+        examples = job.eval_prompts(cfg, tok)
+        engine = settings.make_engine(model, tok, autocast)
+        result = evaluate_generations(engine, examples, rewards, cfg, settings.max_new_tokens)
     finally:
         del engine, model, tok
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    return result, examples
+    ecfg = cfg.eval
+    return result, examples[: ecfg.max_samples] if ecfg.max_samples else examples
 
 
 def _write_json(path: Path, data) -> None:
@@ -171,6 +169,7 @@ def run(args) -> int:
     from rlft.models.loading import resolve_device
     from rlft.models.precision import autocast_dtype
     from rlft.rewards.manager import RewardManager
+    from rlft.trainer.job import job_class
 
     if not args.checkpoints and not args.base:
         raise UsageError("nothing to evaluate: give --checkpoint PATH (repeatable) and/or --base")
@@ -193,12 +192,16 @@ def run(args) -> int:
     autocast, warning = autocast_dtype(cfg.model.dtype, device)
     if warning:
         print(f"note: {warning}", file=sys.stderr)
+    if getattr(cfg, "reward", None) is None:
+        raise UsageError(f"{args.config} has no reward: section; rlft eval scores each model's generations "
+                         f"with the config's rewards")
     rewards = RewardManager.from_specs(cfg.reward.functions)
+    generation = job_class(cfg).generation(cfg)
     out.mkdir(parents=True, exist_ok=True)
     settings = {"config": str(Path(args.config).resolve()), "overrides": list(args.overrides),
-                "eval": cfg.eval.model_dump(mode="json"),
-                "max_new_tokens": cfg.eval.max_new_tokens or cfg.algorithm.max_new_tokens,
-                "rollout_engine": cfg.rollout.engine, "seed": cfg.train.seed}
+                "config_kind": cfg.kind, "eval": cfg.eval.model_dump(mode="json"),
+                "max_new_tokens": generation.max_new_tokens, "rollout_engine": generation.engine,
+                "seed": cfg.train.seed}
     models: list[ModelResult] = []
     columns = None
     for i, (label, path, kind) in enumerate(zip(labels, paths, kinds), 1):

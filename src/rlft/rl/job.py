@@ -13,7 +13,7 @@ from typing import Any
 from rlft.config.presets import PRESETS
 from rlft.config.schema import RLConfig
 from rlft.data.sampler import PromptSampler
-from rlft.evaluation import evaluate
+from rlft.data.prompts import load_prompts
 from rlft.logging.console import get_logger
 from rlft.logging.run_dir import RunDirectory, append_jsonl
 from rlft.rewards.manager import RewardManager
@@ -21,7 +21,7 @@ from rlft.rl.batch import UpdateBatch
 from rlft.rl.build import build_advantage_stage, build_collector, build_critic, build_data, build_updater
 from rlft.rl.metrics import HealthWatch, format_step_line, rollout_metrics
 from rlft.rl.watch import RewardHackingWatch
-from rlft.rollout import ENGINES
+from rlft.trainer.generation import GenerationSettings, evaluate_generations
 from rlft.trainer.job import EvalRecord, TrainedState, total_steps
 from rlft.trainer.metrics import peak_memory_mb
 from rlft.trainer.parts import build_model
@@ -52,9 +52,8 @@ class RLJob:
         self.device, self.model_dir = self.parts.device, self.parts.model_dir
         self.train_set, self.eval_set = build_data(cfg, self.parts.tokenizer)
         self.rewards = RewardManager.from_specs(cfg.reward.functions)
-        self.engine = ENGINES[cfg.rollout.engine](
-            self.parts.model, self.parts.tokenizer, max_prompt_length=cfg.data.max_prompt_length,
-            autocast_dtype=self.parts.autocast_dtype, add_special_tokens=not cfg.data.use_chat_template)
+        self.engine = self.generation(cfg).make_engine(self.parts.model, self.parts.tokenizer,
+                                                       self.parts.autocast_dtype)
         self.sampler = PromptSampler(len(self.train_set), alg.rollout_batch_size, seed=cfg.train.seed,
                                      shuffle=cfg.data.shuffle)
         self.steps_per_epoch = self.sampler.steps_per_epoch
@@ -138,12 +137,8 @@ class RLJob:
         pass@k), on its own random stream seeded with train.seed."""
         if self.eval_set is None:
             return None
-        ecfg, alg = self.cfg.eval, self.cfg.algorithm
-        examples = self.eval_set.examples[: ecfg.max_samples] if ecfg.max_samples else self.eval_set.examples
-        res = evaluate(self.engine, examples, self.rewards, max_new_tokens=ecfg.max_new_tokens or alg.max_new_tokens,
-                       batch_size=ecfg.batch_size, accuracy_reward=ecfg.accuracy_reward or self.rewards.names[0],
-                       success_threshold=ecfg.success_threshold, num_samples=ecfg.num_samples,
-                       temperature=ecfg.temperature, pass_k=ecfg.pass_k, seed=self.cfg.train.seed)
+        res = evaluate_generations(self.engine, self.eval_set.examples, self.rewards, self.cfg,
+                                   self.generation(self.cfg).max_new_tokens)
         self._watch.observe_eval(step, res.accuracy, res.num_prompts)
         payload = {**res.summary(), "watch": self._watch.flags, "samples": res.samples}
         return EvalRecord(res, f"{res.metrics_line()} ({res.seconds:.0f}s)", payload)
@@ -155,6 +150,17 @@ class RLJob:
 
     def restore(self, extra: dict[str, Any]) -> None:
         self.kl.coef = float(extra.get("kl_coef", self.kl.coef))
+
+    @staticmethod
+    def eval_prompts(cfg: RLConfig, tokenizer) -> list | None:
+        evalset = load_prompts(cfg.data, tokenizer, "eval", cfg.train.seed)
+        return evalset.examples if evalset is not None else None
+
+    @staticmethod
+    def generation(cfg: RLConfig) -> GenerationSettings:
+        return GenerationSettings(cfg.rollout.engine, cfg.data.max_prompt_length,
+                                  cfg.eval.max_new_tokens or cfg.algorithm.max_new_tokens,
+                                  add_special_tokens=not cfg.data.use_chat_template)
 
     def report(self, before: EvalRecord | None, after: EvalRecord | None) -> list[str]:
         if before is None or after is None:

@@ -18,13 +18,14 @@ import torch
 from rlft.algorithms import sft_loss
 from rlft.config.schema import SFTConfig
 from rlft.data.sampler import PromptSampler
-from rlft.evaluation import EvalResult, evaluate
+from rlft.evaluation import EvalResult
 from rlft.logging.console import get_logger
 from rlft.logging.run_dir import RunDirectory
 from rlft.models.logprobs import marked_token_logprobs
 from rlft.models.precision import autocast
 from rlft.sft.batch import collate
 from rlft.sft.data import SFTSet, TrainingRow, load_sft, training_rows
+from rlft.trainer.generation import GenerationSettings, evaluate_generations
 from rlft.trainer.job import EvalRecord, TrainedState, total_steps
 from rlft.trainer.metrics import peak_memory_mb
 from rlft.trainer.optim import build_optimizer, build_scheduler, clipped_step
@@ -96,11 +97,9 @@ class SFTJob:
         self.rewards = self.engine = None
         if cfg.reward is not None and self.eval_set is not None:
             from rlft.rewards.manager import RewardManager
-            from rlft.rollout import NativeEngine
 
             self.rewards = RewardManager.from_specs(cfg.reward.functions)
-            self.engine = NativeEngine(self.parts.model, tok, max_prompt_length=cfg.data.max_length,
-                                       autocast_dtype=self.parts.autocast_dtype, add_special_tokens=False)
+            self.engine = self.generation(cfg).make_engine(self.parts.model, tok, self.parts.autocast_dtype)
 
     def _log_data(self) -> None:
         sets = [s for s in (self.train_set, self.eval_set) if s is not None]
@@ -199,13 +198,21 @@ class SFTJob:
     def _generation_eval(self, evalset: SFTSet) -> EvalResult | None:
         if self.rewards is None:
             return None
-        ecfg = self.cfg.eval
-        examples = evalset.examples[: ecfg.max_samples] if ecfg.max_samples else evalset.examples
-        prompts = [ex.prompt_example(self.parts.tokenizer) for ex in examples]
-        return evaluate(self.engine, prompts, self.rewards, max_new_tokens=ecfg.max_new_tokens or 256,
-                        batch_size=ecfg.batch_size, accuracy_reward=ecfg.accuracy_reward or self.rewards.names[0],
-                        success_threshold=ecfg.success_threshold, num_samples=ecfg.num_samples,
-                        temperature=ecfg.temperature, pass_k=ecfg.pass_k, seed=self.cfg.train.seed)
+        prompts = [ex.prompt_example(self.parts.tokenizer) for ex in evalset.examples]
+        return evaluate_generations(self.engine, prompts, self.rewards, self.cfg,
+                                    self.generation(self.cfg).max_new_tokens)
+
+    @staticmethod
+    def eval_prompts(cfg: SFTConfig, tokenizer) -> list | None:
+        """The last assistant turn of every held-out conversation, as a prompt."""
+        evalset = load_sft(cfg.data, tokenizer, "eval", cfg.train.seed, cfg.sft.train_on)
+        return [ex.prompt_example(tokenizer) for ex in evalset.examples] if evalset is not None else None
+
+    @staticmethod
+    def generation(cfg: SFTConfig) -> GenerationSettings:
+        # The chat template has already put the special tokens into every prompt.
+        return GenerationSettings("native", cfg.data.max_length, cfg.eval.max_new_tokens or 256,
+                                  add_special_tokens=False)
 
     def state(self) -> TrainedState:
         return TrainedState(self.parts.model, self.parts.tokenizer, self.optimizer, self.scheduler, self.sampler)

@@ -17,6 +17,7 @@ import torch
 
 from rlft.config.schema import RunConfig, TrainConfig
 from rlft.logging.run_dir import RunDirectory
+from rlft.trainer.generation import GenerationSettings
 
 
 @dataclass
@@ -86,6 +87,16 @@ class Job(Protocol):
 
     def report(self, before: EvalRecord | None, after: EvalRecord | None) -> list[str]:
         """Closing log lines comparing the evaluations before and after training."""
+
+    # Used without a built job too (``rlft eval`` compares checkpoints on a config's eval prompts):
+
+    @staticmethod
+    def eval_prompts(cfg: RunConfig, tokenizer) -> list | None:
+        """The held-out prompts (``PromptExample``) the generation evaluation answers, or None."""
+
+    @staticmethod
+    def generation(cfg: RunConfig) -> GenerationSettings:
+        """How the evaluation generates."""
 
 
 def total_steps(train: TrainConfig, steps_per_epoch: int) -> int:
