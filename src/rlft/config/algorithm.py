@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from rlft.config.optimizer import (AdamBetas, AdamEps, LrScheduler, MaxGradNorm, MinLrRatio, WarmupSteps,
+                                   WeightDecay)
 from rlft.config.presets import apply_preset
 from rlft.config.sections import Section
 
@@ -77,13 +79,13 @@ class AlgorithmConfig(Section):
         None, gt=0, description="Sequences per optimizer step (default: the whole rollout batch)."
     )
     micro_batch_size: int = Field(8, gt=0, description="Sequences per forward/backward (gradient accumulation).")
-    max_grad_norm: float = Field(1.0, gt=0, description="Clip the global gradient norm to this value.")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
-    adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
-    adam_eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
-    lr_scheduler: Literal["constant", "cosine", "linear"] = Field("constant", description="Learning-rate schedule.")
-    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps.")
-    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Floor of cosine/linear decay as a fraction of peak.")
+    max_grad_norm: MaxGradNorm = 1.0
+    weight_decay: WeightDecay = 0.0
+    adam_betas: AdamBetas = (0.9, 0.999)
+    adam_eps: AdamEps = 1e-8
+    lr_scheduler: LrScheduler = "constant"
+    warmup_steps: WarmupSteps = 0
+    min_lr_ratio: MinLrRatio = 0.0
 
     @model_validator(mode="before")
     @classmethod

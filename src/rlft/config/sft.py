@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import Field
 
+from rlft.config.optimizer import (AdamBetas, AdamEps, LrScheduler, MaxGradNorm, MinLrRatio, WarmupSteps,
+                                   WeightDecay)
 from rlft.config.sections import DataConfig, Section
 
 
@@ -27,10 +29,10 @@ class SFTSection(Section):
         "attend to each other.")
     train_on: Literal["assistant", "last_assistant"] = Field(
         "assistant", description="Train on every assistant turn, or only on each conversation's last one.")
-    max_grad_norm: float = Field(1.0, gt=0, description="Clip the global gradient norm to this value.")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
-    adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
-    adam_eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
-    lr_scheduler: Literal["constant", "cosine", "linear"] = Field("cosine", description="Learning-rate schedule.")
-    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps.")
-    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Floor of cosine/linear decay as a fraction of peak.")
+    max_grad_norm: MaxGradNorm = 1.0
+    weight_decay: WeightDecay = 0.0
+    adam_betas: AdamBetas = (0.9, 0.999)
+    adam_eps: AdamEps = 1e-8
+    lr_scheduler: LrScheduler = "cosine"
+    warmup_steps: WarmupSteps = 0
+    min_lr_ratio: MinLrRatio = 0.0

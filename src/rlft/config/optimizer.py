@@ -1,0 +1,19 @@
+"""The AdamW and learning-rate schedule settings RL's ``algorithm`` and SFT's ``sft`` sections share.
+
+Each is a type carrying its constraint and description; a section declares it with its own default
+(``max_grad_norm: MaxGradNorm = 1.0``), so both sections read the same and say the same in errors.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+MaxGradNorm = Annotated[float, Field(gt=0, description="Clip the global gradient norm to this value.")]
+WeightDecay = Annotated[float, Field(ge=0, description="AdamW weight decay.")]
+AdamBetas = Annotated[tuple[float, float], Field(description="AdamW betas.")]
+AdamEps = Annotated[float, Field(gt=0, description="AdamW epsilon.")]
+LrScheduler = Annotated[Literal["constant", "cosine", "linear"], Field(description="Learning-rate schedule.")]
+WarmupSteps = Annotated[int, Field(ge=0, description="Linear warm-up steps.")]
+MinLrRatio = Annotated[float, Field(ge=0, le=1, description="Floor of cosine/linear decay as a fraction of peak.")]
