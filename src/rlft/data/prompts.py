@@ -144,10 +144,12 @@ def with_system_prompt(prompt: str | list[dict], system: str | None) -> list[dic
     return messages
 
 
-def configure_chat_template(data_cfg: DataConfig, tokenizer: Any, needs_tools: bool) -> str | None:
+def configure_chat_template(data_cfg: DataConfig, tokenizer: Any, needs_tools: bool,
+                            check_prefixes: bool = True) -> str | None:
     """Put the template ``data.chat_template`` chooses on the tokenizer (so generation, evaluation and
-    checkpoints all use it) and check it preserves prefixes; returns a label for the log, or None when
-    prompts are plain text. A template that cannot be used is a ConfigError on data.chat_template."""
+    checkpoints all use it) and (``check_prefixes``) check it preserves prefixes; returns a label for
+    the log, or None when prompts are plain text. A template that cannot be used is a ConfigError on
+    data.chat_template."""
     if not data_cfg.use_chat_template:
         return None
     from rlft.chat.templates import TemplateError, check_prefix_preservation, choose_template
@@ -156,7 +158,8 @@ def configure_chat_template(data_cfg: DataConfig, tokenizer: Any, needs_tools: b
         template, label = choose_template(data_cfg.chat_template, tokenizer, needs_tools=needs_tools)
         if template is not None:
             tokenizer.chat_template = template
-            check_prefix_preservation(tokenizer)
+            if check_prefixes:
+                check_prefix_preservation(tokenizer)
     except TemplateError as exc:
         raise ConfigError([f"data.chat_template: {exc}"]) from None
     return label
@@ -180,7 +183,11 @@ def load_prompts(
     if found is None:
         return None
     path, result = found
-    template = configure_chat_template(data_cfg, tokenizer, rows_use_tools(result.rows, data_cfg))
+    # A single-turn rollout renders its prompt once and trains on exactly the tokens it sampled, so a
+    # template that rewrites earlier turns (Qwen3's drops past reasoning) cannot mislead it: no prefix
+    # check here. Whatever re-renders a conversation to train on it (SFT, multi-turn episodes) checks.
+    template = configure_chat_template(data_cfg, tokenizer, rows_use_tools(result.rows, data_cfg),
+                                       check_prefixes=False)
     examples, skipped = build_examples(result, path, data_cfg, tokenizer)
     return PromptSet(examples=examples, skipped=skipped, path=str(path), chat_template=template)
 
