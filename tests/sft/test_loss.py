@@ -69,3 +69,14 @@ def test_micro_batches_add_up_to_the_batch(tmp_path, chatml_model_dir):
     loss_3, grad_3 = _loss_and_grad(model, rows, tok.pad_token_id, micro=2)
     assert abs(loss_1 - loss_3) < 1e-5 * abs(loss_1)
     torch.testing.assert_close(grad_1, grad_3, atol=1e-6, rtol=1e-4)
+
+
+def test_gradient_checkpointing_gives_the_same_loss_and_gradient(tmp_path, chatml_model_dir):
+    model, tok, examples = _setup(tmp_path, chatml_model_dir, n=3)
+    ckpt = load_policy(ModelConfig(path=str(chatml_model_dir), dtype="fp32", gradient_checkpointing=True),
+                       torch.device("cpu"), model_dir=chatml_model_dir)
+    rows = training_rows(examples, 4000, packing=True)
+    loss_a, grad_a = _loss_and_grad(model.train(), rows, tok.pad_token_id)
+    loss_b, grad_b = _loss_and_grad(ckpt.train(), rows, tok.pad_token_id)
+    assert abs(loss_a - loss_b) < 1e-6 * abs(loss_a)
+    torch.testing.assert_close(grad_a, grad_b, atol=1e-7, rtol=1e-5)
