@@ -196,7 +196,7 @@ class Trainer:
         if self.step % tcfg.save_interval == 0 and self.step < self.total_steps:
             self.save_checkpoint()
         if self.cfg.eval.interval and self.step % self.cfg.eval.interval == 0 and self.step < self.total_steps:
-            self.evaluate(tag=f"step {self.step}")
+            self.evaluate(tag=f"every {self.cfg.eval.interval} steps")
 
     # ------------------------------------------------------------------ eval / checkpoint
 
