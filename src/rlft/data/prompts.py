@@ -236,3 +236,17 @@ def subset(result: ReadResult, held: set[int], keep: bool) -> ReadResult:
         skipped=[] if keep else list(result.skipped),
         unit=result.unit,
     )
+
+
+def log_loaded(log, train, evalset, unit: str) -> None:
+    """The skipped-rows warnings, the chat template and the "data loaded" line for a train and an
+    (optional) eval set (anything with ``examples``, ``skipped``, ``path`` and ``chat_template``)."""
+    sets = [s for s in (train, evalset) if s is not None]
+    for ps in sets:
+        if ps.skipped:
+            log.warning(f"{ps.path}: skipped {len(ps.skipped)} bad rows, e.g. {ps.skipped[0][1]}")
+    if train.chat_template:
+        log.info(f"chat template: {train.chat_template}")
+    n_eval = len(evalset.examples) if evalset is not None else 0
+    log.info(f"data loaded: {len(train.examples)} train {unit}, {n_eval} eval {unit} "
+             f"({sum(len(s.skipped) for s in sets)} rows skipped)")

@@ -182,7 +182,9 @@ def _decoder_and_head(model: torch.nn.Module):
 
     Models whose causal-LM forward does more than apply the head (logit soft-capping or scaling)
     return None and are run whole."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") and hasattr(model, "peft_config") else model
+    from rlft.models.reference import is_peft_model
+
+    base = model.get_base_model() if is_peft_model(model) else model
     if any(hasattr(base.config, a) for a in ("final_logit_softcapping", "logit_scale", "logits_scaling")):
         return None
     decoder = base.get_decoder() if hasattr(base, "get_decoder") else None

@@ -9,19 +9,11 @@ from rlft.trainer.parts import ModelParts
 
 def build_data(cfg: RLConfig, tokenizer):
     """Train and (optional) eval prompt sets; logs counts and skipped rows."""
-    from rlft.data.prompts import load_prompts
+    from rlft.data.prompts import load_prompts, log_loaded
 
-    log = get_logger()
     train = load_prompts(cfg.data, tokenizer, "train", cfg.train.seed)
     evalset = load_prompts(cfg.data, tokenizer, "eval", cfg.train.seed)
-    for ps in (train, evalset):
-        if ps is not None and ps.skipped:
-            log.warning(f"{ps.path}: skipped {len(ps.skipped)} bad rows, e.g. {ps.skipped[0][1]}")
-    if train.chat_template:
-        log.info(f"chat template: {train.chat_template}")
-    n_eval = len(evalset) if evalset is not None else 0
-    log.info(f"data loaded: {len(train)} train prompts, {n_eval} eval prompts "
-             f"({sum(len(p.skipped) for p in (train, evalset) if p is not None)} rows skipped)")
+    log_loaded(get_logger(), train, evalset, "prompts")
     return train, evalset
 
 

@@ -17,6 +17,7 @@ import torch
 
 from rlft.algorithms import sft_loss
 from rlft.config.schema import SFTConfig
+from rlft.data.prompts import log_loaded
 from rlft.data.sampler import PromptSampler
 from rlft.evaluation import EvalResult
 from rlft.logging.console import get_logger
@@ -83,7 +84,7 @@ class SFTJob:
         tok = self.parts.tokenizer
         self.train_set = load_sft(cfg.data, tok, "train", cfg.train.seed, s.train_on)
         self.eval_set = load_sft(cfg.data, tok, "eval", cfg.train.seed, s.train_on)
-        self._log_data()
+        log_loaded(self.log, self.train_set, self.eval_set, "conversations")
         self.rows = training_rows(self.train_set.examples, cfg.data.max_length, s.packing)
         self.eval_rows = training_rows(self.eval_set.examples, cfg.data.max_length, s.packing) if self.eval_set else []
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
@@ -100,17 +101,6 @@ class SFTJob:
 
             self.rewards = RewardManager.from_specs(cfg.reward.functions)
             self.engine = self.generation(cfg).make_engine(self.parts.model, tok, self.parts.autocast_dtype)
-
-    def _log_data(self) -> None:
-        sets = [s for s in (self.train_set, self.eval_set) if s is not None]
-        for ps in sets:
-            if ps.skipped:
-                self.log.warning(f"{ps.path}: skipped {len(ps.skipped)} bad rows, e.g. {ps.skipped[0][1]}")
-        if self.train_set.chat_template:
-            self.log.info(f"chat template: {self.train_set.chat_template}")
-        n_eval = len(self.eval_set.examples) if self.eval_set else 0
-        self.log.info(f"data loaded: {len(self.train_set.examples)} train conversations, {n_eval} eval "
-                      f"conversations ({sum(len(s.skipped) for s in sets)} rows skipped)")
 
     def describe(self) -> list[str]:
         s = self.cfg.sft
