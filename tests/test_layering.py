@@ -18,6 +18,7 @@ NEVER_IMPORTS = {
     "rlft.algorithms": {"rlft.config", "rlft.models", "rlft.trainer", "rlft.rollout", "rlft.data", "rlft.rewards",
                         "rlft.checkpoint", "rlft.sft", "rlft.rl", "rlft.cli"},
     "rlft.models": {"rlft.checkpoint", "rlft.trainer", "rlft.sft", "rlft.rl", "rlft.cli"},
+    "rlft.envs": {"rlft.models", "rlft.rollout", "rlft.data", "rlft.rewards", "rlft.checkpoint", "rlft.trainer", "rlft.sft", "rlft.rl", "rlft.cli", "torch"},
     "rlft.chat": {"rlft.models", "rlft.trainer", "rlft.rollout", "rlft.data", "rlft.sft", "rlft.rl", "rlft.cli"},
     "rlft.data": {"rlft.models", "rlft.trainer", "rlft.rollout", "rlft.sft", "rlft.rl", "rlft.cli"},
     "rlft.rollout": {"rlft.trainer", "rlft.sft", "rlft.rl", "rlft.cli"},

@@ -51,3 +51,11 @@ class RewardError(RlftError):
     """A reward function raised, returned the wrong shape, or a non-finite value."""
 
     exit_code = 1
+
+
+class EnvironmentFailure(RlftError):
+    """An agent environment or tool could not be loaded, or an environment failed on a data row
+    (its ``reset`` raised). A tool that raises during an episode is not this: the error goes back
+    to the model as the tool's result."""
+
+    exit_code = 1

@@ -27,6 +27,9 @@ class ScriptedEngine:
     def __init__(self):
         self.calls: list[tuple[int, int]] = []  # (prompts, rows)
 
+    def run(self, examples, sampling: SamplingParams) -> RolloutBatch:
+        return self.generate([ex.text for ex in examples], sampling)
+
     def generate(self, prompts: list[str], sampling: SamplingParams) -> RolloutBatch:
         torch.rand(1)
         if sampling.greedy:

@@ -12,7 +12,7 @@ from pydantic import TypeAdapter
 
 from rlft.config.schema import RewardSpec
 from rlft.errors import RewardError
-from rlft.rewards.loading import load_custom_reward
+from rlft.plugins import load_custom_reward
 from rlft.rewards.manager import RewardManager
 
 SPEC = TypeAdapter(RewardSpec)
@@ -35,7 +35,7 @@ def test_custom_reward_from_file(tmp_path):
     p = write_module(tmp_path, "my_rewards.py", "def r(completions, **kw):\n    return [1.0 for _ in completions]\n")
     fn = load_custom_reward(f"{p}:r")
     assert fn(completions=["a", "b"]) == [1.0, 1.0]
-    assert fn.__module__.startswith("rlft_custom_reward_my_rewards_")
+    assert fn.__module__.startswith("rlft_user_my_rewards_")
 
 
 def test_custom_reward_file_imports_its_neighbour(tmp_path):

@@ -168,7 +168,6 @@ def run(args) -> int:
     from rlft.logging.console import quiet_library_progress_bars
     from rlft.models.loading import resolve_device
     from rlft.models.precision import autocast_dtype
-    from rlft.rewards.manager import RewardManager
     from rlft.trainer.job import job_class
 
     if not args.checkpoints and not args.base:
@@ -195,7 +194,7 @@ def run(args) -> int:
     if getattr(cfg, "reward", None) is None:
         raise UsageError(f"{args.config} has no reward: section; rlft eval scores each model's generations "
                          f"with the config's rewards")
-    rewards = RewardManager.from_specs(cfg.reward.functions)
+    rewards = job_class(cfg).reward_manager(cfg)
     generation = job_class(cfg).generation(cfg)
     out.mkdir(parents=True, exist_ok=True)
     settings = {"config": str(Path(args.config).resolve()), "overrides": list(args.overrides),

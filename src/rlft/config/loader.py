@@ -80,7 +80,7 @@ def _kind(raw: dict, wanted: str | None, source: str | None) -> tuple[str, list[
 def config_to_yaml(cfg: RunConfig) -> str:
     """The resolved configuration as YAML: sections in :data:`SECTION_ORDER`, keys in schema order,
     a reward's ``type`` first."""
-    dumped = cfg.model_dump(mode="json")
+    dumped = cfg.model_dump(mode="json", by_alias=True)
     data = {s: dumped[s] for s in SECTION_ORDER if s in dumped}
     if data.get("reward"):
         data["reward"]["functions"] = [{"type": f.pop("type"), **f} for f in data["reward"]["functions"]]

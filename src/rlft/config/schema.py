@@ -17,6 +17,7 @@ from pydantic import Field, model_validator
 
 from rlft.config.algorithm import (GROUP_ESTIMATORS, AdvantageName, AggregationName, AlgorithmConfig,
                                    AlgorithmName, CriticConfig, PolicyLossName, RolloutConfig)
+from rlft.config.environment import EnvironmentConfig
 from rlft.config.rewards import (ContainsReward, CustomReward, ExactAnswerReward, FormatReward,
                                  LengthPenaltyReward, NumericAnswerReward, RegexReward, RewardConfig, RewardSpec,
                                  ToolCallReward, default_reward_name)
@@ -26,7 +27,7 @@ from rlft.config.sft import SFTDataConfig, SFTSection
 
 __all__ = [
     "BUILTIN_MODELS", "CHAT_TEMPLATE_NAMES", "GROUP_ESTIMATORS", "JOB_KINDS", "AdvantageName", "AggregationName", "AlgorithmConfig",
-    "AlgorithmName", "ContainsReward", "CriticConfig", "CustomReward", "DataConfig", "EvalConfig",
+    "AlgorithmName", "ContainsReward", "CriticConfig", "EnvironmentConfig", "CustomReward", "DataConfig", "EvalConfig",
     "ExactAnswerReward", "FormatReward", "JobKind", "LengthPenaltyReward", "LoraConfig", "ModelConfig",
     "NumericAnswerReward", "PolicyLossName", "RLConfig", "RegexReward", "RewardConfig", "RewardSpec",
     "RlftConfig", "RolloutConfig", "RunConfig", "SFTConfig", "SFTDataConfig", "SFTSection", "Section",
@@ -34,7 +35,7 @@ __all__ = [
 ]
 
 # Top-level sections in the order they are written out and reported.
-SECTION_ORDER = ("kind", "model", "data", "algorithm", "rollout", "reward", "sft", "train", "eval")
+SECTION_ORDER = ("kind", "model", "data", "algorithm", "rollout", "reward", "environment", "sft", "train", "eval")
 
 
 class RunConfig(Section):
@@ -84,9 +85,15 @@ class RLConfig(RunConfig):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="RL algorithm and its knobs.")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Generation engine.")
     reward: RewardConfig = Field(..., description="Reward functions.")
+    environment: EnvironmentConfig | None = Field(
+        None, description="Multi-turn episodes with tools / an environment (absent: one completion per prompt).")
 
     def run_label(self) -> str:
         return self.algorithm.name
+
+    def reward_names(self) -> list[str]:
+        # An environment's get_reward() is scored as the reward named "environment".
+        return super().reward_names() + (["environment"] if self.environment is not None else [])
 
     @model_validator(mode="after")
     def _check_cross_fields(self) -> "RLConfig":
@@ -111,6 +118,13 @@ class RLConfig(RunConfig):
         if alg.min_new_tokens > alg.max_new_tokens:
             problems.append(f"algorithm.min_new_tokens ({alg.min_new_tokens}) is larger than "
                             f"algorithm.max_new_tokens ({alg.max_new_tokens})")
+        env = self.environment
+        if env is not None and self.rollout.engine != "native":
+            problems.append(f"rollout.engine: multi-turn episodes (environment:) need the native engine, which "
+                            f"controls generation token by token (got '{self.rollout.engine}')")
+        if env is not None and alg.max_new_tokens > env.max_episode_tokens:
+            problems.append(f"algorithm.max_new_tokens ({alg.max_new_tokens}, the budget of one turn) is larger "
+                            f"than environment.max_episode_tokens ({env.max_episode_tokens})")
         _raise(problems + self._reward_problems())
         return self
 

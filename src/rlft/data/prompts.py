@@ -51,7 +51,7 @@ class BadRow(DataError):
 
 
 def build_examples(
-    result: ReadResult, path: str | Path, data_cfg: DataConfig, tokenizer: Any
+    result: ReadResult, path: str | Path, data_cfg: DataConfig, tokenizer: Any, tools: list[dict] | None = None
 ) -> tuple[list[PromptExample], list[tuple[int, str]]]:
     """Validate and format every row of ``result``.
 
@@ -59,14 +59,14 @@ def build_examples(
     plus rows that failed validation here, sorted by row number.  A bad row
     raises :class:`DataError` (``"<file> line 3: missing prompt field ..."``)
     unless ``data_cfg.on_bad_row == "skip"``.  Raises :class:`DataError` when no
-    row is usable.
+    row is usable. ``tools`` (an environment's) are offered to every prompt instead of the row's own.
     """
     examples: list[PromptExample] = []
     skipped = list(result.skipped)
     for row, number in zip(result.rows, result.row_numbers):
         try:
             prompt, columns = _validate(row, data_cfg)
-            text = format_prompt(prompt, data_cfg, tokenizer, row_tools(row, data_cfg))
+            text = format_prompt(prompt, data_cfg, tokenizer, tools if tools is not None else row_tools(row, data_cfg))
         except BadRow as exc:
             message = f"{where(path, result.unit, number)}: {exc}"
             if data_cfg.on_bad_row == "error":
@@ -175,20 +175,22 @@ def rows_use_tools(rows: list[dict], data_cfg: DataConfig) -> bool:
 
 
 def load_prompts(
-    data_cfg: DataConfig, tokenizer: Any, split: Literal["train", "eval"], seed: int
+    data_cfg: DataConfig, tokenizer: Any, split: Literal["train", "eval"], seed: int,
+    tools: list[dict] | None = None,
 ) -> PromptSet | None:
     """Load the ``"train"`` or ``"eval"`` prompts described by ``data_cfg`` (see :func:`read_split`);
-    None for ``"eval"`` when no eval data is configured."""
+    None for ``"eval"`` when no eval data is configured. ``tools``: an environment's tool schemas,
+    offered in every prompt (multi-turn episodes)."""
     found = read_split(data_cfg, split, seed)
     if found is None:
         return None
     path, result = found
     # A single-turn rollout renders its prompt once and trains on exactly the tokens it sampled, so a
     # template that rewrites earlier turns (Qwen3's drops past reasoning) cannot mislead it: no prefix
-    # check here. Whatever re-renders a conversation to train on it (SFT, multi-turn episodes) checks.
-    template = configure_chat_template(data_cfg, tokenizer, rows_use_tools(result.rows, data_cfg),
-                                       check_prefixes=False)
-    examples, skipped = build_examples(result, path, data_cfg, tokenizer)
+    # check here. Whatever extends a conversation to train on it (SFT, multi-turn episodes) checks.
+    template = configure_chat_template(data_cfg, tokenizer, tools is not None or rows_use_tools(result.rows, data_cfg),
+                                       check_prefixes=tools is not None)
+    examples, skipped = build_examples(result, path, data_cfg, tokenizer, tools)
     return PromptSet(examples=examples, skipped=skipped, path=str(path), chat_template=template)
 
 

@@ -46,6 +46,7 @@ class EvalResult:
     sampled_rewards: dict[str, float] = field(default_factory=dict)
     accuracy_reward: str | None = None
     success_threshold: float | None = None
+    episodes: dict[str, float] = field(default_factory=dict)
 
     def metrics_line(self) -> str:
         """The headline numbers in one line (for logs): accuracy, reward, length, repetition, and
@@ -57,6 +58,9 @@ class EvalResult:
             parts.append(f"sampled accuracy {self.sampled_accuracy:.1%} ({self.num_samples}/prompt, "
                          f"T={self.temperature:g})")
             parts += [f"pass@{k} {v:.1%}" for k, v in self.pass_at_k.items()]
+        if self.episodes:
+            parts.append(f"tool use {self.episodes['tool_use_rate']:.0%}, turns {self.episodes['turns_mean']:.2f}, "
+                         f"tool errors {self.episodes['tool_error_rate']:.0%}")
         return ", ".join(parts)
 
     def summary(self) -> dict:
@@ -77,8 +81,19 @@ class EvalResult:
             "repetition_mean": self.repetition_mean,
             "accuracy_reward": self.accuracy_reward,
             "success_threshold": self.success_threshold,
+            "episodes": dict(self.episodes),
             "seconds": self.seconds,
         }
+
+
+def episode_summary(stats: list[dict]) -> dict[str, float]:
+    """Means over multi-turn episodes (``EpisodeStats.as_dict()`` each): the share that called a tool at
+    all, turns, tool calls, and the share of calls that failed (an error or a timeout)."""
+    calls = sum(s["tool_calls"] for s in stats)
+    return {"tool_use_rate": rate(s["tool_calls"] > 0 for s in stats),
+            "turns_mean": mean(s["turns"] for s in stats),
+            "tool_calls_mean": mean(s["tool_calls"] for s in stats),
+            "tool_error_rate": (sum(s["tool_errors"] + s["tool_timeouts"] for s in stats) / calls) if calls else 0.0}
 
 
 def columns_of(examples) -> dict[str, list]:
@@ -103,20 +118,23 @@ def _seeded(seed: int | None) -> Iterator[None]:
 
 
 def _generate_scored(engine: RolloutEngine, examples, reward_manager, sampling: SamplingParams,
-                     prompts_per_batch: int) -> Iterator[tuple[int, object, str, str, int, dict[str, float], float]]:
+                     prompts_per_batch: int) -> Iterator[tuple]:
     """Per generated row: index of its example, the example, text, finish reason, length (tokens),
-    reward values by name, weighted total."""
+    reward values by name, weighted total, and (multi-turn) ``{"episode": stats, "trajectory": messages}``."""
     for i in range(0, len(examples), prompts_per_batch):
         chunk = examples[i : i + prompts_per_batch]
-        rollout = engine.generate([ex.text for ex in chunk], sampling)
+        rollout = engine.run(chunk, sampling)
         rows = [chunk[p] for p in rollout.prompt_index]
-        scored = reward_manager.score([ex.prompt for ex in rows], rollout.texts, columns_of(rows))
+        scored = reward_manager.score([ex.prompt for ex in rows], rollout.texts,
+                                      {**columns_of(rows), **(rollout.columns or {})})
         per_reward = {name: values.tolist() for name, values in scored.per_reward.items()}
         totals = scored.total.tolist()
         lengths = rollout.completion_lengths.tolist()
         for r, ex in enumerate(rows):
+            episode = {} if rollout.episodes is None else {"episode": rollout.episodes[r].as_dict(),
+                                                          "trajectory": rollout.columns["trajectories"][r]}
             yield (i + rollout.prompt_index[r], ex, rollout.texts[r], rollout.finish_reasons[r], int(lengths[r]),
-                   {name: v[r] for name, v in per_reward.items()}, totals[r])
+                   {name: v[r] for name, v in per_reward.items()}, totals[r], episode)
 
 
 def _checked_pass_k(num_samples: int, pass_k: Sequence[int], accuracy_reward: str, names: list[str]) -> list[int]:
@@ -168,15 +186,15 @@ def evaluate(engine: RolloutEngine, examples, reward_manager, *, max_new_tokens:
 
     with _seeded(seed):
         greedy_params = SamplingParams(max_new_tokens=max_new_tokens, n=1, greedy=greedy)
-        for _, ex, text, finish, length, rewards, total in _generate_scored(engine, examples, reward_manager,
-                                                                            greedy_params, batch_size):
+        for _, ex, text, finish, length, rewards, total, episode in _generate_scored(
+                engine, examples, reward_manager, greedy_params, batch_size):
             samples.append({"source": ex.source, "prompt": ex.prompt, **judged(text, finish, length, rewards, total),
-                            "repetition": repetition_score(text)})
+                            "repetition": repetition_score(text), **episode})
         sampled: list[list[dict]] = [[] for _ in samples]
         if num_samples > 0:
             params = SamplingParams(max_new_tokens=max_new_tokens, n=num_samples, temperature=temperature)
             per_batch = max(1, batch_size // num_samples)
-            for idx, _, text, finish, length, rewards, total in _generate_scored(
+            for idx, _, text, finish, length, rewards, total, _ in _generate_scored(
                     engine, examples, reward_manager, params, per_batch):
                 sampled[idx].append(judged(text, finish, length, rewards, total))
     result = EvalResult(
@@ -195,5 +213,7 @@ def evaluate(engine: RolloutEngine, examples, reward_manager, *, max_new_tokens:
     )
     if num_samples > 0:
         _add_sampled(result, sampled, temperature, ks, names)
+    if samples and "episode" in samples[0]:
+        result.episodes = episode_summary([s["episode"] for s in samples])
     result.seconds = time.perf_counter() - start
     return result

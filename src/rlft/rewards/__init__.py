@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from rlft.rewards.builtin import BUILTIN_REWARDS
-from rlft.rewards.loading import load_custom_reward
+from rlft.plugins import load_custom_reward
 
 __all__ = ["BUILTIN_REWARDS", "RewardManager", "RewardResult", "load_custom_reward"]
 

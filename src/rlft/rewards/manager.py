@@ -20,7 +20,7 @@ import torch
 from rlft.config.rewards import default_reward_name
 from rlft.errors import RewardError
 from rlft.rewards.builtin import ANSWER_COLUMN_PARAM, BUILTIN_REWARDS
-from rlft.rewards.loading import load_custom_reward
+from rlft.plugins import load_custom_reward
 
 
 @dataclass

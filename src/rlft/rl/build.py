@@ -10,9 +10,11 @@ from rlft.trainer.parts import ModelParts
 def build_data(cfg: RLConfig, tokenizer):
     """Train and (optional) eval prompt sets; logs counts and skipped rows."""
     from rlft.data.prompts import load_prompts, log_loaded
+    from rlft.rl.episodes import env_tools
 
-    train = load_prompts(cfg.data, tokenizer, "train", cfg.train.seed)
-    evalset = load_prompts(cfg.data, tokenizer, "eval", cfg.train.seed)
+    tools = env_tools(cfg)
+    train = load_prompts(cfg.data, tokenizer, "train", cfg.train.seed, tools)
+    evalset = load_prompts(cfg.data, tokenizer, "eval", cfg.train.seed, tools)
     log_loaded(get_logger(), train, evalset, "prompts")
     return train, evalset
 

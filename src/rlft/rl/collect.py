@@ -93,9 +93,10 @@ class RolloutCollector:
 
     def _sample(self) -> Collected:
         examples = [self.train_set.examples[i] for i in self.sampler.next_batch()]
-        rollout = self.engine.generate([ex.text for ex in examples], self.p.sampling)
+        rollout = self.engine.run(examples, self.p.sampling)
         row_examples = [examples[i] for i in rollout.prompt_index]
-        scored = self.rewards.score([ex.prompt for ex in row_examples], rollout.texts, columns_of(row_examples))
+        scored = self.rewards.score([ex.prompt for ex in row_examples], rollout.texts,
+                                    {**columns_of(row_examples), **(rollout.columns or {})})
         if self.p.overlong_buffer > 0:
             max_len = self.p.sampling.max_new_tokens
             penalty = overlong_penalty(rollout.completion_lengths.cpu(), max_len=max_len,

@@ -19,6 +19,7 @@ from rlft.logging.run_dir import RunDirectory, append_jsonl
 from rlft.rewards.manager import RewardManager
 from rlft.rl.batch import UpdateBatch
 from rlft.rl.build import build_advantage_stage, build_collector, build_critic, build_data, build_updater
+from rlft.rl.episodes import env_tools, episode_runner, reward_manager
 from rlft.rl.metrics import HealthWatch, format_step_line, rollout_metrics
 from rlft.rl.watch import RewardHackingWatch
 from rlft.trainer.generation import GenerationSettings, evaluate_generations
@@ -51,7 +52,7 @@ class RLJob:
         self.parts = build_model(cfg.model, with_reference=alg.uses_reference())
         self.device, self.model_dir = self.parts.device, self.parts.model_dir
         self.train_set, self.eval_set = build_data(cfg, self.parts.tokenizer)
-        self.rewards = RewardManager.from_specs(cfg.reward.functions)
+        self.rewards = self.reward_manager(cfg)
         self.engine = self.generation(cfg).make_engine(self.parts.model, self.parts.tokenizer,
                                                        self.parts.autocast_dtype)
         self.sampler = PromptSampler(len(self.train_set), alg.rollout_batch_size, seed=cfg.train.seed,
@@ -153,14 +154,18 @@ class RLJob:
 
     @staticmethod
     def eval_prompts(cfg: RLConfig, tokenizer) -> list | None:
-        evalset = load_prompts(cfg.data, tokenizer, "eval", cfg.train.seed)
+        evalset = load_prompts(cfg.data, tokenizer, "eval", cfg.train.seed, env_tools(cfg))
         return evalset.examples if evalset is not None else None
 
     @staticmethod
     def generation(cfg: RLConfig) -> GenerationSettings:
         return GenerationSettings(cfg.rollout.engine, cfg.data.max_prompt_length,
                                   cfg.eval.max_new_tokens or cfg.algorithm.max_new_tokens,
-                                  add_special_tokens=not cfg.data.use_chat_template)
+                                  add_special_tokens=not cfg.data.use_chat_template, episodes=episode_runner(cfg))
+
+    @staticmethod
+    def reward_manager(cfg: RLConfig) -> RewardManager:
+        return reward_manager(cfg)
 
     def report(self, before: EvalRecord | None, after: EvalRecord | None) -> list[str]:
         if before is None or after is None:

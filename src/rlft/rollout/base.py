@@ -49,6 +49,9 @@ class RolloutBatch:
     finish_reasons: N of "stop" (ended by an EOS token) or "length" (cut at max_new_tokens).
     prompt_index: N indices into the list of prompts given to ``generate``.
     logprobs: [N, T] sampling log-probs if the engine computes them, else None.
+    columns: extra per-row values for the rewards, by name (a multi-turn engine's ``trajectories``:
+        each row's messages; ``environment_reward``: its environment's get_reward()); None if none.
+    episodes: per-row episode statistics (turns, tool calls, errors ...) of a multi-turn engine.
     """
 
     prompt_ids: torch.Tensor
@@ -61,6 +64,8 @@ class RolloutBatch:
     logprobs: torch.Tensor | None = None
     loss_mask: torch.Tensor | None = None
     turn_index: torch.Tensor | None = None
+    columns: dict[str, list] | None = None
+    episodes: list | None = None
 
     def __post_init__(self):
         if self.loss_mask is None:
@@ -92,7 +97,9 @@ class RolloutBatch:
                             self.completion_mask[idx], [self.texts[r] for r in rows],
                             [self.finish_reasons[r] for r in rows], prompt_index,
                             None if self.logprobs is None else self.logprobs[idx],
-                            self.loss_mask[idx], self.turn_index[idx])
+                            self.loss_mask[idx], self.turn_index[idx],
+                            None if self.columns is None else {k: [v[r] for r in rows] for k, v in self.columns.items()},
+                            None if self.episodes is None else [self.episodes[r] for r in rows])
 
     @staticmethod
     def concat(batches: list["RolloutBatch"]) -> "RolloutBatch":
@@ -107,16 +114,22 @@ class RolloutBatch:
             prompt_index += [offset + p for p in b.prompt_index]
             offset += max(b.prompt_index) + 1
         has_lp = all(b.logprobs is not None for b in batches)
+        columns = ({k: [x for b in batches for x in b.columns[k]] for k in batches[0].columns}
+                   if all(b.columns is not None for b in batches) else None)
+        episodes = [e for b in batches for e in b.episodes] if all(b.episodes is not None for b in batches) else None
         return RolloutBatch(
             torch.cat([left(b.prompt_ids) for b in batches]), torch.cat([left(b.prompt_mask) for b in batches]),
             torch.cat([right(b.completion_ids) for b in batches]),
             torch.cat([right(b.completion_mask) for b in batches]),
             [t for b in batches for t in b.texts], [f for b in batches for f in b.finish_reasons], prompt_index,
             torch.cat([right(b.logprobs) for b in batches]) if has_lp else None,
-            torch.cat([right(b.loss_mask) for b in batches]), torch.cat([right(b.turn_index) for b in batches]))
+            torch.cat([right(b.loss_mask) for b in batches]), torch.cat([right(b.turn_index) for b in batches]),
+            columns, episodes)
 
 
 class RolloutEngine(Protocol):
-    """Anything that turns formatted prompts into a :class:`RolloutBatch`."""
+    """Anything that turns examples (anything with the formatted prompt as ``.text``) into a
+    :class:`RolloutBatch`: a single-turn engine generates from ``text``; a multi-turn one plays each
+    example as an episode."""
 
-    def generate(self, prompts: list[str], sampling: SamplingParams) -> RolloutBatch: ...
+    def run(self, examples: list, sampling: SamplingParams) -> RolloutBatch: ...

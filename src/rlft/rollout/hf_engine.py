@@ -84,6 +84,10 @@ class HFGenerateEngine:
                              max_length=self.max_prompt_length, add_special_tokens=self.add_special_tokens)
         return enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
 
+    def run(self, examples: list, sampling: SamplingParams) -> RolloutBatch:
+        """One completion per formatted prompt ``example.text`` (n per example)."""
+        return self.generate([ex.text for ex in examples], sampling)
+
     @torch.no_grad()
     def generate(self, prompts: list[str], sampling: SamplingParams) -> RolloutBatch:
         prompt_ids, prompt_mask = self.tokenize_prompts(prompts)

@@ -97,9 +97,7 @@ class SFTJob:
                                          schedule=s.lr_scheduler, min_ratio=s.min_lr_ratio)
         self.rewards = self.engine = None
         if cfg.reward is not None and self.eval_set is not None:
-            from rlft.rewards.manager import RewardManager
-
-            self.rewards = RewardManager.from_specs(cfg.reward.functions)
+            self.rewards = self.reward_manager(cfg)
             self.engine = self.generation(cfg).make_engine(self.parts.model, tok, self.parts.autocast_dtype)
 
     def describe(self) -> list[str]:
@@ -197,6 +195,13 @@ class SFTJob:
         """The last assistant turn of every held-out conversation, as a prompt."""
         evalset = load_sft(cfg.data, tokenizer, "eval", cfg.train.seed, cfg.sft.train_on)
         return [ex.prompt_example(tokenizer) for ex in evalset.examples] if evalset is not None else None
+
+    @staticmethod
+    def reward_manager(cfg: SFTConfig):
+        """The rewards of the generation evaluation (None without a reward: section)."""
+        from rlft.rewards.manager import RewardManager
+
+        return RewardManager.from_specs(cfg.reward.functions) if cfg.reward is not None else None
 
     @staticmethod
     def generation(cfg: SFTConfig) -> GenerationSettings:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -14,18 +15,21 @@ from rlft.evaluation import EvalResult, evaluate
 class GenerationSettings:
     """How a kind of job generates for its evaluation: the rollout engine (a name in
     ``rlft.rollout.ENGINES``), prompt truncation, the token budget, and whether the tokenizer adds
-    its special tokens (not when the chat template already did)."""
+    its special tokens (not when the chat template already did); ``episodes`` wraps the engine into a
+    multi-turn episode runner (None: one completion per prompt)."""
 
     engine: str
     max_prompt_length: int
     max_new_tokens: int
     add_special_tokens: bool
+    episodes: Callable | None = None
 
     def make_engine(self, model, tokenizer, autocast_dtype: torch.dtype | None):
         from rlft.rollout import ENGINES
 
-        return ENGINES[self.engine](model, tokenizer, max_prompt_length=self.max_prompt_length,
-                                    autocast_dtype=autocast_dtype, add_special_tokens=self.add_special_tokens)
+        engine = ENGINES[self.engine](model, tokenizer, max_prompt_length=self.max_prompt_length,
+                                      autocast_dtype=autocast_dtype, add_special_tokens=self.add_special_tokens)
+        return self.episodes(engine) if self.episodes is not None else engine
 
 
 def evaluate_generations(engine, examples: list, rewards, cfg: RunConfig, max_new_tokens: int) -> EvalResult:

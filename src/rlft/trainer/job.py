@@ -98,6 +98,10 @@ class Job(Protocol):
     def generation(cfg: RunConfig) -> GenerationSettings:
         """How the evaluation generates."""
 
+    @staticmethod
+    def reward_manager(cfg: RunConfig):
+        """The rewards that score generations (a ``RewardManager``), or None if the kind has none."""
+
 
 def total_steps(train: TrainConfig, steps_per_epoch: int) -> int:
     """``train.epochs`` passes of ``steps_per_epoch`` steps, capped at ``train.max_steps``."""

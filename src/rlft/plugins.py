@@ -1,5 +1,5 @@
-"""Load user reward functions named as ``'package.module:function'`` or
-``'path/to/file.py:function'``."""
+"""Load user code named as ``'package.module:name'`` or ``'path/to/file.py:name'``: reward
+functions, tools, environment classes. Every failure is an error of the caller's kind naming the spec."""
 
 from __future__ import annotations
 
@@ -11,12 +11,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rlft.errors import RewardError
+from rlft.errors import RewardError, RlftError
 
 _FORMS = "expected 'package.module:function' or 'path/to/file.py:function'"
 
 
 def load_custom_reward(spec: str) -> Callable[..., Any]:
+    """A user reward function (see :func:`load_object`); failures are :class:`RewardError`."""
+    return load_object(spec, "custom reward", RewardError)
+
+
+def load_object(spec: str, label: str, error: type[RlftError] = RlftError) -> Callable[..., Any]:
     """Import and return the callable named by ``spec``.
 
     ``'package.module:function'`` is imported with :mod:`importlib`;
@@ -24,48 +29,47 @@ def load_custom_reward(spec: str) -> Callable[..., Any]:
     executed as a module with a unique name, with the file's folder on
     ``sys.path`` while it runs so it can import its neighbours.  ``function``
     may be dotted (``Class.method``).  Every failure raises
-    :class:`RewardError` naming ``spec``.
+    ``error`` whose message starts with ``label`` and ``spec``.
     """
     target, sep, attr = spec.rpartition(":")
+    where = f"{label} '{spec}'"
     if not sep or not target or not attr:
-        raise RewardError(f"custom reward '{spec}': {_FORMS}")
+        raise error(f"{where}: {_FORMS}")
     if target.endswith(".py") or "/" in target or "\\" in target:
-        module = _load_file(spec, Path(target))
+        module = _load_file(where, Path(target), error)
     else:
-        module = _import_module(spec, target)
+        module = _import_module(where, target, error)
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise RewardError(f"custom reward '{spec}': {target} has no attribute '{attr}'{_hint(module)}")
+            raise error(f"{where}: {target} has no attribute '{attr}'{_hint(module)}")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise RewardError(f"custom reward '{spec}': '{attr}' is a {type(obj).__name__}, not a function")
+        raise error(f"{where}: '{attr}' is a {type(obj).__name__}, not a function or class")
     return obj
 
 
-def _import_module(spec: str, name: str) -> Any:
+def _import_module(where: str, name: str, error: type[RlftError]) -> Any:
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as exc:
         if exc.name and (name == exc.name or name.startswith(exc.name + ".")):
-            raise RewardError(
-                f"custom reward '{spec}': module '{name}' not found (is it installed or on PYTHONPATH? "
-                f"a file path must end in .py)"
-            ) from None
-        raise RewardError(f"custom reward '{spec}': importing '{name}' failed: {exc}") from None
+            raise error(f"{where}: module '{name}' not found (is it installed or on PYTHONPATH? "
+                        f"a file path must end in .py)") from None
+        raise error(f"{where}: importing '{name}' failed: {exc}") from None
     except Exception as exc:
-        raise RewardError(f"custom reward '{spec}': importing '{name}' raised {type(exc).__name__}: {exc}") from None
+        raise error(f"{where}: importing '{name}' raised {type(exc).__name__}: {exc}") from None
 
 
-def _load_file(spec: str, path: Path) -> Any:
+def _load_file(where: str, path: Path, error: type[RlftError]) -> Any:
     if not path.is_file():
-        raise RewardError(f"custom reward '{spec}': file not found: {path}")
+        raise error(f"{where}: file not found: {path}")
     resolved = path.resolve()
     digest = hashlib.sha1(str(resolved).encode()).hexdigest()[:10]
-    name = f"rlft_custom_reward_{_identifier(resolved.stem)}_{digest}"
+    name = f"rlft_user_{_identifier(resolved.stem)}_{digest}"
     module_spec = importlib.util.spec_from_file_location(name, resolved)
     if module_spec is None or module_spec.loader is None:
-        raise RewardError(f"custom reward '{spec}': cannot load {path} as a Python module")
+        raise error(f"{where}: cannot load {path} as a Python module")
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[name] = module  # dataclasses, pickling and typing look modules up here
     folder = str(resolved.parent)
@@ -74,10 +78,8 @@ def _load_file(spec: str, path: Path) -> Any:
         module_spec.loader.exec_module(module)
     except Exception as exc:
         sys.modules.pop(name, None)
-        where = f" (line {exc.lineno})" if isinstance(exc, SyntaxError) and exc.lineno else ""
-        raise RewardError(
-            f"custom reward '{spec}': running {path} raised {type(exc).__name__}{where}: {exc}"
-        ) from None
+        line = f" (line {exc.lineno})" if isinstance(exc, SyntaxError) and exc.lineno else ""
+        raise error(f"{where}: running {path} raised {type(exc).__name__}{line}: {exc}") from None
     finally:
         if folder in sys.path:
             sys.path.remove(folder)

@@ -1,0 +1,109 @@
+"""What an episode talks to: an environment class (TRL's ``environment_factory`` protocol), plain
+tool functions, or both.
+
+The protocol, unchanged from TRL: one instance per episode; ``reset(**row) -> str | None`` (a
+returned string is appended to the prompt); every other public method is a tool; an optional
+``get_reward() -> float`` is added to the rewards. rlft adds one optional attribute: a ``done``
+that a tool sets True ends the episode (a solved puzzle, a finished OpenEnv episode).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import random
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlft.envs.tools import environment_methods, schemas_of
+from rlft.errors import EnvironmentFailure
+from rlft.plugins import load_object
+
+
+@dataclass
+class EnvironmentSpec:
+    """name: how messages refer to it; env_class/kwargs: the class and its constructor arguments
+    (None for tools only); functions: plain tools; schemas: every tool's JSON schema, in order."""
+
+    name: str
+    env_class: type | None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    functions: list[Callable[..., Any]] = field(default_factory=list)
+    schemas: list[dict] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, class_spec: str | None, tool_specs: list[str], kwargs: dict[str, Any] | None = None
+             ) -> "EnvironmentSpec":
+        """From ``environment.class`` (a built-in name or ``file.py:Class`` / ``module:Class``) and
+        ``environment.tools`` (``file.py:function`` ...); every failure names what it could not load."""
+        from rlft.envs.builtin import BUILTIN_ENVIRONMENTS
+
+        env_class = None
+        if class_spec is not None:
+            path = BUILTIN_ENVIRONMENTS[class_spec].env_class if class_spec in BUILTIN_ENVIRONMENTS else class_spec
+            env_class = load_object(path, "environment class", EnvironmentFailure)
+            if not inspect.isclass(env_class):
+                raise EnvironmentFailure(f"environment class '{class_spec}' is a {type(env_class).__name__}; "
+                                         f"expected a class with reset() and tool methods")
+        functions = [load_object(t, "tool", EnvironmentFailure) for t in tool_specs]
+        name = class_spec or ", ".join(f.__name__ for f in functions)
+        return cls(name, env_class, dict(kwargs or {}), functions, schemas_of(env_class, functions))
+
+    @property
+    def has_reward(self) -> bool:
+        return self.env_class is not None and callable(getattr(self.env_class, "get_reward", None))
+
+    @property
+    def tool_names(self) -> list[str]:
+        return [s["function"]["name"] for s in self.schemas]
+
+
+class EnvironmentSession:
+    """One episode's environment instance and its tools (lives wherever the worker runs it)."""
+
+    def __init__(self, spec: EnvironmentSpec):
+        self.spec = spec
+        self.env = spec.env_class(**spec.kwargs) if spec.env_class is not None else None
+        self.tools: dict[str, Callable[..., Any]] = {}
+        if self.env is not None:
+            self.tools.update({n: getattr(self.env, n) for n in environment_methods(spec.env_class)})
+        self.tools.update({f.__name__: f for f in spec.functions})
+
+    def reset(self, row: dict[str, Any], seed: int) -> str | None:
+        """Seeds Python's (and numpy's, if loaded) random streams with ``seed`` first, so all
+        completions of a group meet the same task."""
+        random.seed(seed)
+        if "numpy" in sys.modules:
+            sys.modules["numpy"].random.seed(seed % 2**32)
+        if self.env is None or not hasattr(self.env, "reset"):
+            return None
+        out = _resolve(self.env.reset(**row))
+        if out is not None and not isinstance(out, str):
+            raise TypeError(f"reset() returned {type(out).__name__}; expected a string or None")
+        return out
+
+    def call(self, name: str, arguments: dict[str, Any]) -> str:
+        """The tool's result as text (JSON for anything but a string); raises what the tool raises."""
+        out = _resolve(self.tools[name](**arguments))
+        return out if isinstance(out, str) else json.dumps(out, default=str)
+
+    def reward(self) -> float | None:
+        if self.env is None or not callable(getattr(self.env, "get_reward", None)):
+            return None
+        return float(_resolve(self.env.get_reward()))
+
+    @property
+    def done(self) -> bool:
+        return bool(getattr(self.env, "done", False))
+
+    def close(self) -> None:
+        if self.env is not None and callable(getattr(self.env, "close", None)):
+            _resolve(self.env.close())
+
+
+def _resolve(value: Any) -> Any:
+    """Await an async tool's coroutine (each episode runs in its own worker, so a fresh loop is fine)."""
+    return asyncio.run(value) if inspect.isawaitable(value) else value

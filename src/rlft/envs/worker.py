@@ -1,0 +1,165 @@
+"""Each episode's environment runs in a worker, so a tool that hangs -- even a pure-Python loop that
+never yields -- is cut off at its timeout without stopping the step, and one that crashes the
+interpreter takes only its own episode down.
+
+A :class:`ProcessWorker` is a forked child process (cheap: copy-on-write, nothing is pickled)
+serving one :class:`EnvironmentSession` over a pipe. Requests are asynchronous: the rollout sends
+a tool call, keeps decoding the other episodes, and polls. :class:`InlineWorker` runs the same
+requests in the calling process (``environment.isolation: inline``), for debuggers and for
+environments that cannot be forked; it has no timeouts.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from rlft.envs.spec import EnvironmentSession, EnvironmentSpec
+
+
+@dataclass
+class Reply:
+    """ok: the request succeeded and ``value`` is its result; otherwise ``value`` is the error text
+    (``"ValueError: ..."``). ``timed_out``: no reply within the timeout (the worker is gone);
+    ``done``: the environment's ``done`` flag after the request."""
+
+    ok: bool
+    value: Any = None
+    timed_out: bool = False
+    done: bool = False
+
+
+def _error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _handle(session: EnvironmentSession | None, spec: EnvironmentSpec, request: tuple) -> tuple[EnvironmentSession | None, Reply]:
+    op, *args = request
+    try:
+        if session is None:
+            session = EnvironmentSession(spec)
+        if op == "reset":
+            value = session.reset(*args)
+        elif op == "call":
+            value = session.call(*args)
+        elif op == "reward":
+            value = session.reward()
+        elif op == "close":
+            session.close()
+            value = None
+        else:
+            raise ValueError(f"unknown request {op!r}")
+        return session, Reply(True, value, done=session.done)
+    except Exception as exc:
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        return session, Reply(False, f"{_error_text(exc)} (at {os.path.basename(where.filename)}:{where.lineno})",
+                              done=session.done if session is not None else False)
+
+
+def _serve(spec: EnvironmentSpec, conn) -> None:
+    session = None
+    while True:
+        try:
+            request = conn.recv()
+        except EOFError:
+            return
+        session, reply = _handle(session, spec, request)
+        try:
+            conn.send(reply)
+        except Exception as exc:  # an unpicklable result
+            conn.send(Reply(False, f"the result could not be sent back ({_error_text(exc)})"))
+        if request[0] == "close":
+            return
+
+
+class ProcessWorker:
+    """One episode's environment in a forked child process."""
+
+    def __init__(self, spec: EnvironmentSpec):
+        ctx = multiprocessing.get_context("fork")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve, args=(spec, child), daemon=True)
+        self._proc.start()
+        child.close()
+        self._sent_at: float | None = None
+        self.alive = True
+
+    @property
+    def connection(self):
+        """The pipe end to wait on (``multiprocessing.connection.wait``)."""
+        return self._conn if self.alive else None
+
+    def send(self, *request) -> None:
+        self._conn.send(request)
+        self._sent_at = time.monotonic()
+
+    def poll(self) -> bool:
+        """Whether the reply to the last request has arrived."""
+        return self.alive and self._conn.poll()
+
+    def waited(self) -> float:
+        return time.monotonic() - self._sent_at if self._sent_at is not None else 0.0
+
+    def receive(self, timeout: float | None) -> Reply:
+        """The reply to the last request; after ``timeout`` seconds the worker is killed."""
+        if not self.alive:
+            return Reply(False, "the environment's worker is gone", timed_out=True)
+        left = None if timeout is None else max(0.0, timeout - self.waited())
+        try:
+            if self._conn.poll(left):
+                return self._conn.recv()
+        except (EOFError, OSError):
+            self.kill()
+            return Reply(False, f"the environment's worker died (exit code {self._proc.exitcode})")
+        self.kill()
+        return Reply(False, f"no reply within {timeout:g}s", timed_out=True)
+
+    def kill(self) -> None:
+        if self.alive:
+            self.alive = False
+            self._proc.kill()
+            self._proc.join(timeout=5)
+            self._conn.close()
+
+    def close(self, timeout: float = 5.0) -> None:
+        if self.alive:
+            self.send("close")
+            self.receive(timeout)
+            self.kill()
+
+
+class InlineWorker:
+    """The same requests, run at once in this process (no isolation, no timeouts)."""
+
+    connection = None
+
+    def __init__(self, spec: EnvironmentSpec):
+        self._spec, self._session, self._reply = spec, None, None
+        self.alive = True
+
+    def send(self, *request) -> None:
+        self._session, self._reply = _handle(self._session, self._spec, request)
+
+    def poll(self) -> bool:
+        return True
+
+    def waited(self) -> float:
+        return 0.0
+
+    def receive(self, timeout: float | None) -> Reply:
+        return self._reply
+
+    def kill(self) -> None:
+        self.alive = False
+
+    def close(self, timeout: float = 5.0) -> None:
+        if self.alive:
+            self.send("close")
+            self.alive = False
+
+
+WORKERS = {"process": ProcessWorker, "inline": InlineWorker}

@@ -1,0 +1,83 @@
+"""The ``environment:`` section unpacked: the environment spec, the multi-turn runner around a
+rollout engine, the prompts rendered with the environment's tools, and its reward."""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+
+from rlft.config.schema import DataConfig, EnvironmentConfig, RLConfig
+from rlft.envs.spec import EnvironmentSpec
+from rlft.rewards.manager import NamedReward, RewardManager
+
+ENV_REWARD = "environment"
+
+
+@lru_cache(maxsize=8)
+def _load(class_spec: str | None, tools: tuple[str, ...], kwargs_json: str) -> EnvironmentSpec:
+    return EnvironmentSpec.load(class_spec, list(tools), json.loads(kwargs_json))
+
+
+def environment_spec(env: EnvironmentConfig | None) -> EnvironmentSpec | None:
+    """The loaded environment (class, tools, schemas), or None for single-turn runs."""
+    if env is None:
+        return None
+    return _load(env.class_, tuple(env.tools), json.dumps(env.kwargs, sort_keys=True))
+
+
+def env_tools(cfg: RLConfig) -> list[dict] | None:
+    spec = environment_spec(cfg.environment)
+    return spec.schemas if spec is not None else None
+
+
+def _environment_reward(prompts, completions, environment_reward, **_):
+    """The environment's own ``get_reward()`` of each episode (the rollout passes it as a column)."""
+    return list(environment_reward)
+
+
+def reward_manager(cfg: RLConfig) -> RewardManager:
+    """The configured rewards, plus the environment's get_reward() (named ``environment``) if it has one."""
+    manager = RewardManager.from_specs(cfg.reward.functions)
+    spec = environment_spec(cfg.environment)
+    if spec is not None and spec.has_reward:
+        manager = RewardManager(manager.rewards + [NamedReward(ENV_REWARD, _environment_reward,
+                                                               cfg.environment.reward_weight)])
+    return manager
+
+
+def episode_runner(cfg: RLConfig):
+    """A function wrapping a rollout engine into the multi-turn runner, or None for single-turn runs."""
+    spec = environment_spec(cfg.environment)
+    if spec is None:
+        return None
+    env, data = cfg.environment, cfg.data
+
+    def wrap(engine):
+        from rlft.rollout.episode import EpisodeLimits
+        from rlft.rollout.multi_turn import EpisodeRunner
+
+        limits = EpisodeLimits(env.max_turns, env.max_tool_calls_per_turn, env.max_tool_response_tokens,
+                               env.max_episode_tokens, env.tool_timeout, env.episode_timeout)
+        return EpisodeRunner(engine, spec, limits, isolation=env.isolation,
+                             prompt_for=lambda ex, obs: prompt_with_observation(ex, obs, data, engine.tokenizer,
+                                                                                spec.schemas),
+                             row_for=lambda ex: row_of(ex, data))
+    return wrap
+
+
+def row_of(example, data: DataConfig) -> dict:
+    """The data row ``reset(**row)`` receives: the prompt under its own column name, and the others."""
+    return {**example.columns, (data.messages_field or data.prompt_field): example.prompt}
+
+
+def prompt_with_observation(example, observation: str | None, data: DataConfig, tokenizer, tools) -> str:
+    """The example's prompt, with what the environment's reset() returned appended to the last user turn."""
+    if observation is None:
+        return example.text
+    from rlft.data.prompts import format_prompt
+
+    messages = [{"role": "user", "content": example.prompt}] if isinstance(example.prompt, str) else \
+        [dict(m) for m in example.prompt]
+    last = max(i for i, m in enumerate(messages) if m["role"] == "user")
+    messages[last]["content"] = f"{messages[last]['content']}\n\n{observation}"
+    return format_prompt(messages, data, tokenizer, tools)

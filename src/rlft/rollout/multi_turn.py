@@ -1,0 +1,315 @@
+"""Multi-turn rollouts: the model answers, calls tools, reads the results, answers again.
+
+Token in, token out: every sampled id is kept verbatim, and each tool result is appended as the
+chat template's token delta (:class:`rlft.chat.deltas.TurnDeltas`), so the tokens trained on are
+the tokens sampled, and only those are in the loss mask. A turn's generation stops right after its
+last allowed ``</tool_call>`` (or if the model starts a ``<tool_response>`` itself), so the model
+never writes its own tool output into the context.
+
+All live episodes decode as one batch. The first turns of a group share one prefill; an episode
+whose turn ends with tool calls leaves the batch with its KV cache kept, its calls run in its
+environment worker while the others decode, and it rejoins with only the new tokens to read.
+Episodes that finish leave for good; one waiting on a slow tool stalls nobody.
+"""
+
+from __future__ import annotations
+
+import time
+from multiprocessing.connection import wait as wait_any
+
+import torch
+
+from rlft.chat.deltas import TurnDeltas
+from rlft.envs.spec import EnvironmentSpec
+from rlft.envs.worker import WORKERS
+from rlft.errors import EnvironmentFailure
+from rlft.models.fast_linear import weight_first_linears
+from rlft.rollout.base import RolloutBatch, SamplingParams
+from rlft.rollout.episode import DONE, READY, RUNNING, WAITING, Episode, EpisodeLimits
+from rlft.rollout.kv import KVBatch
+from rlft.rollout.sampling import sample_next
+
+RESPONSE_OPEN = "<tool_response>"
+
+
+class EpisodeRunner:
+    """Runs examples as episodes with a :class:`NativeEngine`'s model and tokenizer.
+
+    prompt_for(example, observation) -> the rendered prompt (``observation``: what ``reset``
+    returned, appended to the last user message, or None); row_for(example) -> the data row given
+    to ``reset(**row)``."""
+
+    def __init__(self, engine, spec: EnvironmentSpec, limits: EpisodeLimits, *, prompt_for, row_for,
+                 isolation: str = "process"):
+        self.engine, self.spec, self.limits = engine, spec, limits
+        self.prompt_for, self.row_for, self.isolation = prompt_for, row_for, isolation
+        self.tokenizer = engine.tokenizer
+        self.deltas = TurnDeltas(self.tokenizer, spec.schemas)
+        vocab = self.tokenizer.convert_ids_to_tokens(list(range(len(self.tokenizer))))
+        self._closing_ids = {i for i, t in enumerate(vocab) if t and ">" in t}  # may end </tool_call>
+
+    # ------------------------------------------------------------------ public
+
+    def run(self, examples: list, sampling: SamplingParams) -> RolloutBatch:
+        episodes = self._start(examples, sampling.n)
+        model = self.engine.model
+        was_training = model.training
+        model.eval()
+        try:
+            with self.engine.grad_mode(), self.engine._autocast(), weight_first_linears(model):
+                self._loop(episodes, sampling)
+        finally:
+            model.train(was_training)
+            self._finish_workers(episodes)
+        return self._batch(episodes)
+
+    # ------------------------------------------------------------------ start and end
+
+    def _start(self, examples: list, n: int) -> list[Episode]:
+        """Reset one environment per episode, all G of a group with the same row and seed."""
+        seeds = torch.randint(0, 2**31 - 1, (len(examples),)).tolist()
+        episodes = [Episode(g * n + j, g, WORKERS[self.isolation](self.spec)) for g in range(len(examples))
+                    for j in range(n)]
+        for ep in episodes:
+            ep.worker.send("reset", self.row_for(examples[ep.group]), seeds[ep.group])
+        prompts: dict[tuple[int, str | None], list[int]] = {}
+        for ep in episodes:
+            reply = ep.worker.receive(self.limits.tool_timeout)
+            if not reply.ok:
+                self._abort(episodes)
+                source = getattr(examples[ep.group], "source", "") or f"row {ep.group}"
+                raise EnvironmentFailure(f"environment '{self.spec.name}': reset failed on data row {source}: "
+                                         f"{reply.value}")
+            key = (ep.group, reply.value)
+            if key not in prompts:
+                text = self.prompt_for(examples[ep.group], reply.value)
+                ids = self.tokenizer(text, add_special_tokens=self.engine.add_special_tokens)["input_ids"]
+                prompts[key] = list(ids[-self.engine.max_prompt_length:])
+            ep.prompt_ids = prompts[key]
+            ep.pending = list(ep.prompt_ids)
+        return episodes
+
+    def _abort(self, episodes: list[Episode]) -> None:
+        for ep in episodes:
+            ep.worker.kill()
+
+    def _finish_workers(self, episodes: list[Episode]) -> None:
+        """Ask every live environment for its reward, then close it; a dead one scores 0."""
+        asked = [ep for ep in episodes if ep.worker.alive]
+        if self.spec.has_reward:
+            for ep in asked:
+                ep.worker.send("reward")
+            for ep in asked:
+                reply = ep.worker.receive(self.limits.tool_timeout)
+                ep.env_reward = float(reply.value) if reply.ok and reply.value is not None else 0.0
+                if not reply.ok:
+                    ep.messages.append({"role": "tool", "name": "get_reward", "error": True,
+                                        "content": f"error: get_reward failed: {reply.value}"})
+        for ep in episodes:
+            if ep.worker.alive:
+                ep.worker.close()
+            if self.spec.has_reward and ep.env_reward is None:
+                ep.env_reward = 0.0
+
+    # ------------------------------------------------------------------ the loop
+
+    def _loop(self, episodes: list[Episode], sampling: SamplingParams) -> None:
+        running: KVBatch | None = None
+        rows: list[Episode] = []
+        logits = None
+        while True:
+            self._poll_tools(episodes)
+            self._expire(episodes)
+            ready = [ep for ep in episodes if ep.state == READY]
+            if ready:
+                running, rows, logits = self._admit(ready, running, rows, logits)
+            if not rows:
+                waiting = [ep for ep in episodes if ep.state == WAITING]
+                if not waiting:
+                    return
+                self._wait_for_any(waiting)
+                continue
+            tokens, logprobs = self._sample(logits, sampling, rows)
+            ended = self._append(rows, tokens.tolist(), logprobs.tolist(), sampling.max_new_tokens)
+            if not ended:
+                logits = running.step(self.engine.model, tokens)
+                continue
+            for b in ended:
+                if rows[b].state != DONE:  # it comes back after its tools: keep what the model has read
+                    rows[b].cached = running.row(b)
+            keep = [b for b in range(len(rows)) if b not in set(ended)]
+            if not keep:
+                running, rows, logits = None, [], None
+                continue
+            idx = torch.tensor(keep, device=tokens.device)
+            running.select(idx)
+            rows = [rows[b] for b in keep]
+            logits = running.step(self.engine.model, tokens[idx])
+
+    def _sample(self, logits: torch.Tensor, sampling: SamplingParams, rows: list[Episode]):
+        """Tokens [B] and their log-probs [B] for the running rows (tests script this)."""
+        return sample_next(logits, sampling)
+
+    def _append(self, rows: list[Episode], tokens: list[int], logprobs: list[float], max_turn_tokens: int
+                ) -> list[int]:
+        """Add each row's sampled token; the rows whose turn (or episode) ended."""
+        ended = []
+        eos = set(self.engine.eos_ids)
+        for b, (ep, tok, lp) in enumerate(zip(rows, tokens, logprobs)):
+            if ep.state == DONE:  # expired while decoding
+                ended.append(b)
+                continue
+            ep.add_sampled(tok, lp)
+            is_eos = tok in eos
+            stop = is_eos or len(ep.turn_tokens) >= max_turn_tokens or self._stops_turn(ep, tok)
+            if len(ep.tokens) >= self.limits.max_episode_tokens and not stop:
+                ep.final_text = self._decode(ep.turn_tokens)
+                ep.messages.append({"role": "assistant", "content": ep.final_text})
+                ep.stats.turns += 1
+                ep.finish("budget")
+                ended.append(b)
+            elif stop:
+                self._end_turn(ep, is_eos)
+                ended.append(b)
+        return ended
+
+    def _stops_turn(self, ep: Episode, tok: int) -> bool:
+        if tok not in self._closing_ids:
+            return False
+        text = self._decode(ep.turn_tokens)
+        return text.count("</tool_call>") >= self.limits.max_calls_per_turn or RESPONSE_OPEN in text
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _end_turn(self, ep: Episode, is_eos: bool) -> None:
+        text = self._decode(ep.turn_tokens)
+        if RESPONSE_OPEN in text:  # the model began writing a tool result: that part is not its turn
+            text = text[: text.index(RESPONSE_OPEN)]
+        ep.end_turn(text, is_eos, self.spec.schemas, self.limits.max_turns)
+        if ep.state == WAITING:
+            self._dispatch(ep)
+
+    # ------------------------------------------------------------------ tools
+
+    def _dispatch(self, ep: Episode) -> None:
+        """Send the next queued call, or (none left) turn the results into the next turn's input."""
+        if ep.queue:
+            call = ep.queue.pop(0)
+            ep.current_call = call.name
+            ep.worker.send("call", call.name, call.arguments)
+            return
+        ep.messages += ep.results
+        if ep.state == DONE:
+            return
+        delta = self.deltas.after_turn([{k: m[k] for k in ("role", "name", "content")} for m in ep.results],
+                                       ep.ended_with_eos)
+        ids = self.tokenizer(delta, add_special_tokens=False)["input_ids"]
+        if len(ep.tokens) + len(ids) + 1 > self.limits.max_episode_tokens:
+            ep.finish("budget")  # the result would not fit: roll it back rather than cut the context
+            return
+        last = ep.tokens[-1]
+        ep.add_observation(ids)
+        ep.pending = [last] + ids
+        ep.results, ep.turn_start, ep.state = [], len(ep.tokens), READY
+
+    def _poll_tools(self, episodes: list[Episode]) -> None:
+        for ep in episodes:
+            while ep.state == WAITING and getattr(ep, "current_call", None) is not None:
+                if not ep.worker.poll() and ep.worker.waited() < self.limits.tool_timeout:
+                    break
+                self._receive(ep)
+
+    def _receive(self, ep: Episode) -> None:
+        name = ep.current_call
+        ep.current_call = None
+        reply = ep.worker.receive(self.limits.tool_timeout)
+        if reply.timed_out:
+            ep.stats.tool_timeouts += 1
+            ep.messages += ep.results + [{"role": "tool", "name": name, "error": True,
+                                          "content": f"error: {name} timed out after {self.limits.tool_timeout:g}s"}]
+            ep.results = []
+            ep.finish("tool_timeout")
+            return
+        if reply.ok:
+            ep.results.append(ep.tool_result(name, reply.value, self.tokenizer, self.limits.max_tool_response_tokens))
+        else:
+            ep.results.append(ep.error_result(name, reply.value))
+        if reply.done:
+            ep.messages += ep.results
+            ep.results = []
+            ep.finish("done")
+            return
+        self._dispatch(ep)
+
+    def _wait_for_any(self, waiting: list[Episode]) -> None:
+        """Block until a waiting episode's tool replies or the nearest timeout passes."""
+        left = min(max(0.0, self.limits.tool_timeout - ep.worker.waited()) for ep in waiting)
+        conns = [ep.worker.connection for ep in waiting if ep.worker.connection is not None]
+        if conns:
+            wait_any(conns, timeout=left + 0.01)
+
+    def _expire(self, episodes: list[Episode]) -> None:
+        now = time.monotonic()
+        for ep in episodes:
+            if ep.state != DONE and now - ep.started > self.limits.episode_timeout:
+                if ep.state == WAITING:
+                    ep.worker.kill()
+                ep.finish("timeout")
+
+    # ------------------------------------------------------------------ admission
+
+    def _admit(self, ready: list[Episode], running: KVBatch | None, rows: list[Episode], logits):
+        """Prefill the ready episodes' pending tokens (identical first prompts once) and join them
+        to the running batch."""
+        unique: dict[tuple[int, ...], int] = {}
+        firsts = []
+        for ep in ready:
+            key = tuple(ep.pending) if ep.cached is None else (id(ep),)
+            firsts.append(unique.setdefault(key, len(unique)))
+        leaders = {}
+        for ep, u in zip(ready, firsts):
+            leaders.setdefault(u, ep)
+        order = [leaders[u] for u in range(len(unique))]
+        batch, new_logits = KVBatch.prefill(self.engine.model, [ep.cached for ep in order],
+                                            [ep.pending for ep in order], self.engine.pad_id, self.engine.device)
+        if len(order) < len(ready):
+            idx = torch.tensor(firsts, device=new_logits.device)
+            batch.select(idx)
+            new_logits = new_logits[idx]
+        for ep in ready:
+            ep.state, ep.cached, ep.pending = RUNNING, None, []
+            ep.turn_start = len(ep.tokens)
+        if running is None:
+            return batch, list(ready), new_logits
+        return running.join(batch), rows + list(ready), torch.cat([logits, new_logits])
+
+    # ------------------------------------------------------------------ output
+
+    def _batch(self, episodes: list[Episode]) -> RolloutBatch:
+        pad = self.engine.pad_id
+        device = self.engine.device
+        P = max(len(ep.prompt_ids) for ep in episodes)
+        T = max(1, max(len(ep.tokens) for ep in episodes))
+        N = len(episodes)
+        prompt_ids = torch.full((N, P), pad, dtype=torch.long)
+        prompt_mask = torch.zeros(N, P, dtype=torch.long)
+        ids = torch.full((N, T), pad, dtype=torch.long)
+        mask, loss, turn = (torch.zeros(N, T, dtype=torch.long) for _ in range(3))
+        logprobs = torch.zeros(N, T)
+        for i, ep in enumerate(episodes):
+            p, t = len(ep.prompt_ids), len(ep.tokens)
+            prompt_ids[i, P - p:], prompt_mask[i, P - p:] = torch.tensor(ep.prompt_ids), 1
+            if t:
+                ids[i, :t], mask[i, :t] = torch.tensor(ep.tokens), 1
+                loss[i, :t], turn[i, :t] = torch.tensor(ep.loss), torch.tensor(ep.turn)
+                logprobs[i, :t] = torch.tensor(ep.logprobs)
+        columns = {"trajectories": [ep.messages for ep in episodes]}
+        if self.spec.has_reward:
+            columns["environment_reward"] = [ep.env_reward for ep in episodes]
+        return RolloutBatch(
+            prompt_ids=prompt_ids.to(device), prompt_mask=prompt_mask.to(device), completion_ids=ids.to(device),
+            completion_mask=mask.to(device), texts=[ep.final_text for ep in episodes],
+            finish_reasons=[ep.stats.finish for ep in episodes], prompt_index=[ep.group for ep in episodes],
+            logprobs=logprobs.to(device), loss_mask=loss.to(device), turn_index=turn.to(device),
+            columns=columns, episodes=[ep.stats for ep in episodes])
