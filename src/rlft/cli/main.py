@@ -8,6 +8,8 @@
     rlft generate --model C --prompt "..."          # inference (also python inference.py)
     rlft eval --config X --base --checkpoint C ...  # side-by-side evaluation, markdown + HTML report
     rlft export --checkpoint C --out DIR            # standalone HF model directory, LoRA merged
+    rlft rollout --config X [--n 2]                 # play a few episodes, trained tokens marked
+    rlft env demos --env calculator --n 64          # SFT warm-start demonstrations of a built-in environment
 
 User mistakes (bad config, bad data, failing reward) print one clear paragraph
 to stderr and exit non-zero (2 for usage/config/data errors); only bugs in rlft
@@ -52,6 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
     from rlft.cli import eval as eval_cli
 
     eval_cli.add_arguments(sub.add_parser("eval", help="Compare checkpoints (and --base) on the eval prompts."))
+    from rlft.cli import agent
+
+    agent.add_rollout_arguments(sub.add_parser(
+        "rollout", help="Run a few multi-turn episodes without training; print them with the trained tokens marked."))
+    agent.add_env_arguments(sub.add_parser("env", help="Built-in environments: list, demos."))
     return parser
 
 
@@ -95,6 +102,18 @@ def _cmd_eval(args) -> int:
     return run(args)
 
 
+def _cmd_rollout(args) -> int:
+    from rlft.cli.agent import run_rollout
+
+    return run_rollout(args)
+
+
+def _cmd_env(args) -> int:
+    from rlft.cli.agent import run_env
+
+    return run_env(args)
+
+
 def _cmd_algorithms(args) -> int:
     import textwrap
 
@@ -108,7 +127,7 @@ def _cmd_algorithms(args) -> int:
 
 COMMANDS = {"train": _cmd_train, "sft": _cmd_train, "validate": _cmd_validate, "check-env": _cmd_check_env, "generate": _cmd_generate,
             "algorithms": _cmd_algorithms, "export": _cmd_export,
-            "eval": _cmd_eval}
+            "eval": _cmd_eval, "rollout": _cmd_rollout, "env": _cmd_env}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,7 +20,7 @@ from rlft.rewards.manager import RewardManager
 from rlft.rl.batch import UpdateBatch
 from rlft.rl.build import build_advantage_stage, build_collector, build_critic, build_data, build_updater
 from rlft.rl.episodes import env_tools, episode_runner, reward_manager
-from rlft.rl.metrics import HealthWatch, format_step_line, rollout_metrics
+from rlft.rl.metrics import HealthWatch, episode_metrics, format_step_line, rollout_metrics
 from rlft.rl.watch import RewardHackingWatch
 from rlft.trainer.generation import GenerationSettings, evaluate_generations
 from rlft.trainer.job import EvalRecord, TrainedState, total_steps
@@ -103,6 +103,8 @@ class RLJob:
         metrics = rollout_metrics(scored.total, scored.per_reward, rollout.completion_lengths,
                                   rollout.finish_reasons, alg.num_generations, texts=rollout.texts,
                                   weights=self.rewards.weights)
+        if rollout.episodes is not None:
+            metrics.update(episode_metrics(rollout.episodes))
         metrics.update(collected.stats)
         metrics.update(stats)
         metrics.update({"lr": lr, "step_seconds": seconds, "generation_seconds": t_gen,
@@ -110,20 +112,24 @@ class RLJob:
                         "tokens_per_s": float(batch.loss_mask.sum().item()) / seconds,
                         "peak_mem_mb": peak_memory_mb(self.device)})
         self._last_reward = metrics["reward/mean"]
-        self._write_samples(step, collected.prompts, rollout.texts, scored)
+        self._write_samples(step, collected.prompts, rollout, scored)
         self._health.observe(step, metrics)
         self._watch.observe_step(step, metrics)
         return metrics
 
-    def _write_samples(self, step: int, prompts, texts, scored) -> None:
-        n = self.cfg.train.samples_per_log
+    def _write_samples(self, step: int, prompts, rollout, scored) -> None:
+        """Every logging step, ``train.samples_per_log`` rows to samples.jsonl; a multi-turn row has
+        its whole trajectory (every turn, tool call, arguments, result, error) and episode statistics."""
+        n, texts = self.cfg.train.samples_per_log, rollout.texts
         if n == 0 or step % self.cfg.train.logging_interval:
             return
         stride = max(len(texts) // n, 1)
         for i in list(range(0, len(texts), stride))[:n]:
-            append_jsonl(self.samples_file, {
-                "step": step, "prompt": prompts[i], "completion": texts[i],
-                "reward": float(scored.total[i]), "rewards": {k: float(v[i]) for k, v in scored.per_reward.items()}})
+            row = {"step": step, "prompt": prompts[i], "completion": texts[i], "reward": float(scored.total[i]),
+                   "rewards": {k: float(v[i]) for k, v in scored.per_reward.items()}}
+            if rollout.episodes is not None:
+                row.update(trajectory=rollout.columns["trajectories"][i], episode=rollout.episodes[i].as_dict())
+            append_jsonl(self.samples_file, row)
 
     def step_line(self, step: int, metrics: dict[str, float]) -> str:
         return format_step_line(step, self.total_steps, metrics)

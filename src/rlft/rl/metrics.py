@@ -38,10 +38,36 @@ def rollout_metrics(rewards_total: torch.Tensor, per_reward: dict[str, torch.Ten
     return metrics
 
 
+FINISH_REASONS = ("answered", "length", "max_turns", "budget", "done", "timeout", "tool_timeout")
+
+
+def episode_metrics(episodes: list) -> dict[str, float]:
+    """Per-step statistics of multi-turn episodes (``EpisodeStats`` each): turns and tool calls per
+    episode, the share of calls that worked / failed / timed out, how much of the context the
+    environment wrote, truncated tool results, and how episodes ended."""
+    n = max(len(episodes), 1)
+    calls = sum(e.tool_calls for e in episodes)
+    errors, timeouts = sum(e.tool_errors for e in episodes), sum(e.tool_timeouts for e in episodes)
+    model, obs = sum(e.model_tokens for e in episodes), sum(e.observation_tokens for e in episodes)
+    out = {
+        "episode/turns_mean": sum(e.turns for e in episodes) / n,
+        "episode/tool_calls_mean": calls / n,
+        "episode/tool_use_rate": sum(e.tool_calls > 0 for e in episodes) / n,
+        "tool/success_rate": (calls - errors - timeouts) / calls if calls else 0.0,
+        "tool/error_rate": errors / calls if calls else 0.0,
+        "tool/timeouts": float(timeouts),
+        "tool/truncated_responses": float(sum(e.truncated_responses for e in episodes)),
+        "episode/observation_token_share": obs / (model + obs) if model + obs else 0.0,
+    }
+    out.update({f"episode/finish/{r}": sum(e.finish == r for e in episodes) / n for r in FINISH_REASONS})
+    return out
+
+
 def format_step_line(step: int, total: int, m: dict[str, float]) -> str:
     """The one human-readable line per logging step (parts whose metric this run lacks are left out)."""
     parts = [f"step {step}/{total}", f"reward {m['reward/mean']:.3f} ± {m['reward/std']:.3f}"]
-    optional = [("kl", "kl {:.4f}"), ("entropy", "entropy {:.3f}"), ("completion_len/mean", "len {:.1f}"),
+    optional = [("episode/turns_mean", "turns {:.2f}"), ("tool/success_rate", "tool ok {:.0%}"),
+                ("kl", "kl {:.4f}"), ("entropy", "entropy {:.3f}"), ("completion_len/mean", "len {:.1f}"),
                 ("clip_frac", "clip {:.3f}"), ("critic/value_loss", "value loss {:.4f}"),
                 ("critic/explained_variance", "expl. var {:.3f}"), ("dynamic_sampling/dropped_groups", "dropped {:.0f}"),
                 ("lr", "lr {:.2e}"), ("step_seconds", "{:.2f} s/step"), ("tokens_per_s", "{:.0f} tok/s")]

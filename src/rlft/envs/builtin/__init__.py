@@ -37,6 +37,8 @@ BUILTIN_ENVIRONMENTS: dict[str, BuiltinEnvironment] = {
         BuiltinEnvironment("guess_number", "rlft.envs.builtin.guess:GuessNumberEnv", "rlft.envs.builtin.guess",
                            "find a secret number from too-low/too-high feedback with a guess(number) tool; "
                            "rewarded by get_reward()"),
+        BuiltinEnvironment("openenv", "rlft.envs.openenv:OpenEnvHTTP", "rlft.envs.openenv",
+                           "an OpenEnv-style HTTP environment server (kwargs: url); one step(action) tool"),
     )
 }
 
