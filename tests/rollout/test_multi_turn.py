@@ -17,46 +17,7 @@ from rlft.errors import EnvironmentFailure
 from rlft.rollout.base import SamplingParams
 from rlft.rollout.episode import EpisodeLimits
 from rlft.rollout.multi_turn import EpisodeRunner
-
-
-class AddEnv:
-    """Adds numbers; hangs on request; can crash on reset."""
-
-    def reset(self, **row) -> str | None:
-        if row.get("explode"):
-            raise ValueError("no such puzzle")
-        self.calls = 0
-        return None
-
-    def add(self, a: int, b: int) -> str:
-        """Add two integers.
-
-        Args:
-            a: first
-            b: second
-        """
-        self.calls += 1
-        return str(a + b)
-
-    def boom(self, x: str) -> str:
-        """Raise.
-
-        Args:
-            x: anything
-        """
-        raise RuntimeError("the tool broke")
-
-    def hang(self, x: str) -> str:
-        """Never return.
-
-        Args:
-            x: anything
-        """
-        while True:
-            pass
-
-    def get_reward(self) -> float:
-        return float(self.calls)
+from tests.rollout.envs_for_tests import AddEnv
 
 
 class Ex:
@@ -251,3 +212,17 @@ def test_inline_isolation_gives_the_same_episode(engine):
     b = make_runner(engine, scripts, isolation="inline").run(examples(engine), SamplingParams(max_new_tokens=60))
     assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.loss_mask, b.loss_mask)
     assert a.columns == b.columns
+
+
+def test_training_forward_scores_the_sampled_tokens(engine):
+    """The update's own forward over a multi-turn batch gives the sampling log-probs on trained tokens."""
+    from rlft.rl.batch import UpdateBatch
+
+    scripts = {0: [call("add", a=5, b=6), "11"], 1: [call("boom", x="z"), "oops"]}
+    rollout = make_runner(engine, scripts).run(examples(engine, 2), SamplingParams(max_new_tokens=80))
+    batch = UpdateBatch.from_rollout(rollout)
+    with torch.no_grad():
+        logprobs = batch.logprobs(engine.model, 1.0)[0]
+    mask = batch.loss_mask.bool()
+    assert int(mask.sum()) < int(batch.completion_mask.sum())  # tool tokens are attended to, not trained
+    torch.testing.assert_close(logprobs[mask], rollout.logprobs[mask], atol=2e-4, rtol=1e-4)

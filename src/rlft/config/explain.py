@@ -69,10 +69,10 @@ def _walk(loc: tuple, root: type[RunConfig]) -> tuple[list, list[type[BaseModel]
     path: list = []
     union = None
     for seg in loc:
-        owner = next((m for m in cands if isinstance(seg, str) and seg in m.model_fields), None)
+        owner = next((m for m in cands if isinstance(seg, str) and seg in _keys(m)), None)
         if isinstance(seg, int) or owner is not None:
             path.append(seg)
-            cands = _models_in(owner.model_fields[seg].annotation) if owner else cands
+            cands = _models_in(owner.model_fields[_keys(owner)[seg]].annotation) if owner else cands
         elif any(_tag(m) == seg for m in cands):
             cands = [m for m in cands if _tag(m) == seg]
         else:
@@ -93,13 +93,19 @@ def _tag(model: type[BaseModel]) -> str | None:
     return get_args(field.annotation)[0] if field and get_origin(field.annotation) is Literal else None
 
 
+def _keys(model: type[BaseModel]) -> dict[str, str]:
+    """The keys a config file uses for ``model`` (a field's alias, e.g. ``class``, else its name) -> field name."""
+    return {f.alias or name: name for name, f in model.model_fields.items()}
+
+
 def _explain(err: dict, path: list, cands: list[type[BaseModel]], root: type[RunConfig]) -> str:
     """Translate one pydantic error into short human text (without the path)."""
     kind, ctx, got = err["type"], err.get("ctx") or {}, err.get("input")
     if kind == "missing":
         return "missing item" if isinstance(path[-1], int) else "required"
     if kind == "extra_forbidden":
-        return _unknown_key(str(path[-1]), list(cands[0].model_fields) if len(cands) == 1 else [],
+        keys = list(_keys(cands[0])) if len(cands) == 1 else []
+        return _unknown_key(str(path[-1]), keys,
                             root if len(path) == 1 else None)
     if kind.startswith("union_tag"):
         tags = [t for t in map(_tag, cands) if t]

@@ -92,7 +92,8 @@ RewardSpec = Annotated[
 
 
 class RewardConfig(Section):
-    functions: list[RewardSpec] = Field(..., min_length=1, description="Reward functions; the total is their weighted sum.")
+    functions: list[RewardSpec] = Field(
+        ..., description="Reward functions; the total is their weighted sum (with an environment's get_reward()).")
 
 
 def default_reward_name(spec: Any) -> str:

@@ -119,6 +119,9 @@ class RLConfig(RunConfig):
             problems.append(f"algorithm.min_new_tokens ({alg.min_new_tokens}) is larger than "
                             f"algorithm.max_new_tokens ({alg.max_new_tokens})")
         env = self.environment
+        if not self.reward.functions and env is None:
+            problems.append("reward.functions: give at least one reward function (an empty list is only allowed "
+                            "with an environment: whose get_reward() is the reward)")
         if env is not None and self.rollout.engine != "native":
             problems.append(f"rollout.engine: multi-turn episodes (environment:) need the native engine, which "
                             f"controls generation token by token (got '{self.rollout.engine}')")

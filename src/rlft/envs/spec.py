@@ -33,10 +33,18 @@ class EnvironmentSpec:
     kwargs: dict[str, Any] = field(default_factory=dict)
     functions: list[Callable[..., Any]] = field(default_factory=list)
     schemas: list[dict] = field(default_factory=list)
+    origin: tuple | None = None  # (class spec, tool specs, kwargs) it was loaded from
+
+    def __reduce__(self):
+        # A class or tool loaded from a file lives in a module only this process has: a worker
+        # process loads it again from the same specs.
+        if self.origin is not None:
+            return _reload, self.origin
+        return EnvironmentSpec, (self.name, self.env_class, self.kwargs, self.functions, self.schemas)
 
     @classmethod
-    def load(cls, class_spec: str | None, tool_specs: list[str], kwargs: dict[str, Any] | None = None
-             ) -> "EnvironmentSpec":
+    def load(cls, class_spec: str | None, tool_specs: list[str], kwargs: dict[str, Any] | None = None,
+             with_schemas: bool = True) -> "EnvironmentSpec":
         """From ``environment.class`` (a built-in name or ``file.py:Class`` / ``module:Class``) and
         ``environment.tools`` (``file.py:function`` ...); every failure names what it could not load."""
         from rlft.envs.builtin import BUILTIN_ENVIRONMENTS
@@ -50,7 +58,15 @@ class EnvironmentSpec:
                                          f"expected a class with reset() and tool methods")
         functions = [load_object(t, "tool", EnvironmentFailure) for t in tool_specs]
         name = class_spec or ", ".join(f.__name__ for f in functions)
-        return cls(name, env_class, dict(kwargs or {}), functions, schemas_of(env_class, functions))
+        kwargs = dict(kwargs or {})
+        schemas = schemas_of(env_class, functions) if with_schemas else []
+        return cls(name, env_class, kwargs, functions, schemas, (class_spec, list(tool_specs), kwargs))
+
+    @property
+    def modules(self) -> list[str]:
+        """The importable modules its class and tools come from (a worker pool preloads them)."""
+        objs = ([self.env_class] if self.env_class is not None else []) + list(self.functions)
+        return sorted({o.__module__ for o in objs if not o.__module__.startswith("rlft_user_")})
 
     @property
     def has_reward(self) -> bool:
@@ -59,6 +75,11 @@ class EnvironmentSpec:
     @property
     def tool_names(self) -> list[str]:
         return [s["function"]["name"] for s in self.schemas]
+
+
+def _reload(class_spec: str | None, tool_specs: list[str], kwargs: dict[str, Any]) -> EnvironmentSpec:
+    """The spec again, in a worker process: the schemas (which need transformers) stay with the trainer."""
+    return EnvironmentSpec.load(class_spec, tool_specs, kwargs, with_schemas=False)
 
 
 class EnvironmentSession:

@@ -2,8 +2,11 @@
 never yields -- is cut off at its timeout without stopping the step, and one that crashes the
 interpreter takes only its own episode down.
 
-A :class:`ProcessWorker` is a forked child process (cheap: copy-on-write, nothing is pickled)
-serving one :class:`EnvironmentSession` over a pipe. Requests are asynchronous: the rollout sends
+A :class:`ProcessWorker` is a child process serving one :class:`EnvironmentSession` over a pipe.
+It is forked from multiprocessing's fork server, a small process that has imported only the
+environment's modules: forking the trainer itself would share its gigabytes of weights copy-on-
+write with every episode's child, and each write the trainer then makes faults and copies a page
+(it made the training step twice as slow). Requests are asynchronous: the rollout sends
 a tool call, keeps decoding the other episodes, and polls. :class:`InlineWorker` runs the same
 requests in the calling process (``environment.isolation: inline``), for debuggers and for
 environments that cannot be forked; it has no timeouts.
@@ -11,8 +14,10 @@ environments that cannot be forked; it has no timeouts.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
+import sys
 import time
 import traceback
 from dataclasses import dataclass
@@ -76,14 +81,45 @@ def _serve(spec: EnvironmentSpec, conn) -> None:
             return
 
 
+_PRELOADED: set[str] = set()
+
+
+@contextlib.contextmanager
+def _main_module_hidden():
+    """Start a child without it importing ``__main__``: multiprocessing would re-run the user's script
+    there (a script without an ``if __name__ == "__main__"`` guard would start a second training).
+    The worker needs nothing from it: environments are loaded from their import paths."""
+    main = sys.modules["__main__"]
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+    main.__dict__.pop("__file__", None)
+    main.__spec__ = None
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
+
+
+def _context(spec: EnvironmentSpec):
+    """The fork-server context, preloading the environment's modules the first time (a fork server
+    already running keeps what it has; its children import anything else themselves)."""
+    ctx = multiprocessing.get_context("forkserver")
+    wanted = {"rlft.envs.worker", *spec.modules}
+    if not _PRELOADED:
+        ctx.set_forkserver_preload(sorted(wanted))
+        _PRELOADED.update(wanted)
+    return ctx
+
+
 class ProcessWorker:
-    """One episode's environment in a forked child process."""
+    """One episode's environment in a child process of the fork server."""
 
     def __init__(self, spec: EnvironmentSpec):
-        ctx = multiprocessing.get_context("fork")
+        ctx = _context(spec)
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(target=_serve, args=(spec, child), daemon=True)
-        self._proc.start()
+        with _main_module_hidden():
+            self._proc.start()
         child.close()
         self._sent_at: float | None = None
         self.alive = True

@@ -96,6 +96,12 @@ def metric_rows(models: list[ModelResult]) -> list[tuple[str, list[str]]]:
     rows.append(("completion length, greedy (tokens)", [num(r.completion_length_mean, 1) for r in results]))
     rows.append(("truncation rate, greedy", [pct(r.truncation_rate) for r in results]))
     rows.append(("repetition, greedy (repeated word 3-grams)", [num(r.repetition_mean) for r in results]))
+    if any(r.episodes for r in results):
+        ep = lambda r, k: r.episodes.get(k) if r.episodes else None  # noqa: E731
+        rows.append(("tool-use rate, greedy (episodes with a tool call)", [pct(ep(r, "tool_use_rate")) for r in results]))
+        rows.append(("turns per episode, greedy", [num(ep(r, "turns_mean"), 2) for r in results]))
+        rows.append(("tool calls per episode, greedy", [num(ep(r, "tool_calls_mean"), 2) for r in results]))
+        rows.append(("tool-call error rate, greedy", [pct(ep(r, "tool_error_rate")) for r in results]))
     rows.append(("evaluation time (s)", [f"{r.seconds:.0f}" for r in results]))
     return rows
 

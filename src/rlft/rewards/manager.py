@@ -50,7 +50,8 @@ class RewardManager:
 
     def __init__(self, rewards: Sequence[NamedReward]):
         if not rewards:
-            raise RewardError("no reward functions configured")
+            raise RewardError("no reward functions configured (reward.functions is empty and the environment has "
+                              "no get_reward())")
         names = [r.name for r in rewards]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:

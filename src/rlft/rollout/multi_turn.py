@@ -30,6 +30,7 @@ from rlft.rollout.kv import KVBatch
 from rlft.rollout.sampling import sample_next
 
 RESPONSE_OPEN = "<tool_response>"
+ADMIT_EVERY = 8
 
 
 class EpisodeRunner:
@@ -117,12 +118,19 @@ class EpisodeRunner:
         running: KVBatch | None = None
         rows: list[Episode] = []
         logits = None
+        held = 0  # decode steps the ready episodes have waited to join
         while True:
             self._poll_tools(episodes)
             self._expire(episodes)
             ready = [ep for ep in episodes if ep.state == READY]
-            if ready:
+            # Joining copies the whole batch's cache, so episodes coming back from their tools join
+            # together: at once if nothing is decoding or they are as many as the running rows,
+            # else after ADMIT_EVERY steps.
+            if ready and (not rows or len(ready) >= len(rows) or held >= ADMIT_EVERY):
                 running, rows, logits = self._admit(ready, running, rows, logits)
+                held = 0
+            elif ready:
+                held += 1
             if not rows:
                 waiting = [ep for ep in episodes if ep.state == WAITING]
                 if not waiting:
