@@ -226,3 +226,11 @@ def test_training_forward_scores_the_sampled_tokens(engine):
     mask = batch.loss_mask.bool()
     assert int(mask.sum()) < int(batch.completion_mask.sum())  # tool tokens are attended to, not trained
     torch.testing.assert_close(logprobs[mask], rollout.logprobs[mask], atol=2e-4, rtol=1e-4)
+
+
+def test_episode_timeout_ends_a_slow_episode(engine):
+    runner = make_runner(engine, {0: [call("hang", x="1"), "never"]}, tool_timeout=30.0, episode_timeout=1.0)
+    start = time.monotonic()
+    batch = runner.run(examples(engine), SamplingParams(max_new_tokens=80))
+    assert time.monotonic() - start < 15
+    assert batch.finish_reasons == ["timeout"]

@@ -1,10 +1,12 @@
-"""Single-turn RL gives bit-identical metrics to the code before the loss/attention mask split.
+"""Single-turn RL gives the same metrics as the code before the loss/attention mask split.
 
 The code of :data:`BASELINE` (the last commit before the split) is taken out of this repository's
 own history with ``git archive`` and run in a subprocess next to the current code, on the same
-machine and config, so the comparison holds on any CPU. Every metric must be equal, bit for bit,
-except wall-clock timings and the two monitoring means that the same issue corrected on purpose
-(``ratio/mean`` and ``clip_frac`` are now averaged over the rows actually computed).
+machine and config, so the comparison holds on any CPU. Every metric must be equal except
+wall-clock timings and the two monitoring means that the same issue corrected on purpose
+(``ratio/mean`` and ``clip_frac`` are now averaged over the rows actually computed) -- equal to a
+relative 1e-4 in fp32, not bit for bit, since the LM head now runs only on the trained positions (a
+matmul of another shape rounds differently; multi-turn episodes made it worth it).
 
 When a later change alters single-turn numerics *on purpose*, move :data:`BASELINE` to the last
 commit before it and say so in that commit's message.
@@ -67,6 +69,7 @@ def _run(src: Path, config: dict, path: Path) -> list[dict]:
 def test_single_turn_metrics_equal_the_pre_split_code(tiny_config, tmp_path, algorithm):
     baseline_src = _baseline_source(tmp_path)
     tiny_config["eval"].update(before_training=False, after_training=False)
+    tiny_config["model"]["dtype"] = "fp32"  # bf16 rounding would drown the comparison
     if algorithm == "ppo":  # KL in the reward, a critic, GAE over token rewards
         tiny_config["algorithm"].update(name="ppo", critic={"learning_rate": 1e-3})
     runs = {}
@@ -75,4 +78,6 @@ def test_single_turn_metrics_equal_the_pre_split_code(tiny_config, tmp_path, alg
         config["train"]["run_name"] = label
         runs[label] = _run(src, config, tmp_path / f"{label}.json")
     assert [r["step"] for r in runs["current"]] == [1, 2, 3, 4]
-    assert runs["current"] == runs["baseline"]
+    for now, then in zip(runs["current"], runs["baseline"]):
+        assert now.keys() == then.keys()
+        assert now == pytest.approx(then, rel=1e-4, abs=1e-7), {k: (now[k], then[k]) for k in now if now[k] != then[k]}

@@ -79,12 +79,12 @@ def completion_logprobs(
                          lambda logits, targets: token_logprobs(logits, targets, temperature, with_entropy))
 
 
-def _full_forward(model, input_ids, attention_mask, completion_len: int, reduce) -> tuple:
+def _full_forward(model, input_ids, attention_mask, completion_len: int, reduce, output: str = "logits") -> tuple:
     """``reduce`` applied to the outputs predicting the last ``completion_len`` tokens of full rows [B, P + T]."""
-    out = model(input_ids=input_ids, attention_mask=attention_mask,
-                position_ids=position_ids_from_mask(attention_mask), logits_to_keep=completion_len + 1,
-                use_cache=False)
-    return reduce(out.logits[:, :-1, :], input_ids[:, -completion_len:])
+    keep = {"logits_to_keep": completion_len + 1} if output == "logits" else {}
+    out = getattr(model(input_ids=input_ids, attention_mask=attention_mask,
+                        position_ids=position_ids_from_mask(attention_mask), use_cache=False, **keep), output)
+    return reduce(out[:, -completion_len - 1:-1, :], input_ids[:, -completion_len:])
 
 
 def replays_layers_without_cache(model: torch.nn.Module) -> bool:
@@ -122,6 +122,7 @@ def grouped_forward(
     completion_ids: torch.Tensor,
     completion_mask: torch.Tensor,
     reduce: Callable[[torch.Tensor, torch.Tensor], tuple],
+    output: str = "logits",
 ) -> tuple:
     """Run each distinct prompt once, then every completion on its prompt's KV cache.
 
@@ -133,6 +134,7 @@ def grouped_forward(
     ``.logits``: vocabulary logits, or values for a value model) that predict ``targets`` into a
     tuple of [b, t] tensors (or None); the tuple of [B, T] results is returned.
     Under gradient checkpointing (which cannot keep a cache) every row runs in full instead.
+    ``output``: the attribute of the model's output to reduce (``last_hidden_state`` for a decoder).
     """
     from transformers import DynamicCache
 
@@ -141,20 +143,21 @@ def grouped_forward(
     full_mask = torch.cat([row_prompt_mask, completion_mask.to(row_prompt_mask.dtype)], dim=1)
     if replays_layers_without_cache(model):
         full_ids = torch.cat([prompt_ids.index_select(0, row_prompt), completion_ids], dim=1)
-        return _full_forward(model, full_ids, full_mask, T, reduce)
+        return _full_forward(model, full_ids, full_mask, T, reduce, output)
     cache = DynamicCache()
-    prefill = model(input_ids=prompt_ids, attention_mask=prompt_mask,
-                    position_ids=position_ids_from_mask(prompt_mask), logits_to_keep=1, **cache_kwargs(cache))
+    keep = {"logits_to_keep": 1} if output == "logits" else {}
+    prefill = getattr(model(input_ids=prompt_ids, attention_mask=prompt_mask,
+                            position_ids=position_ids_from_mask(prompt_mask), **keep, **cache_kwargs(cache)), output)
     _select_rows(cache, row_prompt)
     positions = position_ids_from_mask(full_mask)[:, -T:]
     # The first completion token is predicted by the prompt's last position; the rest by the
     # completion's own positions. Reduced outputs are joined, not the [B, T, V] logits (no big copy).
-    first = reduce(prefill.logits[:, -1:, :].index_select(0, row_prompt), completion_ids[:, :1])
+    first = reduce(prefill[:, -1:, :].index_select(0, row_prompt), completion_ids[:, :1])
     if T == 1:
         return first
     out = model(input_ids=completion_ids[:, :-1], attention_mask=full_mask[:, :-1], position_ids=positions[:, :-1],
                 **cache_kwargs(cache))
-    rest = reduce(out.logits, completion_ids[:, 1:])
+    rest = reduce(getattr(out, output), completion_ids[:, 1:])
     return tuple(None if a is None else torch.cat([a, b], dim=1) for a, b in zip(first, rest))
 
 
@@ -168,13 +171,27 @@ def grouped_completion_logprobs(
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    loss_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Like :func:`completion_logprobs`, but each distinct prompt is run once (see :func:`grouped_forward`).
 
-    Returns logprobs [B, T] (float32) and optionally the detached entropy [B, T].
+    Returns logprobs [B, T] (float32) and optionally the detached entropy [B, T]. With ``loss_mask``
+    [B, T] only those positions go through the LM head (0 elsewhere): a multi-turn episode's tool
+    results and the rows' padding would otherwise cost a vocabulary-sized row each.
     """
-    return grouped_forward(model, prompt_ids, prompt_mask, row_prompt, completion_ids, completion_mask,
-                           lambda logits, targets: token_logprobs(logits, targets, temperature, with_entropy))
+    parts = _decoder_and_head(model) if loss_mask is not None else None
+    if parts is None:
+        return grouped_forward(model, prompt_ids, prompt_mask, row_prompt, completion_ids, completion_mask,
+                               lambda logits, targets: token_logprobs(logits, targets, temperature, with_entropy))
+    decoder, head = parts
+    (hidden,) = grouped_forward(decoder, prompt_ids, prompt_mask, row_prompt, completion_ids, completion_mask,
+                                lambda h, _: (h,), output="last_hidden_state")
+    marked = loss_mask.bool()
+    lp, ent = token_logprobs(head(hidden[marked]).unsqueeze(1), completion_ids[marked].unsqueeze(1), temperature,
+                             with_entropy)
+    zeros = torch.zeros(marked.shape, dtype=torch.float32, device=marked.device)
+    return zeros.masked_scatter(marked, lp.squeeze(1)), (None if ent is None else
+                                                         zeros.masked_scatter(marked, ent.squeeze(1)))
 
 
 def _decoder_and_head(model: torch.nn.Module):

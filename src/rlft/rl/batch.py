@@ -68,10 +68,10 @@ class UpdateBatch:
                        row_prompt=row_prompt, completion_ids=self.completion_ids[idx, :comp_len], **token)
 
     def logprobs(self, model, temperature: float, with_entropy: bool = False):
-        """[n, T] log-probs (and entropy) of this batch's completions under ``model``."""
+        """[n, T] log-probs (and entropy) of this batch's trained tokens under ``model`` (0 elsewhere)."""
         return grouped_completion_logprobs(model, self.prompt_ids, self.prompt_mask, self.row_prompt,
                                            self.completion_ids, self.completion_mask, temperature=temperature,
-                                           with_entropy=with_entropy)
+                                           with_entropy=with_entropy, loss_mask=self.loss_mask)
 
     def values(self, value_model) -> torch.Tensor:
         """[n, T] float32 values V(s_t) of the state before each completion token."""

@@ -252,7 +252,10 @@ class EpisodeRunner:
 
     def _wait_for_any(self, waiting: list[Episode]) -> None:
         """Block until a waiting episode's tool replies or the nearest timeout passes."""
-        left = min(max(0.0, self.limits.tool_timeout - ep.worker.waited()) for ep in waiting)
+        now = time.monotonic()
+        left = min(min(self.limits.tool_timeout - ep.worker.waited(),
+                       self.limits.episode_timeout - (now - ep.started)) for ep in waiting)
+        left = max(0.0, left)
         conns = [ep.worker.connection for ep in waiting if ep.worker.connection is not None]
         if conns:
             wait_any(conns, timeout=left + 0.01)
