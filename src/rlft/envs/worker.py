@@ -162,9 +162,12 @@ class ProcessWorker:
             self._conn.close()
 
     def close(self, timeout: float = 5.0) -> None:
+        """Ask the environment to close, let the process exit by itself (killing it while it tears
+        down leaks its semaphores), and kill it only if it does not."""
         if self.alive:
             self.send("close")
-            self.receive(timeout)
+            if self.receive(timeout).ok:
+                self._proc.join(timeout)
             self.kill()
 
 

@@ -75,7 +75,9 @@ class EpisodeRunner:
             ep.worker.send("reset", self.row_for(examples[ep.group]), seeds[ep.group])
         prompts: dict[tuple[int, str | None], list[int]] = {}
         for ep in episodes:
-            reply = ep.worker.receive(self.limits.tool_timeout)
+            # The first request also builds the environment (an index, a connection): it gets the
+            # whole episode's time, not one tool call's.
+            reply = ep.worker.receive(self.limits.episode_timeout)
             if not reply.ok:
                 self._abort(episodes)
                 source = getattr(examples[ep.group], "source", "") or f"row {ep.group}"
