@@ -34,7 +34,8 @@ def agent_cfg(tmp_path):
     return {
         "model": {"path": str(model), "dtype": "fp32"},
         "data": {"train_file": str(data)},
-        "environment": {"class": "calculator", "max_turns": 2, "max_episode_tokens": 64},
+        "environment": {"class": "calculator", "max_turns": 2, "max_episode_tokens": 64,
+                        "max_tool_response_tokens": 16},
         "algorithm": {"name": "grpo", "rollout_batch_size": 2, "num_generations": 2, "max_new_tokens": 12,
                       "micro_batch_size": 4, "kl_coef": 0.0},
         "reward": {"functions": [{"type": "numeric_answer", "name": "correct"}]},

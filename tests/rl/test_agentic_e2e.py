@@ -49,12 +49,13 @@ def agent_config(tmp_path):
     return {
         "model": {"path": str(model), "dtype": "fp32"},
         "data": {"train_file": str(train), "eval_file": str(train)},
-        "environment": {"class": f"{tmp_path}/echo_env.py:EchoEnv", "max_turns": 2, "max_episode_tokens": 64},
+        "environment": {"class": f"{tmp_path}/echo_env.py:EchoEnv", "max_turns": 2, "max_episode_tokens": 64,
+                        "max_tool_response_tokens": 16},
         "algorithm": {"name": "grpo", "learning_rate": 5e-3, "kl_coef": 0.0, "rollout_batch_size": 4,
                       "num_generations": 8, "max_new_tokens": 6, "micro_batch_size": 32},
         "reward": {"functions": [{"type": "custom", "function": f"{tmp_path}/letter_reward.py:letter_in_answer",
                                   "name": "letter"}]},
-        "train": {"max_steps": 40, "logging_interval": 1, "save_interval": 100, "samples_per_log": 2,
+        "train": {"epochs": 100, "max_steps": 40, "logging_interval": 1, "save_interval": 100, "samples_per_log": 2,
                   "output_dir": str(tmp_path / "outputs"), "run_name": "agent", "seed": 0, "progress_bar": "off"},
         "eval": {"max_new_tokens": 6, "max_samples": 4, "accuracy_reward": "letter"},
     }
