@@ -61,7 +61,7 @@ class RewardManager:
     @classmethod
     def from_specs(cls, specs: Sequence[Any]) -> "RewardManager":
         """Build from ``reward.functions`` entries (the schema's reward spec models)."""
-        return cls([_from_spec(spec) for spec in specs])
+        return cls(named_rewards(specs))
 
     @property
     def names(self) -> list[str]:
@@ -90,6 +90,11 @@ class RewardManager:
             per_reward[reward.name] = values.to(torch.float32)
             total += reward.weight * values
         return RewardResult(total=total.to(torch.float32), per_reward=per_reward, names=self.names)
+
+
+def named_rewards(specs: Sequence[Any]) -> list[NamedReward]:
+    """The rewards of ``reward.functions`` entries, in order (possibly none)."""
+    return [_from_spec(spec) for spec in specs]
 
 
 def _from_spec(spec: Any) -> NamedReward:

@@ -37,12 +37,13 @@ def _environment_reward(prompts, completions, environment_reward, **_):
 
 def reward_manager(cfg: RLConfig) -> RewardManager:
     """The configured rewards, plus the environment's get_reward() (named ``environment``) if it has one."""
-    manager = RewardManager.from_specs(cfg.reward.functions)
+    from rlft.rewards.manager import named_rewards
+
+    rewards = named_rewards(cfg.reward.functions)
     spec = environment_spec(cfg.environment)
     if spec is not None and spec.has_reward:
-        manager = RewardManager(manager.rewards + [NamedReward(ENV_REWARD, _environment_reward,
-                                                               cfg.environment.reward_weight)])
-    return manager
+        rewards.append(NamedReward(ENV_REWARD, _environment_reward, cfg.environment.reward_weight))
+    return RewardManager(rewards)
 
 
 def episode_runner(cfg: RLConfig):
