@@ -64,7 +64,8 @@ def rlft_config(opts: dict, workdir: Path) -> dict:
         "algorithm": {"name": "grpo", "learning_rate": 1e-6, "kl_coef": opts["beta"],
                       "rollout_batch_size": opts["prompts"], "num_generations": opts["group_size"],
                       "max_new_tokens": T, "min_new_tokens": T if opts["fixed_length"] else 0,
-                      "temperature": 1.0, "micro_batch_size": opts["prompts"] * opts["group_size"]},
+                      "temperature": 1.0,
+                      **({} if opts.get("defaults") else {"micro_batch_size": opts["prompts"] * opts["group_size"]})},
         "rollout": {"engine": opts["engine"]},
         "reward": {"functions": [{"type": "custom", "function": f"{HERE / 'workload.py'}:e_density"}]},
         "train": {"epochs": 100000, "max_steps": 100000, "logging_interval": 1, "samples_per_log": 0,
@@ -88,7 +89,8 @@ def _rlft_worker(conn, opts: dict) -> None:
         m = trainer.train_step()
         conn.send({"seconds": time.perf_counter() - t0, "tokens": m["completion_len/mean"] *
                    opts["prompts"] * opts["group_size"], "generation_seconds": m["generation_seconds"],
-                   "cpu": [b - a for a, b in zip(cpu0, _cpu_seconds())]})
+                   "cpu": [b - a for a, b in zip(cpu0, _cpu_seconds())],
+                   "phases": {k: v for k, v in m.items() if k.startswith(("time/", "work/"))}})
     conn.send({"peak_rss_mb": _peak_rss_mb()})
 
 
@@ -174,7 +176,7 @@ def _run_case(opts: dict, frameworks: list[str], warmup: int, steps: int) -> dic
     times = {n: [] for n in frameworks}
     tokens = {n: [] for n in frameworks}
     cpu = {n: [0.0, 0.0] for n in frameworks}
-    gen = []
+    gen, phases = [], []
     for i in range(warmup + steps):
         for name in frameworks:
             conns[name].send("step")
@@ -185,6 +187,8 @@ def _run_case(opts: dict, frameworks: list[str], warmup: int, steps: int) -> dic
                 cpu[name] = [c + x for c, x in zip(cpu[name], r["cpu"])]
                 if "generation_seconds" in r:
                     gen.append(r["generation_seconds"])
+                if "phases" in r:
+                    phases.append(r["phases"])
             print(f"  [{opts['dtype']}] {name} step {i + 1}{' (warm-up)' if i < warmup else ''}: "
                   f"{r['seconds']:.2f}s", file=sys.stderr, flush=True)
     out = {}
@@ -199,6 +203,9 @@ def _run_case(opts: dict, frameworks: list[str], warmup: int, steps: int) -> dic
                      "tokens_per_s": (sum(toks) / sum(times[name][:len(toks)])) if toks else None}
     if gen:
         out["rlft"]["generation_seconds"] = statistics.median(gen)
+    if phases:
+        out["rlft"]["phases"] = {k: statistics.median(p.get(k, 0.0) for p in phases)
+                                 for k in sorted({k for p in phases for k in p})}
     return out
 
 
@@ -229,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--beta", type=float, default=0.04)
     ap.add_argument("--natural-eos", action="store_true", help="let completions end at EOS (work then differs)")
+    ap.add_argument("--defaults", action="store_true",
+                    help="each framework as a user gets it: natural EOS, rlft's own micro-batch, TRL's own "
+                         "gradient checkpointing and generation settings")
     ap.add_argument("--engine", default="native", choices=["native", "hf"], help="rlft rollout engine")
     ap.add_argument("--rlft-gradient-checkpointing", action="store_true",
                     help="recompute activations in rlft's backward, as TRL does by default (less memory, more compute)")
@@ -241,13 +251,17 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(a.threads)
+    if a.defaults:
+        a.natural_eos = True
     model_dir = _resolve_model(a.model)
     peaks = {d: workload.matmul_peak_tflops(torch.float32 if d == "fp32" else torch.bfloat16) for d in ("fp32", "bf16")}
+    peaks["bandwidth_gbs"] = workload.memory_bandwidth_gbs()
+    sizes = (workload.matmul_params(model_dir)[0], workload.parameter_count(model_dir))
     p_tok = _prompt_tokens(model_dir)
     flops = {s: workload.step_flops(model_dir, p_tok, a.prompts, a.group_size, a.max_new_tokens, shared_prefill=s,
                                     with_reference=a.beta > 0) for s in (True, False)}
     print(f"machine: {os.cpu_count()} CPUs, {a.threads} threads; measured matmul peak fp32 {peaks['fp32']:.3f} "
-          f"TFLOP/s, bf16 {peaks['bf16']:.3f} TFLOP/s")
+          f"TFLOP/s, bf16 {peaks['bf16']:.3f} TFLOP/s; read bandwidth {peaks['bandwidth_gbs']:.1f} GB/s")
     print(f"workload: {a.model}, {a.prompts} prompts x {a.group_size} completions, {a.max_new_tokens} new tokens "
           f"({'natural EOS' if a.natural_eos else 'fixed length'}), prompt ~{p_tok} tokens, beta {a.beta}; "
           f"{flops[False] / 1e12:.2f} TFLOP per step computed per row, {flops[True] / 1e12:.2f} with shared prefill")
@@ -262,16 +276,17 @@ def main(argv: list[str] | None = None) -> int:
     for dtype in a.dtype:
         opts = dict(model_dir=model_dir, dtype=dtype, prompts=a.prompts, group_size=a.group_size,
                     max_new_tokens=a.max_new_tokens, beta=a.beta, fixed_length=not a.natural_eos,
-                    engine=a.engine, threads=a.threads, gradient_checkpointing=a.rlft_gradient_checkpointing)
+                    engine=a.engine, threads=a.threads, gradient_checkpointing=a.rlft_gradient_checkpointing,
+                    defaults=a.defaults)
         res = _run_case(opts, a.frameworks, a.warmup, a.steps)
         results["results"][dtype] = res
-        _print_case(dtype, res, flops[True], peaks)
+        _print_case(dtype, res, flops[True], peaks, sizes)
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=2))
     return 0
 
 
-def _print_case(dtype: str, res: dict, rlft_flops: float, peaks: dict) -> None:
+def _print_case(dtype: str, res: dict, rlft_flops: float, peaks: dict, sizes: tuple[float, float]) -> None:
     print(f"\n== {dtype} (median of timed steps)")
     for name, r in res.items():
         tps = f"{r['tokens_per_s']:.0f} generated tok/s" if r["tokens_per_s"] else "tok/s n/a"
@@ -285,6 +300,38 @@ def _print_case(dtype: str, res: dict, rlft_flops: float, peaks: dict) -> None:
               f"{achieved / peaks['bf16']:.0%} of the bf16 peak")
     if "rlft" in res and "trl" in res:
         print(f"  speed-up rlft vs TRL: {res['trl']['step_seconds'] / res['rlft']['step_seconds']:.2f}x")
+    if "rlft" in res and "phases" in res["rlft"]:
+        print_phases(res["rlft"]["phases"], dtype, peaks, *sizes)
+
+
+def print_phases(ph: dict, dtype: str, peaks: dict, weights: float, params: float) -> None:
+    """rlft's step split by phase, each against its floor: matmul phases in TFLOP/s against the
+    measured matmul peak, decode and optimizer in GB/s against the measured read bandwidth."""
+    w = weights
+    peak = peaks["bf16" if dtype == "bf16" else "fp32"]
+    bw = peaks.get("bandwidth_gbs", 0.0)
+    wbytes = 2 if dtype == "bf16" else 4
+    work = {  # phase -> (amount, unit, floor)
+        "prefill": (2 * w * ph.get("work/prefill_tokens", 0) / 1e12, "TFLOP", peak),
+        "decode": (w * wbytes * ph.get("work/decode_steps", 0) / 1e9, "GB", bw),
+        "reference": (2 * w * ph.get("work/reference_tokens", 0) / 1e12, "TFLOP", peak),
+        "policy": (6 * w * ph.get("work/policy_tokens", 0) / 1e12, "TFLOP", peak),
+        # fused AdamW reads parameter, gradient and two moments (fp32) and writes three of them back
+        "optimizer": (params * 4 * 7 / 1e9, "GB", bw),
+    }
+    total = sum(v for k, v in ph.items() if k.startswith("time/"))
+    print(f"  rlft per phase ({dtype}, median of timed steps; floors: matmul {peak:.3f} TFLOP/s, "
+          f"read bandwidth {bw:.1f} GB/s)")
+    print("  | phase | seconds | share | work | achieved | of floor |")
+    print("  |---|---|---|---|---|---|")
+    names = [k[5:] for k in ph if k.startswith("time/")]
+    for name in sorted(names, key=lambda n: (n == "other", -ph[f"time/{n}"])):
+        sec = ph[f"time/{name}"]
+        amount, unit, floor = work.get(name, (0.0, "", 0.0))
+        rate = amount / sec if sec > 0 and amount else 0.0
+        cells = (f"{amount:.3f} {unit}", f"{rate:.3f} {unit}/s", f"{rate / floor:.0%}") if rate and floor else \
+            ("", "", "")
+        print(f"  | {name} | {sec:.2f} | {sec / total:.0%} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -53,6 +53,24 @@ def matmul_params(model_dir: str | Path) -> tuple[int, int, int]:
     return per_layer * layers + h * c.vocab_size, layers, h
 
 
+def parameter_count(model_dir: str | Path) -> int:
+    """Parameters of the model (tied embeddings counted once), from its safetensors headers."""
+    from safetensors import safe_open
+
+    total, seen = 0, set()
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            for k in st.keys():
+                if k not in seen:
+                    seen.add(k)
+                    shape = st.get_slice(k).get_shape()
+                    n = 1
+                    for d in shape:
+                        n *= d
+                    total += n
+    return total
+
+
 def step_flops(model_dir, prompt_tokens: int, num_prompts: int, group: int, new_tokens: int,
                shared_prefill: bool, with_reference: bool) -> float:
     """Matmul FLOPs of one GRPO step: generation + reference forward + policy forward/backward.
@@ -69,3 +87,15 @@ def step_flops(model_dir, prompt_tokens: int, num_prompts: int, group: int, new_
     forward = 2 * w * tokens + attn
     passes = 1 + (1 if with_reference else 0) + 3  # generation, reference, policy forward + backward
     return passes * forward
+
+
+def memory_bandwidth_gbs(megabytes: int = 512, seconds: float = 1.0) -> float:
+    """Measured memory read bandwidth (GB/s): summing a buffer far larger than any cache, as a decode
+    step reads its weights."""
+    x = torch.ones(megabytes * 2**20 // 2, dtype=torch.bfloat16)
+    x.sum()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        x.sum()
+        n += 1
+    return x.numel() * 2 * n / (time.perf_counter() - t0) / 1e9

@@ -10,13 +10,11 @@ from safetensors.torch import load_file
 
 from rlft import Trainer
 from rlft.errors import UsageError
+from rlft.phases import is_timing
 from tests.conftest import read_jsonl
 
-TIMING = {"step_seconds", "generation_seconds", "update_seconds", "tokens_per_s", "peak_mem_mb"}
-
-
 def _strip(rows):
-    return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+    return [{k: v for k, v in r.items() if not is_timing(k)} for r in rows]
 
 
 @pytest.mark.slow

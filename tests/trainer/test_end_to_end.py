@@ -39,6 +39,14 @@ def test_run_directory_contents(tiny_config):
                 "tokens_per_s", "peak_mem_mb"}
     assert required <= set(rows[0]), required - set(rows[0])
     assert rows[0]["kl"] >= 0 and rows[0]["peak_mem_mb"] > 0
+    # the step split by phase: leaves that add up to the step, and the work each did
+    times = {k: v for k, v in rows[0].items() if k.startswith("time/")}
+    assert {"time/prefill", "time/decode", "time/reward", "time/reference", "time/policy", "time/optimizer",
+            "time/other"} <= set(times), sorted(times)
+    assert sum(times.values()) == pytest.approx(rows[0]["step_seconds"], rel=1e-6)
+    assert rows[0]["work/prefill_tokens"] > 0 and 0 < rows[0]["work/decode_steps"] <= 5  # 6 tokens: 5 steps after prefill
+    # the update's micro-batches drop the columns that are padding in all their rows
+    assert 0 < rows[0]["work/policy_tokens"] <= rows[0]["work/reference_tokens"]
     samples = read_jsonl(run / "samples.jsonl")
     assert samples and {"step", "prompt", "completion", "reward", "rewards"} <= set(samples[0])
     ckpts = sorted(p.name for p in (run / "checkpoints").iterdir())

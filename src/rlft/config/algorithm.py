@@ -100,3 +100,10 @@ class RolloutConfig(Section):
     engine: Literal["native", "hf"] = Field(
         "native", description="'native': shared-prompt prefill, finished rows leave the batch; 'hf': transformers generate."
     )
+    decode_copy: bool = Field(
+        True, description="With model.dtype bf16, generate from a bf16 copy of the weights refreshed after each "
+        "optimizer step (2 bytes a parameter; the reference model is kept in bf16, which pays for it). False: "
+        "generate from the fp32 weights under autocast, which casts every weight at every token.")
+    fused_decode: bool = Field(
+        True, description="Decode Llama-family models (llama, mistral, qwen2) with rlft's one-token forward over a "
+        "preallocated KV cache (fused q/k/v and gate/up matmuls in the bf16 copy); False: the model's own forward.")

@@ -67,6 +67,10 @@ class UpdateBatch:
         return replace(self, prompt_ids=self.prompt_ids[used, start:], prompt_mask=pmask[:, start:],
                        row_prompt=row_prompt, completion_ids=self.completion_ids[idx, :comp_len], **token)
 
+    def tokens_computed(self) -> int:
+        """Positions one grouped forward over this batch runs: each distinct prompt once, every completion."""
+        return self.prompt_ids.numel() + self.completion_ids.numel()
+
     def logprobs(self, model, temperature: float, with_entropy: bool = False):
         """[n, T] log-probs (and entropy) of this batch's trained tokens under ``model`` (0 elsewhere)."""
         return grouped_completion_logprobs(model, self.prompt_ids, self.prompt_mask, self.row_prompt,

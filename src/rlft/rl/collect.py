@@ -9,6 +9,7 @@ import torch
 from rlft.algorithms import groups_with_signal, overlong_penalty
 from rlft.evaluation import columns_of
 from rlft.logging.console import get_logger
+from rlft.phases import phase
 from rlft.rewards.manager import RewardResult
 from rlft.rollout import RolloutBatch, SamplingParams
 
@@ -95,8 +96,9 @@ class RolloutCollector:
         examples = [self.train_set.examples[i] for i in self.sampler.next_batch()]
         rollout = self.engine.run(examples, self.p.sampling)
         row_examples = [examples[i] for i in rollout.prompt_index]
-        scored = self.rewards.score([ex.prompt for ex in row_examples], rollout.texts,
-                                    {**columns_of(row_examples), **(rollout.columns or {})})
+        with phase("reward"):
+            scored = self.rewards.score([ex.prompt for ex in row_examples], rollout.texts,
+                                        {**columns_of(row_examples), **(rollout.columns or {})})
         if self.p.overlong_buffer > 0:
             max_len = self.p.sampling.max_new_tokens
             penalty = overlong_penalty(rollout.completion_lengths.cpu(), max_len=max_len,

@@ -16,6 +16,7 @@ from rlft.data.sampler import PromptSampler
 from rlft.data.prompts import load_prompts
 from rlft.logging.console import get_logger
 from rlft.logging.run_dir import RunDirectory, append_jsonl
+from rlft.phases import CLOCK, phase
 from rlft.rewards.manager import RewardManager
 from rlft.rl.batch import UpdateBatch
 from rlft.rl.build import build_advantage_stage, build_collector, build_critic, build_data, build_updater
@@ -80,6 +81,7 @@ class RLJob:
     def train_step(self, step: int) -> dict[str, float]:
         """Collect a scored batch, score it under the policies, advantages, update."""
         alg = self.cfg.algorithm
+        CLOCK.reset()
         t0 = time.perf_counter()
         collected = self.collector.collect()
         t_gen = time.perf_counter() - t0
@@ -87,12 +89,14 @@ class RLJob:
         kl_coef = self.kl.coef
         self.updater.score(batch, kl_coef=kl_coef)
         if self.critic is not None:
-            batch.old_values = self.critic.values(batch)
+            with phase("critic"):
+                batch.old_values = self.critic.values(batch)
         stats = self.advantage.apply(collected.scored.total, batch, kl_coef)
         lr = self.updater.optimizer.param_groups[0]["lr"]
         t1 = time.perf_counter()
         if self.critic is not None:
-            stats.update(self.critic.update(batch))
+            with phase("critic"):
+                stats.update(self.critic.update(batch))
         # The critic trains alone for its warm-up steps (step counts from 1).
         if self.critic is None or step > alg.critic.warmup_steps:
             stats.update(self.updater.update(batch, kl_coef=kl_coef))
@@ -111,6 +115,7 @@ class RLJob:
                         "update_seconds": time.perf_counter() - t1,
                         "tokens_per_s": float(batch.loss_mask.sum().item()) / seconds,
                         "peak_mem_mb": peak_memory_mb(self.device)})
+        metrics.update(CLOCK.snapshot(seconds))
         self._last_reward = metrics["reward/mean"]
         self._write_samples(step, collected.prompts, rollout, scored)
         self._health.observe(step, metrics)
@@ -167,7 +172,8 @@ class RLJob:
     def generation(cfg: RLConfig) -> GenerationSettings:
         return GenerationSettings(cfg.rollout.engine, cfg.data.max_prompt_length,
                                   cfg.eval.max_new_tokens or cfg.algorithm.max_new_tokens,
-                                  add_special_tokens=not cfg.data.use_chat_template, episodes=episode_runner(cfg))
+                                  add_special_tokens=not cfg.data.use_chat_template, episodes=episode_runner(cfg),
+                                  decode_copy=cfg.rollout.decode_copy, fused_decode=cfg.rollout.fused_decode)
 
     @staticmethod
     def reward_manager(cfg: RLConfig) -> RewardManager:

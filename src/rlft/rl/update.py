@@ -9,6 +9,7 @@ import torch
 
 from rlft.algorithms import policy_objective
 from rlft.logging.console import get_logger
+from rlft.phases import count, phase
 from rlft.rl.batch import UpdateBatch, autocast, per_row_no_grad, run_epochs
 from rlft.trainer.optim import clipped_step
 
@@ -58,12 +59,14 @@ class PolicyUpdater:
         or the KL-in-reward needs the sampling policy's log-probs)."""
         has_kl = kl_coef > 0 and self.reference is not None
         if has_kl:  # no KL: skip the reference forward entirely
-            with self.reference.context() as ref_module:
+            with phase("reference"), self.reference.context() as ref_module:
                 batch.ref_logprobs = self._logprobs_no_grad(ref_module, batch)
+            count("reference_tokens", batch.tokens_computed())
         # With one optimizer step per rollout the policy has not moved since sampling, so the loss
         # uses the current log-probs detached as the old ones: no extra forward.
         if not self._single_step(len(batch)) or (has_kl and not self.p.kl_in_loss):
-            batch.old_logprobs = self._old_logprobs(batch)
+            with phase("old_logprobs"):
+                batch.old_logprobs = self._old_logprobs(batch)
 
     def _logprobs_no_grad(self, module, batch: UpdateBatch) -> torch.Tensor:
         return per_row_no_grad(batch, self.p.micro_batch_size, self.autocast_dtype,
@@ -110,19 +113,22 @@ class PolicyUpdater:
         active_tokens = max(float(batch.loss_mask[active].sum().item()), 1.0)
         for chunk in active.split(self.p.micro_batch_size) if active.numel() else ():
             mb = batch.rows(chunk)
-            with autocast(self.autocast_dtype, mb.loss_mask.device):
-                lp, ent = mb.logprobs(self.model, self.p.temperature, with_entropy=True)
-            old = lp.detach() if mb.old_logprobs is None else mb.old_logprobs
-            out = policy_objective(lp, old, mb.advantages, mb.loss_mask, self._kl_ref(mb), loss_name=self.p.loss_name,
-                                   loss_params=self.p.loss_params, kl_coef=kl_coef,
-                                   kl_estimator=self.p.kl_estimator, aggregation=self.p.aggregation,
-                                   num_computed_tokens=active_tokens, **counts)
-            out.loss.backward()
+            with phase("policy"):
+                with autocast(self.autocast_dtype, mb.loss_mask.device):
+                    lp, ent = mb.logprobs(self.model, self.p.temperature, with_entropy=True)
+                old = lp.detach() if mb.old_logprobs is None else mb.old_logprobs
+                out = policy_objective(lp, old, mb.advantages, mb.loss_mask, self._kl_ref(mb),
+                                       loss_name=self.p.loss_name, loss_params=self.p.loss_params, kl_coef=kl_coef,
+                                       kl_estimator=self.p.kl_estimator, aggregation=self.p.aggregation,
+                                       num_computed_tokens=active_tokens, **counts)
+                out.loss.backward()
+            count("policy_tokens", mb.tokens_computed())
             for k, v in out.stats.items():
                 stats[k] = stats.get(k, 0.0) + v
             stats["entropy"] = stats.get("entropy", 0.0) + float((ent * mb.loss_mask).sum().item()) / active_tokens
         params = [p for p in self.model.parameters() if p.requires_grad]
-        stats.update(clipped_step(self.optimizer, self.scheduler, params, self.p.max_grad_norm))
+        with phase("optimizer"):
+            stats.update(clipped_step(self.optimizer, self.scheduler, params, self.p.max_grad_norm))
         if "skipped_updates" in stats:
             get_logger().warning(f"non-finite gradient norm ({stats['grad_norm']}); optimizer step skipped")
         return stats

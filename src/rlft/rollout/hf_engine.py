@@ -7,6 +7,7 @@ import contextlib
 import torch
 
 from rlft.models.logprobs import token_logprobs
+from rlft.phases import count, phase
 from rlft.rollout.base import RolloutBatch, SamplingParams
 
 
@@ -35,19 +36,47 @@ def completion_mask_from_ids(completion_ids: torch.Tensor, eos_ids: list[int]) -
 class HFGenerateEngine:
     """Samples with ``model.generate`` under the trainer's autocast settings.
 
-    The policy module is shared with the trainer, so every rollout sees the
-    latest weights without a copy.
+    The policy module is shared with the trainer, so every rollout sees the latest weights. With
+    ``decode_copy`` and a reduced-precision ``autocast_dtype``, generation runs on a copy of the
+    weights in that dtype, refreshed after each optimizer step (:mod:`rlft.models.decode_weights`).
     """
 
     def __init__(self, model, tokenizer, *, max_prompt_length: int, autocast_dtype: torch.dtype | None,
-                 add_special_tokens: bool = False):
+                 add_special_tokens: bool = False, decode_copy: bool = False, fused_decode: bool = True):
+        from rlft.models.decode_weights import DecodeWeights
+
         self.model = model
+        self.fused_decode = fused_decode  # NativeEngine: the fused decode where the model allows it
+        self._copy = DecodeWeights(model, autocast_dtype) if decode_copy and autocast_dtype is not None else None
         self.tokenizer = tokenizer
         self.max_prompt_length = max_prompt_length
         self.autocast_dtype = autocast_dtype
         self.add_special_tokens = add_special_tokens
         self.eos_ids = eos_token_ids(tokenizer, model)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+
+    def decode_model(self) -> torch.nn.Module:
+        """The module to generate with: the policy, or its reduced-precision copy brought up to date."""
+        return self._copy.current() if self._copy is not None else self.model
+
+    @contextlib.contextmanager
+    def generating(self):
+        """Yield the module to generate with: eval mode, no autograd, the engine's autocast and (CPU)
+        decode-shaped linears; the policy's train/eval mode is restored after."""
+        model = self.decode_model()
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with self.grad_mode(), self._autocast(), self._decode_linears(model):
+                yield model
+        finally:
+            self.model.train(was_training)
+
+    grad_mode = staticmethod(torch.no_grad)
+
+    @staticmethod
+    def _decode_linears(model):
+        return contextlib.nullcontext()
 
     @property
     def device(self) -> torch.device:
@@ -88,22 +117,17 @@ class HFGenerateEngine:
         """One completion per formatted prompt ``example.text`` (n per example)."""
         return self.generate([ex.text for ex in examples], sampling)
 
-    @torch.no_grad()
     def generate(self, prompts: list[str], sampling: SamplingParams) -> RolloutBatch:
         prompt_ids, prompt_mask = self.tokenize_prompts(prompts)
         prompt_ids = prompt_ids.repeat_interleave(sampling.n, dim=0)
         prompt_mask = prompt_mask.repeat_interleave(sampling.n, dim=0)
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with self._autocast():
-                out = self.model.generate(input_ids=prompt_ids, attention_mask=prompt_mask,
-                                          generation_config=self._generation_config(sampling),
-                                          output_logits=True, return_dict_in_generate=True)
-        finally:
-            self.model.train(was_training)
+        with self.generating() as model, phase("decode"):  # prefill included: generate() does not split them
+            out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask,
+                                 generation_config=self._generation_config(sampling),
+                                 output_logits=True, return_dict_in_generate=True)
         completion_ids = out.sequences[:, prompt_ids.shape[1]:]
         mask, ended = completion_mask_from_ids(completion_ids, self.eos_ids)
+        count("decode_tokens", float(mask.sum()))
         completion_ids = torch.where(mask.bool(), completion_ids, torch.full_like(completion_ids, self.pad_id))
         # Decode without the EOS token itself: it may not be marked special in every tokenizer.
         text_lengths = (mask.sum(-1) - ended.long()).tolist()

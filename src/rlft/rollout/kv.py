@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from rlft.models.logprobs import cache_kwargs
+from rlft.phases import count, phase
 
 
 @dataclass
@@ -69,8 +70,10 @@ class KVBatch:
             pos[b, T - len(x):] = torch.arange(c, c + len(x), device=device)
         batch = (KVBatch._from_tensors(_left_padded(rows, C), mask[:, :C], mask[:, :C].sum(-1)) if C > 0
                  else KVBatch._empty(B, device))
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=1,
-                       **cache_kwargs(batch.cache)).logits[:, -1]
+        with phase("prefill"):
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=1,
+                           **cache_kwargs(batch.cache)).logits[:, -1]
+        count("prefill_tokens", ids.numel())
         batch.mask = mask
         batch.positions = mask.sum(-1)
         return batch, logits
@@ -87,8 +90,11 @@ class KVBatch:
     def step(self, model, tokens: torch.Tensor) -> torch.Tensor:
         """Append one token per row ([B]); returns the next-token logits [B, V]."""
         self.mask = torch.cat([self.mask, self.mask.new_ones(len(self), 1)], dim=1)
-        logits = model(input_ids=tokens[:, None], attention_mask=self.mask, position_ids=self.positions[:, None],
-                       logits_to_keep=1, **cache_kwargs(self.cache)).logits[:, -1]
+        with phase("decode"):
+            logits = model(input_ids=tokens[:, None], attention_mask=self.mask, position_ids=self.positions[:, None],
+                           logits_to_keep=1, **cache_kwargs(self.cache)).logits[:, -1]
+        count("decode_tokens", len(self))
+        count("decode_steps", 1)
         self.positions = self.positions + 1
         return logits
 

@@ -23,7 +23,7 @@ from rlft.chat.deltas import TurnDeltas
 from rlft.envs.spec import EnvironmentSpec
 from rlft.envs.worker import WORKERS
 from rlft.errors import EnvironmentFailure
-from rlft.models.fast_linear import weight_first_linears
+from rlft.phases import phase
 from rlft.rollout.base import RolloutBatch, SamplingParams
 from rlft.rollout.episode import DONE, READY, RUNNING, WAITING, Episode, EpisodeLimits
 from rlft.rollout.kv import KVBatch
@@ -53,14 +53,12 @@ class EpisodeRunner:
 
     def run(self, examples: list, sampling: SamplingParams) -> RolloutBatch:
         episodes = self._start(examples, sampling.n)
-        model = self.engine.model
-        was_training = model.training
-        model.eval()
         try:
-            with self.engine.grad_mode(), self.engine._autocast(), weight_first_linears(model):
+            with self.engine.generating() as model:
+                self.model = model  # the module decoding this run (the policy or its bf16 copy)
                 self._loop(episodes, sampling)
         finally:
-            model.train(was_training)
+            self.model = None
             self._finish_workers(episodes)
         return self._batch(episodes)
 
@@ -77,7 +75,8 @@ class EpisodeRunner:
         for ep in episodes:
             # The first request also builds the environment (an index, a connection): it gets the
             # whole episode's time, not one tool call's.
-            reply = ep.worker.receive(self.limits.episode_timeout)
+            with phase("environment"):
+                reply = ep.worker.receive(self.limits.episode_timeout)
             if not reply.ok:
                 self._abort(episodes)
                 source = getattr(examples[ep.group], "source", "") or f"row {ep.group}"
@@ -142,7 +141,7 @@ class EpisodeRunner:
             tokens, logprobs = self._sample(logits, sampling, rows)
             ended = self._append(rows, tokens.tolist(), logprobs.tolist(), sampling.max_new_tokens)
             if not ended:
-                logits = running.step(self.engine.model, tokens)
+                logits = running.step(self.model, tokens)
                 continue
             for b in ended:
                 if rows[b].state != DONE:  # it comes back after its tools: keep what the model has read
@@ -154,7 +153,7 @@ class EpisodeRunner:
             idx = torch.tensor(keep, device=tokens.device)
             running.select(idx)
             rows = [rows[b] for b in keep]
-            logits = running.step(self.engine.model, tokens[idx])
+            logits = running.step(self.model, tokens[idx])
 
     def _sample(self, logits: torch.Tensor, sampling: SamplingParams, rows: list[Episode]):
         """Tokens [B] and their log-probs [B] for the running rows (tests script this)."""
@@ -260,7 +259,8 @@ class EpisodeRunner:
         left = max(0.0, left)
         conns = [ep.worker.connection for ep in waiting if ep.worker.connection is not None]
         if conns:
-            wait_any(conns, timeout=left + 0.01)
+            with phase("environment"):
+                wait_any(conns, timeout=left + 0.01)
 
     def _expire(self, episodes: list[Episode]) -> None:
         now = time.monotonic()
@@ -284,7 +284,7 @@ class EpisodeRunner:
         for ep, u in zip(ready, firsts):
             leaders.setdefault(u, ep)
         order = [leaders[u] for u in range(len(unique))]
-        batch, new_logits = KVBatch.prefill(self.engine.model, [ep.cached for ep in order],
+        batch, new_logits = KVBatch.prefill(self.model, [ep.cached for ep in order],
                                             [ep.pending for ep in order], self.engine.pad_id, self.engine.device)
         if len(order) < len(ready):
             idx = torch.tensor(firsts, device=new_logits.device)

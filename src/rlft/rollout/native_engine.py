@@ -12,6 +12,7 @@ import torch
 
 from rlft.models.fast_linear import weight_first_linears
 from rlft.models.logprobs import cache_kwargs, position_ids_from_mask
+from rlft.phases import count, phase
 from rlft.rollout.base import RolloutBatch, SamplingParams
 from rlft.rollout.hf_engine import HFGenerateEngine
 from rlft.rollout.sampling import sample_next
@@ -23,16 +24,12 @@ class NativeEngine(HFGenerateEngine):
     # inference_mode skips autograd's per-op bookkeeping (version counters, views), which adds up
     # over ~200 small ops per decode step; its tensors are cloned before leaving generate().
     grad_mode = staticmethod(torch.inference_mode)
+    _decode_linears = staticmethod(weight_first_linears)
 
     def generate(self, prompts: list[str], sampling: SamplingParams) -> RolloutBatch:
         prompt_ids, prompt_mask = self.tokenize_prompts(prompts)
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with self.grad_mode(), self._autocast(), weight_first_linears(self.model):
-                decoded = self._decode(prompt_ids, prompt_mask, sampling)
-        finally:
-            self.model.train(was_training)
+        with self.generating() as model:
+            decoded = self._decode(model, prompt_ids, prompt_mask, sampling)
         tokens, logprobs, lengths, ended = (t.clone() for t in decoded)  # normal tensors again
         n = sampling.n
         steps = torch.arange(tokens.shape[1], device=tokens.device)
@@ -47,43 +44,109 @@ class NativeEngine(HFGenerateEngine):
             logprobs=logprobs * mask,
         )
 
-    def _decode(self, prompt_ids, prompt_mask, sampling: SamplingParams):
+    def _decode(self, model, prompt_ids, prompt_mask, sampling: SamplingParams):
         """Returns tokens [N, T] (pad after the end), logprobs [N, T], lengths [N] (incl. EOS), ended [N] bool."""
-        from transformers import DynamicCache
-
         n, T, device = sampling.n, sampling.max_new_tokens, prompt_ids.device
-        cache = DynamicCache()
-        logits = self._last_logits(cache, prompt_ids, prompt_mask, position_ids_from_mask(prompt_mask))
-        for layer in cache.layers:
-            layer.batch_repeat_interleave(n)
-        logits = logits.repeat_interleave(n, 0)
-        attn = prompt_mask.repeat_interleave(n, 0)
-        N = attn.shape[0]
-        positions = attn.sum(-1)
+        rows = self._rows(model, prompt_ids, prompt_mask, n, T)
+        with phase("prefill"):
+            logits = rows.prefill(prompt_ids, prompt_mask).repeat_interleave(n, 0)
+        count("prefill_tokens", prompt_ids.numel())
+        N = prompt_ids.shape[0] * n
         alive = torch.arange(N, device=device)
         tokens = torch.full((N, T), self.pad_id, dtype=torch.long, device=device)
         logprobs = torch.zeros(N, T, device=device)
         lengths = torch.full((N,), T, dtype=torch.long, device=device)
         ended = torch.zeros(N, dtype=torch.bool, device=device)
         eos = torch.tensor(self.eos_ids, device=device)
-        for t in range(T):
-            tok, lp = sample_next(logits, sampling, eos if t < sampling.min_new_tokens else None)
-            tokens[alive, t], logprobs[alive, t] = tok, lp
-            done = torch.isin(tok, eos)
-            lengths[alive[done]], ended[alive[done]] = t + 1, True
-            keep = (~done).nonzero().squeeze(-1)
-            if t == T - 1 or keep.numel() == 0:
-                break
-            if keep.numel() < alive.numel():
-                for layer in cache.layers:
-                    layer.batch_select_indices(keep)
-                alive, attn, positions, tok = alive[keep], attn[keep], positions[keep], tok[keep]
-            attn = torch.cat([attn, attn.new_ones(attn.shape[0], 1)], dim=1)
-            logits = self._last_logits(cache, tok[:, None], attn, positions[:, None])
-            positions = positions + 1
+        with phase("decode"):
+            for t in range(T):
+                tok, lp = sample_next(logits, sampling, eos if t < sampling.min_new_tokens else None)
+                tokens[alive, t], logprobs[alive, t] = tok, lp
+                done = torch.isin(tok, eos)
+                lengths[alive[done]], ended[alive[done]] = t + 1, True
+                keep = (~done).nonzero().squeeze(-1)
+                if t == T - 1 or keep.numel() == 0:
+                    break
+                if keep.numel() < alive.numel():
+                    rows.select(keep)
+                    alive, tok = alive[keep], tok[keep]
+                logits = rows.step(tok)
+                count("decode_tokens", tok.shape[0])
+                count("decode_steps", 1)
         return tokens, logprobs, lengths, ended
 
-    def _last_logits(self, cache, input_ids, attention_mask, position_ids) -> torch.Tensor:
-        """Next-token logits [B, V] after ``input_ids`` [B, L]; extends ``cache`` in place."""
-        return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                          logits_to_keep=1, **cache_kwargs(cache)).logits[:, -1]
+    def _rows(self, model, prompt_ids, prompt_mask, n: int, T: int):
+        """The decode state of the batch: the fused decoder over a static cache where the model
+        allows it, else the model's own forward over a growing cache."""
+        from rlft.models.fused_decode import FusedDecoder, unsupported_reason
+
+        # Under autocast without the decode copy the weights are fp32: the generic path casts them.
+        usable = (self.fused_decode and (self.autocast_dtype is None or self._copy is not None)
+                  and unsupported_reason(model) is None)
+        if not usable:
+            return _DynamicRows(model, n)
+        if self._fused is None or self._fused[0] is not model:
+            self._fused = (model, FusedDecoder(model))
+        return _StaticRows(model, self._fused[1], n, prompt_ids.shape[0] * n, prompt_ids.shape[1] + T)
+
+    _fused: tuple | None = None  # (the model it reads, FusedDecoder)
+
+
+class _DynamicRows:
+    """Decode through the model's forward with a Hugging Face ``DynamicCache``."""
+
+    def __init__(self, model, n: int):
+        from transformers import DynamicCache
+
+        self.model, self.n, self.cache = model, n, DynamicCache()
+
+    def prefill(self, prompt_ids, prompt_mask) -> torch.Tensor:
+        logits = _last_logits(self.model, self.cache, prompt_ids, prompt_mask, position_ids_from_mask(prompt_mask))
+        for layer in self.cache.layers:
+            layer.batch_repeat_interleave(self.n)
+        self.attn = prompt_mask.repeat_interleave(self.n, 0)
+        self.positions = self.attn.sum(-1)
+        return logits
+
+    def select(self, keep: torch.Tensor) -> None:
+        for layer in self.cache.layers:
+            layer.batch_select_indices(keep)
+        self.attn, self.positions = self.attn[keep], self.positions[keep]
+
+    def step(self, tok: torch.Tensor) -> torch.Tensor:
+        self.attn = torch.cat([self.attn, self.attn.new_ones(self.attn.shape[0], 1)], dim=1)
+        logits = _last_logits(self.model, self.cache, tok[:, None], self.attn, self.positions[:, None])
+        self.positions = self.positions + 1
+        return logits
+
+
+class _StaticRows:
+    """Decode through :class:`FusedDecoder` with a cache allocated once for prompt + completion."""
+
+    def __init__(self, model, fused, n: int, rows: int, capacity: int):
+        self.model, self.fused, self.n = model, fused, n
+        self.kv = fused.new_cache(rows, capacity)
+
+    def prefill(self, prompt_ids, prompt_mask) -> torch.Tensor:
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        logits = _last_logits(self.model, cache, prompt_ids, prompt_mask, position_ids_from_mask(prompt_mask))
+        self.kv.load(cache, prompt_mask, self.n)
+        self.positions = prompt_mask.sum(-1).repeat_interleave(self.n, 0)
+        return logits
+
+    def select(self, keep: torch.Tensor) -> None:
+        self.kv.select(keep)
+        self.positions = self.positions[keep]
+
+    def step(self, tok: torch.Tensor) -> torch.Tensor:
+        logits = self.fused.step(tok, self.positions, self.kv)
+        self.positions = self.positions + 1
+        return logits
+
+
+def _last_logits(model, cache, input_ids, attention_mask, position_ids) -> torch.Tensor:
+    """Next-token logits [B, V] after ``input_ids`` [B, L]; extends ``cache`` in place."""
+    return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                 logits_to_keep=1, **cache_kwargs(cache)).logits[:, -1]

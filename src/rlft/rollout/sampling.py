@@ -48,9 +48,12 @@ def sample_next(logits: torch.Tensor, sampling: SamplingParams,
         logprobs = torch.log_softmax(logits, -1).gather(-1, tokens[:, None]).squeeze(-1)
         return tokens, logprobs
     tempered = logits / sampling.temperature
+    logp = torch.log_softmax(tempered, -1)
     filtered = filter_logits(tempered, sampling.top_k, sampling.top_p)
-    if suppress is not None:
-        filtered = filtered.index_fill(-1, suppress, float("-inf"))
-    tokens = sample_categorical(torch.softmax(filtered, -1))
-    logprobs = torch.log_softmax(tempered, -1).gather(-1, tokens[:, None]).squeeze(-1)
-    return tokens, logprobs
+    if suppress is None and filtered is tempered:  # nothing removed: the probabilities are exp(logp)
+        tokens = sample_categorical(logp.exp())
+    else:
+        if suppress is not None:
+            filtered = filtered.index_fill(-1, suppress, float("-inf"))
+        tokens = sample_categorical(torch.softmax(filtered, -1))
+    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)

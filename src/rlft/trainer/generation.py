@@ -16,19 +16,23 @@ class GenerationSettings:
     """How a kind of job generates for its evaluation: the rollout engine (a name in
     ``rlft.rollout.ENGINES``), prompt truncation, the token budget, and whether the tokenizer adds
     its special tokens (not when the chat template already did); ``episodes`` wraps the engine into a
-    multi-turn episode runner (None: one completion per prompt)."""
+    multi-turn episode runner (None: one completion per prompt); ``decode_copy``: generate from a copy of
+    the weights in the compute dtype (training jobs that decode every step)."""
 
     engine: str
     max_prompt_length: int
     max_new_tokens: int
     add_special_tokens: bool
     episodes: Callable | None = None
+    decode_copy: bool = False
+    fused_decode: bool = True
 
     def make_engine(self, model, tokenizer, autocast_dtype: torch.dtype | None):
         from rlft.rollout import ENGINES
 
         engine = ENGINES[self.engine](model, tokenizer, max_prompt_length=self.max_prompt_length,
-                                      autocast_dtype=autocast_dtype, add_special_tokens=self.add_special_tokens)
+                                      autocast_dtype=autocast_dtype, add_special_tokens=self.add_special_tokens,
+                                      decode_copy=self.decode_copy, fused_decode=self.fused_decode)
         return self.episodes(engine) if self.episodes is not None else engine
 
 

@@ -47,8 +47,8 @@ def build_model(model_cfg: ModelConfig, *, with_reference: bool = False) -> Mode
         model_dir = ensure_merged(model_dir)
     tokenizer = load_tokenizer(model_dir)
     model = load_policy(model_cfg, device, model_dir=model_dir)
-    reference = make_reference(model) if with_reference else None
     autocast, warning = autocast_dtype(model_cfg.dtype, device)
+    reference = make_reference(model, autocast) if with_reference else None
     if warning:
         get_logger().warning(warning)
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -1,0 +1,215 @@
+"""A one-token forward for Llama-family models over a preallocated KV cache: the decode hot loop.
+
+A decode step's arithmetic is small (a few rows per weight); its time goes to streaming the
+weights and to framework overhead around ~15 small modules per layer. This forward
+* runs the projections that read the same input as one matmul (q/k/v; gate/up) when they are
+  stored fused: the bf16 decode copy stores them that way (:func:`fuse_projections`), with the
+  model's own q/k/v/gate/up parameters rebound as views, so the Hugging Face forward used for
+  prefill reads the same memory;
+* writes each token's keys and values in place into a cache allocated once for the whole rollout
+  (:class:`StaticKV`) instead of concatenating a growing cache at every token;
+* keeps the residual stream and the norms in fp32 and rounds only matmul inputs, as bf16 autocast
+  does, so its log-probs match the Hugging Face forward up to summation order.
+
+Supported: ``llama``, ``mistral`` (no sliding window in reach), ``qwen2`` (q/k/v biases), without
+adapters; :func:`unsupported_reason` says why another model decodes through the generic path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import nn
+
+SUPPORTED = ("llama", "mistral", "qwen2")
+WEIGHT_FIRST_ROWS = 64  # see rlft.models.fast_linear: CPU GEMMs stream cold weights faster as W @ x.T
+
+
+def unsupported_reason(model: nn.Module) -> str | None:
+    """None if :class:`FusedDecoder` can run ``model``, else why not."""
+    config = getattr(model, "config", None)
+    kind = getattr(config, "model_type", None)
+    if kind not in SUPPORTED:
+        return f"model type {kind!r} (fused decode supports {', '.join(SUPPORTED)})"
+    if hasattr(model, "peft_config"):
+        return "a LoRA/PEFT model"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"activation {config.hidden_act!r}"
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return "sliding-window attention"
+    if any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()):
+        return "forward hooks on its modules (the fused forward would skip them)"
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if not layers or any(hasattr(layer.self_attn, "q_norm") for layer in layers):
+        return "an unexpected layer layout"
+    return None
+
+
+def fuse_projections(model: nn.Module) -> None:
+    """Store each layer's q/k/v and gate/up weights (and biases) as one tensor, the modules'
+    parameters becoming row-block views of it (kept as ``fused_qkv`` / ``fused_gate_up`` on the
+    attention and MLP modules). Only for a frozen copy: views are not trained."""
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        attn.fused_qkv = (_fuse([attn.q_proj, attn.k_proj, attn.v_proj], "weight"),
+                          _fuse([attn.q_proj, attn.k_proj, attn.v_proj], "bias"))
+        mlp.fused_gate_up = (_fuse([mlp.gate_proj, mlp.up_proj], "weight"), None)
+
+
+def _fuse(linears: list[nn.Linear], name: str) -> torch.Tensor | None:
+    parts = [getattr(m, name) for m in linears]
+    if any(p is None for p in parts):
+        return None
+    fused = torch.cat([p.detach() for p in parts])
+    start = 0
+    for m, p in zip(linears, parts):
+        setattr(m, name, nn.Parameter(fused[start:start + p.shape[0]], requires_grad=False))
+        start += p.shape[0]
+    return fused
+
+
+def _weights(owner: nn.Module, fused_attr: str, linears: list[nn.Linear]):
+    """([weights], [biases] or None): the fused tensors if :func:`fuse_projections` ran, else each layer's."""
+    fused = getattr(owner, fused_attr, None)
+    if fused is not None:
+        weight, bias = fused
+        return [weight], (None if bias is None else [bias])
+    biases = [m.bias for m in linears]
+    return [m.weight for m in linears], (None if biases[0] is None else biases)
+
+
+@dataclass
+class _Layer:
+    ln1: torch.Tensor
+    ln2: torch.Tensor
+    qkv: list[torch.Tensor]
+    qkv_bias: list[torch.Tensor] | None
+    o: torch.Tensor
+    gate_up: list[torch.Tensor]
+    down: torch.Tensor
+
+
+class StaticKV:
+    """Keys and values of B rows for up to ``capacity`` positions, per layer [B, KVH, capacity, D],
+    and ``valid`` [B, capacity]: which columns a row attends to (left padding is not valid)."""
+
+    def __init__(self, layers: int, rows: int, kv_heads: int, capacity: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device):
+        shape = (layers, rows, kv_heads, capacity, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.valid = torch.zeros(rows, capacity, dtype=torch.bool, device=device)
+        self.length = 0
+
+    def load(self, cache, mask: torch.Tensor, repeat: int) -> None:
+        """Copy a prefilled Hugging Face cache of U rows ([U, KVH, P, D] per layer) in, each row
+        ``repeat`` times; ``mask`` [U, P] marks the real prompt tokens."""
+        P = mask.shape[1]
+        for i, layer in enumerate(cache.layers):
+            self.k[i, :, :, :P] = layer.keys.repeat_interleave(repeat, 0)
+            self.v[i, :, :, :P] = layer.values.repeat_interleave(repeat, 0)
+        self.valid[:, :P] = mask.bool().repeat_interleave(repeat, 0)
+        self.length = P
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only ``rows`` (indices [K]): one copy of the used part of the cache."""
+        n = self.length
+        self.k = self.k.index_select(1, rows)
+        self.v = self.v.index_select(1, rows)
+        self.valid = self.valid.index_select(0, rows)
+        self.length = n
+
+
+class FusedDecoder:
+    """``step(tokens, positions, kv)``: next-token logits [B, V] (float32) after one token per row.
+
+    Matmul inputs are rounded to the dtype of the weights (bf16 for the decode copy); keys and
+    values are cached in the LM head's dtype."""
+
+    def __init__(self, model: nn.Module):
+        base, config = model.model, model.config
+        self.embed = base.embed_tokens.weight
+        self.rotary = base.rotary_emb
+        self.norm, self.eps = base.norm.weight, base.norm.variance_epsilon
+        self.head = model.lm_head.weight
+        self.heads = config.num_attention_heads
+        self.kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.layers = [self._layer(layer) for layer in base.layers]
+        self.cache_dtype = self.head.dtype
+        self.scale = self.head_dim ** -0.5
+
+    @staticmethod
+    def _layer(layer: nn.Module) -> _Layer:
+        attn, mlp = layer.self_attn, layer.mlp
+        qkv, qkv_bias = _weights(attn, "fused_qkv", [attn.q_proj, attn.k_proj, attn.v_proj])
+        gate_up, _ = _weights(mlp, "fused_gate_up", [mlp.gate_proj, mlp.up_proj])
+        return _Layer(layer.input_layernorm.weight, layer.post_attention_layernorm.weight, qkv, qkv_bias,
+                      attn.o_proj.weight, gate_up, mlp.down_proj.weight)
+
+    def new_cache(self, rows: int, capacity: int) -> StaticKV:
+        return StaticKV(len(self.layers), rows, self.kv_heads, capacity, self.head_dim, self.cache_dtype,
+                        self.head.device)
+
+    def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+    def _mm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        x = x.to(w.dtype)
+        if x.device.type == "cpu" and x.shape[0] <= WEIGHT_FIRST_ROWS:
+            return torch.mm(w, x.t()).t()
+        return x @ w.t()
+
+    def _project(self, x: torch.Tensor, weights: list[torch.Tensor], biases) -> torch.Tensor:
+        out = self._mm(x, weights[0]) if len(weights) == 1 else torch.cat([self._mm(x, w) for w in weights], -1)
+        if biases is not None:
+            out = out + (biases[0] if len(biases) == 1 else torch.cat(biases))
+        return out
+
+    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """One query per row against its cache: q [B, H, D], keys/values [B, KVH, S, D] -> [B, H * D].
+
+        The H query heads are viewed as KVH groups of H / KVH (query head h reads kv head
+        h // (H / KVH), as Hugging Face's repeat_kv lays them out), so the cache is never expanded;
+        scores and softmax are fp32. (SDPA's CPU kernel for one query token with grouped heads
+        took its slow reference path: 0.6 ms a layer against 0.1 here on SmolLM2.)"""
+        B, H, D = q.shape
+        KVH = keys.shape[1]
+        q = q.view(B, KVH, H // KVH, D).to(keys.dtype)
+        scores = torch.matmul(q, keys.transpose(-1, -2)).float() * self.scale + bias
+        probs = torch.softmax(scores, dim=-1).to(values.dtype)
+        return torch.matmul(probs, values).reshape(B, H * D)
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor, kv: StaticKV) -> torch.Tensor:
+        """tokens, positions: [B]; writes the tokens' keys/values at column ``kv.length``."""
+        B, H, KVH, D = tokens.shape[0], self.heads, self.kv_heads, self.head_dim
+        col = kv.length
+        kv.valid[:, col] = True
+        # [B, 1, 1, S]: 0 where a row attends, -inf on its left padding
+        bias = torch.zeros(kv.valid[:, : col + 1].shape, dtype=torch.float32, device=tokens.device)
+        bias = bias.masked_fill_(~kv.valid[:, : col + 1], float("-inf"))[:, None, None]
+        x = self.embed.index_select(0, tokens).float()
+        cos, sin = self.rotary(x, positions[:, None])  # [B, 1, D]
+        cos, sin = cos.float(), sin.float()
+        for i, layer in enumerate(self.layers):
+            qkv = self._project(self._rms(x, layer.ln1), layer.qkv, layer.qkv_bias)
+            q, k, v = qkv.split([H * D, KVH * D, KVH * D], dim=-1)
+            q = _rotate(q.float().view(B, H, D), cos, sin)
+            k = _rotate(k.float().view(B, KVH, D), cos, sin)
+            kv.k[i, :, :, col] = k
+            kv.v[i, :, :, col] = v.view(B, KVH, D)
+            attn = self._attend(q, kv.k[i, :, :, : col + 1], kv.v[i, :, :, : col + 1], bias)
+            x = x + self._mm(attn, layer.o).float()
+            gate, up = self._project(self._rms(x, layer.ln2), layer.gate_up, None).chunk(2, dim=-1)
+            x = x + self._mm(F.silu(gate) * up, layer.down).float()
+        kv.length = col + 1
+        return self._mm(self._rms(x, self.norm), self.head).float()
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of x [B, heads, D] at each row's position (cos, sin: [B, 1, D])."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin

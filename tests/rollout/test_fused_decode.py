@@ -1,0 +1,121 @@
+"""The fused decode over a static cache and the bf16 decode copy compute what the plain forward computes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import rlft.rollout.native_engine as native_engine
+from rlft.config.schema import ModelConfig
+from rlft.models.fused_decode import FusedDecoder, unsupported_reason
+from rlft.models.loading import load_policy, load_tokenizer
+from rlft.models.logprobs import completion_logprobs
+from rlft.models.precision import cpu_has_native_bf16
+from rlft.rollout import NativeEngine, SamplingParams
+
+PROMPTS = ["hello there", "abc", "a much longer prompt here"]
+
+
+def _policy(tiny_model_dir):
+    model = load_policy(ModelConfig(path=str(tiny_model_dir), dtype="fp32"), torch.device("cpu"),
+                        model_dir=tiny_model_dir)
+    return model, load_tokenizer(tiny_model_dir)
+
+
+def _forward_logprobs(model, r, autocast: bool, temperature: float = 1.0) -> torch.Tensor:
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        lp, _ = completion_logprobs(model, r.input_ids, r.attention_mask, r.completion_ids.shape[1],
+                                    temperature=temperature)
+    return lp
+
+
+def _scripted_eos(eos: int, stop_at: dict[int, int]):
+    """A sampler that ends row r (by its original index) at step stop_at[r], else samples normally."""
+    state = {"t": 0, "alive": None}
+    real = native_engine.sample_next
+
+    def sample(logits, sampling, suppress=None):
+        tok, _ = real(logits, sampling, suppress)
+        t = state["t"]
+        alive = state["alive"] if state["alive"] is not None else list(range(logits.shape[0]))
+        for b, row in enumerate(alive):
+            if stop_at.get(row) == t:
+                tok[b] = eos
+        lp = torch.log_softmax(logits.float() / sampling.temperature, -1).gather(-1, tok[:, None]).squeeze(-1)
+        state["alive"] = [row for b, row in enumerate(alive) if tok[b] != eos]
+        state["t"] = t + 1
+        return tok, lp
+
+    return sample
+
+
+def test_fp32_fused_decode_is_used_and_matches_the_forward_when_rows_finish_early(tiny_model_dir, monkeypatch):
+    model, tok = _policy(tiny_model_dir)
+    engine = NativeEngine(model, tok, max_prompt_length=64, autocast_dtype=None)
+    eos = engine.eos_ids[0]
+    # rows leave the batch at different steps: the static cache is compacted three times
+    monkeypatch.setattr(native_engine, "sample_next", _scripted_eos(eos, {0: 1, 4: 3, 5: 3, 7: 6}))
+    torch.manual_seed(0)
+    r = engine.generate(PROMPTS, SamplingParams(max_new_tokens=9, n=3, temperature=0.9))
+    assert isinstance(engine._fused[1], FusedDecoder)
+    assert r.completion_mask.sum(-1).tolist() == [2, 9, 9, 9, 4, 4, 9, 7, 9]
+    assert r.finish_reasons[0] == "stop" and r.finish_reasons[1] == "length"
+    m = r.completion_mask.bool()
+    torch.testing.assert_close(r.logprobs[m], _forward_logprobs(model, r, False, 0.9)[m], atol=1e-5, rtol=1e-5)
+
+
+def test_fused_greedy_decode_matches_the_generic_path(tiny_model_dir, monkeypatch):
+    model, tok = _policy(tiny_model_dir)
+    engine = NativeEngine(model, tok, max_prompt_length=64, autocast_dtype=None)
+    sp = SamplingParams(max_new_tokens=12, n=2, greedy=True)
+    fused = engine.generate(PROMPTS, sp)
+    import rlft.models.fused_decode as fd
+
+    monkeypatch.setattr(fd, "unsupported_reason", lambda m: "forced off")  # the generic HF-forward path
+    generic = engine.generate(PROMPTS, sp)
+    assert fused.texts == generic.texts
+    torch.testing.assert_close(fused.logprobs, generic.logprobs, atol=1e-5, rtol=1e-5)
+
+
+def test_a_model_with_forward_hooks_decodes_through_its_own_forward(tiny_model_dir):
+    model, _ = _policy(tiny_model_dir)
+    assert unsupported_reason(model) is None
+    handle = model.lm_head.register_forward_hook(lambda m, i, out: out)
+    assert "hooks" in unsupported_reason(model)
+    handle.remove()
+
+
+@pytest.mark.skipif(not cpu_has_native_bf16(), reason="bf16 numerics are checked where bf16 matmuls are native")
+def test_bf16_decode_copy_matches_the_autocast_forward_and_follows_optimizer_steps(tiny_model_dir):
+    model, tok = _policy(tiny_model_dir)
+    engine = NativeEngine(model, tok, max_prompt_length=64, autocast_dtype=torch.bfloat16, decode_copy=True)
+    copy = engine.decode_model()
+    assert copy is not model
+    assert {p.dtype for n, p in copy.named_parameters() if "proj" in n or "lm_head" in n} == {torch.bfloat16}
+    assert copy.model.embed_tokens.weight.dtype == torch.float32  # untied from the bf16 head: full precision
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)  # fused kernels move no version counter
+    for _ in range(2):
+        torch.manual_seed(1)
+        r = engine.generate(PROMPTS, SamplingParams(max_new_tokens=8, n=2))
+        m = r.completion_mask.bool()
+        diff = (r.logprobs - _forward_logprobs(model, r, True))[m].abs()
+        # bf16 rounding of the same weights: a few thousandths of a nat, never a different policy
+        assert diff.max() < 2e-2 and diff.mean() < 3e-3, (diff.max(), diff.mean())
+        model(input_ids=r.input_ids).logits.float().pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    # the copy is refreshed in place after a step: the same module, the trained weights
+    assert engine.decode_model() is copy
+    torch.testing.assert_close(copy.lm_head.weight.float(), model.lm_head.weight, atol=1e-2, rtol=1e-2)
+    assert torch.equal(copy.model.embed_tokens.weight, model.model.embed_tokens.weight)
+
+
+@pytest.mark.skipif(not cpu_has_native_bf16(), reason="bf16 numerics are checked where bf16 matmuls are native")
+def test_the_bf16_copy_is_exactly_the_autocast_forward(tiny_model_dir):
+    model, tok = _policy(tiny_model_dir)
+    engine = NativeEngine(model, tok, max_prompt_length=64, autocast_dtype=torch.bfloat16, decode_copy=True)
+    ids = torch.randint(0, 50, (3, 11))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        a = model(input_ids=ids).logits
+        b = engine.decode_model()(input_ids=ids).logits
+    assert torch.equal(a, b)  # autocast would round the fp32 weights to exactly these bf16 values

@@ -1,0 +1,44 @@
+"""The per-phase clock: leaves that add up to the step, nesting billed to the outer phase."""
+
+from __future__ import annotations
+
+import time
+
+from rlft.phases import PhaseClock, is_timing
+
+
+def test_phases_add_up_to_the_step_and_inner_phases_count_to_the_outer_one():
+    clock = PhaseClock()
+    t0 = time.perf_counter()
+    with clock.phase("decode"):
+        time.sleep(0.02)
+        with clock.phase("reward"):  # e.g. a reward model's forward inside the rollout
+            time.sleep(0.01)
+    with clock.phase("reward"):
+        time.sleep(0.01)
+    clock.count("decode_tokens", 16)
+    clock.count("decode_tokens", 8)
+    time.sleep(0.01)
+    snap = clock.snapshot(time.perf_counter() - t0)
+    assert snap["time/decode"] >= 0.03 and 0.01 <= snap["time/reward"] < 0.02
+    assert snap["time/other"] >= 0.01
+    assert snap["work/decode_tokens"] == 24
+    clock.reset()
+    assert clock.snapshot(0.0) == {"time/other": 0.0}
+
+
+def test_a_phase_that_raises_is_still_timed_and_closed():
+    clock = PhaseClock()
+    try:
+        with clock.phase("reward"):
+            raise ValueError("boom")
+    except ValueError:
+        pass
+    with clock.phase("policy"):
+        pass
+    assert set(clock.seconds) == {"reward", "policy"}
+
+
+def test_timing_metrics_are_told_apart_from_run_metrics():
+    assert is_timing("time/decode") and is_timing("step_seconds") and is_timing("peak_mem_mb")
+    assert not is_timing("work/decode_tokens") and not is_timing("reward/mean")
