@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, PositiveInt, model_validator
 
 from rlft.config.optimizer import (AdamBetas, AdamEps, LrScheduler, MaxGradNorm, MinLrRatio, WarmupSteps,
                                    WeightDecay)
@@ -78,7 +78,9 @@ class AlgorithmConfig(Section):
     mini_batch_size: int | None = Field(
         None, gt=0, description="Sequences per optimizer step (default: the whole rollout batch)."
     )
-    micro_batch_size: int = Field(8, gt=0, description="Sequences per forward/backward (gradient accumulation).")
+    micro_batch_size: PositiveInt | Literal["auto"] = Field(
+        "auto", description="Sequences per forward/backward (gradient accumulation). 'auto': as many as fit in half "
+        "the device's memory after the model states, up to the whole rollout batch (the log says what it chose).")
     max_grad_norm: MaxGradNorm = 1.0
     weight_decay: WeightDecay = 0.0
     adam_betas: AdamBetas = (0.9, 0.999)

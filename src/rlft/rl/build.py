@@ -37,12 +37,39 @@ def build_updater(cfg: RLConfig, parts: ModelParts, total_steps: int):
     scheduler = build_scheduler(optimizer, total_steps=total_steps * steps_per_update,
                                 warmup_steps=alg.warmup_steps * steps_per_update, schedule=alg.lr_scheduler,
                                 min_ratio=alg.min_lr_ratio)
+    micro = micro_batch_size(cfg, parts)
     params = UpdateParams(loss_name=alg.policy_loss, loss_params=hyperparameter_pool(cfg),
                           kl_estimator=alg.kl_estimator, kl_in_loss=alg.kl_placement == "in_loss",
                           aggregation=alg.loss_aggregation, temperature=alg.temperature, ppo_epochs=alg.ppo_epochs,
-                          mini_batch_size=alg.mini_batch_size, micro_batch_size=alg.micro_batch_size,
+                          mini_batch_size=alg.mini_batch_size, micro_batch_size=micro,
                           max_grad_norm=alg.max_grad_norm, max_len=alg.max_new_tokens)
     return PolicyUpdater(parts.model, parts.reference, optimizer, scheduler, params, parts.autocast_dtype)
+
+
+def micro_batch_size(cfg: RLConfig, parts: ModelParts, log: bool = True) -> int:
+    """``algorithm.micro_batch_size``, with ``auto`` resolved from the device's memory
+    (:func:`rlft.models.memory.auto_micro_batch`)."""
+    from rlft.models.memory import auto_micro_batch
+
+    alg = cfg.algorithm
+
+    rows = alg.mini_batch_size or alg.rollout_batch_size * alg.num_generations
+    seq_len = cfg.data.max_prompt_length + (cfg.environment.max_episode_tokens if cfg.environment is not None
+                                            else alg.max_new_tokens)
+    n_params = sum(p.numel() for p in parts.model.parameters())
+    # fp32 weights, gradients and two AdamW moments, plus the reference and decode copies
+    resident = n_params * (16 + (4 if parts.reference is not None else 0) + (4 if cfg.rollout.decode_copy else 0))
+    size, why = auto_micro_batch(parts.model, rows=rows, seq_len=seq_len, device=parts.device,
+                                 compute_bytes=2 if parts.autocast_dtype is not None else 4, resident_bytes=resident)
+    if alg.micro_batch_size != "auto":
+        if log and alg.micro_batch_size < size:
+            get_logger().warning(f"algorithm.micro_batch_size {alg.micro_batch_size} splits each update into "
+                                 f"{-(-rows // alg.micro_batch_size)} forward/backward passes; 'auto' would take {size} "
+                                 f"rows at once here (fewer, larger matmuls)")
+        return alg.micro_batch_size
+    if log:
+        get_logger().info(f"micro_batch_size auto: {why}")
+    return size
 
 
 def build_critic(cfg: RLConfig, parts: ModelParts):
@@ -63,7 +90,7 @@ def build_critic(cfg: RLConfig, parts: ModelParts):
     optimizer = build_optimizer(model.parameters(), lr=ccfg.learning_rate, weight_decay=0.0,
                                 betas=tuple(alg.adam_betas), eps=alg.adam_eps)
     params = CriticParams(value_loss=ccfg.value_loss, value_clip=ccfg.value_clip, ppo_epochs=alg.ppo_epochs,
-                          mini_batch_size=alg.mini_batch_size, micro_batch_size=alg.micro_batch_size,
+                          mini_batch_size=alg.mini_batch_size, micro_batch_size=micro_batch_size(cfg, parts, log=False),
                           max_grad_norm=ccfg.max_grad_norm)
     n_train = sum(p.numel() for p in model.trainable_parameters())
     get_logger().info(f"critic: {ccfg.type} ({'backbone ' + str(model_dir) + ', ' if ccfg.type == 'separate' else ''}"

@@ -36,7 +36,7 @@ def build_model(model_cfg: ModelConfig, *, with_reference: bool = False) -> Mode
     """The model, its tokenizer and (``with_reference``) the frozen reference policy."""
     from rlft.models.loading import load_policy, load_tokenizer, resolve_device
     from rlft.models.merge import ensure_merged
-    from rlft.models.precision import autocast_dtype
+    from rlft.models.precision import autocast_dtype, native_bf16
     from rlft.models.reference import make_reference
     from rlft.models.save import is_adapter_dir
     from rlft.models.sources import resolve_model_dir
@@ -51,6 +51,9 @@ def build_model(model_cfg: ModelConfig, *, with_reference: bool = False) -> Mode
     reference = make_reference(model, autocast) if with_reference else None
     if warning:
         get_logger().warning(warning)
+    elif model_cfg.dtype == "fp32" and native_bf16(device):
+        get_logger().warning(f"model.dtype is fp32 on a {device.type.upper()} with native bf16 matmuls: bf16 (fp32 "
+                             f"master weights, bf16 compute) would run the step about 1.5-2x faster")
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
     n_all = sum(p.numel() for p in model.parameters())
     get_logger().info(f"model loaded: {model_dir} on {device} ({n_all / 1e6:.1f}M parameters, "

@@ -1,0 +1,52 @@
+"""How many sequences one forward/backward can hold: the ``micro_batch_size: auto`` rule.
+
+A larger micro-batch means fewer, larger matmuls and fewer weight casts per step, so the update
+is fastest with the whole rollout batch in one micro-batch; the limit is the memory its
+activations take. The estimate is deliberately simple and on the safe side:
+
+* per token and layer, autograd keeps about 18 hidden-sized and 4 intermediate-sized tensors of a
+  Llama-style block (norm inputs, q/k/v, attention output, gate/up/act, residuals), in the compute
+  dtype, plus fp32 logits and their gradient for the LM head's rows;
+* a sequence is counted at its longest (``max_prompt_length + max_new_tokens``);
+* the budget is half of the device's memory after the weights, gradients, optimizer moments and
+  the model copies, so the rollout, the reference forward and the allocator keep room.
+
+It is computed from the device's total memory, not what happens to be free, so a resumed run on
+the same machine chooses the same size and stays bit-exact.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def activation_bytes_per_token(config, compute_bytes: int) -> int:
+    """Estimated activation memory (bytes) one token keeps for the backward of a causal LM."""
+    h, inter = config.hidden_size, getattr(config, "intermediate_size", 4 * config.hidden_size)
+    layers, vocab = config.num_hidden_layers, config.vocab_size
+    return layers * (18 * h + 4 * inter) * compute_bytes + 2 * 4 * vocab
+
+
+def device_memory_bytes(device: torch.device) -> int:
+    """Total memory of ``device``: the GPU's, or the machine's RAM for a CPU."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 16 * 2**30
+
+
+def auto_micro_batch(model: torch.nn.Module, *, rows: int, seq_len: int, device: torch.device,
+                     compute_bytes: int, resident_bytes: int) -> tuple[int, str]:
+    """The largest micro-batch (at most ``rows``) whose activations fit the budget, and a one-line
+    explanation. ``resident_bytes``: what the run keeps in memory anyway (weights, optimizer, copies)."""
+    per_row = activation_bytes_per_token(model.config, compute_bytes) * seq_len
+    total = device_memory_bytes(device)
+    budget = max((total - resident_bytes) // 2, per_row)
+    size = int(max(1, min(rows, budget // per_row)))
+    why = (f"{size} of {rows} rows per forward/backward (about {per_row * size / 2**30:.1f} GB of activations at "
+           f"{seq_len} tokens; budget {budget / 2**30:.1f} GB of {total / 2**30:.0f} GB)")
+    return size, why
