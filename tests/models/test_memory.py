@@ -12,26 +12,21 @@ class _Model(torch.nn.Module):
     config = LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, vocab_size=49152)
 
 
-def test_auto_micro_batch_fills_the_budget_and_never_exceeds_the_batch(monkeypatch):
+def test_the_token_budget_is_half_the_memory_left_after_the_model_states(monkeypatch):
     per_token = memory.activation_bytes_per_token(_Model.config, 2)
     assert 1e6 < per_token < 2e6  # SmolLM2-135M in bf16: about 1.4 MB a token
-    monkeypatch.setattr(memory, "device_memory_bytes", lambda device: 64 * 2**30)
-    size, why = memory.auto_micro_batch(_Model(), rows=16, seq_len=128, device=torch.device("cpu"),
-                                        compute_bytes=2, resident_bytes=2 * 2**30)
-    assert size == 16 and "16 of 16 rows" in why
-    # a small device: half of what is left after the model states, at the longest sequence
-    monkeypatch.setattr(memory, "device_memory_bytes", lambda device: 4 * 2**30)
-    size, why = memory.auto_micro_batch(_Model(), rows=64, seq_len=256, device=torch.device("cpu"),
-                                        compute_bytes=2, resident_bytes=2 * 2**30)
-    assert size == (2**30) // (per_token * 256) and 1 < size < 64
-    assert f"{size} of 64 rows" in why and "256 tokens" in why
-    # never zero, even when one row is over budget
-    size, _ = memory.auto_micro_batch(_Model(), rows=8, seq_len=10**6, device=torch.device("cpu"),
-                                      compute_bytes=4, resident_bytes=0)
-    assert size == 1
+    monkeypatch.setattr(memory, "device_memory_bytes", lambda device: 6 * 2**30)
+    tokens, why = memory.activation_token_budget(_Model(), device=torch.device("cpu"), compute_bytes=2,
+                                                 resident_bytes=2 * 2**30)
+    assert tokens == (2 * 2**30) // per_token and f"up to {tokens} tokens" in why and "of 6 GB" in why
+    # rows follow the batch's length: short rows, more of them; never zero, never more than the batch
+    assert memory.rows_for(tokens, 64, 100) == min(64, tokens // 100)
+    assert memory.rows_for(tokens, 64, 1000) == tokens // 1000 < memory.rows_for(tokens, 64, 100)
+    assert memory.rows_for(tokens, 8, 10**7) == 1
+    assert memory.rows_for(10**9, 8, 10) == 8
 
 
-def test_the_auto_choice_is_logged_and_used(tiny_config):
+def test_the_auto_budget_is_logged_and_a_step_fits_in_one_pass(tiny_config):
     from rlft import Trainer
 
     tiny_config["algorithm"]["micro_batch_size"] = "auto"
@@ -39,5 +34,6 @@ def test_the_auto_choice_is_logged_and_used(tiny_config):
     tiny_config["eval"].update(before_training=False, after_training=False)
     trainer = Trainer(config=tiny_config)
     result = trainer.train()
-    assert trainer.job.updater.p.micro_batch_size == 32  # 4 prompts x 8: the tiny model fits whole
-    assert "micro_batch_size auto: 32 of 32 rows" in (result.run_dir / "train_log.log").read_text()
+    p = trainer.job.updater.p
+    assert p.micro_batch_size == 32 and p.micro_batch_tokens > 10_000  # the tiny model's rows all fit
+    assert "micro_batch_size auto: up to" in (result.run_dir / "train_log.log").read_text()

@@ -119,3 +119,27 @@ def test_the_bf16_copy_is_exactly_the_autocast_forward(tiny_model_dir):
         a = model(input_ids=ids).logits
         b = engine.decode_model()(input_ids=ids).logits
     assert torch.equal(a, b)  # autocast would round the fp32 weights to exactly these bf16 values
+
+
+def test_a_lora_policy_decodes_from_a_merged_copy_that_follows_its_adapters(tiny_model_dir):
+    from rlft.models.decode_weights import DecodeWeights
+
+    model = load_policy(ModelConfig(path=str(tiny_model_dir), dtype="fp32",
+                                    lora={"r": 4, "alpha": 8, "target_modules": "all-linear"}),
+                        torch.device("cpu"), model_dir=tiny_model_dir)
+    copy = DecodeWeights(model, torch.float32)  # fp32: the merge is then exact up to summation order
+    assert copy.merged_lora and not hasattr(copy.module, "peft_config")
+    assert unsupported_reason(copy.module) is None  # a plain llama: the fused decode applies
+    ids = torch.randint(0, 50, (2, 9))
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=5e-2, fused=True)
+    for _ in range(2):  # LoRA's B starts at zero: after a step the adapters change the outputs
+        model(input_ids=ids).logits.pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        with torch.no_grad():
+            torch.testing.assert_close(copy.current()(input_ids=ids).logits, model(input_ids=ids).logits,
+                                       atol=1e-5, rtol=1e-5)
+    with torch.no_grad(), model.disable_adapter():
+        base = model(input_ids=ids).logits
+    assert not torch.allclose(copy.current()(input_ids=ids).logits, base, atol=1e-3)

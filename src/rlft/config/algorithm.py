@@ -79,8 +79,9 @@ class AlgorithmConfig(Section):
         None, gt=0, description="Sequences per optimizer step (default: the whole rollout batch)."
     )
     micro_batch_size: PositiveInt | Literal["auto"] = Field(
-        "auto", description="Sequences per forward/backward (gradient accumulation). 'auto': as many as fit in half "
-        "the device's memory after the model states, up to the whole rollout batch (the log says what it chose).")
+        "auto", description="Sequences per forward/backward (gradient accumulation). 'auto': as many as fit a token "
+        "budget of half the device's memory after the model states, at each batch's own length, up to the whole "
+        "batch (the log states the budget).")
     max_grad_norm: MaxGradNorm = 1.0
     weight_decay: WeightDecay = 0.0
     adam_betas: AdamBetas = (0.9, 0.999)

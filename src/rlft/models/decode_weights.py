@@ -19,32 +19,47 @@ from __future__ import annotations
 
 import copy
 import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 
+@dataclass
+class _Entry:
+    """One tensor of the copy and how to recompute it: ``make()`` from ``sources``."""
+
+    dst: torch.Tensor
+    sources: list[torch.Tensor]
+    make: Callable[[], torch.Tensor]
+
+
 class DecodeWeights:
-    """``current()`` is ``source`` as of now with its Linear weights in ``dtype``: frozen, in eval mode."""
+    """``current()`` is ``source`` as of now with its Linear weights in ``dtype``: frozen, in eval mode.
+
+    A LoRA (PEFT) policy gets a plain model with the adapters merged into the bf16 weights (a LoRA
+    layer is refreshed as base + its adapters' delta when they stepped), so it decodes as fast as
+    a full model, through the fused decode too; a layout it does not merge (DoRA, modules saved
+    whole) is copied with its adapters as they are.
+    """
 
     def __init__(self, source: nn.Module, dtype: torch.dtype):
         from rlft.models.fused_decode import fuse_projections, unsupported_reason
 
-        self.module = frozen_copy(source, linear_dtype=dtype)
+        lora = _mergeable_lora_layers(source)
+        base = frozen_copy(source)
+        self.module = cast_linears(base.merge_and_unload() if lora else base, dtype)
         if unsupported_reason(self.module) is None:
             fuse_projections(self.module)  # q/k/v and gate/up as one matmul each in the fused decode
-        copies = dict(self.module.named_parameters(remove_duplicate=False))
-        copies.update(self.module.named_buffers(remove_duplicate=False))
-        originals = dict(source.named_parameters(remove_duplicate=False))
-        originals.update(source.named_buffers(remove_duplicate=False))
-        # A tied weight (embeddings = LM head) is one source tensor with two copies: fp32 and bf16.
-        self._pairs = [(originals[k], d) for k, d in copies.items() if d.is_floating_point()]
-        self._versions = [s._version for s, _ in self._pairs]
-        self._stale = [False] * len(self._pairs)
+        self._entries = _entries(source, self.module, lora or {})
+        self._versions = [[t._version for t in e.sources] for e in self._entries]
+        self._stale = [False] * len(self._entries)
         self._index: dict[int, list[int]] = {}
-        for i, (src, _) in enumerate(self._pairs):
-            self._index.setdefault(id(src), []).append(i)
+        for i, e in enumerate(self._entries):
+            for t in e.sources:
+                self._index.setdefault(id(t), []).append(i)
         self.dtype = dtype
         ref = weakref.ref(self)
 
@@ -56,6 +71,10 @@ class DecodeWeights:
         self._hook = register_optimizer_step_post_hook(stepped)
         weakref.finalize(self, self._hook.remove)
 
+    @property
+    def merged_lora(self) -> bool:
+        return not hasattr(self.module, "peft_config") and any(len(e.sources) > 1 for e in self._entries)
+
     def _mark(self, params) -> None:
         for p in params:
             for i in self._index.get(id(p), ()):
@@ -64,17 +83,67 @@ class DecodeWeights:
     def current(self) -> nn.Module:
         """The copy, first refreshed from every source tensor that changed since the last call."""
         with torch.no_grad():
-            for i, (src, dst) in enumerate(self._pairs):
-                if self._stale[i] or src._version != self._versions[i]:
-                    dst.copy_(src)
-                    self._versions[i], self._stale[i] = src._version, False
+            for i, e in enumerate(self._entries):
+                versions = [t._version for t in e.sources]
+                if self._stale[i] or versions != self._versions[i]:
+                    e.dst.copy_(e.make())
+                    self._versions[i], self._stale[i] = versions, False
         return self.module
 
 
+_PEFT_PREFIX = "base_model.model."
+
+
+def _mergeable_lora_layers(source: nn.Module) -> dict[str, nn.Module] | None:
+    """The LoRA layers of a PEFT model by module name, when every adapter is plain LoRA; else None."""
+    if not hasattr(source, "peft_config"):
+        return None
+    layers = {n: m for n, m in source.named_modules() if hasattr(m, "get_delta_weight") and hasattr(m, "base_layer")}
+    dora = any(any(getattr(m, "use_dora", {}).values()) for m in layers.values())
+    saved_whole = any(".modules_to_save." in n for n, _ in source.named_parameters())
+    return layers if layers and not dora and not saved_whole else None
+
+
+def _entries(source: nn.Module, copy_: nn.Module, lora: dict[str, nn.Module]) -> list[_Entry]:
+    """Every floating-point tensor of ``copy_`` with the source tensors it is made from. Names are
+    the source's own, or (a merged LoRA copy) the source's without PEFT's prefix and base layer."""
+    originals = dict(source.named_parameters(remove_duplicate=False))
+    originals.update(source.named_buffers(remove_duplicate=False))
+    copies = dict(copy_.named_parameters(remove_duplicate=False))
+    copies.update(copy_.named_buffers(remove_duplicate=False))
+    prefix = _PEFT_PREFIX if lora else ""
+    out = []
+    for key, dst in copies.items():
+        if not dst.is_floating_point():
+            continue
+        path, leaf = key.rsplit(".", 1)
+        layer = lora.get(prefix + path)
+        if layer is not None and leaf == "weight":
+            out.append(_Entry(dst, [layer.base_layer.weight, *_adapter_params(layer)],
+                              lambda layer=layer: _merged_weight(layer)))
+            continue
+        # A tied weight (embeddings = LM head) is one source tensor with two copies: fp32 and bf16.
+        src = originals[prefix + (f"{path}.base_layer.{leaf}" if layer is not None else key)]
+        out.append(_Entry(dst, [src], lambda src=src: src))
+    return out
+
+
+def _adapter_params(layer: nn.Module) -> list[torch.Tensor]:
+    return [p for a in layer.active_adapters for d in (layer.lora_A, layer.lora_B) if a in d
+            for p in d[a].parameters()]
+
+
+def _merged_weight(layer: nn.Module) -> torch.Tensor:
+    weight = layer.base_layer.weight
+    for adapter in layer.active_adapters:
+        if adapter in layer.lora_A:
+            weight = weight + layer.get_delta_weight(adapter)
+    return weight
+
+
 def frozen_copy(source: nn.Module, linear_dtype: torch.dtype | None = None) -> nn.Module:
-    """A deep copy of ``source`` without gradients, frozen, in eval mode; with ``linear_dtype`` every
-    ``nn.Linear`` weight and bias is stored in that dtype (a Linear tied to an embedding gets its own
-    tensor, so the embedding keeps its precision)."""
+    """A deep copy of ``source`` without gradients, frozen, in eval mode; with ``linear_dtype`` its
+    Linear weights are stored in that dtype (:func:`cast_linears`)."""
     grads = {p: p.grad for p in source.parameters()}
     for p in grads:
         p.grad = None  # don't deep-copy gradients
@@ -84,10 +153,15 @@ def frozen_copy(source: nn.Module, linear_dtype: torch.dtype | None = None) -> n
         for p, g in grads.items():
             p.grad = g
     module.requires_grad_(False).eval()
-    if linear_dtype is not None:
-        for layer in module.modules():
-            if isinstance(layer, nn.Linear):
-                layer.weight = nn.Parameter(layer.weight.detach().to(linear_dtype), requires_grad=False)
-                if layer.bias is not None:
-                    layer.bias = nn.Parameter(layer.bias.detach().to(linear_dtype), requires_grad=False)
+    return cast_linears(module, linear_dtype) if linear_dtype is not None else module
+
+
+def cast_linears(module: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """Store every ``nn.Linear`` weight and bias of ``module`` in ``dtype`` (a Linear tied to an
+    embedding gets its own tensor, so the embedding keeps its precision). Returns ``module``."""
+    for layer in module.modules():
+        if isinstance(layer, nn.Linear):
+            layer.weight = nn.Parameter(layer.weight.detach().to(dtype), requires_grad=False)
+            if layer.bias is not None:
+                layer.bias = nn.Parameter(layer.bias.detach().to(dtype), requires_grad=False)
     return module

@@ -7,7 +7,8 @@ activations take. The estimate is deliberately simple and on the safe side:
 * per token and layer, autograd keeps about 18 hidden-sized and 4 intermediate-sized tensors of a
   Llama-style block (norm inputs, q/k/v, attention output, gate/up/act, residuals), in the compute
   dtype, plus fp32 logits and their gradient for the LM head's rows;
-* a sequence is counted at its longest (``max_prompt_length + max_new_tokens``);
+* the rows of a micro-batch are counted at the batch's padded length, so the size follows the
+  lengths each step actually has (a step of short completions takes more rows at once);
 * the budget is half of the device's memory after the weights, gradients, optimizer moments and
   the model copies, so the rollout, the reference forward and the allocator keep room.
 
@@ -39,14 +40,20 @@ def device_memory_bytes(device: torch.device) -> int:
         return 16 * 2**30
 
 
-def auto_micro_batch(model: torch.nn.Module, *, rows: int, seq_len: int, device: torch.device,
-                     compute_bytes: int, resident_bytes: int) -> tuple[int, str]:
-    """The largest micro-batch (at most ``rows``) whose activations fit the budget, and a one-line
-    explanation. ``resident_bytes``: what the run keeps in memory anyway (weights, optimizer, copies)."""
-    per_row = activation_bytes_per_token(model.config, compute_bytes) * seq_len
+def activation_token_budget(model: torch.nn.Module, *, device: torch.device, compute_bytes: int,
+                            resident_bytes: int) -> tuple[int, str]:
+    """How many tokens one forward/backward may hold (prompt + completion positions of all its rows),
+    and a one-line explanation. ``resident_bytes``: what the run keeps in memory anyway (weights,
+    gradients, optimizer moments, model copies)."""
+    per_token = activation_bytes_per_token(model.config, compute_bytes)
     total = device_memory_bytes(device)
-    budget = max((total - resident_bytes) // 2, per_row)
-    size = int(max(1, min(rows, budget // per_row)))
-    why = (f"{size} of {rows} rows per forward/backward (about {per_row * size / 2**30:.1f} GB of activations at "
-           f"{seq_len} tokens; budget {budget / 2**30:.1f} GB of {total / 2**30:.0f} GB)")
-    return size, why
+    budget = max((total - resident_bytes) // 2, per_token)
+    tokens = int(budget // per_token)
+    why = (f"up to {tokens} tokens per forward/backward (about {per_token / 2**20:.1f} MB of activations a token; "
+           f"budget {budget / 2**30:.1f} GB of {total / 2**30:.0f} GB)")
+    return tokens, why
+
+
+def rows_for(tokens: int, rows: int, seq_len: int) -> int:
+    """Rows of ``seq_len`` positions that fit ``tokens``: at least 1, at most ``rows``."""
+    return int(max(1, min(rows, tokens // max(seq_len, 1))))

@@ -67,6 +67,15 @@ class UpdateBatch:
         return replace(self, prompt_ids=self.prompt_ids[used, start:], prompt_mask=pmask[:, start:],
                        row_prompt=row_prompt, completion_ids=self.completion_ids[idx, :comp_len], **token)
 
+    def micro_rows(self, rows: int, tokens: int | None) -> int:
+        """Rows per forward/backward: ``rows``, or with a token budget (``micro_batch_size: auto``) as
+        many as fit it at this batch's padded length."""
+        if tokens is None:
+            return rows
+        from rlft.models.memory import rows_for
+
+        return rows_for(tokens, len(self), self.prompt_ids.shape[1] + self.completion_ids.shape[1])
+
     def tokens_computed(self) -> int:
         """Positions one grouped forward over this batch runs: each distinct prompt once, every completion."""
         return self.prompt_ids.numel() + self.completion_ids.numel()

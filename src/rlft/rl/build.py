@@ -37,39 +37,41 @@ def build_updater(cfg: RLConfig, parts: ModelParts, total_steps: int):
     scheduler = build_scheduler(optimizer, total_steps=total_steps * steps_per_update,
                                 warmup_steps=alg.warmup_steps * steps_per_update, schedule=alg.lr_scheduler,
                                 min_ratio=alg.min_lr_ratio)
-    micro = micro_batch_size(cfg, parts)
+    micro, micro_tokens = micro_batching(cfg, parts)
     params = UpdateParams(loss_name=alg.policy_loss, loss_params=hyperparameter_pool(cfg),
                           kl_estimator=alg.kl_estimator, kl_in_loss=alg.kl_placement == "in_loss",
                           aggregation=alg.loss_aggregation, temperature=alg.temperature, ppo_epochs=alg.ppo_epochs,
                           mini_batch_size=alg.mini_batch_size, micro_batch_size=micro,
-                          max_grad_norm=alg.max_grad_norm, max_len=alg.max_new_tokens)
+                          micro_batch_tokens=micro_tokens, max_grad_norm=alg.max_grad_norm,
+                          max_len=alg.max_new_tokens)
     return PolicyUpdater(parts.model, parts.reference, optimizer, scheduler, params, parts.autocast_dtype)
 
 
-def micro_batch_size(cfg: RLConfig, parts: ModelParts, log: bool = True) -> int:
-    """``algorithm.micro_batch_size``, with ``auto`` resolved from the device's memory
-    (:func:`rlft.models.memory.auto_micro_batch`)."""
-    from rlft.models.memory import auto_micro_batch
+def micro_batching(cfg: RLConfig, parts: ModelParts, log: bool = True) -> tuple[int, int | None]:
+    """``algorithm.micro_batch_size`` as (rows per forward/backward, token budget): a fixed number of
+    rows and no budget, or for ``auto`` the whole batch as the cap and a token budget from the
+    device's memory (:func:`rlft.models.memory.activation_token_budget`)."""
+    from rlft.models.memory import activation_token_budget, rows_for
 
     alg = cfg.algorithm
-
     rows = alg.mini_batch_size or alg.rollout_batch_size * alg.num_generations
-    seq_len = cfg.data.max_prompt_length + (cfg.environment.max_episode_tokens if cfg.environment is not None
-                                            else alg.max_new_tokens)
     n_params = sum(p.numel() for p in parts.model.parameters())
     # fp32 weights, gradients and two AdamW moments, plus the reference and decode copies
     resident = n_params * (16 + (4 if parts.reference is not None else 0) + (4 if cfg.rollout.decode_copy else 0))
-    size, why = auto_micro_batch(parts.model, rows=rows, seq_len=seq_len, device=parts.device,
-                                 compute_bytes=2 if parts.autocast_dtype is not None else 4, resident_bytes=resident)
-    if alg.micro_batch_size != "auto":
-        if log and alg.micro_batch_size < size:
-            get_logger().warning(f"algorithm.micro_batch_size {alg.micro_batch_size} splits each update into "
-                                 f"{-(-rows // alg.micro_batch_size)} forward/backward passes; 'auto' would take {size} "
-                                 f"rows at once here (fewer, larger matmuls)")
-        return alg.micro_batch_size
-    if log:
-        get_logger().info(f"micro_batch_size auto: {why}")
-    return size
+    tokens, why = activation_token_budget(parts.model, device=parts.device, resident_bytes=resident,
+                                          compute_bytes=2 if parts.autocast_dtype is not None else 4)
+    if alg.micro_batch_size == "auto":
+        if log:
+            get_logger().info(f"micro_batch_size auto: {why}")
+        return rows, tokens
+    longest = cfg.data.max_prompt_length + (cfg.environment.max_episode_tokens if cfg.environment is not None
+                                            else alg.max_new_tokens)
+    fits = rows_for(tokens, rows, longest)
+    if log and alg.micro_batch_size < fits:
+        get_logger().warning(f"algorithm.micro_batch_size {alg.micro_batch_size} splits each update into "
+                             f"{-(-rows // alg.micro_batch_size)} forward/backward passes; 'auto' would take at least "
+                             f"{fits} rows at once here (fewer, larger matmuls)")
+    return alg.micro_batch_size, None
 
 
 def build_critic(cfg: RLConfig, parts: ModelParts):
@@ -89,8 +91,9 @@ def build_critic(cfg: RLConfig, parts: ModelParts):
     model = build_value_model(ccfg.type, parts.model, model_dir, gradient_checkpointing=cfg.model.gradient_checkpointing)
     optimizer = build_optimizer(model.parameters(), lr=ccfg.learning_rate, weight_decay=0.0,
                                 betas=tuple(alg.adam_betas), eps=alg.adam_eps)
+    micro, micro_tokens = micro_batching(cfg, parts, log=False)
     params = CriticParams(value_loss=ccfg.value_loss, value_clip=ccfg.value_clip, ppo_epochs=alg.ppo_epochs,
-                          mini_batch_size=alg.mini_batch_size, micro_batch_size=micro_batch_size(cfg, parts, log=False),
+                          mini_batch_size=alg.mini_batch_size, micro_batch_size=micro, micro_batch_tokens=micro_tokens,
                           max_grad_norm=ccfg.max_grad_norm)
     n_train = sum(p.numel() for p in model.trainable_parameters())
     get_logger().info(f"critic: {ccfg.type} ({'backbone ' + str(model_dir) + ', ' if ccfg.type == 'separate' else ''}"

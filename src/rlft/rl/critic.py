@@ -20,6 +20,7 @@ class CriticParams:
     mini_batch_size: int | None
     micro_batch_size: int
     max_grad_norm: float
+    micro_batch_tokens: int | None = None
 
 
 class CriticUpdater:
@@ -36,7 +37,8 @@ class CriticUpdater:
     def values(self, batch: UpdateBatch) -> torch.Tensor:
         """[N, T] values of every completion token's state, without gradients."""
         self.model.eval()
-        return per_row_no_grad(batch, self.p.micro_batch_size, self.autocast_dtype, lambda mb: mb.values(self.model))
+        micro = batch.micro_rows(self.p.micro_batch_size, self.p.micro_batch_tokens)
+        return per_row_no_grad(batch, micro, self.autocast_dtype, lambda mb: mb.values(self.model))
 
     def update(self, batch: UpdateBatch) -> dict[str, float]:
         """ppo_epochs x mini-batches of value-loss steps on ``batch.returns``; returns averaged stats.
@@ -56,7 +58,7 @@ class CriticUpdater:
         counts = dict(num_tokens=num_tokens, num_seqs=float(rows.numel()), max_len=1)
         total = 0.0
         self.optimizer.zero_grad(set_to_none=True)
-        for chunk in rows.split(self.p.micro_batch_size):
+        for chunk in rows.split(batch.rows(rows).micro_rows(self.p.micro_batch_size, self.p.micro_batch_tokens)):
             mb = batch.rows(chunk)
             with autocast(self.autocast_dtype, mb.loss_mask.device):
                 values = mb.values(self.model)

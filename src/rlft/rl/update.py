@@ -31,6 +31,7 @@ class UpdateParams:
     micro_batch_size: int
     max_grad_norm: float
     max_len: int
+    micro_batch_tokens: int | None = None  # micro_batch_size: auto (then micro_batch_size is the cap)
     kl_in_loss: bool = True
     loss_params: dict[str, Any] = field(default_factory=dict)
 
@@ -69,7 +70,8 @@ class PolicyUpdater:
                 batch.old_logprobs = self._old_logprobs(batch)
 
     def _logprobs_no_grad(self, module, batch: UpdateBatch) -> torch.Tensor:
-        return per_row_no_grad(batch, self.p.micro_batch_size, self.autocast_dtype,
+        return per_row_no_grad(batch, batch.micro_rows(self.p.micro_batch_size, self.p.micro_batch_tokens),
+                               self.autocast_dtype,
                                lambda mb: mb.logprobs(module, self.p.temperature)[0])
 
     def _old_logprobs(self, batch: UpdateBatch) -> torch.Tensor:
@@ -111,7 +113,8 @@ class PolicyUpdater:
                                    "rows_in_update": float(active.numel()) / max(rows.numel(), 1)}
         self.optimizer.zero_grad(set_to_none=True)
         active_tokens = max(float(batch.loss_mask[active].sum().item()), 1.0)
-        for chunk in active.split(self.p.micro_batch_size) if active.numel() else ():
+        micro = batch.rows(active).micro_rows(self.p.micro_batch_size, self.p.micro_batch_tokens) if active.numel() else 1
+        for chunk in active.split(micro) if active.numel() else ():
             mb = batch.rows(chunk)
             with phase("policy"):
                 with autocast(self.autocast_dtype, mb.loss_mask.device):
