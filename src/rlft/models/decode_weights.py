@@ -60,7 +60,6 @@ class DecodeWeights:
         for i, e in enumerate(self._entries):
             for t in e.sources:
                 self._index.setdefault(id(t), []).append(i)
-        self.dtype = dtype
         ref = weakref.ref(self)
 
         def stepped(optimizer, args, kwargs) -> None:
