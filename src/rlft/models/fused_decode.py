@@ -23,8 +23,9 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
+from rlft.models.fast_linear import MAX_ROWS as WEIGHT_FIRST_ROWS  # CPU GEMMs stream cold weights faster as W @ x.T
+
 SUPPORTED = ("llama", "mistral", "qwen2")
-WEIGHT_FIRST_ROWS = 64  # see rlft.models.fast_linear: CPU GEMMs stream cold weights faster as W @ x.T
 
 
 def unsupported_reason(model: nn.Module) -> str | None:
