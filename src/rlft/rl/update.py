@@ -113,8 +113,9 @@ class PolicyUpdater:
                                    "rows_in_update": float(active.numel()) / max(rows.numel(), 1)}
         self.optimizer.zero_grad(set_to_none=True)
         active_tokens = max(float(batch.loss_mask[active].sum().item()), 1.0)
-        micro = batch.rows(active).micro_rows(self.p.micro_batch_size, self.p.micro_batch_tokens) if active.numel() else 1
-        for chunk in active.split(micro) if active.numel() else ():
+        chunks = (active.split(batch.rows(active).micro_rows(self.p.micro_batch_size, self.p.micro_batch_tokens))
+                  if active.numel() else ())
+        for chunk in chunks:
             mb = batch.rows(chunk)
             with phase("policy"):
                 with autocast(self.autocast_dtype, mb.loss_mask.device):
