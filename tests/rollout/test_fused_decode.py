@@ -101,6 +101,8 @@ def test_bf16_decode_copy_matches_the_autocast_forward_and_follows_optimizer_ste
         diff = (r.logprobs - _forward_logprobs(model, r, True))[m].abs()
         # bf16 rounding of the same weights: a few thousandths of a nat, never a different policy
         assert diff.max() < 2e-2 and diff.mean() < 3e-3, (diff.max(), diff.mean())
+        fused = engine._fused[1]  # the fused decode over oneDNN-prepacked copies, re-packed after each step
+        assert fused.head._packed is not None and fused.head._version == copy.lm_head.weight._version
         model(input_ids=r.input_ids).logits.float().pow(2).mean().backward()
         opt.step()
         opt.zero_grad()

@@ -4,8 +4,8 @@ Decoding one token streams every weight of the model from memory, and that is al
 depends on. Under bf16 autocast the fp32 master weights are cast on every call: each decode step
 reads the fp32 weight (4 bytes a parameter), writes a bf16 copy (2) and reads it back (2) before
 any arithmetic, so autocast makes decoding slower than plain fp32 instead of faster. The copy keeps
-every ``nn.Linear`` weight already in bf16 (2 bytes a parameter per token) and everything else
-(embeddings, norms) as it is; run under the same autocast, it computes exactly what the policy
+every ``nn.Linear`` weight already in bf16 (2 bytes a parameter per token) and reads everything
+else (embeddings, norms) from the source's own tensors; run under the same autocast, it computes exactly what the policy
 computes, because autocast would have rounded those weights to the same bf16 values.
 
 A tensor is copied again only when it changed: an optimizer step over it (seen through
@@ -123,8 +123,17 @@ def _entries(source: nn.Module, copy_: nn.Module, lora: dict[str, nn.Module]) ->
             continue
         # A tied weight (embeddings = LM head) is one source tensor with two copies: fp32 and bf16.
         src = originals[prefix + (f"{path}.base_layer.{leaf}" if layer is not None else key)]
+        if _shareable(copy_.get_submodule(path), dst, src):
+            dst.data = src.detach()  # the copy reads the source's own tensor: nothing to refresh
+            continue
         out.append(_Entry(dst, [src], lambda src=src: src))
     return out
+
+
+def _shareable(owner: nn.Module, dst: torch.Tensor, src: torch.Tensor) -> bool:
+    """A tensor the copy keeps in the source's dtype (embeddings, norms; not a Linear's, which may be
+    fused views) is the source's tensor itself: an fp32 embedding matrix is 113 MB on SmolLM2."""
+    return not isinstance(owner, nn.Linear) and dst.dtype == src.dtype and dst.shape == src.shape
 
 
 def _adapter_params(layer: nn.Module) -> list[torch.Tensor]:

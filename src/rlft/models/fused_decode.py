@@ -9,7 +9,11 @@ weights and to framework overhead around ~15 small modules per layer. This forwa
 * writes each token's keys and values in place into a cache allocated once for the whole rollout
   (:class:`StaticKV`) instead of concatenating a growing cache at every token;
 * keeps the residual stream and the norms in fp32 and rounds only matmul inputs, as bf16 autocast
-  does, so its log-probs match the Hugging Face forward up to summation order.
+  does, so its log-probs match the Hugging Face forward up to summation order;
+* on CPU, multiplies a private weight copy (the bf16 decode copy) in oneDNN's prepacked layout
+  (:class:`_Matmul`), re-packed only when the copy was refreshed. For 16 rows of SmolLM2's
+  shapes that is 1.4-1.7x faster than ``torch.mm``; packing the policy's own fp32 weights would
+  double their memory, so those are multiplied as they are.
 
 Supported: ``llama``, ``mistral`` (no sliding window in reach), ``qwen2`` (q/k/v biases), without
 adapters; :func:`unsupported_reason` says why another model decodes through the generic path.
@@ -81,15 +85,62 @@ def _weights(owner: nn.Module, fused_attr: str, linears: list[nn.Linear]):
     return [m.weight for m in linears], (None if biases[0] is None else biases)
 
 
+def can_pack(weight: torch.Tensor) -> bool:
+    """True when oneDNN can multiply ``weight`` prepacked on this machine (CPU, fp32 or native bf16)."""
+    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    if weight.dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return weight.dtype == torch.float32
+
+
+class _Matmul:
+    """``x [M, K] -> x @ W.T [M, N]`` in the weights' dtype, for W the row-concatenation of ``weights``.
+
+    With ``pack`` (one weight, a private copy) the weight is kept in oneDNN's blocked layout as
+    well, re-packed when its version counter moved (the decode copy refreshed it in place);
+    otherwise small inputs use the weight-first product (CPU GEMMs stream a cold weight faster as
+    ``W @ x.T``)."""
+
+    def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor] | None, pack: bool):
+        self.weights = weights
+        self.bias = None if biases is None else (biases[0] if len(biases) == 1 else torch.cat(biases))
+        self.pack = pack and len(weights) == 1 and can_pack(weights[0])
+        self._packed: torch.Tensor | None = None
+        self._version = -1
+
+    def refresh(self) -> None:
+        if self.pack and self.weights[0]._version != self._version:
+            # the batch-size hint only picks a blocking; any row count is computed correctly
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weights[0], 16)
+            self._version = self.weights[0]._version
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = self.weights[0].dtype
+        x = x.to(dtype)
+        if self._packed is not None:
+            out = torch.ops.mkldnn._linear_pointwise(x, self._packed, None, "none", [], "")
+        elif len(self.weights) == 1:
+            out = _mm(x, self.weights[0])
+        else:
+            out = torch.cat([_mm(x, w) for w in self.weights], -1)
+        return out if self.bias is None else out + self.bias
+
+
+def _mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    if x.device.type == "cpu" and x.shape[0] <= WEIGHT_FIRST_ROWS:
+        return torch.mm(w, x.t()).t()
+    return x @ w.t()
+
+
 @dataclass
 class _Layer:
     ln1: torch.Tensor
     ln2: torch.Tensor
-    qkv: list[torch.Tensor]
-    qkv_bias: list[torch.Tensor] | None
-    o: torch.Tensor
-    gate_up: list[torch.Tensor]
-    down: torch.Tensor
+    qkv: _Matmul
+    o: _Matmul
+    gate_up: _Matmul
+    down: _Matmul
 
 
 class StaticKV:
@@ -127,47 +178,48 @@ class FusedDecoder:
     """``step(tokens, positions, kv)``: next-token logits [B, V] (float32) after one token per row.
 
     Matmul inputs are rounded to the dtype of the weights (bf16 for the decode copy); keys and
-    values are cached in the LM head's dtype."""
+    values are cached in the LM head's dtype. ``pack``: the weights are a private copy that may
+    be kept prepacked too (see :class:`_Matmul`); call :meth:`refresh` before a rollout."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, pack: bool = False):
         base, config = model.model, model.config
         self.embed = base.embed_tokens.weight
         self.rotary = base.rotary_emb
         self.norm, self.eps = base.norm.weight, base.norm.variance_epsilon
-        self.head = model.lm_head.weight
+        head = model.lm_head.weight
+        self.head = _Matmul([head], None, pack)
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
-        self.layers = [self._layer(layer) for layer in base.layers]
-        self.cache_dtype = self.head.dtype
+        self.layers = [self._layer(layer, pack) for layer in base.layers]
+        self.cache_dtype, self.device = head.dtype, head.device
         self.scale = self.head_dim ** -0.5
 
     @staticmethod
-    def _layer(layer: nn.Module) -> _Layer:
+    def _layer(layer: nn.Module, pack: bool) -> _Layer:
         attn, mlp = layer.self_attn, layer.mlp
         qkv, qkv_bias = _weights(attn, "fused_qkv", [attn.q_proj, attn.k_proj, attn.v_proj])
         gate_up, _ = _weights(mlp, "fused_gate_up", [mlp.gate_proj, mlp.up_proj])
-        return _Layer(layer.input_layernorm.weight, layer.post_attention_layernorm.weight, qkv, qkv_bias,
-                      attn.o_proj.weight, gate_up, mlp.down_proj.weight)
+        return _Layer(layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
+                      _Matmul(qkv, qkv_bias, pack), _Matmul([attn.o_proj.weight], None, pack),
+                      _Matmul(gate_up, None, pack), _Matmul([mlp.down_proj.weight], None, pack))
+
+    def refresh(self) -> None:
+        """Re-pack every prepacked weight whose source changed since the last rollout."""
+        for mm in self._matmuls():
+            mm.refresh()
+
+    def _matmuls(self):
+        yield self.head
+        for layer in self.layers:
+            yield from (layer.qkv, layer.o, layer.gate_up, layer.down)
 
     def new_cache(self, rows: int, capacity: int) -> StaticKV:
         return StaticKV(len(self.layers), rows, self.kv_heads, capacity, self.head_dim, self.cache_dtype,
-                        self.head.device)
+                        self.device)
 
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
-
-    def _mm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        x = x.to(w.dtype)
-        if x.device.type == "cpu" and x.shape[0] <= WEIGHT_FIRST_ROWS:
-            return torch.mm(w, x.t()).t()
-        return x @ w.t()
-
-    def _project(self, x: torch.Tensor, weights: list[torch.Tensor], biases) -> torch.Tensor:
-        out = self._mm(x, weights[0]) if len(weights) == 1 else torch.cat([self._mm(x, w) for w in weights], -1)
-        if biases is not None:
-            out = out + (biases[0] if len(biases) == 1 else torch.cat(biases))
-        return out
 
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         """One query per row against its cache: q [B, H, D], keys/values [B, KVH, S, D] -> [B, H * D].
@@ -195,18 +247,20 @@ class FusedDecoder:
         cos, sin = self.rotary(x, positions[:, None])  # [B, 1, D]
         cos, sin = cos.float(), sin.float()
         for i, layer in enumerate(self.layers):
-            qkv = self._project(self._rms(x, layer.ln1), layer.qkv, layer.qkv_bias)
+            qkv = layer.qkv(self._rms(x, layer.ln1))
             q, k, v = qkv.split([H * D, KVH * D, KVH * D], dim=-1)
             q = _rotate(q.float().view(B, H, D), cos, sin)
             k = _rotate(k.float().view(B, KVH, D), cos, sin)
             kv.k[i, :, :, col] = k
             kv.v[i, :, :, col] = v.view(B, KVH, D)
             attn = self._attend(q, kv.k[i, :, :, : col + 1], kv.v[i, :, :, : col + 1], bias)
-            x = x + self._mm(attn, layer.o).float()
-            gate, up = self._project(self._rms(x, layer.ln2), layer.gate_up, None).chunk(2, dim=-1)
-            x = x + self._mm(F.silu(gate) * up, layer.down).float()
+            x = x + layer.o(attn).float()
+            gate, up = layer.gate_up(self._rms(x, layer.ln2)).chunk(2, dim=-1)
+            x = x + layer.down(F.silu(gate) * up).float()
         kv.length = col + 1
-        return self._mm(self._rms(x, self.norm), self.head).float()
+        # the usual orientation for the head: sampling reads its [B, V] output row by row
+        logits = self.head(self._rms(x, self.norm))
+        return logits.to(torch.float32, memory_format=torch.contiguous_format)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Iterator
 import torch
 
 from rlft.errors import ModelError
+from rlft.models.attention import use_rlft_attention
 from rlft.models.sources import resolve_model_dir
 
 if TYPE_CHECKING:
@@ -113,7 +114,7 @@ def load_policy(
 
 
 def load_model_dir(model_dir: str | Path) -> "PreTrainedModel":
-    """Load a causal LM from a local directory in fp32 with SDPA attention (on cpu)."""
+    """Load a causal LM from a local directory in fp32 with rlft's attention (SDPA for long blocks; on cpu)."""
     from transformers import AutoModelForCausalLM
 
     model_dir = Path(model_dir).resolve()
@@ -124,6 +125,7 @@ def load_model_dir(model_dir: str | Path) -> "PreTrainedModel":
             )
     except Exception as exc:  # OSError, ValueError, KeyError ... from transformers
         raise ModelError(f"Could not load a causal language model from {model_dir}: {exc}") from exc
+    use_rlft_attention(model)
     return model.eval()
 
 

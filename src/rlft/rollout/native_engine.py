@@ -86,7 +86,9 @@ class NativeEngine(HFGenerateEngine):
         if not usable:
             return _DynamicRows(model, n)
         if self._fused is None or self._fused[0] is not model:
-            self._fused = (model, FusedDecoder(model))
+            # the decode copy is private to the engine: its weights may be kept prepacked too
+            self._fused = (model, FusedDecoder(model, pack=self._copy is not None))
+        self._fused[1].refresh()
         return _StaticRows(model, self._fused[1], n, prompt_ids.shape[0] * n, prompt_ids.shape[1] + T)
 
     _fused: tuple | None = None  # (the model it reads, FusedDecoder)

@@ -47,13 +47,16 @@ def sample_next(logits: torch.Tensor, sampling: SamplingParams,
         tokens = pick.argmax(-1)
         logprobs = torch.log_softmax(logits, -1).gather(-1, tokens[:, None]).squeeze(-1)
         return tokens, logprobs
-    tempered = logits / sampling.temperature
+    tempered = logits if sampling.temperature == 1.0 else logits / sampling.temperature
     logp = torch.log_softmax(tempered, -1)
     filtered = filter_logits(tempered, sampling.top_k, sampling.top_p)
-    if suppress is None and filtered is tempered:  # nothing removed: the probabilities are exp(logp)
-        tokens = sample_categorical(logp.exp())
+    if filtered is tempered:  # nothing filtered: the probabilities are exp(logp), suppressed ones 0
+        probs = logp.exp()
+        if suppress is not None:
+            probs.index_fill_(-1, suppress, 0.0)  # sample_categorical renormalises
     else:
         if suppress is not None:
             filtered = filtered.index_fill(-1, suppress, float("-inf"))
-        tokens = sample_categorical(torch.softmax(filtered, -1))
+        probs = torch.softmax(filtered, -1)
+    tokens = sample_categorical(probs)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)

@@ -1,0 +1,87 @@
+"""rlft's attention computes what SDPA computes, forward and backward, and falls back to it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import rlft.models.attention as attention
+from rlft.models.attention import attention_forward, use_rlft_attention
+from rlft.models.logprobs import grouped_completion_logprobs
+
+
+class _Module(torch.nn.Module):
+    is_causal = True
+
+    def __init__(self, groups: int):
+        super().__init__()
+        self.num_key_value_groups = groups
+
+
+def _inputs(B=3, H=6, KVH=2, L=5, S=9, D=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, n, length, D, generator=g, requires_grad=True)
+               for n, length in ((H, L), (KVH, S), (KVH, S)))
+    mask = torch.ones(L, S, dtype=torch.bool).tril(S - L)[None, None].repeat(B, 1, 1, 1)
+    mask[1, :, :, :3] = False  # a left-padded row
+    return q, k, v, mask
+
+
+def _sdpa(q, k, v, mask, groups):
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), attn_mask=mask)
+    return out.transpose(1, 2)
+
+
+@pytest.mark.parametrize("with_mask", [True, False])
+def test_grouped_matmul_attention_matches_sdpa_with_gradients(with_mask):
+    q, k, v, mask = _inputs(L=5, S=9 if with_mask else 5)
+    mask = mask if with_mask else None
+    ours, none = attention_forward(_Module(3), q, k, v, mask)
+    assert none is None and ours.shape == (3, 5, 6, 8)
+    ref = _sdpa(q, k, v, mask, 3) if with_mask else torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), is_causal=True).transpose(1, 2)
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
+    grads = torch.autograd.grad(ours.square().sum(), (q, k, v))
+    ref_grads = torch.autograd.grad(ref.square().sum(), (q, k, v))
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_large_blocks_and_unsupported_options_go_to_sdpa(monkeypatch):
+    calls = []
+    import transformers.integrations.sdpa_attention as sdpa
+
+    real = sdpa.sdpa_attention_forward
+    monkeypatch.setattr(sdpa, "sdpa_attention_forward", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
+    q, k, v, mask = _inputs()
+    attention_forward(_Module(3), q, k, v, mask)
+    assert calls == []
+    attention_forward(_Module(3), q, k, v, mask, dropout=0.1)
+    assert len(calls) == 1
+    monkeypatch.setattr(attention, "MATMUL_ELEMENTS", 3 * 6 * 5 * 9 - 1)
+    ours, _ = attention_forward(_Module(3), q, k, v, mask)
+    assert len(calls) == 2
+    torch.testing.assert_close(ours, _sdpa(q, k, v, mask, 3), rtol=1e-5, atol=1e-6)
+
+
+def test_a_model_on_rlft_attention_gives_sdpa_logprobs_and_gradients(tiny_model_dir):
+    """The update's shape: a shared left-padded prompt cache, then right-padded completions."""
+    models = [AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa")
+              for _ in range(2)]
+    use_rlft_attention(models[1])
+    assert models[1].config._attn_implementation == "rlft"
+    prompt = torch.tensor([[0, 0, 5, 6, 7], [8, 9, 10, 11, 12]])
+    pmask = (prompt != 0).long()
+    completions = torch.randint(3, 30, (4, 6), generator=torch.Generator().manual_seed(1))
+    cmask = torch.ones(4, 6, dtype=torch.long)
+    cmask[2, 4:] = 0
+    rows = torch.tensor([0, 0, 1, 1])
+    out = []
+    for m in models:
+        lp, _ = grouped_completion_logprobs(m, prompt, pmask, rows, completions, cmask, loss_mask=cmask)
+        (grad,) = torch.autograd.grad((lp * cmask).sum(), [m.model.layers[0].self_attn.q_proj.weight])
+        out.append((lp, grad))
+    torch.testing.assert_close(out[1][0], out[0][0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out[1][1], out[0][1], rtol=1e-4, atol=1e-5)
