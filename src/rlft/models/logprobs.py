@@ -187,11 +187,27 @@ def grouped_completion_logprobs(
     (hidden,) = grouped_forward(decoder, prompt_ids, prompt_mask, row_prompt, completion_ids, completion_mask,
                                 lambda h, _: (h,), output="last_hidden_state")
     marked = loss_mask.bool()
-    lp, ent = token_logprobs(head(hidden[marked]).unsqueeze(1), completion_ids[marked].unsqueeze(1), temperature,
-                             with_entropy)
+    lp, ent = head_token_logprobs(head, hidden[marked], completion_ids[marked], temperature, with_entropy)
     zeros = torch.zeros(marked.shape, dtype=torch.float32, device=marked.device)
-    return zeros.masked_scatter(marked, lp.squeeze(1)), (None if ent is None else
-                                                         zeros.masked_scatter(marked, ent.squeeze(1)))
+    return zeros.masked_scatter(marked, lp), (None if ent is None else zeros.masked_scatter(marked, ent))
+
+
+# Above this many logits (n x V) the head runs chunked without keeping them (models/head_logprobs.py):
+# 256 MB of fp32. Below it the plain head is a little faster (no recomputation in backward).
+CHUNKED_HEAD_ELEMENTS = 1 << 26
+
+
+def head_token_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
+                        with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs [n] (float32) of ``targets`` [n] after ``head`` on ``hidden`` [n, D], and the detached entropy."""
+    from rlft.models.head_logprobs import head_logprobs
+
+    plain_linear = (type(head) is torch.nn.Linear and head.bias is None
+                    and not (head._forward_hooks or head._forward_pre_hooks))
+    if plain_linear and hidden.shape[0] * head.out_features > CHUNKED_HEAD_ELEMENTS:
+        return head_logprobs(hidden, head.weight, targets, temperature, with_entropy)
+    lp, ent = token_logprobs(head(hidden).unsqueeze(1), targets.unsqueeze(1), temperature, with_entropy)
+    return lp.squeeze(1), (None if ent is None else ent.squeeze(1))
 
 
 def _decoder_and_head(model: torch.nn.Module):
@@ -228,6 +244,6 @@ def marked_token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, atten
         decoder, head = parts
         hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          use_cache=False).last_hidden_state
-        logits = head(hidden[:, :-1][targets_mask])
+        return head_token_logprobs(head, hidden[:, :-1][targets_mask], targets, 1.0, with_entropy=False)[0]
     lp, _ = token_logprobs(logits.unsqueeze(1), targets.unsqueeze(1), 1.0, with_entropy=False)
     return lp.squeeze(1)
