@@ -219,7 +219,7 @@ class FusedDecoder:
                         self.device)
 
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+        return F.rms_norm(x, (x.shape[-1],), weight, self.eps)  # Hugging Face's fp32 RMSNorm, one kernel
 
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         """One query per row against its cache: q [B, H, D], keys/values [B, KVH, S, D] -> [B, H * D].
@@ -243,20 +243,18 @@ class FusedDecoder:
         # [B, 1, 1, S]: 0 where a row attends, -inf on its left padding
         bias = torch.zeros(kv.valid[:, : col + 1].shape, dtype=torch.float32, device=tokens.device)
         bias = bias.masked_fill_(~kv.valid[:, : col + 1], float("-inf"))[:, None, None]
-        x = self.embed.index_select(0, tokens).float()
+        x = self.embed.index_select(0, tokens).float()  # a new tensor: the residual is updated in place
         cos, sin = self.rotary(x, positions[:, None])  # [B, 1, D]
         cos, sin = cos.float(), sin.float()
         for i, layer in enumerate(self.layers):
             qkv = layer.qkv(self._rms(x, layer.ln1))
-            q, k, v = qkv.split([H * D, KVH * D, KVH * D], dim=-1)
-            q = _rotate(q.float().view(B, H, D), cos, sin)
-            k = _rotate(k.float().view(B, KVH, D), cos, sin)
-            kv.k[i, :, :, col] = k
-            kv.v[i, :, :, col] = v.view(B, KVH, D)
-            attn = self._attend(q, kv.k[i, :, :, : col + 1], kv.v[i, :, :, : col + 1], bias)
-            x = x + layer.o(attn).float()
+            qk = _rotate(qkv[:, : (H + KVH) * D].float().view(B, H + KVH, D), cos, sin)  # q and k at once
+            kv.k[i, :, :, col] = qk[:, H:]
+            kv.v[i, :, :, col] = qkv[:, (H + KVH) * D:].view(B, KVH, D)
+            attn = self._attend(qk[:, :H], kv.k[i, :, :, : col + 1], kv.v[i, :, :, : col + 1], bias)
+            x.add_(layer.o(attn))  # fp32 residual += the bf16 output, promoted
             gate, up = layer.gate_up(self._rms(x, layer.ln2)).chunk(2, dim=-1)
-            x = x + layer.down(F.silu(gate) * up).float()
+            x.add_(layer.down(F.silu(gate) * up))
         kv.length = col + 1
         # the usual orientation for the head: sampling reads its [B, V] output row by row
         logits = self.head(self._rms(x, self.norm))
