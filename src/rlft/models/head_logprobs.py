@@ -25,25 +25,54 @@ def _compute_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else t.dtype
 
 
+def _softmax_stats(logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool):
+    """From fp32 logits [c, V] (overwritten with the probabilities): target log-probs [c], log-sum-exp [c],
+    entropy [c] or None, in as few passes over the [c, V] block as eager PyTorch allows."""
+    top = logits.amax(-1, keepdim=True)
+    target_logit = logits.gather(-1, targets[:, None])
+    shifted = logits.sub_(top)
+    entropy_dot = None
+    probs = torch.exp(shifted)
+    total = probs.sum(-1, keepdim=True)
+    if with_entropy:  # H = log Z - sum p * shifted logits (the shift cancels)
+        entropy_dot = torch.linalg.vecdot(probs, shifted) / total.squeeze(-1)
+    lse = (top + total.log()).squeeze(-1)
+    probs = probs.div_(total)
+    entropy = None if entropy_dot is None else total.log().squeeze(-1) - entropy_dot
+    return target_logit.squeeze(-1) - lse, lse, entropy, probs
+
+
+def _grad_logits(probs: torch.Tensor, targets: torch.Tensor, g: torch.Tensor, temperature: float,
+                 dtype: torch.dtype) -> torch.Tensor:
+    """d (sum g * log p(target)) / d logits for probabilities [c, V]: g * (onehot - p) / T, written in ``dtype``.
+    The target entries are computed apart in fp32 (g * (1 - p) keeps its precision when p is near 1)."""
+    scale = g / temperature
+    out = torch.empty(probs.shape, dtype=dtype, device=probs.device)
+    torch.mul(probs, -scale[:, None], out=out)
+    at_target = scale * (1 - probs.gather(-1, targets[:, None]).squeeze(-1))
+    return out.scatter_(-1, targets[:, None], at_target.to(dtype)[:, None])
+
+
 class _HeadLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature: float, with_entropy: bool):
+    def forward(ctx, hidden, weight, targets, temperature: float, with_entropy: bool, keep_probs: bool):
         dtype = _compute_dtype(hidden)
         h, w = hidden.to(dtype), weight.to(dtype)
-        rows = max(1, _CHUNK_ELEMENTS // weight.shape[0])
-        lp = torch.empty(h.shape[0], dtype=torch.float32, device=h.device)
-        lse = torch.empty_like(lp)
-        entropy = torch.empty_like(lp) if with_entropy else None
+        n = h.shape[0]
+        rows = n if keep_probs else max(1, _CHUNK_ELEMENTS // weight.shape[0])
+        lp = torch.empty(n, dtype=torch.float32, device=h.device)
+        lse, entropy = torch.empty_like(lp), (torch.empty_like(lp) if with_entropy else None)
+        kept = None
         with torch.autocast(h.device.type, enabled=False):
-            for s in range(0, h.shape[0], rows):
+            for s in range(0, n, rows):
                 logits = (h[s:s + rows] @ w.t()).float()
                 if temperature != 1.0:
                     logits /= temperature
-                lse[s:s + rows] = torch.logsumexp(logits, dim=-1)
-                lp[s:s + rows] = logits.gather(-1, targets[s:s + rows, None]).squeeze(-1) - lse[s:s + rows]
-                if with_entropy:
-                    entropy[s:s + rows] = lse[s:s + rows] - (torch.softmax(logits, -1) * logits).sum(-1)
-        ctx.save_for_backward(h, w, targets, lse)
+                lp[s:s + rows], lse[s:s + rows], ent, probs = _softmax_stats(logits, targets[s:s + rows], with_entropy)
+                if ent is not None:
+                    entropy[s:s + rows] = ent
+                kept = probs if keep_probs else None
+        ctx.save_for_backward(h, w, targets, lse, *(() if kept is None else (kept,)))
         ctx.temperature, ctx.rows = temperature, rows
         ctx.dtypes = (hidden.dtype, weight.dtype)
         if entropy is None:
@@ -53,34 +82,37 @@ class _HeadLogprobs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_lp, _grad_entropy):
-        h, w, targets, lse = ctx.saved_tensors
+        h, w, targets, lse, *kept = ctx.saved_tensors
         T, rows = ctx.temperature, ctx.rows
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_h = torch.empty_like(h) if need_h else None
-        grad_w = torch.zeros(w.shape, dtype=ctx.dtypes[1], device=w.device) if need_w else None
+        grad_w = None
         with torch.autocast(h.device.type, enabled=False):
             for s in range(0, h.shape[0], rows):
                 hc, g = h[s:s + rows], grad_lp[s:s + rows].float()
-                logits = (hc @ w.t()).float()
-                if T != 1.0:
-                    logits /= T
-                # softmax from the saved log-sum-exp, then -g * p + g at the target, over T
-                grad_logits = torch.exp_(logits.sub_(lse[s:s + rows, None])).mul_(-g[:, None])
-                grad_logits.scatter_add_(-1, targets[s:s + rows, None], g[:, None])
-                if T != 1.0:
-                    grad_logits /= T
-                grad_logits = grad_logits.to(h.dtype)
+                if kept:
+                    probs = kept[0]
+                else:  # recompute this chunk's probabilities from the saved log-sum-exp
+                    logits = (hc @ w.t()).float()
+                    if T != 1.0:
+                        logits /= T
+                    probs = torch.exp_(logits.sub_(lse[s:s + rows, None]))
+                grad_logits = _grad_logits(probs, targets[s:s + rows], g, T, h.dtype)
                 if need_h:
                     grad_h[s:s + rows] = grad_logits @ w
                 if need_w:
-                    grad_w += (grad_logits.t() @ hc).to(grad_w.dtype)
+                    part = grad_logits.t() @ hc
+                    grad_w = part.to(ctx.dtypes[1]) if grad_w is None else grad_w.add_(part)
         grad_h = None if grad_h is None else grad_h.to(ctx.dtypes[0])
-        return grad_h, grad_w, None, None, None
+        return grad_h, grad_w, None, None, None, None
 
 
 def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
-                  with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                  with_entropy: bool = False, keep_probs: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs [n] (float32) of ``targets`` [n] under ``softmax(hidden [n, D] @ weight [V, D].T / temperature)``,
-    and the detached entropy [n] when asked, never holding more than a chunk of the logits."""
-    lp, entropy = _HeadLogprobs.apply(hidden, weight, targets, temperature, with_entropy)
+    and the detached entropy [n] when asked.
+
+    ``keep_probs``: keep the fp32 probabilities [n, V] for the backward (no recomputation; for
+    batches whose logits are small), else hold at most a chunk of logits and recompute them."""
+    lp, entropy = _HeadLogprobs.apply(hidden, weight, targets, temperature, with_entropy, keep_probs)
     return lp, (entropy if with_entropy else None)

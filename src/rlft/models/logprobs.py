@@ -192,8 +192,8 @@ def grouped_completion_logprobs(
     return zeros.masked_scatter(marked, lp), (None if ent is None else zeros.masked_scatter(marked, ent))
 
 
-# Above this many logits (n x V) the head runs chunked without keeping them (models/head_logprobs.py):
-# 256 MB of fp32. Below it the plain head is a little faster (no recomputation in backward).
+# Up to this many logits (n x V: 256 MB of fp32) the backward keeps the probabilities; above it they
+# are recomputed a chunk at a time, so memory stays flat in the completion length.
 CHUNKED_HEAD_ELEMENTS = 1 << 26
 
 
@@ -204,8 +204,10 @@ def head_token_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: to
 
     plain_linear = (type(head) is torch.nn.Linear and head.bias is None
                     and not (head._forward_hooks or head._forward_pre_hooks))
-    if plain_linear and hidden.shape[0] * head.out_features > CHUNKED_HEAD_ELEMENTS:
-        return head_logprobs(hidden, head.weight, targets, temperature, with_entropy)
+    if plain_linear:
+        small = hidden.shape[0] * head.out_features <= CHUNKED_HEAD_ELEMENTS
+        backward = torch.is_grad_enabled() and (hidden.requires_grad or head.weight.requires_grad)
+        return head_logprobs(hidden, head.weight, targets, temperature, with_entropy, keep_probs=small and backward)
     lp, ent = token_logprobs(head(hidden).unsqueeze(1), targets.unsqueeze(1), temperature, with_entropy)
     return lp.squeeze(1), (None if ent is None else ent.squeeze(1))
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from rlft.allocator import keep_freed_memory
 from rlft.checkpoint import prune_checkpoints, save_checkpoint
 from rlft.checkpoint.continuity import file_fingerprint
 from rlft.config.loader import config_to_yaml, load_config
@@ -86,6 +87,7 @@ class Trainer:
         self.log.info(f"config loaded: {self.config_source} -> run directory {self.run_dir.root}")
         if self._resume_point is not None:
             self._prepare_resume(changes)
+        keep_freed_memory()  # large tensors are reused warm, not faulted in again every step
         try:
             self._build()
         except BaseException as exc:
