@@ -42,14 +42,15 @@ def _softmax_stats(logits: torch.Tensor, targets: torch.Tensor, with_entropy: bo
     return target_logit.squeeze(-1) - lse, lse, entropy, probs
 
 
-def _grad_logits(probs: torch.Tensor, targets: torch.Tensor, g: torch.Tensor, temperature: float,
-                 dtype: torch.dtype) -> torch.Tensor:
+def _grad_logits(probs: torch.Tensor, targets: torch.Tensor, target_lp: torch.Tensor, g: torch.Tensor,
+                 temperature: float, dtype: torch.dtype) -> torch.Tensor:
     """d (sum g * log p(target)) / d logits for probabilities [c, V]: g * (onehot - p) / T, written in ``dtype``.
-    The target entries are computed apart in fp32 (g * (1 - p) keeps its precision when p is near 1)."""
+    The target entries come from the fp32 log-probs ``target_lp`` [c]: g * (1 - p) keeps its
+    precision when p is near 1, whatever precision ``probs`` was kept in."""
     scale = g / temperature
     out = torch.empty(probs.shape, dtype=dtype, device=probs.device)
     torch.mul(probs, -scale[:, None], out=out)
-    at_target = scale * (1 - probs.gather(-1, targets[:, None]).squeeze(-1))
+    at_target = scale * -torch.expm1(target_lp)
     return out.scatter_(-1, targets[:, None], at_target.to(dtype)[:, None])
 
 
@@ -71,8 +72,10 @@ class _HeadLogprobs(torch.autograd.Function):
                 lp[s:s + rows], lse[s:s + rows], ent, probs = _softmax_stats(logits, targets[s:s + rows], with_entropy)
                 if ent is not None:
                     entropy[s:s + rows] = ent
-                kept = probs if keep_probs else None
-        ctx.save_for_backward(h, w, targets, lse, *(() if kept is None else (kept,)))
+                # kept in the compute dtype: the gradient is rounded to it anyway (bf16: 50 MB, not 100,
+                # for 512 tokens of a 49k vocabulary)
+                kept = probs.to(dtype) if keep_probs else None
+        ctx.save_for_backward(h, w, targets, lse, lp, *(() if kept is None else (kept,)))
         ctx.temperature, ctx.rows = temperature, rows
         ctx.dtypes = (hidden.dtype, weight.dtype)
         if entropy is None:
@@ -82,7 +85,7 @@ class _HeadLogprobs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_lp, _grad_entropy):
-        h, w, targets, lse, *kept = ctx.saved_tensors
+        h, w, targets, lse, lp, *kept = ctx.saved_tensors
         T, rows = ctx.temperature, ctx.rows
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_h = torch.empty_like(h) if need_h else None
@@ -97,7 +100,7 @@ class _HeadLogprobs(torch.autograd.Function):
                     if T != 1.0:
                         logits /= T
                     probs = torch.exp_(logits.sub_(lse[s:s + rows, None]))
-                grad_logits = _grad_logits(probs, targets[s:s + rows], g, T, h.dtype)
+                grad_logits = _grad_logits(probs, targets[s:s + rows], lp[s:s + rows], g, T, h.dtype)
                 if need_h:
                     grad_h[s:s + rows] = grad_logits @ w
                 if need_w:
@@ -112,7 +115,8 @@ def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Ten
     """Log-probs [n] (float32) of ``targets`` [n] under ``softmax(hidden [n, D] @ weight [V, D].T / temperature)``,
     and the detached entropy [n] when asked.
 
-    ``keep_probs``: keep the fp32 probabilities [n, V] for the backward (no recomputation; for
-    batches whose logits are small), else hold at most a chunk of logits and recompute them."""
+    ``keep_probs``: keep the probabilities [n, V] (in the compute dtype) for the backward, with no
+    recomputation: for batches whose logits are small. Else at most a chunk of logits is held at a
+    time and recomputed in the backward."""
     lp, entropy = _HeadLogprobs.apply(hidden, weight, targets, temperature, with_entropy, keep_probs)
     return lp, (entropy if with_entropy else None)
