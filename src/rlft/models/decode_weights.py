@@ -36,6 +36,48 @@ class _Entry:
     make: Callable[[], torch.Tensor]
 
 
+class ChangeWatch:
+    """Which of several groups of source tensors changed since the last :meth:`changed` call.
+
+    A group changed when an optimizer stepped one of its tensors (PyTorch's global optimizer-step
+    hook: fused kernels write parameters without moving their version counters) or when a version
+    counter moved (any other in-place write, such as ``load_state_dict``). ``start_changed``: every
+    group counts as changed at the first call."""
+
+    def __init__(self, groups: list[list[torch.Tensor]], start_changed: bool = False):
+        self._groups = groups
+        self._versions = [[t._version for t in g] for g in groups]
+        self._stale = [start_changed] * len(groups)
+        self._index: dict[int, list[int]] = {}
+        for i, group in enumerate(groups):
+            for t in group:
+                self._index.setdefault(id(t), []).append(i)
+        ref = weakref.ref(self)
+
+        def stepped(optimizer, args, kwargs) -> None:
+            me = ref()
+            if me is not None:
+                me._mark(p for group in optimizer.param_groups for p in group["params"])
+
+        self._hook = register_optimizer_step_post_hook(stepped)
+        weakref.finalize(self, self._hook.remove)
+
+    def _mark(self, params) -> None:
+        for p in params:
+            for i in self._index.get(id(p), ()):
+                self._stale[i] = True
+
+    def changed(self) -> list[int]:
+        """Indices of the groups that changed; from now on they count as unchanged."""
+        out = []
+        for i, group in enumerate(self._groups):
+            versions = [t._version for t in group]
+            if self._stale[i] or versions != self._versions[i]:
+                out.append(i)
+                self._versions[i], self._stale[i] = versions, False
+        return out
+
+
 class DecodeWeights:
     """``current()`` is ``source`` as of now with its Linear weights in ``dtype``: frozen, in eval mode.
 
@@ -54,39 +96,17 @@ class DecodeWeights:
         if unsupported_reason(self.module) is None:
             fuse_projections(self.module)  # q/k/v and gate/up as one matmul each in the fused decode
         self._entries = _entries(source, self.module, lora or {})
-        self._versions = [[t._version for t in e.sources] for e in self._entries]
-        self._stale = [False] * len(self._entries)
-        self._index: dict[int, list[int]] = {}
-        for i, e in enumerate(self._entries):
-            for t in e.sources:
-                self._index.setdefault(id(t), []).append(i)
-        ref = weakref.ref(self)
-
-        def stepped(optimizer, args, kwargs) -> None:
-            me = ref()
-            if me is not None:
-                me._mark(p for group in optimizer.param_groups for p in group["params"])
-
-        self._hook = register_optimizer_step_post_hook(stepped)
-        weakref.finalize(self, self._hook.remove)
+        self._watch = ChangeWatch([e.sources for e in self._entries])
 
     @property
     def merged_lora(self) -> bool:
         return not hasattr(self.module, "peft_config") and any(len(e.sources) > 1 for e in self._entries)
 
-    def _mark(self, params) -> None:
-        for p in params:
-            for i in self._index.get(id(p), ()):
-                self._stale[i] = True
-
     def current(self) -> nn.Module:
         """The copy, first refreshed from every source tensor that changed since the last call."""
         with torch.no_grad():
-            for i, e in enumerate(self._entries):
-                versions = [t._version for t in e.sources]
-                if self._stale[i] or versions != self._versions[i]:
-                    e.dst.copy_(e.make())
-                    self._versions[i], self._stale[i] = versions, False
+            for i in self._watch.changed():
+                self._entries[i].dst.copy_(self._entries[i].make())
         return self.module
 
 

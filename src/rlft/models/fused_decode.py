@@ -1,19 +1,16 @@
-"""A one-token forward for Llama-family models over a preallocated KV cache: the decode hot loop.
+"""Prefill and one-token decode for Llama-family models over a preallocated KV cache: the rollout's hot loop.
 
 A decode step's arithmetic is small (a few rows per weight); its time goes to streaming the
 weights and to framework overhead around ~15 small modules per layer. This forward
-* runs the projections that read the same input as one matmul (q/k/v; gate/up) when they are
-  stored fused: the bf16 decode copy stores them that way (:func:`fuse_projections`), with the
-  model's own q/k/v/gate/up parameters rebound as views, so the Hugging Face forward used for
-  prefill reads the same memory;
-* writes each token's keys and values in place into a cache allocated once for the whole rollout
+* runs the projections that read the same input as one matmul (q/k/v; gate/up);
+* under bf16 on CPUs where oneDNN packs bf16, multiplies bf16 copies of the policy's weights in
+  oneDNN's blocked layout (1.4-1.7x ``torch.mm`` for 16 rows of SmolLM2's shapes), made straight
+  from the fp32 weights and remade only for tensors an optimizer stepped: no module copy, the
+  embedding and norms read in place (:class:`_Matmul`, :meth:`FusedDecoder.refresh`);
+* writes keys and values in place into a cache allocated once for the whole rollout
   (:class:`StaticKV`) instead of concatenating a growing cache at every token;
 * keeps the residual stream and the norms in fp32 and rounds only matmul inputs, as bf16 autocast
-  does, so its log-probs match the Hugging Face forward up to summation order;
-* on CPU, multiplies a private weight copy (the bf16 decode copy) in oneDNN's prepacked layout
-  (:class:`_Matmul`), re-packed only when the copy was refreshed. For 16 rows of SmolLM2's
-  shapes that is 1.4-1.7x faster than ``torch.mm``; packing the policy's own fp32 weights would
-  double their memory, so those are multiplied as they are.
+  does, so its log-probs match the Hugging Face forward up to summation order.
 
 Supported: ``llama``, ``mistral`` (no sliding window in reach), ``qwen2`` (q/k/v biases), without
 adapters; :func:`unsupported_reason` says why another model decodes through the generic path.
@@ -85,46 +82,55 @@ def _weights(owner: nn.Module, fused_attr: str, linears: list[nn.Linear]):
     return [m.weight for m in linears], (None if biases[0] is None else biases)
 
 
-def can_pack(weight: torch.Tensor) -> bool:
-    """True when oneDNN can multiply ``weight`` prepacked on this machine (CPU, fp32 or native bf16)."""
-    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
+    """True when oneDNN can multiply weights of ``dtype`` prepacked here (CPU, fp32 or native bf16)."""
+    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
         return False
-    if weight.dtype == torch.bfloat16:
+    if dtype == torch.bfloat16:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    return weight.dtype == torch.float32
+    return dtype == torch.float32
 
 
 class _Matmul:
-    """``x [M, K] -> x @ W.T [M, N]`` in the weights' dtype, for W the row-concatenation of ``weights``.
+    """``x [M, K] -> x @ W.T (+ b) [M, N]`` for W the row-concatenation of ``weights`` (b of ``biases``).
 
-    With ``pack`` (one weight, a private copy) the weight is kept in oneDNN's blocked layout as
-    well, re-packed when its version counter moved (the decode copy refreshed it in place);
-    otherwise small inputs use the weight-first product (CPU GEMMs stream a cold weight faster as
-    ``W @ x.T``)."""
+    With ``pack_dtype`` the product runs on a private copy of W in that dtype, in oneDNN's blocked
+    layout, made by :meth:`repack` (the decoder calls it when the weights changed); otherwise on the
+    weights as they are, small inputs through the weight-first product (CPU GEMMs stream a cold
+    weight faster as ``W @ x.T``)."""
 
-    def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor] | None, pack: bool):
-        self.weights = weights
-        self.bias = None if biases is None else (biases[0] if len(biases) == 1 else torch.cat(biases))
-        self.pack = pack and len(weights) == 1 and can_pack(weights[0])
+    def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor] | None,
+                 pack_dtype: torch.dtype | None):
+        self.weights, self.biases = weights, biases
+        self.pack_dtype = pack_dtype
+        self.dtype = pack_dtype or weights[0].dtype
         self._packed: torch.Tensor | None = None
-        self._version = -1
+        self.bias = None if biases is None or pack_dtype else _cat(biases)
 
-    def refresh(self) -> None:
-        if self.pack and self.weights[0]._version != self._version:
+    @property
+    def sources(self) -> list[torch.Tensor]:
+        return self.weights + (self.biases or [])
+
+    def repack(self) -> None:
+        with torch.no_grad():
+            weight = _cat(self.weights).to(self.pack_dtype)
             # the batch-size hint only picks a blocking; any row count is computed correctly
-            self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weights[0], 16)
-            self._version = self.weights[0]._version
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, 16)
+            self.bias = None if self.biases is None else _cat(self.biases).to(self.pack_dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = self.weights[0].dtype
-        x = x.to(dtype)
-        if self._packed is not None:
+        x = x.to(self.dtype)
+        if self.pack_dtype is not None:
             out = torch.ops.mkldnn._linear_pointwise(x, self._packed, None, "none", [], "")
         elif len(self.weights) == 1:
             out = _mm(x, self.weights[0])
         else:
             out = torch.cat([_mm(x, w) for w in self.weights], -1)
         return out if self.bias is None else out + self.bias
+
+
+def _cat(tensors: list[torch.Tensor]) -> torch.Tensor:
+    return tensors[0].detach() if len(tensors) == 1 else torch.cat([t.detach() for t in tensors])
 
 
 def _mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -155,16 +161,6 @@ class StaticKV:
         self.valid = torch.zeros(rows, capacity, dtype=torch.bool, device=device)
         self.length = 0
 
-    def load(self, cache, mask: torch.Tensor, repeat: int) -> None:
-        """Copy a prefilled Hugging Face cache of U rows ([U, KVH, P, D] per layer) in, each row
-        ``repeat`` times; ``mask`` [U, P] marks the real prompt tokens."""
-        P = mask.shape[1]
-        for i, layer in enumerate(cache.layers):
-            self.k[i, :, :, :P] = layer.keys.repeat_interleave(repeat, 0)
-            self.v[i, :, :, :P] = layer.values.repeat_interleave(repeat, 0)
-        self.valid[:, :P] = mask.bool().repeat_interleave(repeat, 0)
-        self.length = P
-
     def select(self, rows: torch.Tensor) -> None:
         """Keep only ``rows`` (indices [K]): one copy of the used part of the cache."""
         n = self.length
@@ -175,45 +171,46 @@ class StaticKV:
 
 
 class FusedDecoder:
-    """``step(tokens, positions, kv)``: next-token logits [B, V] (float32) after one token per row.
+    """``prefill(...)`` and ``step(tokens, positions, kv)``: next-token logits (float32) for a static cache.
 
-    Matmul inputs are rounded to the dtype of the weights (bf16 for the decode copy); keys and
-    values are cached in the LM head's dtype. ``pack``: the weights are a private copy that may
-    be kept prepacked too (see :class:`_Matmul`); call :meth:`refresh` before a rollout."""
+    ``pack_dtype``: multiply private copies of the weights in that dtype, prepacked (see
+    :class:`_Matmul`); then ``model`` may be the fp32 policy itself: the copies are remade by
+    :meth:`refresh` for the tensors an optimizer stepped, and nothing else is duplicated (the
+    embedding and norms are read in place). Without it, matmul inputs are rounded to the dtype
+    of the weights as they are (fp32 policy, or the bf16 decode copy). Keys and values are cached
+    in the matmul dtype."""
 
-    def __init__(self, model: nn.Module, pack: bool = False):
+    def __init__(self, model: nn.Module, pack_dtype: torch.dtype | None = None):
+        from rlft.models.decode_weights import ChangeWatch
+
         base, config = model.model, model.config
         self.embed = base.embed_tokens.weight
         self.rotary = base.rotary_emb
         self.norm, self.eps = base.norm.weight, base.norm.variance_epsilon
-        head = model.lm_head.weight
-        self.head = _Matmul([head], None, pack)
+        self.head = _Matmul([model.lm_head.weight], None, pack_dtype)
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
-        self.layers = [self._layer(layer, pack) for layer in base.layers]
-        self.cache_dtype, self.device = head.dtype, head.device
+        self.layers = [self._layer(layer, pack_dtype) for layer in base.layers]
+        self.cache_dtype, self.device = self.head.dtype, self.embed.device
         self.scale = self.head_dim ** -0.5
+        self._matmuls = [self.head] + [m for la in self.layers for m in (la.qkv, la.o, la.gate_up, la.down)]
+        self._watch = ChangeWatch([m.sources for m in self._matmuls], start_changed=True) if pack_dtype else None
 
     @staticmethod
-    def _layer(layer: nn.Module, pack: bool) -> _Layer:
+    def _layer(layer: nn.Module, pack_dtype: torch.dtype | None) -> _Layer:
         attn, mlp = layer.self_attn, layer.mlp
         qkv, qkv_bias = _weights(attn, "fused_qkv", [attn.q_proj, attn.k_proj, attn.v_proj])
         gate_up, _ = _weights(mlp, "fused_gate_up", [mlp.gate_proj, mlp.up_proj])
         return _Layer(layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
-                      _Matmul(qkv, qkv_bias, pack), _Matmul([attn.o_proj.weight], None, pack),
-                      # down's [hidden, intermediate] shape gains ~8 % from packing: not worth its memory
-                      _Matmul(gate_up, None, pack), _Matmul([mlp.down_proj.weight], None, False))
+                      _Matmul(qkv, qkv_bias, pack_dtype), _Matmul([attn.o_proj.weight], None, pack_dtype),
+                      _Matmul(gate_up, None, pack_dtype), _Matmul([mlp.down_proj.weight], None, pack_dtype))
 
     def refresh(self) -> None:
-        """Re-pack every prepacked weight whose source changed since the last rollout."""
-        for mm in self._matmuls():
-            mm.refresh()
-
-    def _matmuls(self):
-        yield self.head
-        for layer in self.layers:
-            yield from (layer.qkv, layer.o, layer.gate_up, layer.down)
+        """Remake the packed copy of every weight that changed since the last rollout."""
+        if self._watch is not None:
+            for i in self._watch.changed():
+                self._matmuls[i].repack()
 
     def new_cache(self, rows: int, capacity: int) -> StaticKV:
         return StaticKV(len(self.layers), rows, self.kv_heads, capacity, self.head_dim, self.cache_dtype,
@@ -221,6 +218,37 @@ class FusedDecoder:
 
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), weight, self.eps)  # Hugging Face's fp32 RMSNorm, one kernel
+
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, kv: StaticKV, repeat: int) -> torch.Tensor:
+        """Run U left-padded prompts ``ids``/``mask`` [U, P] and write their keys/values into the first P
+        columns of ``kv`` (its rows: each prompt ``repeat`` times). Returns the logits [U, V] after
+        each prompt's last token."""
+        U, P = ids.shape
+        H, KVH, D = self.heads, self.kv_heads, self.head_dim
+        real = mask.bool()
+        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        # a query sees real keys up to itself; a padding query sees every key (its output is never
+        # used, and an all-masked row would be NaN)
+        allowed = torch.ones(P, P, dtype=torch.bool, device=ids.device).tril()[None] & real[:, None, :]
+        allowed = (allowed | ~real[:, :, None])[:, None]  # [U, 1, P, P]
+        x = self.embed.index_select(0, ids.reshape(-1)).float()  # [U * P, hidden]
+        cos, sin = self.rotary(x, positions)  # [U, P, D]
+        cos, sin = cos.float()[:, :, None], sin.float()[:, :, None]
+        for i, layer in enumerate(self.layers):
+            qkv = layer.qkv(self._rms(x, layer.ln1)).view(U, P, -1)
+            qk = _rotate(qkv[..., : (H + KVH) * D].float().view(U, P, H + KVH, D), cos, sin).transpose(1, 2)
+            q, k = qk[:, :H].to(self.cache_dtype), qk[:, H:].to(self.cache_dtype)
+            v = qkv[..., (H + KVH) * D:].view(U, P, KVH, D).transpose(1, 2).to(self.cache_dtype)
+            kv.k[i, :, :, :P] = k.repeat_interleave(repeat, 0)
+            kv.v[i, :, :, :P] = v.repeat_interleave(repeat, 0)
+            attn = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=H != KVH)
+            x.add_(layer.o(attn.transpose(1, 2).reshape(U * P, H * D)))
+            gate, up = layer.gate_up(self._rms(x, layer.ln2)).chunk(2, dim=-1)
+            x.add_(layer.down(F.silu(gate) * up))
+        kv.valid[:, :P] = real.repeat_interleave(repeat, 0)
+        kv.length = P
+        last = self._rms(x.view(U, P, -1)[:, -1], self.norm)  # left padding: the last column is real
+        return self.head(last).to(torch.float32, memory_format=torch.contiguous_format)
 
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         """One query per row against its cache: q [B, H, D], keys/values [B, KVH, S, D] -> [B, H * D].

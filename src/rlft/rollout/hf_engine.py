@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+from typing import TYPE_CHECKING
 
 import torch
 
 from rlft.models.logprobs import token_logprobs
 from rlft.phases import count, phase
 from rlft.rollout.base import RolloutBatch, SamplingParams
+
+if TYPE_CHECKING:
+    from rlft.models.decode_weights import DecodeWeights
 
 
 def eos_token_ids(tokenizer, model) -> list[int]:
@@ -43,11 +47,10 @@ class HFGenerateEngine:
 
     def __init__(self, model, tokenizer, *, max_prompt_length: int, autocast_dtype: torch.dtype | None,
                  add_special_tokens: bool = False, decode_copy: bool = False, fused_decode: bool = True):
-        from rlft.models.decode_weights import DecodeWeights
-
         self.model = model
         self.fused_decode = fused_decode  # NativeEngine: the fused decode where the model allows it
-        self._copy = DecodeWeights(model, autocast_dtype) if decode_copy and autocast_dtype is not None else None
+        self.decode_copy = decode_copy and autocast_dtype is not None
+        self._copy: DecodeWeights | None = None  # made on first use: the fused decode may not need it
         self.tokenizer = tokenizer
         self.max_prompt_length = max_prompt_length
         self.autocast_dtype = autocast_dtype
@@ -57,17 +60,26 @@ class HFGenerateEngine:
 
     def decode_model(self) -> torch.nn.Module:
         """The module to generate with: the policy, or its reduced-precision copy brought up to date."""
-        return self._copy.current() if self._copy is not None else self.model
+        if not self.decode_copy:
+            return self.model
+        if self._copy is None:
+            from rlft.models.decode_weights import DecodeWeights
+
+            self._copy = DecodeWeights(self.model, self.autocast_dtype)
+        return self._copy.current()
 
     @contextlib.contextmanager
-    def generating(self):
-        """Yield the module to generate with: eval mode, no autograd, the engine's autocast and (CPU)
-        decode-shaped linears; the policy's train/eval mode is restored after."""
-        model = self.decode_model()
+    def generating(self, model: torch.nn.Module | None = None):
+        """Yield the module to generate with (``model``, else :meth:`decode_model`): eval mode, no
+        autograd, the engine's autocast and (CPU, when the model's own forward runs) decode-shaped
+        linears; the policy's train/eval mode is restored after."""
+        linears = model is None
+        model = self.decode_model() if model is None else model
         was_training = self.model.training
         self.model.eval()
         try:
-            with self.grad_mode(), self._autocast(), self._decode_linears(model):
+            with (self.grad_mode(), self._autocast(),
+                  self._decode_linears(model) if linears else contextlib.nullcontext()):
                 yield model
         finally:
             self.model.train(was_training)

@@ -28,8 +28,12 @@ class NativeEngine(HFGenerateEngine):
 
     def generate(self, prompts: list[str], sampling: SamplingParams) -> RolloutBatch:
         prompt_ids, prompt_mask = self.tokenize_prompts(prompts)
-        with self.generating() as model:
-            decoded = self._decode(model, prompt_ids, prompt_mask, sampling)
+        fused = self._fused_decoder()
+        with self.generating(fused[0] if fused else None) as model:
+            n, capacity = sampling.n, prompt_ids.shape[1] + sampling.max_new_tokens
+            rows = (_StaticRows(fused[1], n, prompt_ids.shape[0] * n, capacity) if fused
+                    else _DynamicRows(model, n))
+            decoded = self._decode(rows, prompt_ids, prompt_mask, sampling)
         tokens, logprobs, lengths, ended = (t.clone() for t in decoded)  # normal tensors again
         n = sampling.n
         steps = torch.arange(tokens.shape[1], device=tokens.device)
@@ -44,10 +48,9 @@ class NativeEngine(HFGenerateEngine):
             logprobs=logprobs * mask,
         )
 
-    def _decode(self, model, prompt_ids, prompt_mask, sampling: SamplingParams):
+    def _decode(self, rows, prompt_ids, prompt_mask, sampling: SamplingParams):
         """Returns tokens [N, T] (pad after the end), logprobs [N, T], lengths [N] (incl. EOS), ended [N] bool."""
         n, T, device = sampling.n, sampling.max_new_tokens, prompt_ids.device
-        rows = self._rows(model, prompt_ids, prompt_mask, n, T)
         with phase("prefill"):
             logits = rows.prefill(prompt_ids, prompt_mask).repeat_interleave(n, 0)
         count("prefill_tokens", prompt_ids.numel())
@@ -75,23 +78,31 @@ class NativeEngine(HFGenerateEngine):
                 count("decode_steps", 1)
         return tokens, logprobs, lengths, ended
 
-    def _rows(self, model, prompt_ids, prompt_mask, n: int, T: int):
-        """The decode state of the batch: the fused decoder over a static cache where the model
-        allows it, else the model's own forward over a growing cache."""
-        from rlft.models.fused_decode import FusedDecoder, unsupported_reason
+    def _fused_decoder(self):
+        """(the module it reads, :class:`FusedDecoder`) when the fused decode applies, else None.
 
-        # Under autocast without the decode copy the weights are fp32: the generic path casts them.
-        usable = (self.fused_decode and (self.autocast_dtype is None or self._copy is not None)
-                  and unsupported_reason(model) is None)
-        if not usable:
-            return _DynamicRows(model, n)
-        if self._fused is None or self._fused[0] is not model:
-            # the decode copy is private to the engine: its weights may be kept prepacked too
-            self._fused = (model, FusedDecoder(model, pack=self._copy is not None))
+        fp32: the policy's own weights. bf16 with the decode copy where oneDNN packs bf16: packed
+        bf16 copies made straight from the policy's weights (no module copy). Otherwise the decode
+        copy (a merged LoRA policy, or no packing here). bf16 autocast over fp32 weights (no
+        decode copy) takes the generic path, which casts them."""
+        from rlft.models.fused_decode import FusedDecoder, can_pack, unsupported_reason
+
+        if not self.fused_decode or (self.autocast_dtype is not None and not self.decode_copy):
+            return None
+        pack = self.autocast_dtype if self.autocast_dtype is not None and can_pack(self.autocast_dtype,
+                                                                                  self.device) else None
+        if self.autocast_dtype is None or (pack is not None and unsupported_reason(self.model) is None):
+            source = self.model
+        else:
+            source = self.decode_model()
+        if unsupported_reason(source) is not None:
+            return None
+        if self._fused is None or self._fused[0] is not source:
+            self._fused = (source, FusedDecoder(source, pack_dtype=pack))
         self._fused[1].refresh()
-        return _StaticRows(model, self._fused[1], n, prompt_ids.shape[0] * n, prompt_ids.shape[1] + T)
+        return self._fused
 
-    _fused: tuple | None = None  # (the model it reads, FusedDecoder)
+    _fused: tuple | None = None  # (the module it reads, FusedDecoder)
 
 
 class _DynamicRows:
@@ -125,16 +136,12 @@ class _DynamicRows:
 class _StaticRows:
     """Decode through :class:`FusedDecoder` with a cache allocated once for prompt + completion."""
 
-    def __init__(self, model, fused, n: int, rows: int, capacity: int):
-        self.model, self.fused, self.n = model, fused, n
+    def __init__(self, fused, n: int, rows: int, capacity: int):
+        self.fused, self.n = fused, n
         self.kv = fused.new_cache(rows, capacity)
 
     def prefill(self, prompt_ids, prompt_mask) -> torch.Tensor:
-        from transformers import DynamicCache
-
-        cache = DynamicCache()
-        logits = _last_logits(self.model, cache, prompt_ids, prompt_mask, position_ids_from_mask(prompt_mask))
-        self.kv.load(cache, prompt_mask, self.n)
+        logits = self.fused.prefill(prompt_ids, prompt_mask, self.kv, self.n)
         self.positions = prompt_mask.sum(-1).repeat_interleave(self.n, 0)
         return logits
 
