@@ -98,6 +98,10 @@ def _trl_worker(conn, opts: dict) -> None:
     import torch
 
     torch.set_num_threads(opts["threads"])
+    if opts.get("trl_keep_memory"):  # the allocator setting rlft's trainer applies, for TRL too
+        from rlft.allocator import keep_freed_memory
+
+        keep_freed_memory()
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -242,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine", default="native", choices=["native", "hf"], help="rlft rollout engine")
     ap.add_argument("--rlft-gradient-checkpointing", action="store_true",
                     help="recompute activations in rlft's backward, as TRL does by default (less memory, more compute)")
+    ap.add_argument("--trl-keep-memory", action="store_true",
+                    help="give TRL's process the allocator setting rlft applies (rlft/allocator.py), to see how "
+                         "much of the difference it accounts for")
     ap.add_argument("--frameworks", nargs="+", default=["trl", "rlft"], choices=sorted(WORKERS))
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--steps", type=int, default=5)
@@ -277,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         opts = dict(model_dir=model_dir, dtype=dtype, prompts=a.prompts, group_size=a.group_size,
                     max_new_tokens=a.max_new_tokens, beta=a.beta, fixed_length=not a.natural_eos,
                     engine=a.engine, threads=a.threads, gradient_checkpointing=a.rlft_gradient_checkpointing,
-                    defaults=a.defaults)
+                    defaults=a.defaults, trl_keep_memory=a.trl_keep_memory)
         res = _run_case(opts, a.frameworks, a.warmup, a.steps)
         results["results"][dtype] = res
         _print_case(dtype, res, flops[True], peaks, sizes)
