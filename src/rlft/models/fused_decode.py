@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
+from rlft.models.change_watch import ChangeWatch
 from rlft.models.fast_linear import MAX_ROWS as WEIGHT_FIRST_ROWS  # CPU GEMMs stream cold weights faster as W @ x.T
 
 SUPPORTED = ("llama", "mistral", "qwen2")
@@ -181,8 +182,6 @@ class FusedDecoder:
     in the matmul dtype."""
 
     def __init__(self, model: nn.Module, pack_dtype: torch.dtype | None = None):
-        from rlft.models.decode_weights import ChangeWatch
-
         base, config = model.model, model.config
         self.embed = base.embed_tokens.weight
         self.rotary = base.rotary_emb
