@@ -5,8 +5,10 @@ depends on. Under bf16 autocast the fp32 master weights are cast on every call: 
 reads the fp32 weight (4 bytes a parameter), writes a bf16 copy (2) and reads it back (2) before
 any arithmetic, so autocast makes decoding slower than plain fp32 instead of faster. The copy keeps
 every ``nn.Linear`` weight already in bf16 (2 bytes a parameter per token) and reads everything
-else (embeddings, norms) from the source's own tensors; run under the same autocast, it computes exactly what the policy
-computes, because autocast would have rounded those weights to the same bf16 values.
+else (embeddings, norms) from the source's own tensors; run under the same autocast, it computes
+exactly what the policy computes, because autocast would have rounded those weights to the same
+bf16 values. (The fused decode of Llama-family models packs its own bf16 weights instead and needs
+no module copy: ``models/fused_decode.py``; this copy serves the other paths.)
 
 A tensor is copied again only when it changed: an optimizer step over it (seen through
 PyTorch's global optimizer step hook, because fused optimizer kernels write parameters without
