@@ -19,11 +19,19 @@ import torch
 MAX_ROWS = 64  # above this the usual orientation is as fast or faster
 
 
+def matmul_weight_t(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x [M, K] @ weight [N, K].T`` -> [M, N] (maybe not contiguous): weight-first on CPU for up to
+    MAX_ROWS rows."""
+    if x.device.type == "cpu" and 0 < x.shape[0] <= MAX_ROWS:
+        return torch.mm(weight, x.t()).t()
+    return x @ weight.t()
+
+
 def _weight_first_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     if rows == 0 or rows > MAX_ROWS:
         return torch.nn.functional.linear(x, self.weight, self.bias)
-    out = torch.mm(self.weight, x.reshape(rows, x.shape[-1]).t()).t().contiguous()
+    out = matmul_weight_t(x.reshape(rows, x.shape[-1]), self.weight).contiguous()
     if self.bias is not None:
         out = out + self.bias
     return out.reshape(*x.shape[:-1], self.weight.shape[0])

@@ -25,7 +25,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from rlft.models.change_watch import ChangeWatch
-from rlft.models.fast_linear import MAX_ROWS as WEIGHT_FIRST_ROWS  # CPU GEMMs stream cold weights faster as W @ x.T
+from rlft.models.fast_linear import matmul_weight_t  # CPU GEMMs stream cold weights faster as W @ x.T
 
 SUPPORTED = ("llama", "mistral", "qwen2")
 
@@ -124,20 +124,14 @@ class _Matmul:
         if self.pack_dtype is not None:
             out = torch.ops.mkldnn._linear_pointwise(x, self._packed, None, "none", [], "")
         elif len(self.weights) == 1:
-            out = _mm(x, self.weights[0])
+            out = matmul_weight_t(x, self.weights[0])
         else:
-            out = torch.cat([_mm(x, w) for w in self.weights], -1)
+            out = torch.cat([matmul_weight_t(x, w) for w in self.weights], -1)
         return out if self.bias is None else out + self.bias
 
 
 def _cat(tensors: list[torch.Tensor]) -> torch.Tensor:
     return tensors[0].detach() if len(tensors) == 1 else torch.cat([t.detach() for t in tensors])
-
-
-def _mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    if x.device.type == "cpu" and x.shape[0] <= WEIGHT_FIRST_ROWS:
-        return torch.mm(w, x.t()).t()
-    return x @ w.t()
 
 
 @dataclass
@@ -163,12 +157,10 @@ class StaticKV:
         self.length = 0
 
     def select(self, rows: torch.Tensor) -> None:
-        """Keep only ``rows`` (indices [K]): one copy of the used part of the cache."""
-        n = self.length
+        """Keep only ``rows`` (indices [K]): one copy of the cache."""
         self.k = self.k.index_select(1, rows)
         self.v = self.v.index_select(1, rows)
         self.valid = self.valid.index_select(0, rows)
-        self.length = n
 
 
 class FusedDecoder:

@@ -26,20 +26,18 @@ def _compute_dtype(t: torch.Tensor) -> torch.dtype:
 
 
 def _softmax_stats(logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool):
-    """From fp32 logits [c, V] (overwritten with the probabilities): target log-probs [c], log-sum-exp [c],
-    entropy [c] or None, in as few passes over the [c, V] block as eager PyTorch allows."""
+    """From fp32 logits [c, V] (shifted in place): target log-probs [c], log-sum-exp [c], entropy [c]
+    or None, and the probabilities [c, V], in as few passes over the block as eager PyTorch allows."""
     top = logits.amax(-1, keepdim=True)
-    target_logit = logits.gather(-1, targets[:, None])
+    target_logit = logits.gather(-1, targets[:, None]).squeeze(-1)
     shifted = logits.sub_(top)
-    entropy_dot = None
     probs = torch.exp(shifted)
-    total = probs.sum(-1, keepdim=True)
-    if with_entropy:  # H = log Z - sum p * shifted logits (the shift cancels)
-        entropy_dot = torch.linalg.vecdot(probs, shifted) / total.squeeze(-1)
-    lse = (top + total.log()).squeeze(-1)
-    probs = probs.div_(total)
-    entropy = None if entropy_dot is None else total.log().squeeze(-1) - entropy_dot
-    return target_logit.squeeze(-1) - lse, lse, entropy, probs
+    total = probs.sum(-1)
+    log_total = total.log()
+    # H = log Z - sum p * shifted logits (the shift cancels)
+    entropy = log_total - torch.linalg.vecdot(probs, shifted) / total if with_entropy else None
+    lse = top.squeeze(-1) + log_total
+    return target_logit - lse, lse, entropy, probs.div_(total[:, None])
 
 
 def _grad_logits(probs: torch.Tensor, targets: torch.Tensor, target_lp: torch.Tensor, g: torch.Tensor,

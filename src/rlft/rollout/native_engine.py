@@ -91,11 +91,13 @@ class NativeEngine(HFGenerateEngine):
             return None
         pack = self.autocast_dtype if self.autocast_dtype is not None and can_pack(self.autocast_dtype,
                                                                                   self.device) else None
-        if self.autocast_dtype is None or (pack is not None and unsupported_reason(self.model) is None):
+        reason = unsupported_reason(self.model)
+        if self.autocast_dtype is None or (pack is not None and reason is None):
             source = self.model
-        else:
+        else:  # the module copy: a LoRA policy is merged into a plain model there
             source = self.decode_model()
-        if unsupported_reason(source) is not None:
+            reason = unsupported_reason(source)
+        if reason is not None:
             return None
         if self._fused is None or self._fused[0] is not source:
             self._fused = (source, FusedDecoder(source, pack_dtype=pack))
