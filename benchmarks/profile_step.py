@@ -1,6 +1,6 @@
 """Where an rlft GRPO step spends its time: torch profiler table of one step of the benchmark workload.
 
-    python benchmarks/profile_step.py [--model smollm2-135m-instruct] [--rows 25]
+    python benchmarks/profile_step.py [--model smollm2-135m-instruct] [--rows 25] [--dtype bf16] [--max-new-tokens 256]
 """
 
 from __future__ import annotations
@@ -22,12 +22,13 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=25)
     ap.add_argument("--steps", type=int, default=2, help="timed steps before the profiled one")
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    ap.add_argument("--max-new-tokens", type=int, default=32)
     a = ap.parse_args()
     from torch.profiler import profile, record_function
 
     from rlft import Trainer
 
-    opts = dict(model_dir=_resolve_model(a.model), dtype=a.dtype, prompts=2, group_size=8, max_new_tokens=32,
+    opts = dict(model_dir=_resolve_model(a.model), dtype=a.dtype, prompts=2, group_size=8, max_new_tokens=a.max_new_tokens,
                 beta=0.04, fixed_length=True, engine="native", threads=2)
     trainer = Trainer(config=rlft_config(opts, Path(tempfile.mkdtemp())))
     trainer.setup()

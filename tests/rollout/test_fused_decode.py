@@ -7,7 +7,7 @@ import torch
 
 import rlft.rollout.native_engine as native_engine
 from rlft.config.schema import ModelConfig
-from rlft.models.fused_decode import FusedDecoder, unsupported_reason
+from rlft.models.fused_decode import FusedDecoder, StaticKV, unsupported_reason
 from rlft.models.loading import load_policy, load_tokenizer
 from rlft.models.logprobs import completion_logprobs
 from rlft.models.precision import cpu_has_native_bf16
@@ -67,7 +67,8 @@ def test_fp32_fused_decode_is_used_and_matches_the_forward_when_rows_finish_earl
 def test_fused_greedy_decode_matches_the_generic_path(tiny_model_dir, monkeypatch):
     model, tok = _policy(tiny_model_dir)
     engine = NativeEngine(model, tok, max_prompt_length=64, autocast_dtype=None)
-    sp = SamplingParams(max_new_tokens=12, n=2, greedy=True)
+    # 40 tokens: the cache grows past its first block of StaticKV.BLOCK columns mid-decode
+    sp = SamplingParams(max_new_tokens=40, min_new_tokens=40, n=2, greedy=True)
     fused = engine.generate(PROMPTS, sp)
     import rlft.models.fused_decode as fd
 
@@ -75,6 +76,24 @@ def test_fused_greedy_decode_matches_the_generic_path(tiny_model_dir, monkeypatc
     generic = engine.generate(PROMPTS, sp)
     assert fused.texts == generic.texts
     torch.testing.assert_close(fused.logprobs, generic.logprobs, atol=1e-5, rtol=1e-5)
+
+
+def test_the_static_cache_grows_by_blocks_keeping_what_it_holds():
+    kv = StaticKV(layers=2, rows=3, kv_heads=2, capacity=70, head_dim=4, dtype=torch.float32,
+                  device=torch.device("cpu"))
+    kv.reserve(5)
+    assert kv.allocated == StaticKV.BLOCK
+    kv.k.normal_()
+    kv.valid[:, :5] = True
+    before = kv.k.clone()
+    kv.reserve(StaticKV.BLOCK + 1)
+    assert kv.allocated == 2 * StaticKV.BLOCK and kv.k.is_contiguous()
+    torch.testing.assert_close(kv.k[..., : StaticKV.BLOCK, :], before)
+    assert kv.k[..., StaticKV.BLOCK:, :].abs().sum() == 0 and kv.valid.sum() == 15
+    kv.reserve(70)
+    assert kv.allocated == 70  # never past the capacity
+    with pytest.raises(ValueError, match="cannot hold 71"):
+        kv.reserve(71)
 
 
 def test_a_model_with_forward_hooks_decodes_through_its_own_forward(tiny_model_dir):

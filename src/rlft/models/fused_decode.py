@@ -7,8 +7,11 @@ weights and to framework overhead around ~15 small modules per layer. This forwa
   oneDNN's blocked layout (1.4-1.7x ``torch.mm`` for 16 rows of SmolLM2's shapes), made straight
   from the fp32 weights and remade only for tensors an optimizer stepped: no module copy, the
   embedding and norms read in place (:class:`_Matmul`, :meth:`FusedDecoder.refresh`);
-* writes keys and values in place into a cache allocated once for the whole rollout
-  (:class:`StaticKV`) instead of concatenating a growing cache at every token;
+* writes keys and values in place into a preallocated cache grown a block of columns at a time
+  (:class:`StaticKV`) instead of concatenating a growing cache at every token, and attends over
+  each layer's keys as one contiguous block (no per-step copy of a strided slice);
+* rotates q and k at once with rotate_half's sign and the 1/sqrt(D) score scale folded into the
+  rotary tables (three kernels a layer instead of six, no score scaling);
 * keeps the residual stream and the norms in fp32 and rounds only matmul inputs, as bf16 autocast
   does, so its log-probs match the Hugging Face forward up to summation order.
 
@@ -145,16 +148,43 @@ class _Layer:
 
 
 class StaticKV:
-    """Keys and values of B rows for up to ``capacity`` positions, per layer [B, KVH, capacity, D],
-    and ``valid`` [B, capacity]: which columns a row attends to (left padding is not valid)."""
+    """Keys and values of B rows, per layer [B, KVH, A, D], and ``valid`` [B, A]: which columns a row
+    attends to (left padding and columns not written yet are not valid).
+
+    A, the columns allocated, grows ``BLOCK`` at a time up to ``capacity``, so each layer's keys are
+    one contiguous block that attention reads whole (empty columns masked). A slice of a longer
+    cache is strided, and every batched matmul over it made a contiguous copy first: at 300
+    cached positions that doubled the attention's time. Growing copies the cache once per block."""
+
+    BLOCK = 32
 
     def __init__(self, layers: int, rows: int, kv_heads: int, capacity: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device):
-        shape = (layers, rows, kv_heads, capacity, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.valid = torch.zeros(rows, capacity, dtype=torch.bool, device=device)
+        self.capacity = capacity
+        self.k = torch.zeros((layers, rows, kv_heads, 0, head_dim), dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+        self.valid = torch.zeros(rows, 0, dtype=torch.bool, device=device)
         self.length = 0
+
+    @property
+    def allocated(self) -> int:
+        return self.k.shape[3]
+
+    def reserve(self, columns: int) -> None:
+        """Make room for ``columns`` columns (``ValueError`` beyond ``capacity``)."""
+        if columns <= self.allocated:
+            return
+        if columns > self.capacity:
+            raise ValueError(f"KV cache of {self.capacity} positions cannot hold {columns}")
+        size = min(self.capacity, -(-columns // self.BLOCK) * self.BLOCK)
+        old = self.allocated
+        grown = list(self.k.shape)
+        grown[3] = size
+        k, v = self.k.new_zeros(grown), self.v.new_zeros(grown)
+        k[:, :, :, :old], v[:, :, :, :old] = self.k, self.v
+        valid = self.valid.new_zeros(self.valid.shape[0], size)
+        valid[:, :old] = self.valid
+        self.k, self.v, self.valid = k, v, valid
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep only ``rows`` (indices [K]): one copy of the cache."""
@@ -222,17 +252,18 @@ class FusedDecoder:
         # used, and an all-masked row would be NaN)
         allowed = torch.ones(P, P, dtype=torch.bool, device=ids.device).tril()[None] & real[:, None, :]
         allowed = (allowed | ~real[:, :, None])[:, None]  # [U, 1, P, P]
+        kv.reserve(P)
         x = self.embed.index_select(0, ids.reshape(-1)).float()  # [U * P, hidden]
-        cos, sin = self.rotary(x, positions)  # [U, P, D]
-        cos, sin = cos.float()[:, :, None], sin.float()[:, :, None]
+        cos, sin = self._rotary(x, positions)  # [U, P, H + KVH, D]
+        qk = torch.empty(U, P, H + KVH, D, dtype=self.cache_dtype, device=ids.device)
         for i, layer in enumerate(self.layers):
             qkv = layer.qkv(self._rms(x, layer.ln1)).view(U, P, -1)
-            qk = _rotate(qkv[..., : (H + KVH) * D].float().view(U, P, H + KVH, D), cos, sin).transpose(1, 2)
-            q, k = qk[:, :H].to(self.cache_dtype), qk[:, H:].to(self.cache_dtype)
+            _rotate(qkv[..., : (H + KVH) * D].view(U, P, H + KVH, D), cos, sin, out=qk)
+            q, k = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2)
             v = qkv[..., (H + KVH) * D:].view(U, P, KVH, D).transpose(1, 2).to(self.cache_dtype)
             kv.k[i, :, :, :P] = k.repeat_interleave(repeat, 0)
             kv.v[i, :, :, :P] = v.repeat_interleave(repeat, 0)
-            attn = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=H != KVH)
+            attn = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=H != KVH, scale=1.0)
             x.add_(layer.o(attn.transpose(1, 2).reshape(U * P, H * D)))
             gate, up = layer.gate_up(self._rms(x, layer.ln2)).chunk(2, dim=-1)
             x.add_(layer.down(F.silu(gate) * up))
@@ -242,38 +273,49 @@ class FusedDecoder:
         return self.head(last).to(torch.float32, memory_format=torch.contiguous_format)
 
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        """One query per row against its cache: q [B, H, D], keys/values [B, KVH, S, D] -> [B, H * D].
+        """One query per row against its cache: q [B, H, D] (already scaled by 1/sqrt(D)), keys/values
+        [B, KVH, A, D], bias [B, 1, 1, A] float32 -> [B, H * D].
 
         The H query heads are viewed as KVH groups of H / KVH (query head h reads kv head
         h // (H / KVH), as Hugging Face's repeat_kv lays them out), so the cache is never expanded;
-        scores and softmax are fp32. (SDPA's CPU kernel for one query token with grouped heads
-        took its slow reference path: 0.6 ms a layer against 0.1 here on SmolLM2.)"""
+        scores and softmax are fp32 (adding the fp32 bias promotes them). (SDPA's CPU kernel for one
+        query token with grouped heads took its slow reference path: 0.6 ms a layer against 0.1
+        here on SmolLM2.)"""
         B, H, D = q.shape
         KVH = keys.shape[1]
-        q = q.view(B, KVH, H // KVH, D).to(keys.dtype)
-        # keys @ q.T, not q @ keys.T: the cache slice is read in its own layout instead of being
-        # copied transposed every step (2x faster at 300 cached positions)
-        scores = torch.matmul(keys, q.transpose(-1, -2)).transpose(-1, -2).float() * self.scale + bias
+        scores = torch.add(bias, torch.matmul(q.view(B, KVH, H // KVH, D), keys.transpose(-1, -2)))
         probs = torch.softmax(scores, dim=-1).to(values.dtype)
         return torch.matmul(probs, values).reshape(B, H * D)
+
+    def _rotary(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotary tables [..., H + KVH, D] (float32) for ``positions`` [...]: rotate_half's sign folded
+        into sin, and the query heads' rows scaled by 1/sqrt(D), which attention would apply to
+        every score."""
+        cos, sin = self.rotary(x, positions)
+        half = self.head_dim // 2
+        sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+        heads = torch.ones(self.heads + self.kv_heads, 1, device=x.device)
+        heads[: self.heads] = self.scale
+        return cos.float().unsqueeze(-2) * heads, sin.float().unsqueeze(-2) * heads
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, kv: StaticKV) -> torch.Tensor:
         """tokens, positions: [B]; writes the tokens' keys/values at column ``kv.length``."""
         B, H, KVH, D = tokens.shape[0], self.heads, self.kv_heads, self.head_dim
         col = kv.length
+        kv.reserve(col + 1)
         kv.valid[:, col] = True
-        # [B, 1, 1, S]: 0 where a row attends, -inf on its left padding
-        bias = torch.zeros(kv.valid[:, : col + 1].shape, dtype=torch.float32, device=tokens.device)
-        bias = bias.masked_fill_(~kv.valid[:, : col + 1], float("-inf"))[:, None, None]
+        # [B, 1, 1, A]: 0 where a row attends, -inf on its left padding and on columns not written yet
+        bias = torch.zeros(kv.valid.shape, dtype=torch.float32, device=tokens.device)
+        bias = bias.masked_fill_(~kv.valid, float("-inf"))[:, None, None]
         x = self.embed.index_select(0, tokens).float()  # a new tensor: the residual is updated in place
-        cos, sin = self.rotary(x, positions[:, None])  # [B, 1, D]
-        cos, sin = cos.float(), sin.float()
+        cos, sin = (t[:, 0] for t in self._rotary(x, positions[:, None]))  # [B, H + KVH, D]
+        qk = torch.empty(B, H + KVH, D, dtype=self.cache_dtype, device=tokens.device)
         for i, layer in enumerate(self.layers):
             qkv = layer.qkv(self._rms(x, layer.ln1))
-            qk = _rotate(qkv[:, : (H + KVH) * D].float().view(B, H + KVH, D), cos, sin)  # q and k at once
+            _rotate(qkv[:, : (H + KVH) * D].view(B, H + KVH, D), cos, sin, out=qk)  # q and k at once
             kv.k[i, :, :, col] = qk[:, H:]
             kv.v[i, :, :, col] = qkv[:, (H + KVH) * D:].view(B, KVH, D)
-            attn = self._attend(qk[:, :H], kv.k[i, :, :, : col + 1], kv.v[i, :, :, : col + 1], bias)
+            attn = self._attend(qk[:, :H], kv.k[i], kv.v[i], bias)
             x.add_(layer.o(attn))  # fp32 residual += the bf16 output, promoted
             gate, up = layer.gate_up(self._rms(x, layer.ln2)).chunk(2, dim=-1)
             x.add_(layer.down(F.silu(gate) * up))
@@ -283,8 +325,10 @@ class FusedDecoder:
         return logits.to(torch.float32, memory_format=torch.contiguous_format)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of x [B, heads, D] at each row's position (cos, sin: [B, 1, D])."""
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``out = x * cos + rotate_half(x) * sin``: the rotary embedding of x [..., heads, D] with tables
+    from :meth:`FusedDecoder._rotary`. Computed in the tables' fp32 and rounded once into ``out``,
+    as Hugging Face's forward rounds q and k once for attention; three kernels instead of six."""
     half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    swapped = x.unflatten(-1, (2, half)).flip(-2).flatten(-2)
+    return torch.addcmul(x * cos, swapped, sin, out=out)
