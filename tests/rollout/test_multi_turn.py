@@ -234,3 +234,37 @@ def test_episode_timeout_ends_a_slow_episode(engine):
     batch = runner.run(examples(engine), SamplingParams(max_new_tokens=80))
     assert time.monotonic() - start < 15
     assert batch.finish_reasons == ["timeout"]
+
+
+def test_fused_decode_runs_episodes_as_the_generic_path_does(engine, monkeypatch):
+    """Episodes leave for their tools, rejoin a running batch and finish at different steps: the
+    fused decoder over its static cache samples the same tokens with the same log-probs as the
+    model's own forward over a DynamicCache."""
+    import rlft.models.fused_decode as fd
+    from rlft.rollout import kv
+
+    scripts = {0: [call("add", a=1, b=2), call("add", a=3, b=3), "done: 3 and 6"],
+               1: ["no tools needed here"],
+               2: [call("add", a=20, b=22), "42 it is"]}
+    steps = {"fused": 0}
+    real_step = kv.FusedKVBatch.step
+
+    def counting(self, tokens):
+        steps["fused"] += 1
+        return real_step(self, tokens)
+
+    monkeypatch.setattr(kv.FusedKVBatch, "step", counting)
+    fused = make_runner(engine, scripts).run(examples(engine, 3), SamplingParams(max_new_tokens=80))
+    assert steps["fused"] > 20
+    monkeypatch.setattr(fd, "unsupported_reason", lambda m: "forced off")
+    before = steps["fused"]
+    generic = make_runner(engine, scripts).run(examples(engine, 3), SamplingParams(max_new_tokens=80))
+    assert steps["fused"] == before  # the second run decoded through the model's forward
+    assert fused.texts == generic.texts == ["done: 3 and 6", "no tools needed here", "42 it is"]
+    assert torch.equal(fused.completion_ids, generic.completion_ids)
+    assert torch.equal(fused.loss_mask, generic.loss_mask)
+    torch.testing.assert_close(fused.logprobs, generic.logprobs, atol=2e-5, rtol=1e-5)
+    full = full_logprobs(engine, fused, 0)
+    mask = fused.loss_mask[0][fused.completion_mask[0].bool()].bool()
+    torch.testing.assert_close(fused.logprobs[0][fused.completion_mask[0].bool()][mask], full[mask],
+                               atol=2e-4, rtol=1e-4)

@@ -109,4 +109,5 @@ class RolloutConfig(Section):
         "generate from the fp32 weights under autocast, which casts every weight at every token.")
     fused_decode: bool = Field(
         True, description="Decode Llama-family models (llama, mistral, qwen2) with rlft's one-token forward over a "
-        "preallocated KV cache (fused q/k/v and gate/up matmuls in the bf16 copy); False: the model's own forward.")
+        "preallocated KV cache (fused q/k/v and gate/up matmuls; under bf16, oneDNN-packed bf16 weights), single-turn "
+        "and multi-turn episodes alike; False: the model's own forward.")

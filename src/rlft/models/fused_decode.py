@@ -187,10 +187,44 @@ class StaticKV:
         self.k, self.v, self.valid = k, v, valid
 
     def select(self, rows: torch.Tensor) -> None:
-        """Keep only ``rows`` (indices [K]): one copy of the cache."""
-        self.k = self.k.index_select(1, rows)
-        self.v = self.v.index_select(1, rows)
-        self.valid = self.valid.index_select(0, rows)
+        """Keep only ``rows`` (indices [K]), then drop the leading columns no kept row attends to:
+        one copy of the cache."""
+        used = self.valid[rows, : self.length].any(0).nonzero()
+        start = int(used[0]) if used.numel() else self.length
+        self.k = self.k.index_select(1, rows)[:, :, :, start:].contiguous()
+        self.v = self.v.index_select(1, rows)[:, :, :, start:].contiguous()
+        self.valid = self.valid.index_select(0, rows)[:, start:].contiguous()
+        self.length -= start
+
+    def row(self, b: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Row ``b``'s valid columns, per layer (keys, values) [KVH, n, D] (copies)."""
+        keep = self.valid[b, : self.length].nonzero().squeeze(-1)
+        return [(self.k[i, b].index_select(1, keep), self.v[i, b].index_select(1, keep))
+                for i in range(self.k.shape[0])]
+
+    def put_row(self, b: int, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Write a row's cache (per layer [KVH, n, D]) into the n columns before ``length``."""
+        n = layers[0][0].shape[1] if layers else 0
+        for i, (k, v) in enumerate(layers):
+            self.k[i, b, :, self.length - n:self.length] = k
+            self.v[i, b, :, self.length - n:self.length] = v
+        self.valid[b, self.length - n:self.length] = True
+
+    @staticmethod
+    def join(a: StaticKV, b: StaticKV) -> StaticKV:
+        """a's rows followed by b's, each right-aligned at the longer ``length``."""
+        length = max(a.length, b.length)
+        layers, rows_a, heads, _, dim = a.k.shape
+        out = StaticKV(layers, rows_a + b.k.shape[1], heads, max(a.capacity, b.capacity), dim, a.k.dtype,
+                       a.k.device)
+        out.reserve(length)
+        out.length = length
+        for part, rows in ((a, slice(0, rows_a)), (b, slice(rows_a, None))):
+            start = length - part.length
+            out.k[:, rows, :, start:length] = part.k[:, :, :, : part.length]
+            out.v[:, rows, :, start:length] = part.v[:, :, :, : part.length]
+            out.valid[rows, start:length] = part.valid[:, : part.length]
+        return out
 
 
 class FusedDecoder:
@@ -240,36 +274,49 @@ class FusedDecoder:
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), weight, self.eps)  # Hugging Face's fp32 RMSNorm, one kernel
 
-    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, kv: StaticKV, repeat: int) -> torch.Tensor:
-        """Run U left-padded prompts ``ids``/``mask`` [U, P] and write their keys/values into the first P
-        columns of ``kv`` (its rows: each prompt ``repeat`` times). Returns the logits [U, V] after
-        each prompt's last token."""
-        U, P = ids.shape
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, kv: StaticKV, repeat: int = 1,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Run U left-padded inputs ``ids``/``mask`` [U, T] after what ``kv`` holds and write their
+        keys/values at columns ``kv.length ..`` (+T). Returns the logits [U, V] after each row's last input.
+
+        ``repeat``: on an empty cache, each input fills ``repeat`` rows of ``kv`` (one prefill of a
+        prompt shared by its group). Otherwise ``kv`` has U rows and each row's inputs attend to its
+        valid cached columns too: a multi-turn episode reading a tool's result. ``positions``
+        [U, T]: position ids (default: counted from each row's first real input)."""
+        U, T = ids.shape
         H, KVH, D = self.heads, self.kv_heads, self.head_dim
+        C = kv.length
+        if C and repeat != 1:
+            raise ValueError("repeat needs an empty cache")
         real = mask.bool()
-        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
-        # a query sees real keys up to itself; a padding query sees every key (its output is never
-        # used, and an all-masked row would be NaN)
-        allowed = torch.ones(P, P, dtype=torch.bool, device=ids.device).tril()[None] & real[:, None, :]
-        allowed = (allowed | ~real[:, :, None])[:, None]  # [U, 1, P, P]
-        kv.reserve(P)
-        x = self.embed.index_select(0, ids.reshape(-1)).float()  # [U * P, hidden]
-        cos, sin = self._rotary(x, positions)  # [U, P, H + KVH, D]
-        qk = torch.empty(U, P, H + KVH, D, dtype=self.cache_dtype, device=ids.device)
+        if positions is None:
+            positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        # a query sees the row's valid cache and its real inputs up to itself; a padding query sees
+        # every key (its output is never used, and an all-masked row would be NaN)
+        allowed = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril()[None] & real[:, None, :]
+        if C:
+            allowed = torch.cat([kv.valid[:, None, :C].expand(U, T, C), allowed], dim=-1)
+        allowed = (allowed | ~real[:, :, None])[:, None]  # [U, 1, T, C + T]
+        kv.reserve(C + T)
+        x = self.embed.index_select(0, ids.reshape(-1)).float()  # [U * T, hidden]
+        cos, sin = self._rotary(x, positions)  # [U, T, H + KVH, D]
+        qk = torch.empty(U, T, H + KVH, D, dtype=self.cache_dtype, device=ids.device)
         for i, layer in enumerate(self.layers):
-            qkv = layer.qkv(self._rms(x, layer.ln1)).view(U, P, -1)
-            _rotate(qkv[..., : (H + KVH) * D].view(U, P, H + KVH, D), cos, sin, out=qk)
+            qkv = layer.qkv(self._rms(x, layer.ln1)).view(U, T, -1)
+            _rotate(qkv[..., : (H + KVH) * D].view(U, T, H + KVH, D), cos, sin, out=qk)
             q, k = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2)
-            v = qkv[..., (H + KVH) * D:].view(U, P, KVH, D).transpose(1, 2).to(self.cache_dtype)
-            kv.k[i, :, :, :P] = k.repeat_interleave(repeat, 0)
-            kv.v[i, :, :, :P] = v.repeat_interleave(repeat, 0)
+            v = qkv[..., (H + KVH) * D:].view(U, T, KVH, D).transpose(1, 2).to(self.cache_dtype)
+            kv.k[i, :, :, C:C + T] = k.repeat_interleave(repeat, 0)
+            kv.v[i, :, :, C:C + T] = v.repeat_interleave(repeat, 0)
+            if C:
+                k, v = kv.k[i, :, :, :C + T], kv.v[i, :, :, :C + T]
             attn = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=H != KVH, scale=1.0)
-            x.add_(layer.o(attn.transpose(1, 2).reshape(U * P, H * D)))
+            x.add_(layer.o(attn.transpose(1, 2).reshape(U * T, H * D)))
             gate, up = layer.gate_up(self._rms(x, layer.ln2)).chunk(2, dim=-1)
             x.add_(layer.down(F.silu(gate) * up))
-        kv.valid[:, :P] = real.repeat_interleave(repeat, 0)
-        kv.length = P
-        last = self._rms(x.view(U, P, -1)[:, -1], self.norm)  # left padding: the last column is real
+        kv.valid[:, C:C + T] = real.repeat_interleave(repeat, 0)
+        kv.length = C + T
+        last = self._rms(x.view(U, T, -1)[:, -1], self.norm)  # left padding: the last column is real
         return self.head(last).to(torch.float32, memory_format=torch.contiguous_format)
 
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:

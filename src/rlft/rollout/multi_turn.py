@@ -26,7 +26,7 @@ from rlft.errors import EnvironmentFailure
 from rlft.phases import phase
 from rlft.rollout.base import RolloutBatch, SamplingParams
 from rlft.rollout.episode import DONE, READY, RUNNING, WAITING, Episode, EpisodeLimits
-from rlft.rollout.kv import KVBatch
+from rlft.rollout.kv import FusedKVBatch, KVBatch, start_batch
 from rlft.rollout.sampling import sample_next
 
 RESPONSE_OPEN = "<tool_response>"
@@ -54,11 +54,12 @@ class EpisodeRunner:
     def run(self, examples: list, sampling: SamplingParams) -> RolloutBatch:
         episodes = self._start(examples, sampling.n)
         try:
-            with self.engine.generating() as model:
-                self.model = model  # the module decoding this run (the policy or its bf16 copy)
+            fused = self.engine.fused_decoder()
+            with self.engine.generating(fused[0] if fused else None) as model:
+                self._prefill = start_batch(self.engine, model, fused)
                 self._loop(episodes, sampling)
         finally:
-            self.model = None
+            self._prefill = None
             self._finish_workers(episodes)
         return self._batch(episodes)
 
@@ -116,7 +117,7 @@ class EpisodeRunner:
     # ------------------------------------------------------------------ the loop
 
     def _loop(self, episodes: list[Episode], sampling: SamplingParams) -> None:
-        running: KVBatch | None = None
+        running: KVBatch | FusedKVBatch | None = None
         rows: list[Episode] = []
         logits = None
         held = 0  # decode steps the ready episodes have waited to join
@@ -141,7 +142,7 @@ class EpisodeRunner:
             tokens, logprobs = self._sample(logits, sampling, rows)
             ended = self._append(rows, tokens.tolist(), logprobs.tolist(), sampling.max_new_tokens)
             if not ended:
-                logits = running.step(self.model, tokens)
+                logits = running.step(tokens)
                 continue
             for b in ended:
                 if rows[b].state != DONE:  # it comes back after its tools: keep what the model has read
@@ -153,7 +154,7 @@ class EpisodeRunner:
             idx = torch.tensor(keep, device=tokens.device)
             running.select(idx)
             rows = [rows[b] for b in keep]
-            logits = running.step(self.model, tokens[idx])
+            logits = running.step(tokens[idx])
 
     def _sample(self, logits: torch.Tensor, sampling: SamplingParams, rows: list[Episode]):
         """Tokens [B] and their log-probs [B] for the running rows (tests script this)."""
@@ -272,7 +273,7 @@ class EpisodeRunner:
 
     # ------------------------------------------------------------------ admission
 
-    def _admit(self, ready: list[Episode], running: KVBatch | None, rows: list[Episode], logits):
+    def _admit(self, ready: list[Episode], running: KVBatch | FusedKVBatch | None, rows: list[Episode], logits):
         """Prefill the ready episodes' pending tokens (identical first prompts once) and join them
         to the running batch."""
         unique: dict[tuple[int, ...], int] = {}
@@ -284,8 +285,7 @@ class EpisodeRunner:
         for ep, u in zip(ready, firsts):
             leaders.setdefault(u, ep)
         order = [leaders[u] for u in range(len(unique))]
-        batch, new_logits = KVBatch.prefill(self.model, [ep.cached for ep in order],
-                                            [ep.pending for ep in order], self.engine.pad_id, self.engine.device)
+        batch, new_logits = self._prefill([ep.cached for ep in order], [ep.pending for ep in order])
         if len(order) < len(ready):
             idx = torch.tensor(firsts, device=new_logits.device)
             batch.select(idx)

@@ -28,7 +28,7 @@ class NativeEngine(HFGenerateEngine):
 
     def generate(self, prompts: list[str], sampling: SamplingParams) -> RolloutBatch:
         prompt_ids, prompt_mask = self.tokenize_prompts(prompts)
-        fused = self._fused_decoder()
+        fused = self.fused_decoder()
         with self.generating(fused[0] if fused else None) as model:
             n, capacity = sampling.n, prompt_ids.shape[1] + sampling.max_new_tokens
             rows = (_StaticRows(fused[1], n, prompt_ids.shape[0] * n, capacity) if fused
@@ -78,7 +78,7 @@ class NativeEngine(HFGenerateEngine):
                 count("decode_steps", 1)
         return tokens, logprobs, lengths, ended
 
-    def _fused_decoder(self):
+    def fused_decoder(self):
         """(the module it reads, :class:`FusedDecoder`) when the fused decode applies, else None.
 
         fp32: the policy's own weights. bf16 with the decode copy where oneDNN packs bf16: packed
