@@ -14,6 +14,8 @@ def check_env(verbose: bool = False) -> dict:
     """
     import torch
 
+    from rlft.threads import physical_cores
+
     from rlft.models.precision import cpu_has_native_bf16
 
     info: dict = {
@@ -27,10 +29,11 @@ def check_env(verbose: bool = False) -> dict:
         "bf16_cpu": _cpu_bf16(),
         "bf16_cpu_native": cpu_has_native_bf16(),
     }
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    # More compute threads than usable cores makes every op wait on the others (it shows as system time).
-    info["thread_warning"] = (f"torch uses {info['cpu_threads']} threads on {usable} usable cores; set "
-                              f"OMP_NUM_THREADS={usable}" if info["cpu_threads"] > usable else None)
+    cores = physical_cores()
+    info["physical_cores"] = cores
+    # rlft's trainer sets one thread per physical core (rlft.threads); this says what torch does unset
+    info["thread_warning"] = (f"torch uses {info['cpu_threads']} threads on {cores} physical cores this process may "
+                              f"use; rlft train sets {cores} (train.num_threads)" if info["cpu_threads"] > cores else None)
     required = ["transformers", "safetensors", "pydantic", "yaml", "gguf", "accelerate", "peft"]
     optional = ["vllm", "ray", "wandb", "mlflow", "trl"]
     info["missing_required"] = [m for m in required if importlib.util.find_spec(m) is None]

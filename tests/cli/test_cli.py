@@ -246,18 +246,19 @@ def test_check_env(tmp_path):
 
 
 def test_check_env_warns_about_oversubscribed_threads():
-    import os
-
     import torch
 
     from rlft import check_env
 
+    from rlft.threads import physical_cores
+
     before = torch.get_num_threads()
-    usable = len(os.sched_getaffinity(0))
+    usable = physical_cores()
     try:
         torch.set_num_threads(usable + 3)
         info = check_env()
-        assert info["thread_warning"] == f"torch uses {usable + 3} threads on {usable} usable cores; set OMP_NUM_THREADS={usable}"
+        assert info["thread_warning"] == (f"torch uses {usable + 3} threads on {usable} physical cores this process "
+                                          f"may use; rlft train sets {usable} (train.num_threads)")
         torch.set_num_threads(usable)
         assert check_env()["thread_warning"] is None
     finally:

@@ -105,6 +105,9 @@ class TrainConfig(Section):
         None, gt=0, description="Keep only the newest N complete checkpoints (older ones are deleted after a save).")
     samples_per_log: int = Field(4, ge=0, description="Prompt/completion pairs written to samples.jsonl per logging step.")
     progress_bar: Literal["auto", "on", "off"] = Field("auto", description="Progress bar: on a terminal only (auto), always, never.")
+    num_threads: int | None = Field(
+        None, gt=0, description="CPU compute threads (default: OMP_NUM_THREADS if set, else one per physical core "
+        "this process may use; hyperthreads and cores outside its CPU quota only slow the matmuls down).")
 
 
 class EvalConfig(Section):

@@ -88,12 +88,21 @@ class Trainer:
         if self._resume_point is not None:
             self._prepare_resume(changes)
         keep_freed_memory()  # large tensors are reused warm, not faulted in again every step
+        self._set_threads()
         try:
             self._build()
         except BaseException as exc:
             self._close(status="failed", error=f"{type(exc).__name__}: {exc}")
             raise
         self._ready = True
+
+    def _set_threads(self) -> None:
+        from rlft.threads import configure_threads
+
+        threads, warning = configure_threads(self.cfg.train.num_threads)
+        if warning:
+            self.log.warning(warning)
+        self.log.info(f"cpu threads: {threads}")
 
     def _find_resume_point(self):
         """The checkpoint to continue from and the harmless config changes, or (None, []).
