@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import torch
 
@@ -147,3 +148,33 @@ def test_health_watch_is_quiet_when_a_critic_still_gives_signal():
     for step in range(6, 9):  # one reward for the whole batch: nothing to learn, whatever the estimator
         watch.observe(step, {"advantage/abs_mean": 0.4, "reward/std": 0.0, "reward/mean": 0.5})
     assert len(seen) == 1
+
+
+def test_a_token_budget_buckets_rows_by_length_and_covers_each_once():
+    n = 8
+    lengths = torch.tensor([2, 9, 3, 9, 1, 5, 9, 4])
+    mask = (torch.arange(9)[None] < lengths[:, None]).long()
+    batch = UpdateBatch(prompt_ids=torch.ones(2, 3, dtype=torch.long), prompt_mask=torch.ones(2, 3, dtype=torch.long),
+                        row_prompt=torch.tensor([0] * 4 + [1] * 4), completion_ids=mask.clone(), completion_mask=mask,
+                        loss_mask=mask)
+    everything = torch.arange(n)
+    assert [c.tolist() for c in batch.micro_batches(everything, 3, None)] == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    # 30 tokens: the three 9-token rows (3 + 9 = 12 columns each) go two at a time; the short ones pack
+    chunks = batch.micro_batches(everything, n, 30)
+    assert [c.tolist() for c in chunks] == [[1, 3], [6, 5], [7, 2, 0, 4]]
+    assert sorted(torch.cat(chunks).tolist()) == list(range(n))
+    assert [c.tolist() for c in batch.micro_batches(everything, 2, 1000)] == [[1, 3], [6, 5], [7, 2], [0, 4]]
+
+
+def test_length_bucketed_micro_batches_give_the_one_pass_update(tiny_model_dir):
+    base = _model(tiny_model_dir)
+    results = []
+    for tokens in (None, 20):  # one pass over all 6 rows; a budget that splits them by length
+        model = copy.deepcopy(base)
+        updater = _updater(model, micro=6)
+        updater.p = dataclasses.replace(updater.p, micro_batch_tokens=tokens)
+        batch = _batch([1.0, -0.5, 0.25, 2.0, -1.0, 0.5])
+        assert len(batch.micro_batches(torch.arange(6), 6, tokens)) == (1 if tokens is None else 3)
+        updater.update(batch, kl_coef=0.0)
+        results.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    torch.testing.assert_close(results[0], results[1], atol=1e-5, rtol=1e-4)  # Adam at lr 1e-2: summation order

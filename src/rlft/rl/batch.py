@@ -67,14 +67,28 @@ class UpdateBatch:
         return replace(self, prompt_ids=self.prompt_ids[used, start:], prompt_mask=pmask[:, start:],
                        row_prompt=row_prompt, completion_ids=self.completion_ids[idx, :comp_len], **token)
 
-    def micro_rows(self, rows: int, tokens: int | None) -> int:
-        """Rows per forward/backward: ``rows``, or with a token budget (``micro_batch_size: auto``) as
-        many as fit it at this batch's padded length."""
+    def micro_batches(self, idx: torch.Tensor, rows: int, tokens: int | None) -> list[torch.Tensor]:
+        """Row indices [k] of each forward/backward over the rows ``idx`` [K].
+
+        A fixed ``rows``: consecutive chunks of that many, as given (a group's rows stay together).
+        With a token budget (``micro_batch_size: auto``; ``rows`` is then the cap), the rows are taken
+        longest completion first and each micro-batch holds as many as fit the budget at its own
+        longest row: completions that end early (natural EOS) cost their real length instead of the
+        longest row's padding, and take fewer passes."""
         if tokens is None:
-            return rows
+            return list(idx.split(rows))
         from rlft.models.memory import rows_for
 
-        return rows_for(tokens, len(self), self.prompt_ids.shape[1] + self.completion_ids.shape[1])
+        lengths = self.completion_mask[idx].sum(-1)
+        order = lengths.argsort(descending=True, stable=True)
+        idx, lengths = idx[order], lengths[order].tolist()
+        prompt = int(self.prompt_mask.any(0).sum())
+        out, start = [], 0
+        while start < len(lengths):
+            k = rows_for(tokens, min(rows, len(lengths) - start), prompt + max(int(lengths[start]), 1))
+            out.append(idx[start:start + k])
+            start += k
+        return out
 
     def tokens_computed(self) -> int:
         """Positions one grouped forward over this batch runs: each distinct prompt once, every completion."""
@@ -113,14 +127,14 @@ def run_epochs(batch: UpdateBatch, mini_batch_size: int | None, epochs: int,
 
 
 @torch.no_grad()
-def per_row_no_grad(batch: UpdateBatch, micro_batch_size: int, autocast_dtype: torch.dtype | None,
+def per_row_no_grad(batch: UpdateBatch, chunks: list[torch.Tensor], autocast_dtype: torch.dtype | None,
                     compute: Callable[[UpdateBatch], torch.Tensor]) -> torch.Tensor:
-    """``compute`` ([n, t] per micro-batch) over every row without gradients, joined into [N, T] float32."""
+    """``compute`` ([n, t] per micro-batch of row indices ``chunks``) over every row without gradients,
+    joined into [N, T] float32."""
     out = torch.zeros_like(batch.loss_mask, dtype=torch.float32)
-    for sl in torch.arange(len(batch), device=batch.loss_mask.device).split(micro_batch_size):
-        mb = batch.rows(sl)
+    for rows in chunks:
+        mb = batch.rows(rows)
         with autocast(autocast_dtype, mb.loss_mask.device):
             values = compute(mb)
-        out[sl, : values.shape[1]] = values
+        out[rows, : values.shape[1]] = values
     return out
-
