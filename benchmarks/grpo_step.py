@@ -59,7 +59,9 @@ def rlft_config(opts: dict, workdir: Path) -> dict:
     T = opts["max_new_tokens"]
     return {
         "model": {"path": opts["model_dir"], "dtype": opts["dtype"],
-                  "gradient_checkpointing": opts.get("gradient_checkpointing", False)},
+                  # --defaults: rlft's own "auto" (on only if memory requires it); else off unless asked
+                  "gradient_checkpointing": opts.get("gradient_checkpointing") or
+                  ("auto" if opts.get("defaults") else False)},
         "data": {"train_file": str(workdir / "prompts.jsonl"), "use_chat_template": False, "shuffle": True},
         "algorithm": {"name": "grpo", "learning_rate": 1e-6, "kl_coef": opts["beta"],
                       "rollout_batch_size": opts["prompts"], "num_generations": opts["group_size"],

@@ -37,3 +37,35 @@ def test_the_auto_budget_is_logged_and_a_step_fits_in_one_pass(tiny_config):
     p = trainer.job.updater.p
     assert p.micro_batch_size == 32 and p.micro_batch_tokens > 10_000  # the tiny model's rows all fit
     assert "micro_batch_size auto: up to" in (result.run_dir / "train_log.log").read_text()
+
+
+def test_checkpointed_activations_are_a_fraction_of_the_plain_ones():
+    plain = memory.activation_bytes_per_token(_Model.config, 2)
+    checkpointed = memory.activation_bytes_per_token(_Model.config, 2, checkpointed=True)
+    assert checkpointed < plain / 2  # the LM head rows are kept either way
+
+
+def test_auto_checkpointing_turns_on_only_when_one_sequence_does_not_fit(tiny_config, monkeypatch):
+    from rlft import Trainer
+    from rlft.models.loading import is_checkpointing
+
+    tiny_config["train"]["max_steps"] = 1
+    tiny_config["eval"].update(before_training=False, after_training=False)
+    trainer = Trainer(config=tiny_config)
+    trainer.train()
+    assert not is_checkpointing(trainer.job.parts.model)  # plenty of memory: off
+
+    monkeypatch.setattr(memory, "device_memory_bytes", lambda device: 0)  # nothing beyond the model states
+    tiny_config["train"]["run_name"] = "tight"
+    trainer = Trainer(config=tiny_config)
+    result = trainer.train()
+    assert is_checkpointing(trainer.job.parts.model)
+    log = (result.run_dir / "train_log.log").read_text()
+    assert "model.gradient_checkpointing auto: on, because one sequence of up to" in log
+    assert result.steps == 1
+
+    tiny_config["model"]["gradient_checkpointing"] = False
+    tiny_config["train"]["run_name"] = "off"
+    trainer = Trainer(config=tiny_config)
+    trainer.setup()
+    assert not is_checkpointing(trainer.job.parts.model)  # false means false

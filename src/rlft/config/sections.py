@@ -43,7 +43,10 @@ class ModelConfig(Section):
     dtype: Literal["fp32", "bf16"] = Field(
         "bf16", description="Compute dtype. bf16 keeps fp32 master weights and runs matmuls under bf16 autocast."
     )
-    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
+    gradient_checkpointing: bool | Literal["auto"] = Field(
+        "auto", description="Recompute activations in backward to save memory (slower). auto: only when one "
+        "sequence of the longest length a run can produce would not fit its activation budget (RL runs; SFT runs "
+        "leave it off).")
     lora: LoraConfig | None = Field(None, description="Train a LoRA adapter instead of all weights.")
     device: str = Field("auto", description="'auto' (cuda if available, else cpu), 'cpu', 'cuda' or 'cuda:N'.")
 

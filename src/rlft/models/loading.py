@@ -106,7 +106,7 @@ def load_policy(
         model_dir = resolve_model_dir(cfg.path)
     model = load_model_dir(model_dir)
     model.to(device)
-    if cfg.gradient_checkpointing:
+    if cfg.gradient_checkpointing is True:  # "auto": decided by the job from its memory budget
         enable_gradient_checkpointing(model)
     if cfg.lora is not None:
         model = apply_lora(model, cfg.lora)
@@ -127,6 +127,11 @@ def load_model_dir(model_dir: str | Path) -> "PreTrainedModel":
         raise ModelError(f"Could not load a causal language model from {model_dir}: {exc}") from exc
     use_rlft_attention(model)
     return model.eval()
+
+
+def is_checkpointing(model: torch.nn.Module) -> bool:
+    """True when gradient checkpointing is on for some layer of ``model``."""
+    return any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
 
 
 def enable_gradient_checkpointing(model: "PreTrainedModel") -> None:

@@ -94,8 +94,9 @@ def replays_layers_without_cache(model: torch.nn.Module) -> bool:
     gradients (a replayed layer would append to it twice), so completion tokens run on a shared
     prompt cache would silently stop seeing their prompt.
     """
-    return (torch.is_grad_enabled() and model.training
-            and any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules()))
+    from rlft.models.loading import is_checkpointing
+
+    return torch.is_grad_enabled() and model.training and is_checkpointing(model)
 
 
 def _select_rows(cache, index: torch.Tensor) -> None:

@@ -23,11 +23,16 @@ import os
 import torch
 
 
-def activation_bytes_per_token(config, compute_bytes: int) -> int:
-    """Estimated activation memory (bytes) one token keeps for the backward of a causal LM."""
+def activation_bytes_per_token(config, compute_bytes: int, checkpointed: bool = False) -> int:
+    """Estimated activation memory (bytes) one token keeps for the backward of a causal LM.
+
+    ``checkpointed``: under gradient checkpointing only each layer's fp32 input is kept, plus one
+    layer's activations while it is replayed."""
     h, inter = config.hidden_size, getattr(config, "intermediate_size", 4 * config.hidden_size)
     layers, vocab = config.num_hidden_layers, config.vocab_size
-    return layers * (18 * h + 4 * inter) * compute_bytes + 2 * 4 * vocab
+    layer = (18 * h + 4 * inter) * compute_bytes
+    kept = layers * 4 * h + layer if checkpointed else layers * layer
+    return kept + 2 * 4 * vocab
 
 
 def device_memory_bytes(device: torch.device) -> int:
@@ -41,11 +46,11 @@ def device_memory_bytes(device: torch.device) -> int:
 
 
 def activation_token_budget(model: torch.nn.Module, *, device: torch.device, compute_bytes: int,
-                            resident_bytes: int) -> tuple[int, str]:
+                            resident_bytes: int, checkpointed: bool = False) -> tuple[int, str]:
     """How many tokens one forward/backward may hold (prompt + completion positions of all its rows),
     and a one-line explanation. ``resident_bytes``: what the run keeps in memory anyway (weights,
     gradients, optimizer moments, model copies)."""
-    per_token = activation_bytes_per_token(model.config, compute_bytes)
+    per_token = activation_bytes_per_token(model.config, compute_bytes, checkpointed)
     total = device_memory_bytes(device)
     budget = max((total - resident_bytes) // 2, per_token)
     tokens = int(budget // per_token)

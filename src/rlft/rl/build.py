@@ -51,27 +51,47 @@ def micro_batching(cfg: RLConfig, parts: ModelParts, log: bool = True) -> tuple[
     """``algorithm.micro_batch_size`` as (rows per forward/backward, token budget): a fixed number of
     rows and no budget, or for ``auto`` the whole batch as the cap and a token budget from the
     device's memory (:func:`rlft.models.memory.activation_token_budget`)."""
-    from rlft.models.memory import activation_token_budget, rows_for
+    from rlft.models.memory import rows_for
 
     alg = cfg.algorithm
     rows = alg.mini_batch_size or alg.rollout_batch_size * alg.num_generations
-    n_params = sum(p.numel() for p in parts.model.parameters())
-    # fp32 weights, gradients and two AdamW moments, plus the reference and decode copies
-    resident = n_params * (16 + (4 if parts.reference is not None else 0) + (4 if cfg.rollout.decode_copy else 0))
-    tokens, why = activation_token_budget(parts.model, device=parts.device, resident_bytes=resident,
-                                          compute_bytes=2 if parts.autocast_dtype is not None else 4)
+    longest = cfg.data.max_prompt_length + (cfg.environment.max_episode_tokens if cfg.environment is not None
+                                            else alg.max_new_tokens)
+    tokens, why = _activation_budget(cfg, parts, longest, log)
     if alg.micro_batch_size == "auto":
         if log:
             get_logger().info(f"micro_batch_size auto: {why}")
         return rows, tokens
-    longest = cfg.data.max_prompt_length + (cfg.environment.max_episode_tokens if cfg.environment is not None
-                                            else alg.max_new_tokens)
     fits = rows_for(tokens, rows, longest)
     if log and alg.micro_batch_size < fits:
         get_logger().warning(f"algorithm.micro_batch_size {alg.micro_batch_size} splits each update into "
                              f"{-(-rows // alg.micro_batch_size)} forward/backward passes; 'auto' would take at least "
                              f"{fits} rows at once here (fewer, larger matmuls)")
     return alg.micro_batch_size, None
+
+
+def _activation_budget(cfg: RLConfig, parts: ModelParts, longest: int, log: bool) -> tuple[int, str]:
+    """The activation token budget; with ``model.gradient_checkpointing: auto``, checkpointing is
+    switched on here when one sequence of the longest length the run can produce does not fit it."""
+    from rlft.models.loading import enable_gradient_checkpointing, is_checkpointing
+    from rlft.models.memory import activation_token_budget
+
+    n_params = sum(p.numel() for p in parts.model.parameters())
+    # fp32 weights, gradients and two AdamW moments, plus the reference and decode copies
+    resident = n_params * (16 + (4 if parts.reference is not None else 0) + (4 if cfg.rollout.decode_copy else 0))
+    budget = lambda checkpointed: activation_token_budget(  # noqa: E731
+        parts.model, device=parts.device, resident_bytes=resident,
+        compute_bytes=2 if parts.autocast_dtype is not None else 4, checkpointed=checkpointed)
+    tokens, why = budget(is_checkpointing(parts.model))
+    if cfg.model.gradient_checkpointing == "auto" and tokens < longest and not is_checkpointing(parts.model):
+        enable_gradient_checkpointing(parts.model)
+        plain = tokens
+        tokens, why = budget(True)
+        if log:
+            get_logger().warning(
+                f"model.gradient_checkpointing auto: on, because one sequence of up to {longest} tokens would not fit "
+                f"the activation budget ({plain} tokens); recomputing activations in the backward fits {tokens}")
+    return tokens, why
 
 
 def build_critic(cfg: RLConfig, parts: ModelParts):
@@ -88,7 +108,7 @@ def build_critic(cfg: RLConfig, parts: ModelParts):
 
     ccfg = alg.critic
     model_dir = resolve_model_dir(ccfg.model_path) if ccfg.model_path else parts.model_dir
-    model = build_value_model(ccfg.type, parts.model, model_dir, gradient_checkpointing=cfg.model.gradient_checkpointing)
+    model = build_value_model(ccfg.type, parts.model, model_dir, gradient_checkpointing=is_checkpointing(parts.model))
     optimizer = build_optimizer(model.parameters(), lr=ccfg.learning_rate, weight_decay=0.0,
                                 betas=tuple(alg.adam_betas), eps=alg.adam_eps)
     micro, micro_tokens = micro_batching(cfg, parts, log=False)
