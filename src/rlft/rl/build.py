@@ -102,6 +102,7 @@ def build_critic(cfg: RLConfig, parts: ModelParts):
     if not ADVANTAGES.trait(alg.advantage_estimator, "needs_values"):
         return None
     from rlft.models.sources import resolve_model_dir
+    from rlft.models.loading import is_checkpointing
     from rlft.models.value import build_value_model
     from rlft.rl.critic import CriticParams, CriticUpdater
     from rlft.trainer.optim import build_optimizer
