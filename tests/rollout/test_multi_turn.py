@@ -14,6 +14,7 @@ import torch
 
 from rlft.envs.spec import EnvironmentSpec
 from rlft.errors import EnvironmentFailure
+from rlft.models.precision import cpu_has_native_bf16
 from rlft.rollout.base import SamplingParams
 from rlft.rollout.episode import EpisodeLimits
 from rlft.rollout.multi_turn import EpisodeRunner
@@ -268,3 +269,24 @@ def test_fused_decode_runs_episodes_as_the_generic_path_does(engine, monkeypatch
     mask = fused.loss_mask[0][fused.completion_mask[0].bool()].bool()
     torch.testing.assert_close(fused.logprobs[0][fused.completion_mask[0].bool()][mask], full[mask],
                                atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.skipif(not cpu_has_native_bf16(), reason="bf16 numerics are checked where bf16 matmuls are native")
+def test_bf16_episodes_decode_from_packed_weights_without_a_module_copy(engine):
+    from rlft.rollout.native_engine import NativeEngine
+
+    bf16 = NativeEngine(engine.model, engine.tokenizer, max_prompt_length=1024, autocast_dtype=torch.bfloat16,
+                        decode_copy=True)
+    scripts = {0: [call("add", a=1, b=2), "done: 3"], 1: ["no tools needed here"]}
+    batch = make_runner(bf16, scripts).run(examples(bf16, 2), SamplingParams(max_new_tokens=80))
+    assert bf16._copy is None and bf16._fused[0] is engine.model  # packed from the policy itself
+    for row in range(2):
+        m = batch.attention_mask[row].bool()
+        ids = batch.input_ids[row][m][None]
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = engine.model(input_ids=ids).logits[0].float()
+        full = torch.log_softmax(logits[:-1], -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
+        n = int(batch.completion_mask[row].sum())
+        mask = batch.loss_mask[row][batch.completion_mask[row].bool()].bool()
+        diff = (batch.logprobs[row][batch.completion_mask[row].bool()][mask] - full[-n:][mask]).abs()
+        assert diff.max() < 2e-2 and diff.mean() < 3e-3, (diff.max(), diff.mean())
