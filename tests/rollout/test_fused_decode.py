@@ -104,6 +104,17 @@ def test_a_model_with_forward_hooks_decodes_through_its_own_forward(tiny_model_d
     handle.remove()
 
 
+def test_gradient_checkpointing_keeps_the_fused_decode(tiny_model_dir):
+    """Checkpointing hooks the embedding to make its output require grad; a decode has no autograd."""
+    model = load_policy(ModelConfig(path=str(tiny_model_dir), dtype="fp32", gradient_checkpointing=True),
+                        torch.device("cpu"), model_dir=tiny_model_dir)
+    assert model.model.embed_tokens._forward_hooks  # the hook is there
+    assert unsupported_reason(model) is None
+    engine = NativeEngine(model, load_tokenizer(tiny_model_dir), max_prompt_length=64, autocast_dtype=None)
+    engine.generate(PROMPTS, SamplingParams(max_new_tokens=4, n=2))
+    assert isinstance(engine._fused[1], FusedDecoder)
+
+
 @pytest.mark.skipif(not cpu_has_native_bf16(), reason="bf16 numerics are checked where bf16 matmuls are native")
 def test_bf16_fused_decode_packs_from_the_policy_and_follows_optimizer_steps(tiny_model_dir):
     model, tok = _policy(tiny_model_dir)

@@ -45,7 +45,10 @@ def unsupported_reason(model: nn.Module) -> str | None:
         return f"activation {config.hidden_act!r}"
     if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
         return "sliding-window attention"
-    if any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()):
+    # transformers' enable_input_require_grads (part of gradient checkpointing) hooks the embedding
+    # to make its output require grad: meaningless for a decode without autograd, so not a reason
+    harmless = {h.id for h in getattr(model, "_require_grads_hooks", None) or ()}
+    if any(set(m._forward_hooks) - harmless or m._forward_pre_hooks for m in model.modules()):
         return "forward hooks on its modules (the fused forward would skip them)"
     layers = getattr(getattr(model, "model", None), "layers", None)
     if not layers or any(hasattr(layer.self_attn, "q_norm") for layer in layers):

@@ -19,7 +19,8 @@ from rlft.logging.run_dir import RunDirectory, append_jsonl
 from rlft.phases import CLOCK, phase
 from rlft.rewards.manager import RewardManager
 from rlft.rl.batch import UpdateBatch
-from rlft.rl.build import build_advantage_stage, build_collector, build_critic, build_data, build_updater
+from rlft.rl.build import (build_advantage_stage, build_collector, build_critic, build_data, build_updater,
+                           warn_slow_rollout)
 from rlft.rl.episodes import env_tools, episode_runner, reward_manager
 from rlft.rl.metrics import HealthWatch, episode_metrics, format_step_line, rollout_metrics
 from rlft.rl.watch import RewardHackingWatch
@@ -56,6 +57,7 @@ class RLJob:
         self.rewards = self.reward_manager(cfg)
         self.engine = self.generation(cfg).make_engine(self.parts.model, self.parts.tokenizer,
                                                        self.parts.autocast_dtype)
+        warn_slow_rollout(cfg, self.parts)
         self.sampler = PromptSampler(len(self.train_set), alg.rollout_batch_size, seed=cfg.train.seed,
                                      shuffle=cfg.data.shuffle)
         self.steps_per_epoch = self.sampler.steps_per_epoch

@@ -1,0 +1,27 @@
+"""A setting that is the slow choice for the model and hardware gets one warning line, and only then."""
+
+from __future__ import annotations
+
+from rlft import Trainer
+from rlft.models.precision import cpu_has_native_bf16
+
+
+def _log(trainer) -> str:
+    trainer.setup()
+    return (trainer.run_dir.root / "train_log.log").read_text()
+
+
+def test_slow_settings_are_named(tiny_config):
+    tiny_config["rollout"] = {"fused_decode": False, "decode_copy": False}
+    tiny_config["model"]["gradient_checkpointing"] = True
+    log = _log(Trainer(config=tiny_config))
+    assert "rollout.fused_decode is false: this model could decode with rlft's fused decode" in log
+    assert "model.gradient_checkpointing is true, but one sequence of up to" in log
+    assert ("rollout.decode_copy is false under bf16" in log) == cpu_has_native_bf16()
+
+
+def test_the_defaults_are_quiet(tiny_config):
+    log = _log(Trainer(config=tiny_config))
+    for phrase in ("rollout.fused_decode is false", "rollout.decode_copy is false", "gradient_checkpointing is true",
+                   "gradient_checkpointing auto: on"):
+        assert phrase not in log
