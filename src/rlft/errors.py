@@ -59,3 +59,10 @@ class EnvironmentFailure(RlftError):
     to the model as the tool's result."""
 
     exit_code = 1
+
+
+class CheckpointError(RlftError):
+    """A checkpoint could not be written (a full disk, a read-only folder). The checkpoints written
+    before it are untouched: writes go to a temporary folder that is renamed only when complete."""
+
+    exit_code = 1

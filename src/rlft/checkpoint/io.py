@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from rlft.atomic import TMP_PREFIX, atomic_directory
+from rlft.errors import CheckpointError
 
 STATE_FILE = "trainer_state.json"
 
@@ -52,16 +53,29 @@ def save_checkpoint(target: Path, *, model, tokenizer, optimizer, scheduler, tra
     is written into its own sub-directory of the checkpoint."""
     from rlft.models.save import save_pretrained_dir
 
-    with atomic_directory(target) as tmp:
-        save_pretrained_dir(model, tokenizer, tmp)
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-        torch.save(rng_state(), tmp / "rng_state.pt")
-        (tmp / "config.yaml").write_text(config_yaml)
-        for name, part in (components or {}).items():
-            part.save(tmp / name)
-        (tmp / STATE_FILE).write_text(json.dumps(trainer_state, indent=2))
+    try:
+        with atomic_directory(target) as tmp:
+            save_pretrained_dir(model, tokenizer, tmp)
+            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+            torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+            torch.save(rng_state(), tmp / "rng_state.pt")
+            (tmp / "config.yaml").write_text(config_yaml)
+            for name, part in (components or {}).items():
+                part.save(tmp / name)
+            (tmp / STATE_FILE).write_text(json.dumps(trainer_state, indent=2))
+    except (OSError, RuntimeError) as exc:  # torch.save reports a full disk as a RuntimeError
+        raise CheckpointError(_not_written(target, exc)) from exc
     return target
+
+
+def _not_written(target: Path, exc: BaseException) -> str:
+    free = shutil.disk_usage(target.parent).free if target.parent.exists() else None
+    reason = (f"the disk is full ({free / 2**20:.0f} MB free)" if free is not None and free < 2**30
+              else f"{type(exc).__name__}: {exc}")
+    kept = [p.name for p in list_checkpoints(target.parent)]
+    return (f"could not write checkpoint {target.name} to {target.parent}: {reason}. "
+            + (f"The earlier checkpoints are intact (newest: {kept[-1]}); " if kept else "")
+            + "free space (or set train.keep_last) and continue with --resume.")
 
 
 def is_complete(path: Path) -> bool:
