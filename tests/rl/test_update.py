@@ -158,12 +158,12 @@ def test_a_token_budget_buckets_rows_by_length_and_covers_each_once():
                         row_prompt=torch.tensor([0] * 4 + [1] * 4), completion_ids=mask.clone(), completion_mask=mask,
                         loss_mask=mask)
     everything = torch.arange(n)
-    assert [c.tolist() for c in batch.micro_batches(everything, 3, None)] == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    assert [c.tolist() for c in batch.micro_batches(3, None, everything)] == [[0, 1, 2], [3, 4, 5], [6, 7]]
     # 30 tokens: the three 9-token rows (3 + 9 = 12 columns each) go two at a time; the short ones pack
-    chunks = batch.micro_batches(everything, n, 30)
+    chunks = batch.micro_batches(n, 30, everything)
     assert [c.tolist() for c in chunks] == [[1, 3], [6, 5], [7, 2, 0, 4]]
     assert sorted(torch.cat(chunks).tolist()) == list(range(n))
-    assert [c.tolist() for c in batch.micro_batches(everything, 2, 1000)] == [[1, 3], [6, 5], [7, 2], [0, 4]]
+    assert [c.tolist() for c in batch.micro_batches(2, 1000, everything)] == [[1, 3], [6, 5], [7, 2], [0, 4]]
 
 
 def test_length_bucketed_micro_batches_give_the_one_pass_update(tiny_model_dir):
@@ -174,7 +174,7 @@ def test_length_bucketed_micro_batches_give_the_one_pass_update(tiny_model_dir):
         updater = _updater(model, micro=6)
         updater.p = dataclasses.replace(updater.p, micro_batch_tokens=tokens)
         batch = _batch([1.0, -0.5, 0.25, 2.0, -1.0, 0.5])
-        assert len(batch.micro_batches(torch.arange(6), 6, tokens)) == (1 if tokens is None else 3)
+        assert len(batch.micro_batches(6, tokens)) == (1 if tokens is None else 3)
         updater.update(batch, kl_coef=0.0)
         results.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     torch.testing.assert_close(results[0], results[1], atol=1e-5, rtol=1e-4)  # Adam at lr 1e-2: summation order

@@ -67,14 +67,16 @@ class UpdateBatch:
         return replace(self, prompt_ids=self.prompt_ids[used, start:], prompt_mask=pmask[:, start:],
                        row_prompt=row_prompt, completion_ids=self.completion_ids[idx, :comp_len], **token)
 
-    def micro_batches(self, idx: torch.Tensor, rows: int, tokens: int | None) -> list[torch.Tensor]:
-        """Row indices [k] of each forward/backward over the rows ``idx`` [K].
+    def micro_batches(self, rows: int, tokens: int | None, idx: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """Row indices [k] of each forward/backward over the rows ``idx`` [K] (default: all).
 
         A fixed ``rows``: consecutive chunks of that many, as given (a group's rows stay together).
         With a token budget (``micro_batch_size: auto``; ``rows`` is then the cap), the rows are taken
         longest completion first and each micro-batch holds as many as fit the budget at its own
         longest row: completions that end early (natural EOS) cost their real length instead of the
         longest row's padding, and take fewer passes."""
+        device = self.loss_mask.device
+        idx = torch.arange(len(self), device=device) if idx is None else idx.to(device)
         if tokens is None:
             return list(idx.split(rows))
         from rlft.models.memory import rows_for

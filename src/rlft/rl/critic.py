@@ -37,8 +37,8 @@ class CriticUpdater:
     def values(self, batch: UpdateBatch) -> torch.Tensor:
         """[N, T] values of every completion token's state, without gradients."""
         self.model.eval()
-        return per_row_no_grad(batch, self._micro_batches(batch, torch.arange(len(batch))), self.autocast_dtype,
-                               lambda mb: mb.values(self.model))
+        chunks = batch.micro_batches(self.p.micro_batch_size, self.p.micro_batch_tokens)
+        return per_row_no_grad(batch, chunks, self.autocast_dtype, lambda mb: mb.values(self.model))
 
     def update(self, batch: UpdateBatch) -> dict[str, float]:
         """ppo_epochs x mini-batches of value-loss steps on ``batch.returns``; returns averaged stats.
@@ -53,15 +53,12 @@ class CriticUpdater:
         stats.update(run_epochs(batch, self.p.mini_batch_size, self.p.ppo_epochs, self._optimizer_step))
         return stats
 
-    def _micro_batches(self, batch: UpdateBatch, rows: torch.Tensor) -> list[torch.Tensor]:
-        return batch.micro_batches(rows.to(batch.loss_mask.device), self.p.micro_batch_size, self.p.micro_batch_tokens)
-
     def _optimizer_step(self, batch: UpdateBatch, rows: torch.Tensor) -> dict[str, float]:
         num_tokens = float(batch.loss_mask[rows].sum().item())
         counts = dict(num_tokens=num_tokens, num_seqs=float(rows.numel()), max_len=1)
         total = 0.0
         self.optimizer.zero_grad(set_to_none=True)
-        for chunk in self._micro_batches(batch, rows):
+        for chunk in batch.micro_batches(self.p.micro_batch_size, self.p.micro_batch_tokens, rows):
             mb = batch.rows(chunk)
             with autocast(self.autocast_dtype, mb.loss_mask.device):
                 values = mb.values(self.model)

@@ -70,7 +70,7 @@ class PolicyUpdater:
                 batch.old_logprobs = self._old_logprobs(batch)
 
     def _logprobs_no_grad(self, module, batch: UpdateBatch) -> torch.Tensor:
-        return per_row_no_grad(batch, self._micro_batches(batch, torch.arange(len(batch))),
+        return per_row_no_grad(batch, batch.micro_batches(self.p.micro_batch_size, self.p.micro_batch_tokens),
                                self.autocast_dtype,
                                lambda mb: mb.logprobs(module, self.p.temperature)[0])
 
@@ -90,9 +90,6 @@ class PolicyUpdater:
         self.model.train()
         return run_epochs(batch, self.p.mini_batch_size, self.p.ppo_epochs,
                           lambda b, rows: self._optimizer_step(b, rows, kl_coef))
-
-    def _micro_batches(self, batch: UpdateBatch, rows: torch.Tensor) -> list[torch.Tensor]:
-        return batch.micro_batches(rows.to(batch.loss_mask.device), self.p.micro_batch_size, self.p.micro_batch_tokens)
 
     def _kl_ref(self, mb: UpdateBatch) -> torch.Tensor | None:
         return mb.ref_logprobs if self.p.kl_in_loss else None
@@ -116,7 +113,8 @@ class PolicyUpdater:
                                    "rows_in_update": float(active.numel()) / max(rows.numel(), 1)}
         self.optimizer.zero_grad(set_to_none=True)
         active_tokens = max(float(batch.loss_mask[active].sum().item()), 1.0)
-        chunks = self._micro_batches(batch, active) if active.numel() else ()
+        chunks = (batch.micro_batches(self.p.micro_batch_size, self.p.micro_batch_tokens, active)
+                  if active.numel() else ())
         for chunk in chunks:
             mb = batch.rows(chunk)
             with phase("policy"):
