@@ -66,3 +66,25 @@ class CheckpointError(RlftError):
     before it are untouched: writes go to a temporary folder that is renamed only when complete."""
 
     exit_code = 1
+
+
+# What a failed run's ``error_type`` in run.json (and a job's in the job service) can be.
+ERROR_TYPES = ("config_invalid", "data", "reward", "environment", "oom", "killed", "service_lost", "unknown")
+
+
+def error_type(exc: BaseException) -> str:
+    """The kind of failure ``exc`` is, one of :data:`ERROR_TYPES` (``killed`` and ``service_lost``
+    are told by the job service, which sees the process end without a record)."""
+    if isinstance(exc, (ConfigError, UsageError, ModelError)):
+        return "config_invalid"
+    if isinstance(exc, DataError):
+        return "data"
+    if isinstance(exc, RewardError):
+        return "reward"
+    if isinstance(exc, EnvironmentFailure):
+        return "environment"
+    text = str(exc).lower()
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or "out of memory" in text \
+            or "can't allocate memory" in text:
+        return "oom"
+    return "unknown"

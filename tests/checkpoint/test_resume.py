@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -66,6 +67,32 @@ def test_resume_auto_finds_latest_complete_checkpoint(tiny_config):
 def test_resume_errors_are_usage_errors(tiny_config, tmp_path):
     with pytest.raises(UsageError, match="not a complete checkpoint"):
         Trainer(config=tiny_config, resume_from=tmp_path).setup()
-    tiny_config["train"]["run_name"] = None
-    with pytest.raises(UsageError, match="needs train.run_name"):
-        Trainer(config=tiny_config, resume_from="auto").setup()
+    other = tmp_path / "elsewhere" / "run"
+    with pytest.raises(UsageError, match="belongs to the run"):
+        Trainer(config=tiny_config, resume_from=_first_checkpoint(tiny_config), run_dir=other).setup()
+
+
+def _first_checkpoint(cfg) -> Path:
+    cfg = copy.deepcopy(cfg)
+    cfg["train"].update(max_steps=1, save_interval=1, run_name="first")
+    cfg["eval"].update(before_training=False, after_training=False)
+    return Trainer(config=cfg).train().final_checkpoint
+
+
+def test_resume_auto_without_run_name_finds_the_run_of_this_config(tiny_config):
+    """No train.run_name: --resume auto picks the run under output_dir that this config can continue,
+    newest checkpoint first, and skips runs whose config would break continuity; with none, a new run."""
+    tiny_config["train"].update(max_steps=2, save_interval=1, run_name=None)
+    tiny_config["eval"].update(before_training=False, after_training=False)
+    fresh = Trainer(config=tiny_config, resume_from="auto")
+    fresh.setup()
+    assert fresh.step == 0
+    mine = fresh.train().run_dir
+    seeded = copy.deepcopy(tiny_config)
+    seeded["train"]["seed"] = 123  # another data order: not a run this config may continue
+    theirs = Trainer(config=seeded).train().run_dir
+    assert theirs != mine
+    tiny_config["train"]["max_steps"] = 3  # harmless
+    again = Trainer(config=tiny_config, resume_from="auto")
+    again.setup()
+    assert again.step == 2 and again.run_dir.root == mine

@@ -7,10 +7,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import yaml
 
 from rlft.checkpoint.continuity import compare_configs, file_fingerprint
 from rlft.checkpoint.io import STATE_FILE, is_complete, list_checkpoints, set_rng_state
 from rlft.errors import UsageError
+from rlft.logging.run_dir import RunDirectory
 
 
 @dataclass(frozen=True)
@@ -20,15 +22,21 @@ class ResumePoint:
     state: dict
 
 
-def find_checkpoint(resume: str, run_root: Path | None) -> ResumePoint:
-    """``resume`` is a checkpoint directory or 'auto' (latest complete checkpoint of ``run_root``)."""
+def find_checkpoint(resume: str, run_root: Path | None) -> ResumePoint | None:
+    """``resume`` is a checkpoint directory or 'auto': the latest complete checkpoint of ``run_root``.
+
+    'auto' gives None when there is no run at ``run_root`` yet (the first launch of a job that is
+    relaunched with --resume auto starts afresh), and refuses a run there that has no complete
+    checkpoint (a restart from scratch would hide that the run was lost)."""
     if resume == "auto":
         if run_root is None:
-            raise UsageError("--resume auto needs train.run_name, so rlft knows which run directory to look in "
-                             "(or pass the checkpoint directory itself)")
+            raise UsageError("--resume auto needs a run directory to look in")
         found = list_checkpoints(run_root / "checkpoints")
         if not found:
-            raise UsageError(f"--resume auto: no complete checkpoint under {run_root / 'checkpoints'}")
+            if not RunDirectory(run_root).holds_run():
+                return None
+            raise UsageError(f"--resume auto: no complete checkpoint under {run_root / 'checkpoints'}; the run "
+                             f"there stopped before its first save. Start it again without --resume")
         path = found[-1]
     else:
         path = Path(resume).expanduser().resolve()
@@ -39,11 +47,31 @@ def find_checkpoint(resume: str, run_root: Path | None) -> ResumePoint:
     return ResumePoint(checkpoint=path, run_root=path.parent.parent, state=state)
 
 
+def find_run_of_config(output_dir: Path, config: dict, source: str, rules: dict[str, str]) -> Path | None:
+    """The run under ``output_dir`` that ``--resume auto`` continues when no run name is given: among
+    the runs with a complete checkpoint whose saved config this one may continue (no change that
+    breaks continuity, see :func:`compare_configs`), those started from the same config file come
+    first, then the newest checkpoint wins. None when there is no such run."""
+    candidates = []
+    for root in (p for p in output_dir.glob("*") if p.is_dir()):
+        found = list_checkpoints(root / "checkpoints")
+        if not found or not (root / "config.yaml").is_file():
+            continue
+        saved = yaml.safe_load((found[-1] / "config.yaml").read_text()) or {}
+        saved.setdefault("kind", "rl")
+        if compare_configs(saved, config, rules)[0]:
+            continue
+        try:
+            same_file = json.loads((root / "run.json").read_text()).get("config") == source
+        except (OSError, ValueError):
+            same_file = False
+        candidates.append((same_file, found[-1].stat().st_mtime, root))
+    return max(candidates)[2] if candidates else None
+
+
 def check_continuity(point: ResumePoint, new_config: dict, train_file: str, rules: dict[str, str]) -> list[str]:
     """Refuse (UsageError) to continue ``point`` under a config that breaks continuity (``rules``: dotted
     path -> why); returns the harmless changes, one ``path: old -> new`` line each, for the log."""
-    import yaml
-
     saved = yaml.safe_load((point.checkpoint / "config.yaml").read_text())
     saved.setdefault("kind", "rl")  # checkpoints from before there were several kinds of job
     breaking, harmless = compare_configs(saved, new_config, rules)

@@ -39,7 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
         _add_config_args(job)
         job.add_argument("--output-dir", "--output_dir", default=None, help="Override train.output_dir.")
         job.add_argument("--resume", default=None, metavar="CHECKPOINT|auto",
-                         help="Continue from a checkpoint directory, or 'auto' for the run's latest complete one.")
+                         help="Continue from a checkpoint directory, or 'auto': the latest complete checkpoint of "
+                              "this config's run (a new run when there is none).")
+        job.add_argument("--run-dir", default=None, metavar="DIR",
+                         help="Write the run exactly here instead of <output_dir>/<run_name> (used by rlft serve).")
         job.set_defaults(kind=kind)
     validate = sub.add_parser("validate", help="Validate a config and print the resolved YAML.")
     _add_config_args(validate)
@@ -66,8 +69,12 @@ def _cmd_train(args) -> int:
     """``rlft train`` (RL) and ``rlft sft``: the same lifecycle, the kind of job set by the command."""
     from rlft.trainer.trainer import Trainer
 
-    Trainer(args.config, overrides=args.overrides, output_dir=args.output_dir, resume_from=args.resume,
-            kind=args.kind).train()
+    result = Trainer(args.config, overrides=args.overrides, output_dir=args.output_dir, resume_from=args.resume,
+                     kind=args.kind, run_dir=args.run_dir).train()
+    if result.stopped_by is not None:
+        print(f"stopped at step {result.steps} by signal {result.stopped_by}; checkpoint kept in "
+              f"{result.run_dir / 'checkpoints'}; continue with --resume auto", file=sys.stderr)
+        return 128 + result.stopped_by
     return 0
 
 

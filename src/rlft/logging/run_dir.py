@@ -7,18 +7,25 @@
         samples.jsonl        prompts, completions and rewards
         eval/step-<N>.json   evaluation results
         checkpoints/checkpoint-<N>/
-        run.json             run id, status, timestamps (read by the job service)
+        run.json             run id, status, pid, heartbeat, timestamps (read by the job service)
+
+run.json's ``status`` is ``starting``, ``running``, then one of ``completed``, ``failed`` (with
+``error`` and ``error_type``) or ``cancelled`` (a stop request: SIGTERM or Ctrl-C, after a final
+checkpoint). ``heartbeat`` is refreshed every few seconds while the process lives.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from rlft.atomic import write_text_atomic
+
+_INFO_LOCK = threading.Lock()  # run.json is read-modify-written by the loop and the heartbeat thread
 
 
 @dataclass(frozen=True)
@@ -35,10 +42,22 @@ class RunDirectory:
         while cls(root).holds_run():
             n += 1
             root = base.with_name(f"{name}-{n}")
-        root.mkdir(parents=True, exist_ok=True)
-        (root / "checkpoints").mkdir(exist_ok=True)
-        (root / "eval").mkdir(exist_ok=True)
-        return cls(root)
+        return cls.at(root)
+
+    @classmethod
+    def at(cls, root: str | Path) -> "RunDirectory":
+        """The run directory exactly at ``root`` (the job service names it before the process starts);
+        refused if it already holds a run (continuing one is --resume)."""
+        run = cls(Path(root).expanduser().resolve())
+        if run.holds_run():
+            from rlft.errors import UsageError
+
+            raise UsageError(f"--run-dir {run.root} already holds a run; continue it with --resume auto, or "
+                             f"choose another directory")
+        run.root.mkdir(parents=True, exist_ok=True)
+        (run.root / "checkpoints").mkdir(exist_ok=True)
+        (run.root / "eval").mkdir(exist_ok=True)
+        return run
 
     config = property(lambda self: self.root / "config.yaml")
     log = property(lambda self: self.root / "train_log.log")
@@ -56,12 +75,18 @@ class RunDirectory:
 
     def write_run_info(self, **fields) -> None:
         """Merge ``fields`` into run.json atomically (a reader never sees half a file)."""
-        info = {}
-        if self.run_info.exists():
-            info = json.loads(self.run_info.read_text())
-        info.setdefault("run_id", uuid.uuid4().hex[:12])
-        info.update(fields)
-        write_text_atomic(self.run_info, json.dumps(info, indent=2))
+        with _INFO_LOCK:
+            info = self.read_run_info()
+            info.setdefault("run_id", uuid.uuid4().hex[:12])
+            info.update(fields)
+            write_text_atomic(self.run_info, json.dumps(info, indent=2))
+
+    def read_run_info(self) -> dict:
+        """run.json as a dict ({} when there is none yet)."""
+        try:
+            return json.loads(self.run_info.read_text())
+        except FileNotFoundError:
+            return {}
 
 
 def append_jsonl(path: Path, record: dict) -> None:

@@ -8,6 +8,7 @@ their evaluations) is a :class:`~rlft.trainer.job.Job` picked by the config's ``
 from __future__ import annotations
 
 import json
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,12 +21,14 @@ from rlft.checkpoint import prune_checkpoints, save_checkpoint
 from rlft.checkpoint.continuity import file_fingerprint
 from rlft.config.loader import config_to_yaml, load_config
 from rlft.config.schema import RunConfig
+from rlft.errors import error_type
 from rlft.logging.console import (ProgressBar, attach_file_log, get_logger, quiet_library_progress_bars,
                                   setup_console_logging)
 from rlft.logging.run_dir import RunDirectory, append_jsonl, truncate_jsonl
 from rlft.trainer.job import EvalRecord, Job, job_class
 from rlft.trainer.metrics import MetricWindow
 from rlft.trainer.parts import seed_everything
+from rlft.trainer.process import Heartbeat, StopRequest
 
 
 @dataclass
@@ -40,6 +43,7 @@ class TrainResult:
     eval_after: Any = None
     last_metrics: dict = field(default_factory=dict)
     train_seconds: float = 0.0
+    stopped_by: int | None = None  # the signal that stopped the run early (SIGTERM, SIGINT), else None
 
 
 class Trainer:
@@ -49,11 +53,14 @@ class Trainer:
 
     ``kind`` is the kind the caller runs (``rlft sft`` passes ``"sft"``); a config of another
     kind is refused with the command that runs it. None takes the config's own ``kind``.
+    ``run_dir``: write the run exactly there (the job service names it before the process starts)
+    instead of ``<train.output_dir>/<train.run_name>``.
     """
 
     def __init__(self, config_path: str | Path | None = None, *, config: RunConfig | dict | None = None,
                  output_dir: str | Path | None = None, overrides: list[str] | None = None,
-                 resume_from: str | Path | None = None, kind: str | None = None):
+                 resume_from: str | Path | None = None, kind: str | None = None,
+                 run_dir: str | Path | None = None):
         if isinstance(config, RunConfig):
             cfg = config
         else:
@@ -63,6 +70,7 @@ class Trainer:
         self.cfg = cfg
         self.config_source = str(config_path) if config_path else "<dict>"
         self.resume_from = str(resume_from) if resume_from else None
+        self.run_dir_path = Path(run_dir).expanduser().resolve() if run_dir else None
         self.job: Job = job_class(cfg)(cfg)
         self.step = 0
         self.train_seconds = 0.0  # wall time inside train steps (excludes model load, evaluation, checkpoints)
@@ -78,8 +86,11 @@ class Trainer:
         self._resume_point, changes = self._find_resume_point()
         if self._resume_point is not None:
             self.run_dir = RunDirectory(self._resume_point.run_root)
+        elif self.run_dir_path is not None:
+            self.run_dir = RunDirectory.at(self.run_dir_path)
         else:
             self.run_dir = RunDirectory.create(cfg.train.output_dir, cfg.train.run_name, cfg.run_label())
+        self._heartbeat = Heartbeat(self.run_dir).__enter__()
         self.log = setup_console_logging()
         self._file_log = attach_file_log(self.run_dir.log)
         self.run_dir.config.write_text(config_to_yaml(cfg))  # the config in effect; each checkpoint keeps its own
@@ -87,12 +98,14 @@ class Trainer:
         self.log.info(f"config loaded: {self.config_source} -> run directory {self.run_dir.root}")
         if self._resume_point is not None:
             self._prepare_resume(changes)
+        elif self.resume_from == "auto":
+            self.log.info("--resume auto: no checkpoint of this run to continue from; starting it afresh")
         keep_freed_memory()  # large tensors are reused warm, not faulted in again every step
         self._set_threads()
         try:
             self._build()
         except BaseException as exc:
-            self._close(status="failed", error=f"{type(exc).__name__}: {exc}")
+            self._close(**_ended_by(exc))
             raise
         self._ready = True
 
@@ -114,11 +127,34 @@ class Trainer:
         from rlft.checkpoint.resume import check_continuity, find_checkpoint
 
         cfg = self.cfg
-        named = Path(cfg.train.output_dir).expanduser().resolve() / cfg.train.run_name if cfg.train.run_name else None
-        point = find_checkpoint(self.resume_from, named)
         rules = {**COMMON_RULES, **self.job.CONTINUITY}
+        if self.resume_from == "auto":
+            root = self._auto_resume_root(rules)
+            point = find_checkpoint("auto", root) if root is not None else None
+            if point is None:
+                return None, []
+        else:
+            point = find_checkpoint(self.resume_from, None)
+            if self.run_dir_path is not None and point.run_root != self.run_dir_path:
+                from rlft.errors import UsageError
+
+                raise UsageError(f"--resume {point.checkpoint} belongs to the run {point.run_root}, not to "
+                                 f"--run-dir {self.run_dir_path}")
         changes = check_continuity(point, yaml.safe_load(config_to_yaml(cfg)), cfg.data.train_file, rules)
         return point, changes
+
+    def _auto_resume_root(self, rules: dict[str, str]) -> Path | None:
+        """The run directory ``--resume auto`` looks in: --run-dir, ``<output_dir>/<run_name>``, or
+        else the run of ``output_dir`` made from this config."""
+        from rlft.checkpoint.resume import find_run_of_config
+
+        cfg = self.cfg
+        output_dir = Path(cfg.train.output_dir).expanduser().resolve()
+        if self.run_dir_path is not None:
+            return self.run_dir_path
+        if cfg.train.run_name:
+            return output_dir / cfg.train.run_name
+        return find_run_of_config(output_dir, yaml.safe_load(config_to_yaml(cfg)), self.config_source, rules)
 
     def _prepare_resume(self, changes: list[str]) -> None:
         step = int(self._resume_point.state["step"])
@@ -148,7 +184,9 @@ class Trainer:
                           f"step {self.job.total_steps}")
 
     def _close(self, **run_info) -> None:
-        """Record the final status and detach this run's log file (API users may start another run)."""
+        """Record the final status, stop the heartbeat and detach this run's log file (API users may
+        start another run)."""
+        self._heartbeat.__exit__(None, None, None)
         self.run_dir.write_run_info(ended=time.time(), **run_info)
         get_logger().removeHandler(self._file_log)
         self._file_log.close()
@@ -160,30 +198,46 @@ class Trainer:
     # ------------------------------------------------------------------ loop
 
     def train(self) -> TrainResult:
-        """Run the whole job; returns where everything was written and the before/after evaluation."""
-        if not self._ready:
-            self.setup()
+        """Run the whole job; returns where everything was written and the before/after evaluation.
+
+        SIGTERM or Ctrl-C stops it after the current step with a checkpoint, status ``cancelled`` and
+        ``result.stopped_by`` set; ``--resume auto`` continues from there."""
+        with StopRequest() as stop:
+            if not self._ready:
+                self.setup()
+            try:
+                return self._run(stop)
+            except BaseException as exc:
+                self._close(step=self.step, **_ended_by(exc))
+                raise
+
+    def _run(self, stop: StopRequest) -> TrainResult:
         result = TrainResult(run_dir=self.run_dir.root, steps=0, final_checkpoint=None)
         self.run_dir.write_run_info(status="running", total_steps=self.total_steps)
+        start_step = self.step
         before = after = None
-        try:
-            if self.cfg.eval.before_training and self.step == 0:
-                before = self.evaluate(tag="before training")
-            window = MetricWindow()
-            with ProgressBar(self.total_steps, self.cfg.train.progress_bar) as bar:
-                while self.step < self.total_steps:
-                    window.add(self.train_step())
-                    self._after_step(window, bar, result)
-            result.final_checkpoint = self.save_checkpoint()
-            if self.cfg.eval.after_training:
-                after = self.evaluate(tag="after training")
-            self._report(before, after)
-        except BaseException as exc:
-            self._close(status="failed", step=self.step, error=f"{type(exc).__name__}: {exc}")
-            raise
+        if self.cfg.eval.before_training and self.step == 0 and not stop.requested:
+            before = self.evaluate(tag="before training")
+        window = MetricWindow()
+        with ProgressBar(self.total_steps, self.cfg.train.progress_bar) as bar:
+            while self.step < self.total_steps and not stop.requested:
+                window.add(self.train_step())
+                self._after_step(window, bar, result)
+        result.steps, result.train_seconds = self.step, self.train_seconds
+        if stop.requested:
+            if self.step > start_step and not self.run_dir.checkpoint(self.step).exists():
+                result.final_checkpoint = self.save_checkpoint()
+            self.log.info(f"stopped by {signal.Signals(stop.signal).name} at step {self.step}; continue with "
+                          f"--resume auto")
+            self._close(status="cancelled", step=self.step, signal=signal.Signals(stop.signal).name)
+            result.stopped_by = stop.signal
+            return result
+        result.final_checkpoint = self.save_checkpoint()
+        if self.cfg.eval.after_training:
+            after = self.evaluate(tag="after training")
+        self._report(before, after)
         result.eval_before = before.result if before else None
         result.eval_after = after.result if after else None
-        result.steps, result.train_seconds = self.step, self.train_seconds
         self._close(status="completed", step=self.step)
         return result
 
@@ -244,3 +298,11 @@ class Trainer:
                       f"(model load, evaluation and checkpoints not counted)")
         for line in self.job.report(before, after):
             self.log.info(line)
+
+
+def _ended_by(exc: BaseException) -> dict:
+    """run.json's record of a run ended by ``exc``: a second Ctrl-C is a cancellation, anything else a
+    failure with its kind (:func:`rlft.errors.error_type`)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return {"status": "cancelled", "signal": "SIGINT"}
+    return {"status": "failed", "error": f"{type(exc).__name__}: {exc}", "error_type": error_type(exc)}

@@ -1,0 +1,80 @@
+"""What a training process tells the outside world while it runs: it stops cleanly when asked
+(SIGTERM, Ctrl-C), and it keeps a heartbeat in run.json so a job service can tell a live run
+from one whose process is gone."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+from rlft.logging.run_dir import RunDirectory
+
+HEARTBEAT_SECONDS = float(os.environ.get("RLFT_HEARTBEAT_SECONDS", "5"))
+
+
+class StopRequest:
+    """Turns SIGTERM and a first Ctrl-C into a request to stop after the current step.
+
+    The loop checks :attr:`requested` between steps, saves a checkpoint and records ``cancelled``.
+    A second Ctrl-C raises KeyboardInterrupt at once (the last complete checkpoint stays intact).
+    Signal handlers can only be set from the main thread; elsewhere (a Trainer run in a worker
+    thread) this does nothing and the host program owns its signals."""
+
+    def __init__(self):
+        self.signal: int | None = None
+        self._previous: dict[int, object] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signal is not None
+
+    @property
+    def exit_code(self) -> int:
+        """The shell's convention for a process ended by this signal: 128 + its number."""
+        return 128 + (self.signal or signal.SIGTERM)
+
+    def _handle(self, signum, frame) -> None:
+        if signum == signal.SIGINT and self.signal is not None:
+            raise KeyboardInterrupt
+        self.signal = signum
+
+    def __enter__(self) -> "StopRequest":
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+
+class Heartbeat:
+    """Writes ``heartbeat`` (unix time) into run.json every :data:`HEARTBEAT_SECONDS` from a daemon
+    thread, beside the process's ``pid`` written once at start."""
+
+    def __init__(self, run_dir: RunDirectory, seconds: float = HEARTBEAT_SECONDS):
+        self.run_dir, self.seconds = run_dir, seconds
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> "Heartbeat":
+        self.run_dir.write_run_info(pid=os.getpid(), heartbeat=time.time())
+        self._thread = threading.Thread(target=self._beat, name="rlft-heartbeat", daemon=True)
+        self._thread.start()
+        return self
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.seconds):
+            try:
+                self.run_dir.write_run_info(heartbeat=time.time())
+            except OSError:  # a full disk must not kill training; the loop reports it at its next write
+                pass
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()

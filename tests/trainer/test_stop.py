@@ -1,0 +1,71 @@
+"""Stopping a run on request: SIGTERM (a job service's cancel) or Ctrl-C finishes the current step,
+saves a checkpoint and records ``cancelled``; the process keeps a pid and heartbeat in run.json."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.cli.test_cli import _env, assert_ok, run_cli, write_config
+from tests.conftest import read_jsonl
+
+
+def _start(tmp_path, cfg) -> tuple[subprocess.Popen, object]:
+    config = write_config(tmp_path, cfg)
+    proc = subprocess.Popen([sys.executable, "-m", "rlft.cli.main", "train", "--config", str(config)], cwd=tmp_path,
+                            env={**_env(), "RLFT_HEARTBEAT_SECONDS": "0.2"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    return proc, config
+
+
+def _wait_for_step(proc, metrics, step: int) -> None:
+    deadline = time.time() + 120
+    while not (metrics.exists() and len(read_jsonl(metrics)) >= step):
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() < deadline, "training never reached the step"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_stops_after_the_step_with_a_checkpoint_then_resume_auto(tmp_path, tiny_config, sig):
+    tiny_config["train"].update(max_steps=400, save_interval=1000, run_name="stopped")
+    tiny_config["eval"].update(before_training=False, after_training=False)
+    run = tmp_path / "outputs" / "stopped"
+    proc, config = _start(tmp_path, tiny_config)
+    _wait_for_step(proc, run / "metrics.jsonl", 2)
+    info = json.loads((run / "run.json").read_text())
+    assert info["status"] == "running" and info["pid"] == proc.pid
+    beat = info["heartbeat"]
+    time.sleep(0.6)
+    assert json.loads((run / "run.json").read_text())["heartbeat"] > beat  # it beats while the run lives
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + sig, err
+    assert "continue with --resume auto" in err and "Traceback" not in err
+    info = json.loads((run / "run.json").read_text())
+    step = info["step"]
+    assert info["status"] == "cancelled" and info["signal"] == signal.Signals(sig).name and 2 <= step < 400
+    assert (run / "checkpoints" / f"checkpoint-{step}" / "trainer_state.json").is_file()
+
+    tiny_config["train"]["max_steps"] = step + 1
+    resumed = run_cli(["train", "--config", str(write_config(tmp_path, tiny_config)), "--resume", "auto"], tmp_path)
+    assert_ok(resumed)
+    assert f"at step {step}" in resumed.stdout + resumed.stderr
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == list(range(1, step + 2))
+    assert json.loads((run / "run.json").read_text())["status"] == "completed"
+
+
+def test_run_dir_is_used_exactly_and_never_reused(tmp_path, tiny_config):
+    tiny_config["train"].update(max_steps=1, run_name=None)
+    tiny_config["eval"].update(before_training=False, after_training=False)
+    config = write_config(tmp_path, tiny_config)
+    target = tmp_path / "jobs" / "job-1" / "run"
+    assert_ok(run_cli(["train", "--config", str(config), "--run-dir", str(target)], tmp_path))
+    assert (target / "checkpoints" / "checkpoint-1").is_dir() and not (tmp_path / "outputs").exists()
+    again = run_cli(["train", "--config", str(config), "--run-dir", str(target)], tmp_path)
+    assert again.returncode == 2 and "already holds a run" in again.stderr, again.stderr
