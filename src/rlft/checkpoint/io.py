@@ -25,9 +25,9 @@ import numpy as np
 import torch
 
 from rlft.atomic import TMP_PREFIX, atomic_directory
+from rlft.checkpoint.layout import STATE_FILE, is_complete, list_checkpoints  # noqa: F401 (re-exported)
 from rlft.errors import CheckpointError
 
-STATE_FILE = "trainer_state.json"
 
 
 def rng_state() -> dict:
@@ -76,16 +76,6 @@ def _not_written(target: Path, exc: BaseException) -> str:
     return (f"could not write checkpoint {target.name} to {target.parent}: {reason}. "
             + (f"The earlier checkpoints are intact (newest: {kept[-1]}); " if kept else "")
             + "free space (or set train.keep_last) and continue with --resume.")
-
-
-def is_complete(path: Path) -> bool:
-    return path.is_dir() and not path.name.startswith(TMP_PREFIX) and (path / STATE_FILE).is_file()
-
-
-def list_checkpoints(checkpoints_dir: Path) -> list[Path]:
-    """Complete checkpoints under ``checkpoints_dir``, oldest step first."""
-    found = [p for p in checkpoints_dir.glob("checkpoint-*") if is_complete(p)]
-    return sorted(found, key=lambda p: int(p.name.rsplit("-", 1)[-1]))
 
 
 def prune_checkpoints(checkpoints_dir: Path, keep_last: int) -> list[Path]:

@@ -10,7 +10,8 @@ import torch
 import yaml
 
 from rlft.checkpoint.continuity import compare_configs, file_fingerprint
-from rlft.checkpoint.io import STATE_FILE, is_complete, list_checkpoints, set_rng_state
+from rlft.checkpoint.io import set_rng_state
+from rlft.checkpoint.layout import STATE_FILE, is_complete, list_checkpoints
 from rlft.errors import UsageError
 from rlft.logging.run_dir import RunDirectory
 
@@ -45,28 +46,6 @@ def find_checkpoint(resume: str, run_root: Path | None) -> ResumePoint | None:
                              f"an interrupted save leaves only a hidden .tmp-checkpoint-N folder")
     state = json.loads((path / STATE_FILE).read_text())
     return ResumePoint(checkpoint=path, run_root=path.parent.parent, state=state)
-
-
-def find_run_of_config(output_dir: Path, config: dict, source: str, rules: dict[str, str]) -> Path | None:
-    """The run under ``output_dir`` that ``--resume auto`` continues when no run name is given: among
-    the runs with a complete checkpoint whose saved config this one may continue (no change that
-    breaks continuity, see :func:`compare_configs`), those started from the same config file come
-    first, then the newest checkpoint wins. None when there is no such run."""
-    candidates = []
-    for root in (p for p in output_dir.glob("*") if p.is_dir()):
-        found = list_checkpoints(root / "checkpoints")
-        if not found or not (root / "config.yaml").is_file():
-            continue
-        saved = yaml.safe_load((found[-1] / "config.yaml").read_text()) or {}
-        saved.setdefault("kind", "rl")
-        if compare_configs(saved, config, rules)[0]:
-            continue
-        try:
-            same_file = json.loads((root / "run.json").read_text()).get("config") == source
-        except (OSError, ValueError):
-            same_file = False
-        candidates.append((same_file, found[-1].stat().st_mtime, root))
-    return max(candidates)[2] if candidates else None
 
 
 def check_continuity(point: ResumePoint, new_config: dict, train_file: str, rules: dict[str, str]) -> list[str]:

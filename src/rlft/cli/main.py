@@ -10,6 +10,9 @@
     rlft export --checkpoint C --out DIR            # standalone HF model directory, LoRA merged
     rlft rollout --config X [--n 2]                 # play a few episodes, trained tokens marked
     rlft env demos --env calculator --n 64          # SFT warm-start demonstrations of a built-in environment
+    rlft serve [--host 127.0.0.1 --port 8000 --workspace .]   # the job service + dashboard (python serve.py)
+    rlft jobs submit|list|status|logs|cancel|resume ...       # its command-line client
+    rlft plot RUN_DIR [RUN_DIR ...] --out plots/              # training curves as PNG
 
 User mistakes (bad config, bad data, failing reward) print one clear paragraph
 to stderr and exit non-zero (2 for usage/config/data errors); only bugs in rlft
@@ -62,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_rollout_arguments(sub.add_parser(
         "rollout", help="Run a few multi-turn episodes without training; print them with the trained tokens marked."))
     agent.add_env_arguments(sub.add_parser("env", help="Built-in environments: list, demos."))
+    from rlft.cli import jobs, serve
+
+    serve.add_arguments(sub.add_parser("serve", help="The HTTP job service and dashboard (loopback by default)."))
+    jobs.add_arguments(sub.add_parser("jobs", help="Submit, list, watch, cancel and resume jobs of rlft serve."))
+    # PLOT-PENDING plot.add_arguments(sub.add_parser("plot", help="Write a run's training curves (several runs overlaid) as PNG."))
     return parser
 
 
@@ -132,7 +140,17 @@ def _cmd_algorithms(args) -> int:
     return 0
 
 
-COMMANDS = {"train": _cmd_train, "sft": _cmd_train, "validate": _cmd_validate, "check-env": _cmd_check_env, "generate": _cmd_generate,
+def _lazy(module: str):
+    """A command whose module is imported only when it runs."""
+    def command(args) -> int:
+        import importlib
+
+        return importlib.import_module(f"rlft.cli.{module}").run(args)
+
+    return command
+
+
+COMMANDS = {"serve": _lazy("serve"), "jobs": _lazy("jobs"), "plot": _lazy("plot"), "train": _cmd_train, "sft": _cmd_train, "validate": _cmd_validate, "check-env": _cmd_check_env, "generate": _cmd_generate,
             "algorithms": _cmd_algorithms, "export": _cmd_export,
             "eval": _cmd_eval, "rollout": _cmd_rollout, "env": _cmd_env}
 

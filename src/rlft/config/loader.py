@@ -28,13 +28,15 @@ __all__ = ["config_to_yaml", "load_config", "parse_overrides"]
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
-                data: dict | None = None, check_files: bool = True, kind: str | None = None) -> RunConfig:
+                data: dict | None = None, check_files: bool = True, kind: str | None = None,
+                base_dir: str | Path | None = None) -> RunConfig:
     """Read ``path`` (or take the parsed ``data``; ``path`` then only names the source and the
     directory for relative paths), deep-merge the ``KEY=VALUE`` overrides, validate, and with
     ``check_files`` check that data/model/reward files exist and make their paths absolute.
 
     ``kind`` is the kind of job the caller runs (``rlft sft`` passes ``"sft"``); None takes the
-    file's own ``kind:`` (default ``rl``)."""
+    file's own ``kind:`` (default ``rl``). ``base_dir``: where relative paths are looked up first
+    (default the working directory; the job service passes its workspace)."""
     source = str(path) if path is not None else None
     raw = copy.deepcopy(data) if data is not None else read_yaml(Path(path)) if path is not None else {}
     raw = {} if raw is None else raw
@@ -53,7 +55,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     problems += schema_problems + _function_problems(raw, bad)
     fixes: dict[str, str] = {}
     if check_files:
-        file_problems, fixes = _file_problems(raw, Path(os.path.abspath(path)).parent if path else None, bad)
+        config_dir = Path(os.path.abspath(path)).parent if path else None
+        file_problems, fixes = _file_problems(raw, config_dir, bad, Path(base_dir) if base_dir else Path.cwd())
         problems += file_problems
     if problems:
         problems = [_annotate(p, keys) for p in sorted(dict.fromkeys(problems), key=_order)]
@@ -142,7 +145,7 @@ def _function_problems(raw: dict, bad: set[str]) -> list[str]:
             or ("/" in value.partition(":")[0] and not value.partition(":")[0].endswith(".py"))]
 
 
-def _file_problems(raw: dict, config_dir: Path | None, bad: set[str]) -> tuple[list[str], dict[str, str]]:
+def _file_problems(raw: dict, config_dir: Path | None, bad: set[str], base: Path) -> tuple[list[str], dict[str, str]]:
     """Check that referenced files exist; return problems and {dotted path: absolute value}."""
     targets = [(d, _get(raw, d), "", kind) for d, kind in
                (("data.train_file", "file"), ("data.eval_file", "file"), ("model.path", "model"))]
@@ -157,7 +160,7 @@ def _file_problems(raw: dict, config_dir: Path | None, bad: set[str]) -> tuple[l
     for dotted, value, suffix, kind in targets:
         if not isinstance(value, str) or _is_bad(dotted, bad) or (kind == "model" and value in BUILTIN_MODELS):
             continue
-        found, looked = _resolve(value, config_dir)
+        found, looked = _resolve(value, config_dir, base)
         if found is None:
             where = f" (looked in {' and '.join(map(str, looked))})" if looked else ""
             problems.append(f"{dotted}: file not found: {value}{where}" if kind == "file" else
@@ -172,13 +175,13 @@ def _file_problems(raw: dict, config_dir: Path | None, bad: set[str]) -> tuple[l
     return problems, fixes
 
 
-def _resolve(value: str, config_dir: Path | None) -> tuple[Path | None, list[Path]]:
-    """Find a path: absolute as is; relative against the cwd, then the config file's directory.
+def _resolve(value: str, config_dir: Path | None, base: Path) -> tuple[Path | None, list[Path]]:
+    """Find a path: absolute as is; relative against ``base`` (the cwd), then the config file's directory.
 
     Returns (the existing absolute path or None, the directories looked in)."""
     path = Path(value).expanduser()
     if path.is_absolute():
         return (path if path.exists() else None), []
-    looked = [Path.cwd()] + ([config_dir] if config_dir and config_dir != Path.cwd() else [])
+    looked = [base] + ([config_dir] if config_dir and config_dir != base else [])
     found = next((base / path for base in looked if (base / path).exists()), None)
     return (Path(os.path.normpath(found)) if found else None), looked

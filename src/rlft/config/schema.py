@@ -164,18 +164,33 @@ RlftConfig = RLConfig  # the name used before there were several kinds of job
 @dataclass(frozen=True)
 class JobKind:
     """One kind of training job: its config model, the command that runs it, and its job class
-    (``module:Class``, imported only when a run of this kind starts)."""
+    (``module:Class``, imported only when a run of this kind starts). ``continuity``: the dotted
+    config paths whose change breaks a resume of this kind (beyond the common ones of
+    :mod:`rlft.checkpoint.continuity`), each with why."""
 
     name: str
     config: type[RunConfig]
     command: str
     job: str
     summary: str
+    continuity: dict[str, str]
 
 
 JOB_KINDS: dict[str, JobKind] = {
     "rl": JobKind("rl", RLConfig, "rlft train", "rlft.rl.job:RLJob",
-                  "reinforcement learning (GRPO, PPO, ... on rewards)"),
+                  "reinforcement learning (GRPO, PPO, ... on rewards)", {
+                      "algorithm.name": "the optimizer and critic state belong to the original algorithm",
+                      "algorithm.advantage_estimator": "the critic state belongs to the original estimator",
+                      "algorithm.rollout_batch_size": "the position in the data order counts batches of this size",
+                      "algorithm.num_generations": "the group size is part of the batch geometry",
+                      "algorithm.critic.type": "the saved critic has the original layout",
+                      "data.max_prompt_length": "the prompts would differ",
+                  }),
     "sft": JobKind("sft", SFTConfig, "rlft sft", "rlft.sft.job:SFTJob",
-                   "supervised fine-tuning on prompt/response rows or chats"),
+                   "supervised fine-tuning on prompt/response rows or chats", {
+                       "data.response_field": "the training rows would differ",
+                       "data.max_length": "which rows are kept, and how they are packed, depend on it",
+                       "sft.packing": "the data position counts rows, and packing makes other rows",
+                       "sft.batch_size": "the position in the data order counts batches of this size",
+                   }),
 }

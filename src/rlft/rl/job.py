@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from rlft.config.presets import PRESETS
-from rlft.config.schema import RLConfig
+from rlft.config.schema import JOB_KINDS, RLConfig
 from rlft.data.sampler import PromptSampler
 from rlft.data.prompts import load_prompts
 from rlft.logging.console import get_logger
@@ -33,14 +33,7 @@ from rlft.trainer.parts import build_model
 class RLJob:
     """One RL fine-tuning job (``kind: rl``): the algorithm is chosen by ``algorithm.name``."""
 
-    CONTINUITY = {
-        "algorithm.name": "the optimizer and critic state belong to the original algorithm",
-        "algorithm.advantage_estimator": "the critic state belongs to the original estimator",
-        "algorithm.rollout_batch_size": "the position in the data order counts batches of this size",
-        "algorithm.num_generations": "the group size is part of the batch geometry",
-        "algorithm.critic.type": "the saved critic has the original layout",
-        "data.max_prompt_length": "the prompts would differ",
-    }
+    CONTINUITY = JOB_KINDS["rl"].continuity
 
     def __init__(self, cfg: RLConfig):
         self.cfg = cfg
@@ -130,8 +123,7 @@ class RLJob:
         n, texts = self.cfg.train.samples_per_log, rollout.texts
         if n == 0 or step % self.cfg.train.logging_interval:
             return
-        stride = max(len(texts) // n, 1)
-        for i in list(range(0, len(texts), stride))[:n]:
+        for i in _sample_rows(len(texts), self.cfg.algorithm.num_generations, n):
             row = {"step": step, "prompt": prompts[i], "completion": texts[i], "reward": float(scored.total[i]),
                    "rewards": {k: float(v[i]) for k, v in scored.per_reward.items()}}
             if rollout.episodes is not None:
@@ -186,3 +178,12 @@ class RLJob:
             return []
         return [f"held-out accuracy: before {before.result.accuracy:.1%} -> after {after.result.accuracy:.1%} "
                 f"({after.result.num_prompts} prompts)"]
+
+
+def _sample_rows(rows: int, group: int, n: int) -> list[int]:
+    """``n`` of ``rows`` completions to log, whole groups first: rows of one prompt are adjacent, so
+    the completions a GRPO advantage compares are read side by side. Groups evenly spaced."""
+    groups = max(rows // max(group, 1), 1)
+    wanted = min(-(-n // group), groups)
+    picked = [g * groups // wanted for g in range(wanted)]
+    return [i for g in picked for i in range(g * group, min((g + 1) * group, rows))][:n]

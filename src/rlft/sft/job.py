@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from rlft.algorithms import sft_loss
-from rlft.config.schema import SFTConfig
+from rlft.config.schema import JOB_KINDS, SFTConfig
 from rlft.data.prompts import log_loaded
 from rlft.data.sampler import PromptSampler
 from rlft.evaluation import EvalResult
@@ -65,12 +65,7 @@ class SFTEvalResult:
 class SFTJob:
     """One supervised fine-tuning job (``kind: sft``)."""
 
-    CONTINUITY = {
-        "data.response_field": "the training rows would differ",
-        "data.max_length": "which rows are kept, and how they are packed, depend on it",
-        "sft.packing": "the data position counts rows, and packing makes other rows",
-        "sft.batch_size": "the position in the data order counts batches of this size",
-    }
+    CONTINUITY = JOB_KINDS["sft"].continuity
 
     def __init__(self, cfg: SFTConfig):
         self.cfg = cfg

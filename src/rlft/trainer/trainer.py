@@ -146,7 +146,7 @@ class Trainer:
     def _auto_resume_root(self, rules: dict[str, str]) -> Path | None:
         """The run directory ``--resume auto`` looks in: --run-dir, ``<output_dir>/<run_name>``, or
         else the run of ``output_dir`` made from this config."""
-        from rlft.checkpoint.resume import find_run_of_config
+        from rlft.checkpoint.layout import find_run_of_config
 
         cfg = self.cfg
         output_dir = Path(cfg.train.output_dir).expanduser().resolve()

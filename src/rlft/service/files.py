@@ -1,0 +1,89 @@
+"""Reading a job's files for the API: log tails, metrics by byte offset, samples, evaluations.
+
+Each reader takes the job's own folders from the store (never a path from the request) and
+refuses any file that resolves outside them, so a symlink planted in a run directory cannot make
+the service read elsewhere. JSONL is read by byte offset and only whole lines are returned: a
+client that polls (or an SSE stream that reconnects) with the last offset it got misses nothing
+and sees nothing twice, even while training is appending.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from rlft.service.runner import tail_lines
+
+MAX_CHUNK = 4 << 20  # bytes of JSONL returned per call; a client asks again from the next offset
+
+
+class OutsideJob(Exception):
+    pass
+
+
+def _inside(path: Path, *roots: str) -> Path:
+    real = Path(os.path.realpath(path))
+    for root in roots:
+        base = Path(os.path.realpath(root))
+        if real == base or base in real.parents:
+            return real
+    raise OutsideJob(f"{path} resolves outside the job's folders")
+
+
+def log_tail(path: str, job_dir: str, lines: int) -> str:
+    return tail_lines(_inside(Path(path), job_dir), lines)
+
+
+def read_jsonl_from(path: Path, roots: tuple[str, ...], offset: int = 0,
+                    max_bytes: int = MAX_CHUNK) -> tuple[list[dict], int]:
+    """The complete JSON lines of ``path`` from byte ``offset``, and the offset after the last one."""
+    try:
+        real = _inside(path, *roots)
+        with open(real, "rb") as f:
+            f.seek(offset)
+            data = f.read(max_bytes)
+    except FileNotFoundError:
+        return [], offset
+    end = data.rfind(b"\n")
+    if end < 0:  # no complete line yet (or one longer than max_bytes: read it whole)
+        return [], offset
+    records = []
+    for line in data[: end + 1].splitlines():
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                continue  # a corrupt line must not hide the rest
+    return records, offset + end + 1
+
+
+def samples(run_dir: str, last_steps: int = 3, limit: int = 400) -> list[dict]:
+    """The samples of the ``last_steps`` most recent steps, grouped by (step, prompt): a GRPO group
+    reads side by side. Each group: step, prompt, completions [{completion, reward, rewards}]."""
+    records, _ = read_jsonl_from(Path(run_dir) / "samples.jsonl", (run_dir,), 0, max_bytes=64 << 20)
+    steps = sorted({r.get("step", 0) for r in records})[-last_steps:]
+    groups: dict[tuple, dict] = {}
+    for r in records:
+        if r.get("step", 0) not in steps:
+            continue
+        key = (r.get("step", 0), r.get("prompt", ""))
+        group = groups.setdefault(key, {"step": key[0], "prompt": key[1], "completions": []})
+        group["completions"].append({"completion": r.get("completion", ""), "reward": r.get("reward"),
+                                     "rewards": r.get("rewards") or {}})
+    ordered = sorted(groups.values(), key=lambda g: -g["step"])
+    return ordered[:limit]
+
+
+def evaluations(run_dir: str) -> list[dict]:
+    """Every eval/step-N.json of the run, oldest first, without the per-sample lists (summaries only)."""
+    out = []
+    eval_dir = Path(run_dir) / "eval"
+    for path in sorted(eval_dir.glob("step-*.json"), key=lambda p: int(p.stem.split("-")[-1])):
+        try:
+            data = json.loads(_inside(path, run_dir).read_text())
+        except (OSError, ValueError, OutsideJob):
+            continue
+        data.pop("samples", None)
+        out.append(data)
+    return out

@@ -1,0 +1,236 @@
+"""The runner: each job is its own ``rlft`` process, at most ``slots`` at a time, the rest queued FIFO.
+
+A job process starts in its own session (so a restart of the service leaves it running), with
+stdout and stderr in separate files of the job's folder and its run directory named by the
+service (``--run-dir``). Cancel sends SIGTERM (training finishes its step, saves a checkpoint and
+records ``cancelled``), then SIGKILL to the process group after ``grace_seconds``.
+
+On start, :meth:`Runner.reconcile` settles every job the store says is running before new work is
+accepted: a live process (same pid *and* start time) is re-attached; a process that ended while the
+service was down is finished from what its run.json recorded; one that left no record is
+``failed``/``service_lost``; a job that was claimed but never started goes back to the queue.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from rlft.config.schema import JOB_KINDS
+from rlft.service.store import Job, JobStore
+
+SUMMARY_LINES = 20
+
+
+@dataclass
+class _Tracked:
+    job_id: str
+    pid: int
+    popen: object | None = None  # subprocess.Popen for processes this runner started
+    process: psutil.Process | None = None  # for processes re-attached after a restart
+    term_sent: float | None = None
+    killed: bool = False
+
+    def exit_code(self) -> tuple[bool, int | None]:
+        """(ended, exit code: negative for a signal as subprocess reports it; None if unknown)."""
+        if self.popen is not None:
+            code = self.popen.poll()
+            return code is not None, code
+        try:
+            ended = self.process.status() == psutil.STATUS_ZOMBIE or not self.process.is_running()
+        except psutil.NoSuchProcess:
+            ended = True
+        return ended, None
+
+
+def alive(pid: int | None, started: float | None) -> psutil.Process | None:
+    """The process ``pid`` if it still runs and started when recorded (a reused pid is not it)."""
+    if not pid:
+        return None
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        if started is not None and abs(proc.create_time() - started) > 2.0:
+            return None
+        return proc
+    except psutil.Error:
+        return None
+
+
+def tail_lines(path: str | Path, n: int) -> str:
+    """The last ``n`` lines of a text file ('' if there is none), read from the end."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 64 * 1024))
+            data = f.read()
+    except OSError:
+        return ""
+    return "\n".join(data.decode("utf-8", errors="replace").splitlines()[-n:])
+
+
+def read_run_info(run_dir: str) -> dict:
+    try:
+        return json.loads((Path(run_dir) / "run.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+@dataclass
+class Runner:
+    store: JobStore
+    workspace_root: Path
+    slots: int = 1
+    grace_seconds: float = 30.0
+    poll_seconds: float = 0.5
+    worker: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+
+    def __post_init__(self):
+        self._tracked: dict[str, _Tracked] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.events: list[str] = []  # what reconcile and the loop did, for the service log
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        self.reconcile()
+        self._thread = threading.Thread(target=self._loop, name="rlft-runner", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop watching (the job processes keep running; the next service start re-attaches them)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.poll_seconds):
+            try:
+                self.tick()
+            except Exception as exc:  # a bad row must not stop the runner; it is logged and retried
+                self._note(f"runner error: {type(exc).__name__}: {exc}")
+
+    def _note(self, line: str) -> None:
+        self.events.append(line)
+        print(f"rlft serve: {line}", file=sys.stderr, flush=True)
+
+    # ------------------------------------------------------------------ reconcile
+
+    def reconcile(self) -> None:
+        for job in self.store.in_status("running"):
+            proc = alive(job.pid, job.pid_started)
+            if proc is not None:
+                self._tracked[job.id] = _Tracked(job.id, job.pid, process=proc)
+                self._note(f"job {job.id}: re-attached to its running process {job.pid}")
+            elif job.pid is None and not (Path(job.run_dir) / "run.json").exists():
+                # claimed, but the service stopped before the process started: nothing ran, queue it again
+                self.store._cas(job.id, ("running",), status="pending", worker=None, started_at=None)
+                self._note(f"job {job.id}: claimed but never started; queued again")
+            else:
+                self._finish(job, exit_code=None, lost=True)
+
+    # ------------------------------------------------------------------ one pass
+
+    def tick(self) -> None:
+        with self._lock:
+            for tracked in list(self._tracked.values()):
+                self._watch(tracked)
+            while len(self._tracked) < self.slots:
+                job = self.store.claim_next(self.worker)
+                if job is None:
+                    break
+                self._launch(job)
+
+    def _watch(self, tracked: _Tracked) -> None:
+        ended, code = tracked.exit_code()
+        job = self.store.get(tracked.job_id)
+        if ended:
+            del self._tracked[tracked.job_id]
+            self._finish(job, exit_code=code, lost=False)
+            return
+        if job.cancel_requested:
+            now = time.time()
+            if tracked.term_sent is None:
+                self._signal(tracked.pid, signal.SIGTERM, group=False)
+                tracked.term_sent = now
+                self._note(f"job {job.id}: cancel requested; sent SIGTERM to {tracked.pid}")
+            elif not tracked.killed and now - tracked.term_sent > self.grace_seconds:
+                self._signal(tracked.pid, signal.SIGKILL, group=True)
+                tracked.killed = True
+                self._note(f"job {job.id}: still running {self.grace_seconds:.0f} s after SIGTERM; sent SIGKILL")
+
+    @staticmethod
+    def _signal(pid: int, sig: int, group: bool) -> None:
+        try:
+            os.killpg(pid, sig) if group else os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def _launch(self, job: Job) -> None:
+        import subprocess
+
+        job_dir = Path(job.job_dir)
+        job_dir.mkdir(parents=True, exist_ok=True)
+        command = JOB_KINDS[job.kind].command.split()[-1]  # "rlft train" -> train
+        argv = [sys.executable, "-m", "rlft.cli.main", command, "--config", str(job_dir / "config.yaml"),
+                "--run-dir", job.run_dir]
+        if job.resume_from:
+            argv += ["--resume", job.resume_from]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "RLFT_JOB_ID": job.id}
+        with open(job.stdout_log, "ab") as out, open(job.stderr_log, "ab") as err:
+            try:
+                popen = subprocess.Popen(argv, cwd=self.workspace_root, stdout=out, stderr=err, env=env,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+            except OSError as exc:
+                self.store.finish(job.id, "failed", error_type="unknown", summary=f"could not start: {exc}")
+                return
+        try:
+            started = psutil.Process(popen.pid).create_time()
+        except psutil.Error:
+            started = time.time()
+        self.store.set_process(job.id, popen.pid, started)
+        self._tracked[job.id] = _Tracked(job.id, popen.pid, popen=popen)
+        self._note(f"job {job.id}: started {command} as process {popen.pid}")
+
+    # ------------------------------------------------------------------ the end of a job
+
+    def _finish(self, job: Job, exit_code: int | None, lost: bool) -> None:
+        """Record how ``job`` ended, from its exit code and what its run.json says."""
+        info = read_run_info(job.run_dir)
+        recorded = info.get("status")
+        summary = tail_lines(job.stderr_log, SUMMARY_LINES) or None
+        code = exit_code if exit_code is None or exit_code >= 0 else 128 - exit_code  # -9 -> 137, as a shell says
+        if recorded == "completed" and code in (None, 0):
+            status, error = "success", None
+        elif recorded == "cancelled" or job.cancel_requested:
+            status, error = "cancelled", None
+        else:
+            status = "failed"
+            if info.get("error_type") and recorded == "failed":
+                error = info["error_type"]
+            elif code == 2:
+                error = "config_invalid"
+            elif lost:
+                error = "service_lost"
+                summary = (summary + "\n" if summary else "") + ("the job's process ended while the service was "
+                                                                 "not watching it, without recording an outcome")
+            elif code is not None and code > 128:
+                error = "killed"
+            else:
+                error = "unknown"
+        if self.store.finish(job.id, status, exit_code=code, error_type=error, summary=summary):
+            self._note(f"job {job.id}: {status}" + (f" ({error})" if error else "") +
+                       (f", exit code {code}" if code is not None else ""))

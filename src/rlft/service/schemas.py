@@ -1,0 +1,111 @@
+"""The JSON bodies of the job API (they make its OpenAPI schema at /docs)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Status = Literal["pending", "running", "success", "failed", "cancelled"]
+
+
+class TrainRequest(BaseModel):
+    """The user document's payload, plus an inline config and --set style overrides."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    config_path: str | None = Field(None, max_length=1024,
+                                    description="A YAML config inside the workspace (relative to it).")
+    config: dict[str, Any] | None = Field(None, description="The config itself, instead of config_path.")
+    resume_from: str | None = Field(None, max_length=1024,
+                                    description="null (a new run), 'auto' (this config's latest checkpoint, "
+                                                "else a new run) or a checkpoint directory in the workspace.")
+    overrides: list[str] = Field(default_factory=list, max_length=64,
+                                 description="KEY=VALUE overrides, as `rlft train --set`.")
+
+
+class ResumeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    overrides: list[str] = Field(default_factory=list, max_length=64,
+                                 description="KEY=VALUE changes a resume allows (train.max_steps=20 ...).")
+
+
+class Submitted(BaseModel):
+    job_id: str
+    status: Status
+    run_dir: str
+    stdout_log: str
+    stderr_log: str
+
+
+class JobInfo(BaseModel):
+    id: str
+    kind: str
+    status: Status
+    error_type: str | None = None
+    exit_code: int | None = None
+    pid: int | None = None
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    config_source: str | None = None
+    run_dir: str
+    stdout_log: str
+    stderr_log: str
+    resume_from: str | None = None
+    resumed_job: str | None = None
+    cancel_requested: bool = False
+    summary: str | None = None
+    submitted_by: str | None = None
+    step: int | None = Field(None, description="The last step the run logged (from its run.json).")
+    total_steps: int | None = None
+
+
+class JobDetail(JobInfo):
+    config_yaml: str
+
+
+class JobList(BaseModel):
+    jobs: list[JobInfo]
+
+
+class Logs(BaseModel):
+    stream: Literal["stdout", "stderr"]
+    text: str
+
+
+class Metrics(BaseModel):
+    records: list[dict[str, Any]]
+    offset: int = Field(description="Pass as ?offset= to get only newer records.")
+
+
+class SampleCompletion(BaseModel):
+    completion: str
+    reward: float | None = None
+    rewards: dict[str, Any] = Field(default_factory=dict)
+
+
+class SampleGroup(BaseModel):
+    step: int
+    prompt: str
+    completions: list[SampleCompletion]
+
+
+class Samples(BaseModel):
+    groups: list[SampleGroup]
+
+
+class Evaluations(BaseModel):
+    results: list[dict[str, Any]]
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    version: str
+    jobs: dict[str, int]
+
+
+class Problem(BaseModel):
+    detail: str
+    problems: list[str] = Field(default_factory=list)

@@ -1,0 +1,136 @@
+"""From a submission (a config file in the workspace, or an inline config) to a queued job.
+
+Everything is checked before anything is written: the config is validated as ``rlft validate``
+would (the same dotted-path problem list), every path it names must lie inside the workspace, and
+the run directory the job will write is fixed here, so the API can answer with it at once.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from rlft.checkpoint.layout import find_run_of_config, is_complete, list_checkpoints
+from rlft.checkpoint.continuity import COMMON_RULES
+from rlft.config.loader import config_to_yaml, load_config
+from rlft.config.schema import JOB_KINDS
+from rlft.errors import ConfigError
+from rlft.logging.run_dir import RunDirectory
+from rlft.service.store import Job, JobStore, NewJob
+from rlft.service.workspace import PathRefused, Workspace
+
+
+class Refused(Exception):
+    """A submission the service will not run: ``status`` is the HTTP status (422 invalid, 409
+    conflict, 404 unknown), ``problems`` one line each."""
+
+    def __init__(self, status: int, message: str, problems: list[str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.problems = status, message, list(problems or [])
+
+
+@dataclass
+class Submission:
+    config_path: str | None = None
+    config: dict | None = None
+    overrides: list[str] | None = None
+    resume_from: str | None = None
+
+
+def submit(store: JobStore, ws: Workspace, sub: Submission, submitted_by: str | None = None) -> Job:
+    cfg, source = _load(ws, sub)
+    resolved = yaml.safe_load(config_to_yaml(cfg))
+    problems = ws.check_config(resolved)
+    if problems:
+        raise Refused(422, "the config names paths outside the workspace", problems)
+    output_dir = ws.resolve(cfg.train.output_dir, "train.output_dir")
+    job_id = store.new_id()
+    run_dir, resume = _run_dir_and_resume(store, ws, cfg, resolved, source, output_dir, job_id, sub.resume_from)
+    return _queue(store, ws, job_id, cfg, source, run_dir, resume, None, submitted_by)
+
+
+def resume_job(store: JobStore, ws: Workspace, old: Job, overrides: list[str] | None,
+               submitted_by: str | None = None) -> Job:
+    """A new job continuing ``old`` (failed or cancelled) from its latest complete checkpoint, in its run
+    directory; ``overrides`` (``train.max_steps=20``) may change what a resume allows to change."""
+    if old.status not in ("failed", "cancelled"):
+        raise Refused(409, f"job {old.id} is {old.status}; only a failed or cancelled job can be resumed")
+    found = list_checkpoints(Path(old.run_dir) / "checkpoints")
+    if not found:
+        raise Refused(409, f"job {old.id} left no complete checkpoint in {old.run_dir}; submit it again instead")
+    _no_active_job_in(store, old.run_dir)
+    try:
+        cfg = load_config(data=yaml.safe_load(old.config_yaml), overrides=overrides, base_dir=ws.root, kind=old.kind)
+    except ConfigError as exc:
+        raise Refused(422, str(exc).splitlines()[0], exc.problems) from None
+    return _queue(store, ws, store.new_id(), cfg, old.config_source, Path(old.run_dir), str(found[-1]), old.id,
+                  submitted_by)
+
+
+def _load(ws: Workspace, sub: Submission):
+    if (sub.config_path is None) == (sub.config is None):
+        raise Refused(422, "give exactly one of config_path (a YAML file in the workspace) and config (an object)")
+    try:
+        if sub.config_path is not None:
+            path = ws.resolve(sub.config_path, "config_path")
+            if not path.is_file():
+                raise Refused(422, f"config_path: no such file in the workspace: {sub.config_path}")
+            source = str(path.relative_to(ws.root))
+            return load_config(path, overrides=sub.overrides, base_dir=ws.root), source
+        return load_config(data=sub.config, overrides=sub.overrides, base_dir=ws.root), "<inline>"
+    except PathRefused as exc:
+        raise Refused(422, str(exc), [str(exc)]) from None
+    except ConfigError as exc:
+        raise Refused(422, str(exc).splitlines()[0], exc.problems) from None
+
+
+def _run_dir_and_resume(store, ws, cfg, resolved, source, output_dir: Path, job_id: str,
+                        resume_from: str | None) -> tuple[Path, str | None]:
+    """The run directory the job writes, and the checkpoint it continues from (None: a new run)."""
+    if resume_from is None:
+        name = cfg.train.run_name or f"{time.strftime('%Y%m%d-%H%M%S')}-{cfg.run_label()}-{job_id[:6]}"
+        run_dir = output_dir / name
+        if RunDirectory(run_dir).holds_run():
+            raise Refused(409, f"train.run_name: {run_dir} already holds a run; resume it (resume_from: auto) or "
+                               f"choose another run_name")
+        _no_active_job_in(store, str(run_dir))
+        return run_dir, None
+    if resume_from == "auto":
+        rules = {**COMMON_RULES, **JOB_KINDS[cfg.kind].continuity}
+        root = output_dir / cfg.train.run_name if cfg.train.run_name else find_run_of_config(
+            output_dir, resolved, source, rules)
+        found = list_checkpoints(root / "checkpoints") if root is not None else []
+        if not found:
+            return _run_dir_and_resume(store, ws, cfg, resolved, source, output_dir, job_id, None)
+        checkpoint = found[-1]
+    else:
+        try:
+            checkpoint = ws.resolve(resume_from, "resume_from")
+        except PathRefused as exc:
+            raise Refused(422, str(exc), [str(exc)]) from None
+        if not is_complete(checkpoint):
+            raise Refused(422, f"resume_from: {resume_from} is not a complete checkpoint directory")
+    _no_active_job_in(store, str(checkpoint.parent.parent))
+    return checkpoint.parent.parent, str(checkpoint)
+
+
+def _no_active_job_in(store: JobStore, run_dir: str) -> None:
+    busy = [j.id for j in store.in_status("pending", "running") if j.run_dir == run_dir]
+    if busy:
+        raise Refused(409, f"job {busy[0]} is already queued or running in {run_dir}")
+
+
+def _queue(store, ws: Workspace, job_id: str, cfg, source, run_dir: Path, resume: str | None,
+           resumed_job: str | None, submitted_by: str | None) -> Job:
+    job_dir = ws.jobs_dir() / job_id
+    job_dir.mkdir(parents=True)
+    text = config_to_yaml(cfg)
+    (job_dir / "config.yaml").write_text(text)
+    for stream in ("stdout.log", "stderr.log"):
+        (job_dir / stream).touch()
+    return store.create(job_id, NewJob(kind=cfg.kind, config_yaml=text, config_source=source, job_dir=str(job_dir),
+                                       run_dir=str(run_dir), resume_from=resume, resumed_job=resumed_job,
+                                       submitted_by=submitted_by))
