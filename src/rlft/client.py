@@ -51,13 +51,11 @@ class Client:
             raise ServiceError(0, f"cannot reach {self.url}: {exc}") from None
         if response.status_code >= 400:
             try:
-                detail = response.json().get("detail")
-            except ValueError:
-                detail = response.text
-            problems = []
-            if isinstance(detail, dict):
-                detail, problems = detail.get("detail", ""), detail.get("problems", [])
-            elif isinstance(detail, list):  # FastAPI's request validation errors
+                body = response.json()
+                detail, problems = body.get("detail"), list(body.get("problems") or [])
+            except (ValueError, AttributeError):
+                detail, problems = response.text, []
+            if isinstance(detail, list):  # FastAPI's request validation errors
                 problems = [f"{'.'.join(map(str, d.get('loc', [])))}: {d.get('msg')}" for d in detail]
                 detail = "invalid request"
             raise ServiceError(response.status_code, str(detail), problems)
@@ -84,6 +82,8 @@ class Client:
         return self._call("GET", f"/api/jobs/{job_id}/logs", params={"stream": stream, "tail": tail})["text"]
 
     def metrics(self, job_id: str, offset: int = 0) -> tuple[list[dict], int]:
+        """(records after byte ``offset``, the offset to ask from next). After a resume rewrote the
+        file, the records are all of them again (the service says ``reset``)."""
         out = self._call("GET", f"/api/jobs/{job_id}/metrics", params={"offset": offset})
         return out["records"], out["offset"]
 
@@ -108,7 +108,8 @@ class Client:
                         elif not line and event:
                             if event == "end":
                                 return
-                            yield from data
+                            if event == "metrics":
+                                yield from data
                             event = None
             except httpx.TransportError:
                 time.sleep(1.0)

@@ -65,11 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_rollout_arguments(sub.add_parser(
         "rollout", help="Run a few multi-turn episodes without training; print them with the trained tokens marked."))
     agent.add_env_arguments(sub.add_parser("env", help="Built-in environments: list, demos."))
-    from rlft.cli import jobs, serve
+    from rlft.cli import jobs, plot, serve
 
     serve.add_arguments(sub.add_parser("serve", help="The HTTP job service and dashboard (loopback by default)."))
     jobs.add_arguments(sub.add_parser("jobs", help="Submit, list, watch, cancel and resume jobs of rlft serve."))
-    # PLOT-PENDING plot.add_arguments(sub.add_parser("plot", help="Write a run's training curves (several runs overlaid) as PNG."))
+    plot.add_arguments(sub.add_parser("plot", help="Write a run's training curves (several runs overlaid) as PNG."))
     return parser
 
 

@@ -188,6 +188,7 @@ def _draw(ax, panel: Panel, data: list[tuple[int, RunData, list[Series]]], sever
     from matplotlib.ticker import MaxNLocator
 
     colours = mpl.colormaps["tab10"].colors
+    multi = any(len(series) > 1 for _, _, series in data)  # name the series, not only the run
     twin = None
     handles = []
     for r, run, series in data:
@@ -199,7 +200,7 @@ def _draw(ax, panel: Panel, data: list[tuple[int, RunData, list[Series]]], sever
             target = twin if ser.right else ax
             colour = colours[(r if several else s) % len(colours)]
             style = _STYLES[(s if several else (1 if ser.right else 0)) % len(_STYLES)]
-            label = (f"{run.name} · {ser.label}" if len(series) > 1 else run.name) if several else ser.label
+            label = (f"{run.name} · {ser.label}" if multi else run.name) if several else ser.label
             marker = "o" if panel.source == "eval" or len(ser.steps) < 2 else None
             (line,) = target.plot(ser.steps, ser.values, style, color=colour, marker=marker, markersize=3.5,
                                   linewidth=1.4, label=label)

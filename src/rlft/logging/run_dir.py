@@ -97,12 +97,23 @@ def append_jsonl(path: Path, record: dict) -> None:
 
 def truncate_jsonl(path: Path, max_step: int) -> int:
     """Drop the records with ``step`` > max_step (written after the checkpoint a run resumes from, by the
-    process that crashed); rewritten atomically. Returns how many were dropped."""
+    process that crashed), and a half-written line the crash left; rewritten atomically. Returns how
+    many were dropped."""
     if not path.exists():
         return 0
     lines = path.read_text(encoding="utf-8").splitlines()
-    keep = [ln for ln in lines if ln.strip() and json.loads(ln).get("step", 0) <= max_step]
+    steps = [(ln, _step_of(ln)) for ln in lines if ln.strip()]
+    keep = [ln for ln, step in steps if step is not None and step <= max_step]
     dropped = sum(1 for ln in lines if ln.strip()) - len(keep)
     if dropped:
         write_text_atomic(path, "".join(ln + "\n" for ln in keep))
     return dropped
+
+
+def _step_of(line: str) -> int | None:
+    """The record's step (0 if it has none), or None for a line that is not a whole JSON object."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record.get("step", 0) if isinstance(record, dict) else None

@@ -31,8 +31,7 @@ from rlft.service.workspace import Workspace
 
 STATIC = Path(__file__).parent / "static"
 PUBLIC = ("/api/health", "/", "/docs", "/openapi.json", "/favicon.ico")
-_ERRORS = {401: {"model": Problem}, 404: {"model": Problem}, 409: {"model": Problem}, 422: {"model": Problem},
-           429: {"model": Problem}}
+_ERRORS = {code: {"model": Problem} for code in (400, 401, 403, 404, 409, 413, 415, 421, 422, 429)}
 
 
 def create_app(settings: Settings, start_runner: bool = True) -> FastAPI:
@@ -56,6 +55,11 @@ def create_app(settings: Settings, start_runner: bool = True) -> FastAPI:
                               "never commands; a token holder can run the code inside the workspace, nothing else.")
     app.state.store, app.state.runner, app.state.workspace, app.state.settings = store, runner, ws, settings
     _guard(app, settings)
+
+    @app.exception_handler(Refused)
+    def refused(request: Request, exc: Refused) -> JSONResponse:
+        return JSONResponse(Problem(detail=exc.message, problems=exc.problems).model_dump(), status_code=exc.status)
+
     caller = _caller_dependency(store, settings)
 
     def job_or_404(job_id: str) -> Job:
@@ -75,14 +79,14 @@ def create_app(settings: Settings, start_runner: bool = True) -> FastAPI:
         counts = {s: 0 for s in STATUSES}
         for job in store.list():
             counts[job.status] += 1
-        return Health(status="ok", version=__version__, jobs=counts)
+        return Health(status="ok", version=__version__, jobs=counts,
+                      auth_required=not is_loopback(settings.host) or store.has_tokens())
 
     @app.post("/api/train", response_model=Submitted, status_code=201, responses=_ERRORS, tags=["jobs"])
     def train(body: TrainRequest, who: str | None = Depends(caller)) -> Submitted:
         rate_limited(who)
-        job = _refusals(lambda: submit(store, ws, Submission(body.config_path, body.config, body.overrides,
-                                                             body.resume_from), who))
-        return _submitted(job)
+        return _submitted(submit(store, ws, Submission(body.config_path, body.config, body.overrides,
+                                                       body.resume_from), who))
 
     @app.get("/api/jobs", response_model=JobList, responses=_ERRORS, tags=["jobs"])
     def list_jobs(status: Status | None = None, limit: int = Query(200, ge=1, le=1000),
@@ -104,8 +108,9 @@ def create_app(settings: Settings, start_runner: bool = True) -> FastAPI:
     @app.get("/api/jobs/{job_id}/metrics", response_model=Metrics, responses=_ERRORS, tags=["jobs"])
     def metrics(job_id: str, offset: int = Query(0, ge=0), who: str | None = Depends(caller)) -> Metrics:
         job = job_or_404(job_id)
-        records, end = _read(lambda: files.read_jsonl_from(Path(job.run_dir) / "metrics.jsonl", (job.run_dir,), offset))
-        return Metrics(records=records, offset=end)
+        records, end, reset = _read(lambda: files.read_jsonl_from(Path(job.run_dir) / "metrics.jsonl",
+                                                                   (job.run_dir,), offset))
+        return Metrics(records=records, offset=end, reset=reset)
 
     @app.get("/api/jobs/{job_id}/metrics/stream", responses={200: {"content": {"text/event-stream": {}}}, **_ERRORS},
              tags=["jobs"])
@@ -139,7 +144,7 @@ def create_app(settings: Settings, start_runner: bool = True) -> FastAPI:
     def resume(job_id: str, body: ResumeRequest | None = None, who: str | None = Depends(caller)) -> Submitted:
         rate_limited(who)
         old = job_or_404(job_id)
-        return _submitted(_refusals(lambda: resume_job(store, ws, old, body.overrides if body else None, who)))
+        return _submitted(resume_job(store, ws, old, body.overrides if body else None, who))
 
     @app.get("/", include_in_schema=False)
     def dashboard():
@@ -205,13 +210,6 @@ def _caller_dependency(store: JobStore, settings: Settings):
     return caller
 
 
-def _refusals(make):
-    try:
-        return make()
-    except Refused as exc:
-        raise HTTPException(exc.status, {"detail": exc.message, "problems": exc.problems}) from None
-
-
 def _read(read):
     try:
         return read()
@@ -242,7 +240,9 @@ def _static_file(name: str):
 async def _sse(store: JobStore, job: Job, offset: int, request: Request):
     path, roots = Path(job.run_dir) / "metrics.jsonl", (job.run_dir,)
     while True:
-        records, end = files.read_jsonl_from(path, roots, offset)
+        records, end, reset = files.read_jsonl_from(path, roots, offset)
+        if reset:  # the file was rewritten (a resume): the client starts over
+            yield f"id: 0\nevent: reset\ndata: {{}}\n\n"
         if records:
             # one event per read carries every record; its id is the offset after the last one
             yield f"id: {end}\nevent: metrics\ndata: {json.dumps(records)}\n\n"

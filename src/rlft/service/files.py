@@ -36,18 +36,24 @@ def log_tail(path: str, job_dir: str, lines: int) -> str:
 
 
 def read_jsonl_from(path: Path, roots: tuple[str, ...], offset: int = 0,
-                    max_bytes: int = MAX_CHUNK) -> tuple[list[dict], int]:
-    """The complete JSON lines of ``path`` from byte ``offset``, and the offset after the last one."""
+                    max_bytes: int = MAX_CHUNK) -> tuple[list[dict], int, bool]:
+    """The complete JSON lines of ``path`` from byte ``offset``, the offset after the last one, and
+    whether the file was rewritten under the reader (a resume drops the records written after its
+    checkpoint): then ``offset`` no longer falls after a line end, and reading starts again at 0."""
     try:
         real = _inside(path, *roots)
         with open(real, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            reset = offset > size or (offset > 0 and _byte_before(f, offset) != b"\n")
+            if reset:
+                offset = 0
             f.seek(offset)
             data = f.read(max_bytes)
     except FileNotFoundError:
-        return [], offset
+        return [], 0, offset > 0
     end = data.rfind(b"\n")
     if end < 0:  # no complete line yet (or one longer than max_bytes: read it whole)
-        return [], offset
+        return [], offset, reset
     records = []
     for line in data[: end + 1].splitlines():
         if line.strip():
@@ -55,13 +61,18 @@ def read_jsonl_from(path: Path, roots: tuple[str, ...], offset: int = 0,
                 records.append(json.loads(line))
             except ValueError:
                 continue  # a corrupt line must not hide the rest
-    return records, offset + end + 1
+    return records, offset + end + 1, reset
+
+
+def _byte_before(f, offset: int) -> bytes:
+    f.seek(offset - 1)
+    return f.read(1)
 
 
 def samples(run_dir: str, last_steps: int = 3, limit: int = 400) -> list[dict]:
     """The samples of the ``last_steps`` most recent steps, grouped by (step, prompt): a GRPO group
     reads side by side. Each group: step, prompt, completions [{completion, reward, rewards}]."""
-    records, _ = read_jsonl_from(Path(run_dir) / "samples.jsonl", (run_dir,), 0, max_bytes=64 << 20)
+    records, _, _ = read_jsonl_from(Path(run_dir) / "samples.jsonl", (run_dir,), 0, max_bytes=64 << 20)
     steps = sorted({r.get("step", 0) for r in records})[-last_steps:]
     groups: dict[tuple, dict] = {}
     for r in records:

@@ -78,6 +78,8 @@ class Logs(BaseModel):
 class Metrics(BaseModel):
     records: list[dict[str, Any]]
     offset: int = Field(description="Pass as ?offset= to get only newer records.")
+    reset: bool = Field(False, description="The file was rewritten since that offset (a resume drops the records "
+                                           "after its checkpoint): these records start from the beginning.")
 
 
 class SampleCompletion(BaseModel):
@@ -104,8 +106,12 @@ class Health(BaseModel):
     status: Literal["ok"]
     version: str
     jobs: dict[str, int]
+    auth_required: bool = Field(description="Whether the job routes need a bearer token.")
 
 
 class Problem(BaseModel):
-    detail: str
+    """An error: ``detail`` says what is wrong; a refused config lists each problem by dotted path in
+    ``problems``. (A body that does not fit the request schema gets FastAPI's list of errors as detail.)"""
+
+    detail: str | list[dict[str, Any]]
     problems: list[str] = Field(default_factory=list)

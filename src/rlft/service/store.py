@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Iterator
 
 from sqlalchemy import Boolean, Float, Integer, String, Text, create_engine, event, select, update
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 STATUSES = ("pending", "running", "success", "failed", "cancelled")
@@ -83,6 +83,9 @@ def default_url(workspace: Path) -> str:
 
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
+        database = make_url(url).database
+        if database and database != ":memory:":
+            Path(database).parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 
         @event.listens_for(engine, "connect")

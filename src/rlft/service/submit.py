@@ -76,7 +76,7 @@ def _load(ws: Workspace, sub: Submission):
     try:
         if sub.config_path is not None:
             path = ws.resolve(sub.config_path, "config_path")
-            if not path.is_file():
+            if not _is_file(path):
                 raise Refused(422, f"config_path: no such file in the workspace: {sub.config_path}")
             source = str(path.relative_to(ws.root))
             return load_config(path, overrides=sub.overrides, base_dir=ws.root), source
@@ -134,3 +134,10 @@ def _queue(store, ws: Workspace, job_id: str, cfg, source, run_dir: Path, resume
     return store.create(job_id, NewJob(kind=cfg.kind, config_yaml=text, config_source=source, job_dir=str(job_dir),
                                        run_dir=str(run_dir), resume_from=resume, resumed_job=resumed_job,
                                        submitted_by=submitted_by))
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # a name the file system cannot even look up
+        return False

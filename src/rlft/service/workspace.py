@@ -50,6 +50,8 @@ class Workspace:
         path = Path(raw)
         if ".." in path.parts:
             raise PathRefused(f"{field}: {raw!r} contains '..'; paths must stay inside the workspace")
+        if len(raw) > 4096 or any(len(part) > 255 for part in path.parts):
+            raise PathRefused(f"{field}: the path is longer than a file system allows")
         real = Path(os.path.realpath(path if path.is_absolute() else self.root / path))
         if real != self.root and self.root not in real.parents:
             raise PathRefused(f"{field}: {raw!r} resolves to {real}, outside the workspace {self.root}")

@@ -1,0 +1,81 @@
+"""A service that dies mid-job and starts again: no job is lost or run twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+from rlft.service.runner import Runner
+from rlft.service.store import JobStore, NewJob, default_url
+from tests.service.conftest import Server, job_config, wait_for, write_config
+
+
+def _steps(run: Path) -> int:
+    metrics = run / "metrics.jsonl"
+    return len(metrics.read_text().splitlines()) if metrics.exists() else 0
+
+
+def test_killed_service_reattaches_a_live_job_and_marks_a_dead_one_service_lost(workspace):
+    srv = Server(workspace).start()
+    c = srv.client()
+    live = c.submit(write_config(workspace, "live.yaml", job_config(steps=12)))
+    run = Path(live["run_dir"])
+    wait_for(lambda: _steps(run) >= 1, what="the first step")
+    pid = c.job(live["job_id"])["pid"]
+    srv.kill()  # the service dies; the job runs on in its own session
+    assert os.kill(pid, 0) is None
+
+    srv = Server(workspace, port=srv.port).start()
+    try:
+        c = srv.client()
+        assert "re-attached" in srv.log.read_text()
+        assert c.job(live["job_id"])["status"] == "running"
+        done = c.wait(live["job_id"], timeout=240)
+        assert done["status"] == "success" and done["pid"] == pid, done  # the same process: not run twice
+        assert [r["step"] for r in c.metrics(live["job_id"])[0]] == list(range(1, 13))
+
+        doomed = c.submit(write_config(workspace, "doomed.yaml", job_config(steps=500)))
+        wait_for(lambda: _steps(Path(doomed["run_dir"])) >= 1, what="the first step")
+        doomed_pid = c.job(doomed["job_id"])["pid"]
+        srv.kill()
+        os.killpg(doomed_pid, signal.SIGKILL)  # and its job dies while nobody watches
+        wait_for(lambda: not _alive(doomed_pid), what="the job process to end")
+        srv = Server(workspace, port=srv.port).start()
+        job = srv.client().job(doomed["job_id"])
+        assert job["status"] == "failed" and job["error_type"] == "service_lost", job
+        assert "not watching" in job["summary"]
+    finally:
+        srv.stop()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie of a killed server's child still answers kill(0)
+        return not open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+    except OSError:
+        return False
+
+
+def test_reconcile_requeues_a_claimed_job_that_never_started_and_finishes_one_that_ended(workspace):
+    store = JobStore(default_url(workspace))
+    never = store.new_id()
+    store.create(never, NewJob("rl", "x: 1", None, str(workspace / ".rlft" / "jobs" / never),
+                               str(workspace / "outputs" / "never")))
+    ended = store.new_id()
+    run = workspace / "outputs" / "ended"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({"status": "completed", "pid": 999999, "step": 3}))
+    store.create(ended, NewJob("rl", "x: 1", None, str(workspace / ".rlft" / "jobs" / ended), str(run)))
+    assert store.claim_next("old-service").id == never
+    assert store.claim_next("old-service").id == ended
+    store.set_process(ended, 999999, 1.0)  # a process that is long gone
+
+    Runner(store, workspace).reconcile()
+    assert store.get(never).status == "pending"  # it never ran: queued again, not lost
+    assert store.get(ended).status == "success"  # it finished while the service was down
+    store.close()
