@@ -27,7 +27,15 @@ NEVER_IMPORTS = {
     "rlft.trainer": {"rlft.rl", "rlft.sft", "rlft.cli"},
     "rlft.rl": {"rlft.sft", "rlft.cli"},
     "rlft.sft": {"rlft.rl", "rlft.cli"},
+    # The job service knows configs, run directories and checkpoints on disk, never a model (no torch).
+    "rlft.service": {"rlft.models", "rlft.trainer", "rlft.rollout", "rlft.data", "rlft.rewards", "rlft.sft",
+                     "rlft.rl", "rlft.cli", "rlft.chat", "rlft.envs", "rlft.algorithms"},
+    "rlft.client": {"rlft.service", "rlft.models", "rlft.trainer", "rlft.rl", "rlft.sft", "rlft.cli"},
 }
+# Nothing below the command line runs the service.
+for _lower in ("rlft.config", "rlft.algorithms", "rlft.models", "rlft.envs", "rlft.chat", "rlft.data", "rlft.rollout",
+               "rlft.checkpoint", "rlft.trainer", "rlft.rl", "rlft.sft", "rlft.logging"):
+    NEVER_IMPORTS.setdefault(_lower, set()).update({"rlft.service", "rlft.client"})
 
 
 def _module_name(path: Path) -> str:
@@ -123,3 +131,15 @@ def test_models_and_checkpoint_do_not_import_each_other():
 def test_the_cycle_finder_finds_cycles():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_service_and_the_client_never_import_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys; import rlft.service.app, rlft.cli.serve, rlft.cli.jobs, rlft.client; "
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**__import__("os").environ, "PYTHONPATH": str(SRC)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

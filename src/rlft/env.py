@@ -35,7 +35,7 @@ def check_env(verbose: bool = False) -> dict:
     info["thread_warning"] = (f"torch uses {info['cpu_threads']} threads on {cores} physical cores this process may "
                               f"use; rlft train sets {cores} (train.num_threads)" if info["cpu_threads"] > cores else None)
     required = ["transformers", "safetensors", "pydantic", "yaml", "gguf", "accelerate", "peft"]
-    optional = ["vllm", "ray", "wandb", "mlflow", "trl"]
+    optional = ["vllm", "ray", "wandb", "mlflow", "trl", "fastapi", "uvicorn", "sqlalchemy", "matplotlib", "plotly"]
     info["missing_required"] = [m for m in required if importlib.util.find_spec(m) is None]
     info["optional"] = {m: importlib.util.find_spec(m) is not None for m in optional}
     info["ok"] = not info["missing_required"]

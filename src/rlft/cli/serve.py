@@ -45,7 +45,16 @@ def settings_from(args):
                     max_body_bytes=args.max_body_bytes, submissions_per_minute=args.submissions_per_minute)
 
 
+def _require_service_packages() -> None:
+    import importlib.util
+
+    missing = [m for m in ("fastapi", "uvicorn", "sqlalchemy", "alembic") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise UsageError(f"rlft serve needs {', '.join(missing)}: pip install 'rlft[service]'")
+
+
 def run(args) -> int:
+    _require_service_packages()
     from rlft.service.security import is_loopback
     from rlft.service.store import JobStore, default_url
     from rlft.service.workspace import Workspace

@@ -214,7 +214,7 @@ class Runner:
         summary = tail_lines(job.stderr_log, SUMMARY_LINES) or None
         code = exit_code if exit_code is None or exit_code >= 0 else 128 - exit_code  # -9 -> 137, as a shell says
         if recorded == "completed" and code in (None, 0):
-            status, error = "success", None
+            status, error, summary = "success", None, None  # stderr's warnings are no summary of a success
         elif recorded == "cancelled" or job.cancel_requested:
             status, error = "cancelled", None
         else:
