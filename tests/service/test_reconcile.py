@@ -79,3 +79,34 @@ def test_reconcile_requeues_a_claimed_job_that_never_started_and_finishes_one_th
     assert store.get(never).status == "pending"  # it never ran: queued again, not lost
     assert store.get(ended).status == "success"  # it finished while the service was down
     store.close()
+
+
+def test_cancel_escalates_to_sigkill_after_the_grace_period(workspace):
+    """A process that ignores SIGTERM is killed, with its process group, once the grace period is over."""
+    import subprocess
+    import time
+
+    from rlft.service.runner import _Tracked
+
+    store = JobStore(default_url(workspace))
+    job_id = store.new_id()
+    store.create(job_id, NewJob("rl", "x: 1", None, str(workspace / ".rlft" / "jobs" / job_id),
+                                str(workspace / "outputs" / "stubborn")))
+    store.claim_next("w")
+    proc = subprocess.Popen(["bash", "-c", "trap '' TERM; sleep 60 & wait"], start_new_session=True)
+    runner = Runner(store, workspace, grace_seconds=0.5)
+    runner._tracked[job_id] = _Tracked(job_id, proc.pid, popen=proc)
+    store.request_cancel(job_id)
+    runner.tick()
+    assert any("sent SIGTERM" in e for e in runner.events)
+    time.sleep(0.3)
+    runner.tick()
+    assert proc.poll() is None  # it ignored SIGTERM and the grace period is not over
+    time.sleep(0.5)
+    runner.tick()
+    proc.wait(timeout=10)
+    runner.tick()
+    job = store.get(job_id)
+    assert job.status == "cancelled" and job.exit_code == 137, job.as_dict()
+    assert any("SIGKILL" in e for e in runner.events)
+    store.close()

@@ -69,3 +69,15 @@ def test_run_dir_is_used_exactly_and_never_reused(tmp_path, tiny_config):
     assert (target / "checkpoints" / "checkpoint-1").is_dir() and not (tmp_path / "outputs").exists()
     again = run_cli(["train", "--config", str(config), "--run-dir", str(target)], tmp_path)
     assert again.returncode == 2 and "already holds a run" in again.stderr, again.stderr
+
+
+def test_error_types_name_the_kind_of_failure():
+    from rlft.errors import ConfigError, DataError, EnvironmentFailure, RewardError, UsageError, error_type
+
+    assert error_type(ConfigError(["x: bad"])) == "config_invalid" and error_type(UsageError("u")) == "config_invalid"
+    assert error_type(DataError("row 3")) == "data" and error_type(RewardError("r")) == "reward"
+    assert error_type(EnvironmentFailure("e")) == "environment"
+    assert error_type(MemoryError()) == "oom"
+    assert error_type(RuntimeError("[enforce fail] DefaultCPUAllocator: can't allocate memory: you tried")) == "oom"
+    assert error_type(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")) == "oom"
+    assert error_type(ValueError("something else")) == "unknown"

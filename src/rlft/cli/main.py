@@ -99,36 +99,6 @@ def _cmd_check_env(args) -> int:
     return 0 if check_env(verbose=True)["ok"] else 1
 
 
-def _cmd_generate(args) -> int:
-    from rlft.cli.generate import run
-
-    return run(args)
-
-
-def _cmd_export(args) -> int:
-    from rlft.cli.export import run
-
-    return run(args)
-
-
-def _cmd_eval(args) -> int:
-    from rlft.cli.eval import run
-
-    return run(args)
-
-
-def _cmd_rollout(args) -> int:
-    from rlft.cli.agent import run_rollout
-
-    return run_rollout(args)
-
-
-def _cmd_env(args) -> int:
-    from rlft.cli.agent import run_env
-
-    return run_env(args)
-
-
 def _cmd_algorithms(args) -> int:
     import textwrap
 
@@ -140,19 +110,20 @@ def _cmd_algorithms(args) -> int:
     return 0
 
 
-def _lazy(module: str):
-    """A command whose module is imported only when it runs."""
+def _lazy(module: str, function: str = "run"):
+    """The command ``rlft.cli.<module>.<function>``, imported only when it runs."""
     def command(args) -> int:
         import importlib
 
-        return importlib.import_module(f"rlft.cli.{module}").run(args)
+        return getattr(importlib.import_module(f"rlft.cli.{module}"), function)(args)
 
     return command
 
 
-COMMANDS = {"serve": _lazy("serve"), "jobs": _lazy("jobs"), "plot": _lazy("plot"), "train": _cmd_train, "sft": _cmd_train, "validate": _cmd_validate, "check-env": _cmd_check_env, "generate": _cmd_generate,
-            "algorithms": _cmd_algorithms, "export": _cmd_export,
-            "eval": _cmd_eval, "rollout": _cmd_rollout, "env": _cmd_env}
+COMMANDS = {"train": _cmd_train, "sft": _cmd_train, "validate": _cmd_validate, "check-env": _cmd_check_env,
+            "algorithms": _cmd_algorithms, "generate": _lazy("generate"), "export": _lazy("export"),
+            "eval": _lazy("eval"), "rollout": _lazy("agent", "run_rollout"), "env": _lazy("agent", "run_env"),
+            "serve": _lazy("serve"), "jobs": _lazy("jobs"), "plot": _lazy("plot")}
 
 
 def main(argv: list[str] | None = None) -> int:
