@@ -140,3 +140,27 @@ def test_malformed_and_oversize_bodies_and_foreign_requests_are_4xx(server, work
                       headers={"origin": "http://evil.example"}).status_code == 403
     assert httpx.get(server.url + "/api/jobs", headers={"host": "evil.example"}).status_code == 421
     assert server.client().jobs() == []
+
+
+def test_an_sft_job_runs_as_its_own_kind(server, workspace):
+    """kind: sft in the config makes the job an `rlft sft` process; its loss curve is served."""
+    from rlft.models.tiny import build_tiny_model_dir
+    from tests.conftest import write_jsonl
+    from tests.sft.conftest import calculator_chat
+
+    build_tiny_model_dir(workspace / "models" / "chatml", chat_format="chatml")
+    rows = [calculator_chat(a, b) for a, b in [(1, 2), (3, 4), (5, 6), (7, 1), (2, 2), (8, 1)]]
+    write_jsonl(workspace / "data" / "chats.jsonl", rows)
+    cfg = {"kind": "sft", "model": {"path": "models/chatml", "dtype": "fp32"},
+           "data": {"train_file": "data/chats.jsonl", "messages_field": "messages", "max_length": 1800},
+           "sft": {"learning_rate": 3e-3, "batch_size": 2, "micro_batch_size": 2, "packing": True},
+           "train": {"epochs": 20, "max_steps": 2, "logging_interval": 1, "output_dir": "outputs", "seed": 0,
+                     "progress_bar": "off"},
+           "eval": {"before_training": False, "after_training": False}}
+    c = server.client()
+    job = c.submit(config=cfg)
+    done = c.wait(job["job_id"], timeout=180)
+    assert done["status"] == "success" and done["kind"] == "sft", c.logs(job["job_id"], "stderr")
+    records, _ = c.metrics(job["job_id"])
+    assert [r["step"] for r in records] == [1, 2] and "loss" in records[0]
+    assert json.loads((Path(done["run_dir"]) / "run.json").read_text())["kind"] == "sft"
