@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rlft.atomic import TMP_PREFIX, atomic_directory
+from rlft.atomic import atomic_directory
 from rlft.checkpoint.layout import STATE_FILE, is_complete, list_checkpoints  # noqa: F401 (re-exported)
 from rlft.errors import CheckpointError
 

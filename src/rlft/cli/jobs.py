@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
 
 from rlft.errors import UsageError
