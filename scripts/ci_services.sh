@@ -6,14 +6,15 @@
 set -euo pipefail
 {
     need=()
-    command -v pg_ctlcluster >/dev/null 2>&1 || need+=(postgresql)
+    # the server itself, not only the client tools (postgresql-common brings pg_ctlcluster with the client)
+    compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null || need+=(postgresql)
     command -v chromium >/dev/null 2>&1 || need+=(chromium)
     if ((${#need[@]})); then
         export DEBIAN_FRONTEND=noninteractive
         apt-get update -qq
         apt-get install -y -qq "${need[@]}"
     fi
-    version="$(ls /usr/lib/postgresql | sort -n | tail -1)"
+    version="$(basename "$(dirname "$(dirname "$(compgen -G "/usr/lib/postgresql/*/bin/postgres" | sort -V | tail -1)")")")"
     if ! pg_lsclusters -h | grep -q "^$version main"; then
         pg_createcluster "$version" main
     fi
