@@ -13,6 +13,7 @@
     rlft serve [--host 127.0.0.1 --port 8000 --workspace .]   # the job service + dashboard (python serve.py)
     rlft jobs submit|list|status|logs|cancel|resume ...       # its command-line client
     rlft plot RUN_DIR [RUN_DIR ...] --out plots/              # training curves as PNG
+    rlft serve-reward --reward-config rewards.yaml            # rlft rewards over HTTP (for type: http)
 
 User mistakes (bad config, bad data, failing reward) print one clear paragraph
 to stderr and exit non-zero (2 for usage/config/data errors); only bugs in rlft
@@ -65,10 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_rollout_arguments(sub.add_parser(
         "rollout", help="Run a few multi-turn episodes without training; print them with the trained tokens marked."))
     agent.add_env_arguments(sub.add_parser("env", help="Built-in environments: list, demos."))
-    from rlft.cli import jobs, plot, serve
+    from rlft.cli import jobs, plot, serve, serve_reward
 
     serve.add_arguments(sub.add_parser("serve", help="The HTTP job service and dashboard (loopback by default)."))
     jobs.add_arguments(sub.add_parser("jobs", help="Submit, list, watch, cancel and resume jobs of rlft serve."))
+    serve_reward.add_arguments(sub.add_parser("serve-reward", help="Serve rlft rewards over HTTP (for type: http)."))
     plot.add_arguments(sub.add_parser("plot", help="Write a run's training curves (several runs overlaid) as PNG."))
     return parser
 
@@ -123,7 +125,8 @@ def _lazy(module: str, function: str = "run"):
 COMMANDS = {"train": _cmd_train, "sft": _cmd_train, "validate": _cmd_validate, "check-env": _cmd_check_env,
             "algorithms": _cmd_algorithms, "generate": _lazy("generate"), "export": _lazy("export"),
             "eval": _lazy("eval"), "rollout": _lazy("agent", "run_rollout"), "env": _lazy("agent", "run_env"),
-            "serve": _lazy("serve"), "jobs": _lazy("jobs"), "plot": _lazy("plot")}
+            "serve": _lazy("serve"), "jobs": _lazy("jobs"), "plot": _lazy("plot"),
+            "serve-reward": _lazy("serve_reward")}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -76,6 +76,23 @@ class CustomReward(_Reward):
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments passed on every call.")
 
 
+class HttpReward(_Reward):
+    """Scores from a scoring service (OpenRLHF's remote reward model, or ``rlft serve-reward``): each
+    batch is POSTed as JSON ``{"prompts", "completions", "columns"}`` and the answer must be
+    ``{"rewards": [one number per completion]}`` (a bare list is accepted too)."""
+
+    type: Literal["http"]
+    url: str = Field(..., pattern=r"^https?://", description="The scoring endpoint, e.g. http://127.0.0.1:8001/score.")
+    timeout: float = Field(30.0, gt=0, description="Seconds one request may take before it counts as failed.")
+    retries: int = Field(3, ge=0, description="Retries of a request that failed transiently (connection error, "
+                                              "timeout, 5xx, 429), with exponential backoff.")
+    backoff: float = Field(0.5, ge=0, description="Seconds before the first retry; doubled each time.")
+    batch_size: int = Field(64, ge=1, description="Completions per request.")
+    max_concurrency: int = Field(4, ge=1, description="Requests in flight at once.")
+    headers: dict[str, str] = Field(default_factory=dict, description="Extra HTTP headers (an Authorization token).")
+    send_columns: bool = Field(True, description="Send the data row's other columns (answers, metadata) too.")
+
+
 RewardSpec = Annotated[
     Union[
         ContainsReward,
@@ -86,6 +103,7 @@ RewardSpec = Annotated[
         LengthPenaltyReward,
         ToolCallReward,
         CustomReward,
+        HttpReward,
     ],
     Field(discriminator="type"),
 ]

@@ -97,13 +97,33 @@ def named_rewards(specs: Sequence[Any]) -> list[NamedReward]:
     return [_from_spec(spec) for spec in specs]
 
 
+def _custom(name: str, spec: Any) -> tuple[Callable[..., Any], dict[str, Any]]:
+    return load_custom_reward(spec.function), dict(spec.kwargs)
+
+
+def _http(name: str, spec: Any) -> tuple[Callable[..., Any], dict[str, Any]]:
+    from rlft.rewards.remote import HttpReward
+
+    return HttpReward.from_spec(name, spec), {}
+
+
+# Rewards built from their spec once (user code loaded, a client opened), then called every step;
+# the other types are the stateless functions of BUILTIN_REWARDS, called with the spec's fields.
+REWARD_BUILDERS: dict[str, Callable[[str, Any], tuple[Callable[..., Any], dict[str, Any]]]] = {
+    "custom": _custom,
+    "http": _http,
+}
+
+
 def _from_spec(spec: Any) -> NamedReward:
     name = spec.name or default_reward_name(spec)
     weight = float(spec.weight)
-    if spec.type == "custom":
-        return NamedReward(name, load_custom_reward(spec.function), weight, dict(spec.kwargs))
+    if spec.type in REWARD_BUILDERS:
+        fn, kwargs = REWARD_BUILDERS[spec.type](name, spec)
+        return NamedReward(name, fn, weight, kwargs)
     if spec.type not in BUILTIN_REWARDS:
-        raise RewardError(f"reward '{name}': unknown type '{spec.type}' (known: {', '.join(BUILTIN_REWARDS)}, custom)")
+        known = ", ".join([*BUILTIN_REWARDS, *REWARD_BUILDERS])
+        raise RewardError(f"reward '{name}': unknown type '{spec.type}' (known: {known})")
     kwargs = spec.model_dump(exclude={"type", "weight", "name"})
     _check_builtin_kwargs(name, spec.type, kwargs)
     param = ANSWER_COLUMN_PARAM.get(spec.type)
@@ -142,6 +162,8 @@ def _call(reward: NamedReward, prompts: list[str], completions: list[str], colum
         )
     try:
         out = _invoke(reward, prompts, completions, {k: list(v) for k, v in columns.items()})
+    except RewardError:
+        raise  # it already says which reward and what went wrong (a scoring service that failed)
     except Exception as exc:
         raise _locate_failure(reward, prompts, completions, columns, exc) from exc
     return _check_values(reward.name, out, n)

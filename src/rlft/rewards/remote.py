@@ -1,0 +1,118 @@
+"""A reward that lives elsewhere: completions are POSTed to a scoring service, scores come back.
+
+The wire format (what ``rlft serve-reward`` speaks; OpenRLHF-style remote reward models fit it):
+
+    POST <url>   {"prompts": [...], "completions": [...], "columns": {"answer": [...], ...}}
+    200          {"rewards": [0.5, 1.0, ...]}        (or just the list)
+
+Only transient failures are retried, with exponential backoff: a connection that fails or resets,
+a timeout, a 5xx or a 429 (its ``Retry-After`` is honoured). Anything else — a 4xx, a body that is
+not JSON, the wrong number of scores, a score that is not a finite number — is a RewardError at
+once, naming the URL and what came back: retrying a wrong answer only makes it arrive later.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Sequence
+
+import httpx
+
+from rlft.errors import RewardError
+
+_TRANSIENT_STATUS = {429, 500, 502, 503, 504}
+
+
+class HttpReward:
+    """``f(prompts, completions, **columns) -> list[float]`` backed by a scoring service."""
+
+    def __init__(self, name: str, url: str, *, timeout: float = 30.0, retries: int = 3, backoff: float = 0.5,
+                 batch_size: int = 64, max_concurrency: int = 4, headers: dict[str, str] | None = None,
+                 send_columns: bool = True):
+        self.name, self.url = name, url
+        self.retries, self.backoff, self.batch_size = retries, backoff, batch_size
+        self.max_concurrency, self.send_columns = max_concurrency, send_columns
+        self._http = httpx.Client(timeout=timeout, headers=dict(headers or {}),
+                                  limits=httpx.Limits(max_connections=max_concurrency))
+        self.requests = 0  # sent, retries included (for tests and logs)
+
+    @classmethod
+    def from_spec(cls, name: str, spec: Any) -> "HttpReward":
+        return cls(name, spec.url, timeout=spec.timeout, retries=spec.retries, backoff=spec.backoff,
+                   batch_size=spec.batch_size, max_concurrency=spec.max_concurrency, headers=spec.headers,
+                   send_columns=spec.send_columns)
+
+    def __call__(self, prompts: Sequence[str], completions: Sequence[str], **columns) -> list[float]:
+        n = len(completions)
+        starts = list(range(0, n, self.batch_size))
+        cols = columns if self.send_columns else {}
+
+        def one(start: int) -> list[float]:
+            end = min(n, start + self.batch_size)
+            body = {"prompts": list(prompts[start:end]), "completions": list(completions[start:end]),
+                    "columns": {k: list(v[start:end]) for k, v in cols.items()}}
+            return self._post(json.dumps(body, default=str, ensure_ascii=False), end - start, start)
+
+        if len(starts) == 1:
+            return one(0)
+        with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(starts))) as pool:
+            return [x for batch in pool.map(one, starts) for x in batch]
+
+    def _post(self, body: str, expected: int, start: int) -> list[float]:
+        where = f"reward '{self.name}' ({self.url}, completions {start}..{start + expected - 1})"
+        delay = self.backoff
+        for attempt in range(self.retries + 1):
+            last = attempt == self.retries
+            self.requests += 1
+            try:
+                response = self._http.post(self.url, content=body, headers={"content-type": "application/json"})
+            except httpx.TransportError as exc:  # connect error, reset, timeout
+                if last:
+                    raise RewardError(f"{where}: {type(exc).__name__} after {attempt + 1} attempts: {exc}") from None
+                time.sleep(delay)
+                delay *= 2
+                continue
+            if response.status_code in _TRANSIENT_STATUS and not last:
+                time.sleep(max(delay, _retry_after(response)))
+                delay *= 2
+                continue
+            if response.status_code >= 400:
+                tries = f" after {attempt + 1} attempts" if response.status_code in _TRANSIENT_STATUS else ""
+                raise RewardError(f"{where}: the server answered {response.status_code}{tries}: "
+                                  f"{response.text[:200]!r}")
+            return _scores(where, response, expected)
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        self._http.close()
+
+
+def _retry_after(response: httpx.Response) -> float:
+    value = response.headers.get("retry-after", "")
+    try:
+        return min(float(value), 60.0)
+    except ValueError:
+        return 0.0
+
+
+def _scores(where: str, response: httpx.Response, expected: int) -> list[float]:
+    try:
+        data = response.json()
+    except ValueError:
+        raise RewardError(f"{where}: the answer is not JSON: {response.text[:200]!r}") from None
+    scores = data.get("rewards") if isinstance(data, dict) else data
+    if not isinstance(scores, list):
+        raise RewardError(f"{where}: expected {{\"rewards\": [...]}} or a list, got {json.dumps(data)[:200]}")
+    if len(scores) != expected:
+        raise RewardError(f"{where}: {len(scores)} scores for {expected} completions")
+    out = []
+    for i, v in enumerate(scores):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise RewardError(f"{where}: score {i} is {v!r}, not a number")
+        if not math.isfinite(v):
+            raise RewardError(f"{where}: score {i} is {v}, not a finite number")
+        out.append(float(v))
+    return out
