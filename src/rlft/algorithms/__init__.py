@@ -1,4 +1,5 @@
-"""Pure torch maths of fine-tuning: advantages, policy losses, KL, aggregation, critic losses, the SFT loss.
+"""Pure torch maths of fine-tuning: advantages, policy losses, KL, aggregation, critic losses, the SFT loss,
+the Bradley-Terry loss of reward models.
 
 Nothing here touches a model, a config object or the file system.  Each kind of
 piece lives in one name -> function registry; ``presets`` says which pieces and
@@ -10,6 +11,7 @@ from rlft.algorithms.aggregation import AGGREGATIONS, aggregate, masked_mean
 from rlft.algorithms.kl import KL_ESTIMATORS, adaptive_kl_coef, kl_penalty
 from rlft.algorithms.losses import POLICY_LOSSES, PolicyLossTerms, policy_loss
 from rlft.algorithms.objective import ObjectiveOutput, policy_objective
+from rlft.algorithms.preference import PairStats, bradley_terry_loss
 from rlft.algorithms.shaping import groups_with_signal, overlong_penalty
 from rlft.algorithms.sft import sft_loss
 from rlft.algorithms.value import VALUE_LOSSES, explained_variance
@@ -23,9 +25,11 @@ __all__ = [
     "AdvantageInputs",
     "Advantages",
     "ObjectiveOutput",
+    "PairStats",
     "PolicyLossTerms",
     "adaptive_kl_coef",
     "aggregate",
+    "bradley_terry_loss",
     "compute_advantages",
     "explained_variance",
     "groups_with_signal",

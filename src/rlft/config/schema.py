@@ -23,6 +23,7 @@ from rlft.config.rewards import (ContainsReward, CustomReward, ExactAnswerReward
                                  ToolCallReward, default_reward_name)
 from rlft.config.sections import (BUILTIN_MODELS, CHAT_TEMPLATE_NAMES, DataConfig, EvalConfig, LoraConfig, ModelConfig, Section,
                                   TrainConfig, WatchConfig)
+from rlft.config.preference import PreferenceDataConfig, RMSection
 from rlft.config.sft import SFTDataConfig, SFTSection
 
 __all__ = [
@@ -30,7 +31,7 @@ __all__ = [
     "AlgorithmName", "ContainsReward", "CriticConfig", "EnvironmentConfig", "CustomReward", "DataConfig", "EvalConfig",
     "ExactAnswerReward", "FormatReward", "JobKind", "LengthPenaltyReward", "LoraConfig", "ModelConfig",
     "NumericAnswerReward", "PolicyLossName", "RLConfig", "RegexReward", "RewardConfig", "RewardSpec",
-    "RlftConfig", "RolloutConfig", "RunConfig", "SFTConfig", "SFTDataConfig", "SFTSection", "Section",
+    "PreferenceDataConfig", "RMConfig", "RMSection", "RlftConfig", "RolloutConfig", "RunConfig", "SFTConfig", "SFTDataConfig", "SFTSection", "Section",
     "ToolCallReward", "TrainConfig", "WatchConfig", "default_reward_name",
 ]
 
@@ -158,6 +159,27 @@ class SFTConfig(RunConfig):
         return self
 
 
+class RMConfig(RunConfig):
+    """Reward-model training: a scalar score head on the model, trained on preference pairs with the
+    Bradley-Terry loss; saved as a Hugging Face ``AutoModelForSequenceClassification`` folder."""
+
+    kind: Literal["rm"] = Field("rm", description="The kind of job: rm (rlft train-rm).")
+    data: PreferenceDataConfig = Field(..., description="Preference pairs for training and evaluation.")
+    rm: RMSection = Field(default_factory=RMSection, description="Optimisation: learning rate, batch, margin.")
+
+    @model_validator(mode="after")
+    def _check_cross_fields(self) -> "RMConfig":
+        problems = []
+        if self.rm.micro_batch_size > self.rm.batch_size:
+            problems.append(f"rm.micro_batch_size ({self.rm.micro_batch_size}) is larger than rm.batch_size "
+                            f"({self.rm.batch_size})")
+        if self.model.lora is not None:
+            problems.append("model.lora: reward-model training trains the full model (LoRA for the score head "
+                            "is not supported yet); remove model.lora")
+        _raise(problems)
+        return self
+
+
 RlftConfig = RLConfig  # the name used before there were several kinds of job
 
 
@@ -193,4 +215,11 @@ JOB_KINDS: dict[str, JobKind] = {
                        "sft.packing": "the data position counts rows, and packing makes other rows",
                        "sft.batch_size": "the position in the data order counts batches of this size",
                    }),
+    "rm": JobKind("rm", RMConfig, "rlft train-rm", "rlft.rm.job:RMJob",
+                  "reward-model training on preference pairs (Bradley-Terry)", {
+                      "data.chosen_field": "the pairs would differ",
+                      "data.rejected_field": "the pairs would differ",
+                      "data.max_length": "which pairs are kept depends on it",
+                      "rm.batch_size": "the position in the data order counts batches of this size",
+                  }),
 }

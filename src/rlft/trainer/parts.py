@@ -60,3 +60,25 @@ def build_model(model_cfg: ModelConfig, *, with_reference: bool = False) -> Mode
                       f"{n_train / 1e6:.2f}M trainable, compute {'bf16 autocast' if autocast else 'fp32'}"
                       f"{', LoRA r=%d' % model_cfg.lora.r if model_cfg.lora else ''})")
     return ModelParts(model, tokenizer, reference, device, autocast, str(model_dir))
+
+
+def build_reward_model(model_cfg: ModelConfig) -> ModelParts:
+    """A reward model (scalar head on ``model.path``'s backbone, or a trained reward model as it is)
+    and its tokenizer."""
+    from rlft.models.loading import load_tokenizer, resolve_device
+    from rlft.models.precision import autocast_dtype
+    from rlft.models.reward_model import is_reward_model_dir, load_reward_model
+    from rlft.models.sources import resolve_model_dir
+
+    device = resolve_device(model_cfg.device)
+    model_dir = resolve_model_dir(model_cfg.path)
+    tokenizer = load_tokenizer(model_dir)
+    model = load_reward_model(model_dir, tokenizer.pad_token_id, device)
+    autocast, warning = autocast_dtype(model_cfg.dtype, device)
+    if warning:
+        get_logger().warning(warning)
+    head = "its trained score head" if is_reward_model_dir(model_dir) else "a new score head"
+    n_all = sum(p.numel() for p in model.parameters())
+    get_logger().info(f"reward model loaded: {model_dir} with {head} on {device} ({n_all / 1e6:.1f}M parameters, "
+                      f"compute {'bf16 autocast' if autocast else 'fp32'})")
+    return ModelParts(model, tokenizer, None, device, autocast, str(model_dir))

@@ -1,0 +1,44 @@
+"""Preference objectives: the Bradley-Terry loss of reward-model training."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class PairStats:
+    """Detached per-batch statistics: accuracy (share of pairs with r_chosen > r_rejected), the mean
+    margin r_chosen - r_rejected, and the mean chosen / rejected scores."""
+
+    accuracy: float
+    margin: float
+    chosen: float
+    rejected: float
+
+
+def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor, *, margin: torch.Tensor | float = 0.0,
+                       num_pairs: float | None = None, center_coef: float = 0.0) -> tuple[torch.Tensor, PairStats]:
+    """-log sigmoid(r_c - r_r - m), summed over the pairs and divided by ``num_pairs``.
+
+    chosen, rejected: [B] scalar scores of each pair's two responses; margin: [B] or a constant
+    (Touvron et al. 2023's margin: a pair labelled "much better" must be separated by at least m);
+    num_pairs: the pairs of the whole optimizer batch (default B), so micro-batch losses add up to
+    the batch mean and any split gives the same gradient. ``center_coef`` adds
+    coef * (r_c + r_r)^2 per pair (Eisenstein et al. 2023's centring), which pins the free offset of
+    the scores (Bradley-Terry sees only their differences) near 0.
+
+    Departs from the paper (Bradley & Terry 1952; as used by Ouyang et al. 2022) only in that the
+    K-choose-2 comparisons of one prompt are independent rows here, not one batch element.
+    """
+    diff = chosen.float() - rejected.float()
+    per_pair = -F.logsigmoid(diff - margin)
+    if center_coef:
+        per_pair = per_pair + center_coef * (chosen.float() + rejected.float()) ** 2
+    loss = per_pair.sum() / (num_pairs if num_pairs is not None else max(diff.numel(), 1))
+    with torch.no_grad():
+        stats = PairStats(accuracy=float((diff > 0).float().mean()), margin=float(diff.mean()),
+                          chosen=float(chosen.float().mean()), rejected=float(rejected.float().mean()))
+    return loss, stats

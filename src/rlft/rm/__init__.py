@@ -1,0 +1,1 @@
+"""The reward-model job (kind: rm)."""

@@ -1,0 +1,122 @@
+"""Reward-model training (kind: rm) on the tiny model: the Bradley-Terry loss by hand, accuracy rising
+on separable pairs, a checkpoint that plain transformers loads with the same scores, exact resume."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlft import Trainer
+from rlft.algorithms import bradley_terry_loss
+from rlft.errors import DataError
+from tests.conftest import read_jsonl, write_jsonl
+
+WORDS = ["sun", "moon", "tree", "sea", "cat", "dog", "hill", "rain", "snow", "wind", "star", "road"]
+
+
+def _pairs(n: int, offset: int = 0) -> list[dict]:
+    """The chosen reply is polite ("please ... thank you"), the rejected one is not: separable."""
+    out = []
+    for i in range(n):
+        w = WORDS[(i + offset) % len(WORDS)]
+        out.append({"prompt": f"Tell me about the {w}.", "chosen": f"Please, the {w} is nice. Thank you!",
+                    "rejected": f"{w}. whatever"})
+    return out
+
+
+@pytest.fixture
+def rm_config(tmp_path, tiny_model_dir):
+    train = write_jsonl(tmp_path / "prefs" / "train.jsonl", _pairs(24))
+    evalf = write_jsonl(tmp_path / "prefs" / "eval.jsonl", _pairs(8, offset=5))
+    return {"kind": "rm", "model": {"path": str(tiny_model_dir), "dtype": "fp32"},
+            "data": {"train_file": str(train), "eval_file": str(evalf), "max_length": 256},
+            "rm": {"learning_rate": 3e-3, "batch_size": 8, "micro_batch_size": 4, "lr_scheduler": "constant"},
+            "train": {"epochs": 50, "max_steps": 12, "logging_interval": 1, "save_interval": 100,
+                      "output_dir": str(tmp_path / "outputs"), "run_name": "rm", "seed": 0, "progress_bar": "off"},
+            "eval": {}}
+
+
+def test_bradley_terry_loss_matches_hand_computed_values():
+    chosen, rejected = torch.tensor([2.0, 0.0]), torch.tensor([1.0, 1.0])
+    loss, stats = bradley_terry_loss(chosen, rejected)
+    expected = (math.log1p(math.exp(-1.0)) + math.log1p(math.exp(1.0))) / 2  # -log sigmoid(+1), -log sigmoid(-1)
+    assert loss.item() == pytest.approx(expected, abs=1e-6) and loss.item() == pytest.approx(0.813262, abs=1e-6)
+    assert stats.accuracy == 0.5 and stats.margin == 0.0 and stats.chosen == 1.0 and stats.rejected == 1.0
+    with_margin, _ = bradley_terry_loss(chosen, rejected, margin=torch.tensor([0.5, 0.5]), num_pairs=4)
+    assert with_margin.item() == pytest.approx((math.log1p(math.exp(-0.5)) + math.log1p(math.exp(1.5))) / 4, abs=1e-6)
+    centred, _ = bradley_terry_loss(chosen, rejected, center_coef=0.1)
+    assert centred.item() == pytest.approx(expected + 0.1 * (9.0 + 1.0) / 2, abs=1e-6)
+    # micro-batches add up to the batch: the same gradient for any split
+    c, r = torch.randn(6, requires_grad=True), torch.randn(6)
+    bradley_terry_loss(c, r)[0].backward()
+    whole = c.grad.clone()
+    c.grad = None
+    for part in (slice(0, 2), slice(2, 6)):
+        bradley_terry_loss(c[part], r[part], num_pairs=6)[0].backward()
+    assert torch.allclose(c.grad, whole, atol=1e-7)
+
+
+@pytest.mark.slow
+def test_pairwise_accuracy_rises_and_the_checkpoint_loads_with_plain_transformers(rm_config):
+    result = Trainer(config=rm_config).train()
+    before, after = result.eval_before, result.eval_after
+    assert after.accuracy == 1.0 and after.accuracy > before.accuracy, (before, after)
+    assert after.margin > before.margin + 0.5
+    rows = read_jsonl(result.run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, 13)) and {"loss", "accuracy", "margin"} <= set(rows[0])
+    assert rows[-1]["loss"] < rows[0]["loss"]
+    evals = sorted((result.run_dir / "eval").glob("step-*.json"))
+    assert json.loads(evals[-1].read_text())["accuracy"] == 1.0
+    assert json.loads((result.run_dir / "run.json").read_text())["kind"] == "rm"
+
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    ckpt = result.final_checkpoint
+    assert json.loads((ckpt / "config.json").read_text())["architectures"][0].endswith("ForSequenceClassification")
+    plain = AutoModelForSequenceClassification.from_pretrained(str(ckpt)).eval()
+    tok = AutoTokenizer.from_pretrained(str(ckpt))
+    from rlft.models.reward_model import left_pad, load_reward_model, sequence_scores
+    from rlft.preference.data import load_pairs
+    from rlft.config.loader import load_config
+
+    cfg = load_config(data=rm_config)
+    pairs = load_pairs(cfg.data, tok, "eval", 0).pairs[:3]
+    ours = load_reward_model(ckpt, tok.pad_token_id, torch.device("cpu"))
+    seqs = [p.chosen for p in pairs] + [p.rejected for p in pairs]
+    with torch.no_grad():
+        batched = sequence_scores(ours, *left_pad(seqs, tok.pad_token_id, torch.device("cpu")))
+        alone = torch.stack([plain(input_ids=torch.tensor([s])).logits[0, 0] for s in seqs])
+    assert torch.allclose(batched, alone, atol=1e-4), (batched, alone)
+    assert (batched[:3] > batched[3:]).all()
+
+
+def test_resume_is_bit_exact(rm_config, tmp_path):
+    rm_config["eval"].update(before_training=False, after_training=False)
+    rm_config["train"].update(max_steps=4, save_interval=2)
+    straight = Trainer(config=copy.deepcopy(rm_config)).train()
+    killed = copy.deepcopy(rm_config)
+    killed["train"].update(max_steps=2, run_name="rm-resumed")
+    first = Trainer(config=killed).train()
+    killed["train"]["max_steps"] = 4
+    resumed = Trainer(config=killed, resume_from=first.final_checkpoint).train()
+    a = load_file(str(straight.final_checkpoint / "model.safetensors"))
+    b = load_file(str(resumed.final_checkpoint / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("step_seconds", "peak_mem_mb")} for r in rows]  # noqa: E731
+    assert strip(read_jsonl(straight.run_dir / "metrics.jsonl")) == strip(read_jsonl(resumed.run_dir / "metrics.jsonl"))
+
+
+def test_a_bad_pair_names_file_and_line(rm_config, tmp_path):
+    bad = write_jsonl(tmp_path / "prefs" / "bad.jsonl", _pairs(2) + [{"prompt": "x", "chosen": "a"}])
+    rm_config["data"]["train_file"] = str(bad)
+    with pytest.raises(DataError, match=r"bad\.jsonl.*line 3.*missing field 'rejected'"):
+        Trainer(config=rm_config).setup()
+    same = write_jsonl(tmp_path / "prefs" / "same.jsonl", [{"prompt": "x", "chosen": "a", "rejected": "a"}])
+    rm_config["data"]["train_file"] = str(same)
+    with pytest.raises(DataError, match="chosen and rejected are the same"):
+        Trainer(config=rm_config).setup()
