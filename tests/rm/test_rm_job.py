@@ -120,3 +120,60 @@ def test_a_bad_pair_names_file_and_line(rm_config, tmp_path):
     rm_config["data"]["train_file"] = str(same)
     with pytest.raises(DataError, match="chosen and rejected are the same"):
         Trainer(config=rm_config).setup()
+
+
+def test_model_reward_output_transforms_are_pinned_by_values():
+    from rlft.rewards.model_reward import RunningStats, transform
+
+    raw = torch.tensor([-2.0, 0.0, 3.0])
+    assert transform(raw, "logit", None).tolist() == [-2.0, 0.0, 3.0]
+    assert transform(raw, "logit", 1.5).tolist() == [-1.5, 0.0, 1.5]
+    assert transform(raw, "sigmoid", None).tolist() == pytest.approx([0.1192029, 0.5, 0.9525741], abs=1e-6)
+    stats = RunningStats()
+    first = transform(raw, "standardized", None, stats)  # mean 1/3, sample std 2.5166
+    assert first.tolist() == pytest.approx([-0.9272, -0.1325, 1.0596], abs=1e-4)
+    second = transform(torch.tensor([1.0 / 3.0]), "standardized", None, stats)  # at the running mean: 0
+    assert stats.count == 4 and second.tolist() == pytest.approx([0.0], abs=1e-6)
+    assert transform(torch.tensor([100.0]), "standardized", 1.0, stats).tolist() == [1.0]  # 1.79 before the clip
+
+
+@pytest.mark.slow
+def test_grpo_on_a_trained_reward_model_raises_its_score(rm_config, tiny_config, tmp_path, monkeypatch):
+    """A reward model trained here becomes a type: model reward; GRPO against it logs raw and processed
+    scores, loads it once, and the RM score of the completions rises."""
+    rm_config["eval"].update(before_training=False, after_training=False)
+    rm_config["train"]["max_steps"] = 12
+    rm = Trainer(config=rm_config).train().final_checkpoint
+    tiny_config["reward"] = {"functions": [{"type": "model", "name": "rm", "path": str(rm), "output": "logit",
+                                            "clip": 20.0}]}
+    tiny_config["train"].update(max_steps=12)
+    tiny_config["algorithm"].update(max_new_tokens=8, learning_rate=5e-3)
+    tiny_config["eval"].update(before_training=False, after_training=False)
+    import rlft.models.reward_model as reward_model
+
+    loads = []
+    original = reward_model.load_reward_model
+    monkeypatch.setattr(reward_model, "load_reward_model", lambda *a, **k: loads.append(a) or original(*a, **k))
+    trainer = Trainer(config=tiny_config)
+    result = trainer.train()
+    rows = read_jsonl(result.run_dir / "metrics.jsonl")
+    assert {"reward/rm/mean", "reward/rm/raw_mean", "reward/rm/raw_std"} <= set(rows[0])
+    assert rows[0]["reward/rm/mean"] == pytest.approx(rows[0]["reward/rm/raw_mean"], abs=1e-4)  # logit: the raw score
+    early = sum(r["reward/rm/mean"] for r in rows[:3]) / 3
+    late = sum(r["reward/rm/mean"] for r in rows[-3:]) / 3
+    assert late > early, (early, late)
+    assert len(loads) == 1  # loaded once for the whole run, never per step
+
+
+def test_a_model_reward_must_name_a_reward_model(tiny_config, tiny_model_dir):
+    from rlft.errors import ConfigError, RewardError
+    from rlft.config.loader import load_config
+    from rlft.rewards.manager import RewardManager
+
+    tiny_config["reward"] = {"functions": [{"type": "model", "path": "nowhere/rm"}]}
+    with pytest.raises(ConfigError, match=r"reward\.functions\.0\.path: not found: nowhere/rm.*reward-model folder"):
+        load_config(data=tiny_config)
+    tiny_config["reward"] = {"functions": [{"type": "model", "path": str(tiny_model_dir)}]}
+    cfg = load_config(data=tiny_config)
+    with pytest.raises(RewardError, match="is not a reward model.*rlft train-rm"):
+        RewardManager.from_specs(cfg.reward.functions)

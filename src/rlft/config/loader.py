@@ -152,6 +152,10 @@ def _file_problems(raw: dict, config_dir: Path | None, bad: set[str], base: Path
     template = _get(raw, "data.chat_template")
     if isinstance(template, str) and template not in CHAT_TEMPLATE_NAMES:
         targets.append(("data.chat_template", template, "", "file"))
+    items = _get(raw, "reward.functions")
+    for i, item in enumerate(items if isinstance(items, list) else []):
+        if isinstance(item, dict) and item.get("type") == "model" and isinstance(item.get("path"), str):
+            targets.append((f"reward.functions.{i}.path", item["path"], "", "reward_model"))
     for dotted, value in _custom_functions(raw, bad):
         file, _, func = value.partition(":")
         if value.count(":") == 1 and file.endswith(".py") and func.strip():
@@ -163,13 +167,17 @@ def _file_problems(raw: dict, config_dir: Path | None, bad: set[str], base: Path
         found, looked = _resolve(value, config_dir, base)
         if found is None:
             where = f" (looked in {' and '.join(map(str, looked))})" if looked else ""
-            problems.append(f"{dotted}: file not found: {value}{where}" if kind == "file" else
-                            f"{dotted}: not found: {value}{where}; expected a model directory, a .gguf file "
-                            f"or one of: {', '.join(BUILTIN_MODELS)}")
+            problems.append({"file": f"{dotted}: file not found: {value}{where}",
+                             "reward_model": f"{dotted}: not found: {value}{where}; expected a reward-model folder "
+                                             f"(rlft train-rm writes them)",
+                             "model": f"{dotted}: not found: {value}{where}; expected a model directory, a .gguf "
+                                      f"file or one of: {', '.join(BUILTIN_MODELS)}"}[kind])
         elif kind == "file" and not found.is_file():
             problems.append(f"{dotted}: expected a file, but {found} is a directory")
         elif kind == "model" and not (found.is_dir() or found.suffix == ".gguf"):
             problems.append(f"{dotted}: expected a model directory or a .gguf file, got {found}")
+        elif kind == "reward_model" and not (found / "config.json").is_file():
+            problems.append(f"{dotted}: expected a reward-model folder (with config.json), got {found}")
         else:
             fixes[dotted] = f"{found}{suffix}"
     return problems, fixes

@@ -93,6 +93,23 @@ class HttpReward(_Reward):
     send_columns: bool = Field(True, description="Send the data row's other columns (answers, metadata) too.")
 
 
+class ModelReward(_Reward):
+    """Scores from a reward model (a checkpoint of ``rlft train-rm``, or any Hugging Face sequence
+    classifier with one output): the prompt and completion are rendered as one user/assistant
+    exchange with the reward model's own chat template and scored in batches. Loaded once."""
+
+    type: Literal["model"]
+    path: str = Field(..., description="The reward model's folder.")
+    batch_size: int = Field(16, ge=1, description="Sequences per scoring forward.")
+    output: Literal["logit", "sigmoid", "standardized"] = Field(
+        "logit", description="What the reward is: the raw score (a logit: unbounded, not a probability), "
+                             "sigmoid(score) in (0, 1), or the score standardised by its running mean and std "
+                             "over every batch so far.")
+    clip: float | None = Field(None, gt=0, description="Clip the reward to [-clip, clip] after the transform.")
+    max_length: int = Field(1024, gt=0, description="Longer inputs keep their last max_length tokens.")
+    device: str = Field("auto", description="'auto' (the GPU if there is one), 'cpu', 'cuda' or 'cuda:N'.")
+
+
 RewardSpec = Annotated[
     Union[
         ContainsReward,
@@ -104,6 +121,7 @@ RewardSpec = Annotated[
         ToolCallReward,
         CustomReward,
         HttpReward,
+        ModelReward,
     ],
     Field(discriminator="type"),
 ]

@@ -26,11 +26,13 @@ from rlft.plugins import load_custom_reward
 @dataclass
 class RewardResult:
     """``total``: the weighted sum, float32 ``[N]``; ``per_reward``: each reward's
-    unweighted float32 ``[N]`` values by name; ``names``: the rewards in config order."""
+    unweighted float32 ``[N]`` values by name; ``names``: the rewards in config order; ``extra``:
+    metrics a reward reports about itself (``reward/<name>/raw_mean`` of a model reward ...)."""
 
     total: torch.Tensor
     per_reward: dict[str, torch.Tensor]
     names: list[str]
+    extra: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -84,12 +86,15 @@ class RewardManager:
         n = len(completions)
         _check_alignment(prompts, completions, columns)
         per_reward: dict[str, torch.Tensor] = {}
+        extra: dict[str, float] = {}
         total = torch.zeros(n, dtype=torch.float64)
         for reward in self.rewards:
             values = torch.tensor(_call(reward, list(prompts), list(completions), columns), dtype=torch.float64)
             per_reward[reward.name] = values.to(torch.float32)
             total += reward.weight * values
-        return RewardResult(total=total.to(torch.float32), per_reward=per_reward, names=self.names)
+            # a reward may say more about its last call (a model reward: its raw scores before the transform)
+            extra.update({f"reward/{reward.name}/{k}": v for k, v in getattr(reward.fn, "last_metrics", {}).items()})
+        return RewardResult(total=total.to(torch.float32), per_reward=per_reward, names=self.names, extra=extra)
 
 
 def named_rewards(specs: Sequence[Any]) -> list[NamedReward]:
@@ -109,9 +114,16 @@ def _http(name: str, spec: Any) -> tuple[Callable[..., Any], dict[str, Any]]:
 
 # Rewards built from their spec once (user code loaded, a client opened), then called every step;
 # the other types are the stateless functions of BUILTIN_REWARDS, called with the spec's fields.
+def _model(name: str, spec: Any) -> tuple[Callable[..., Any], dict[str, Any]]:
+    from rlft.rewards.model_reward import ModelRewardFunction
+
+    return ModelRewardFunction.from_spec(name, spec), {}
+
+
 REWARD_BUILDERS: dict[str, Callable[[str, Any], tuple[Callable[..., Any], dict[str, Any]]]] = {
     "custom": _custom,
     "http": _http,
+    "model": _model,
 }
 
 

@@ -34,7 +34,7 @@ class Collected:
         rows = [g * group_size + i for g in keep.nonzero().flatten().tolist() for i in range(group_size)]
         idx = torch.tensor(rows, dtype=torch.long)
         scored = RewardResult(self.scored.total[idx], {k: v[idx] for k, v in self.scored.per_reward.items()},
-                              self.scored.names)
+                              self.scored.names, self.scored.extra)
         return Collected(self.rollout.select(rows), [self.examples[r] for r in rows], scored)
 
     @staticmethod
@@ -42,7 +42,7 @@ class Collected:
         first = parts[0].scored
         scored = RewardResult(torch.cat([p.scored.total for p in parts]),
                               {k: torch.cat([p.scored.per_reward[k] for p in parts]) for k in first.per_reward},
-                              first.names)
+                              first.names, parts[-1].scored.extra)
         return Collected(RolloutBatch.concat([p.rollout for p in parts]), [e for p in parts for e in p.examples],
                          scored)
 
@@ -105,5 +105,5 @@ class RolloutCollector:
                                        buffer_len=max(1, round(self.p.overlong_buffer * max_len)),
                                        factor=self.p.overlong_penalty)
             scored = RewardResult(scored.total + penalty, {**scored.per_reward, OVERLONG: penalty},
-                                  scored.names + [OVERLONG])
+                                  scored.names + [OVERLONG], scored.extra)
         return Collected(rollout, row_examples, scored)

@@ -104,6 +104,7 @@ class RLJob:
                                   weights=self.rewards.weights)
         if rollout.episodes is not None:
             metrics.update(episode_metrics(rollout.episodes))
+        metrics.update(scored.extra)
         metrics.update(collected.stats)
         metrics.update(stats)
         metrics.update({"lr": lr, "step_seconds": seconds, "generation_seconds": t_gen,
