@@ -11,7 +11,7 @@ from rlft.algorithms.aggregation import AGGREGATIONS, aggregate, masked_mean
 from rlft.algorithms.kl import KL_ESTIMATORS, adaptive_kl_coef, kl_penalty
 from rlft.algorithms.losses import POLICY_LOSSES, PolicyLossTerms, policy_loss
 from rlft.algorithms.objective import ObjectiveOutput, policy_objective
-from rlft.algorithms.preference import PairStats, bradley_terry_loss
+from rlft.algorithms.preference import DPOStats, PairStats, bradley_terry_loss, dpo_loss
 from rlft.algorithms.shaping import groups_with_signal, overlong_penalty
 from rlft.algorithms.sft import sft_loss
 from rlft.algorithms.value import VALUE_LOSSES, explained_variance
@@ -24,6 +24,7 @@ __all__ = [
     "VALUE_LOSSES",
     "AdvantageInputs",
     "Advantages",
+    "DPOStats",
     "ObjectiveOutput",
     "PairStats",
     "PolicyLossTerms",
@@ -31,6 +32,7 @@ __all__ = [
     "aggregate",
     "bradley_terry_loss",
     "compute_advantages",
+    "dpo_loss",
     "explained_variance",
     "groups_with_signal",
     "kl_penalty",

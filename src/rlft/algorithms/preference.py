@@ -42,3 +42,44 @@ def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor, *, margin: 
         stats = PairStats(accuracy=float((diff > 0).float().mean()), margin=float(diff.mean()),
                           chosen=float(chosen.float().mean()), rejected=float(rejected.float().mean()))
     return loss, stats
+
+
+@dataclass
+class DPOStats:
+    """Detached: accuracy (share of pairs whose implicit reward prefers chosen), the mean implicit
+    rewards beta * (log pi - log pi_ref) of chosen and rejected, and their mean margin."""
+
+    accuracy: float
+    chosen: float
+    rejected: float
+    margin: float
+
+
+def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor,
+             ref_rejected: torch.Tensor, *, beta: float, loss: str = "sigmoid", label_smoothing: float = 0.0,
+             num_pairs: float | None = None) -> tuple[torch.Tensor, DPOStats]:
+    """The DPO objective on sequence log-probabilities [B] (sums over each response's tokens) under
+    the policy and the frozen reference; summed over pairs and divided by ``num_pairs`` (default B)
+    so micro-batches add up to the batch mean.
+
+    h = (log pi(y_c) - log ref(y_c)) - (log pi(y_r) - log ref(y_r));
+    ``sigmoid``: -(1 - eps) log sigmoid(beta h) - eps log sigmoid(-beta h)  (Rafailov et al. 2023; eps
+    is cDPO's label smoothing); ``ipo``: (h - 1 / (2 beta))^2  (Azar et al. 2023).
+
+    Departs from TRL's IPO, which averages log-probs over tokens: here both losses use the sums, as
+    both papers define them.
+    """
+    h = (policy_chosen.float() - ref_chosen.float()) - (policy_rejected.float() - ref_rejected.float())
+    if loss == "sigmoid":
+        per_pair = -(1 - label_smoothing) * F.logsigmoid(beta * h) - label_smoothing * F.logsigmoid(-beta * h)
+    elif loss == "ipo":
+        per_pair = (h - 1 / (2 * beta)) ** 2
+    else:
+        raise ValueError(f"unknown DPO loss {loss!r}")
+    value = per_pair.sum() / (num_pairs if num_pairs is not None else max(h.numel(), 1))
+    with torch.no_grad():
+        chosen = beta * (policy_chosen.float() - ref_chosen.float())
+        rejected = beta * (policy_rejected.float() - ref_rejected.float())
+        stats = DPOStats(accuracy=float((chosen > rejected).float().mean()), chosen=float(chosen.mean()),
+                         rejected=float(rejected.mean()), margin=float((chosen - rejected).mean()))
+    return value, stats

@@ -3,6 +3,7 @@
     rlft train --config configs/minimal_example.yaml [--set algorithm.learning_rate=1e-5 ...]
     rlft sft --config configs/sft_tool_format.yaml   # supervised fine-tuning (same --set / --resume)
     rlft train-rm --config my_rm.yaml                 # a reward model on preference pairs (kind: rm)
+    rlft dpo --config my_dpo.yaml                     # DPO on the same preference pairs (kind: dpo)
     rlft validate --config X          # check a config without loading a model
     rlft check-env                    # torch, devices, threads, optional packages
     rlft algorithms                   # each algorithm.name, its paper departures and the defaults it selects
@@ -40,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, kind, text in (("train", "rl", "Run RL fine-tuning from a config."),
                              ("sft", "sft", "Run supervised fine-tuning from a config (kind: sft)."),
-                             ("train-rm", "rm", "Train a reward model on preference pairs (kind: rm).")):
+                             ("train-rm", "rm", "Train a reward model on preference pairs (kind: rm)."),
+                             ("dpo", "dpo", "Direct preference optimisation on preference pairs (kind: dpo).")):
         job = sub.add_parser(name, help=text)
         _add_config_args(job)
         job.add_argument("--output-dir", "--output_dir", default=None, help="Override train.output_dir.")
@@ -124,7 +126,7 @@ def _lazy(module: str, function: str = "run"):
     return command
 
 
-COMMANDS = {"train": _cmd_train, "sft": _cmd_train, "train-rm": _cmd_train, "validate": _cmd_validate, "check-env": _cmd_check_env,
+COMMANDS = {"train": _cmd_train, "sft": _cmd_train, "train-rm": _cmd_train, "dpo": _cmd_train, "validate": _cmd_validate, "check-env": _cmd_check_env,
             "algorithms": _cmd_algorithms, "generate": _lazy("generate"), "export": _lazy("export"),
             "eval": _lazy("eval"), "rollout": _lazy("agent", "run_rollout"), "env": _lazy("agent", "run_env"),
             "serve": _lazy("serve"), "jobs": _lazy("jobs"), "plot": _lazy("plot"),

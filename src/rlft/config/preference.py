@@ -3,6 +3,8 @@ DPO later), and the ``rm`` section of reward-model training."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from rlft.config.optimizer import (AdamBetas, AdamEps, LrScheduler, MaxGradNorm, MinLrRatio, WarmupSteps,
@@ -33,6 +35,27 @@ class RMSection(Section):
     margin: float = Field(0.0, description="A constant margin added to every pair's (with margin_field: both).")
     center_rewards_coef: float = Field(
         0.0, ge=0, description="Weight of a (r_c + r_r)^2 penalty that keeps the scores centred on 0 (0: off).")
+    max_grad_norm: MaxGradNorm = 1.0
+    weight_decay: WeightDecay = 0.0
+    adam_betas: AdamBetas = (0.9, 0.999)
+    adam_eps: AdamEps = 1e-8
+    lr_scheduler: LrScheduler = "cosine"
+    warmup_steps: WarmupSteps = 0
+    min_lr_ratio: MinLrRatio = 0.0
+
+
+class DPOSection(Section):
+    """Direct preference optimisation: the policy learns from the pairs directly, against a frozen
+    reference (the starting model)."""
+
+    learning_rate: float = Field(1e-6, gt=0, description="Peak learning rate of AdamW.")
+    beta: float = Field(0.1, gt=0, description="Strength of the implicit KL constraint to the reference.")
+    loss: Literal["sigmoid", "ipo"] = Field(
+        "sigmoid", description="'sigmoid' (Rafailov et al. 2023) or 'ipo' (Azar et al. 2023, squared loss).")
+    label_smoothing: float = Field(0.0, ge=0, lt=0.5, description="Assumed share of flipped labels (cDPO); "
+                                                                  "sigmoid loss only.")
+    batch_size: int = Field(8, gt=0, description="Pairs per optimizer step.")
+    micro_batch_size: int = Field(4, gt=0, description="Pairs per forward/backward (gradient accumulation).")
     max_grad_norm: MaxGradNorm = 1.0
     weight_decay: WeightDecay = 0.0
     adam_betas: AdamBetas = (0.9, 0.999)

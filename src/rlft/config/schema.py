@@ -23,7 +23,7 @@ from rlft.config.rewards import (ContainsReward, CustomReward, ExactAnswerReward
                                  ToolCallReward, default_reward_name)
 from rlft.config.sections import (BUILTIN_MODELS, CHAT_TEMPLATE_NAMES, DataConfig, EvalConfig, LoraConfig, ModelConfig, Section,
                                   TrainConfig, WatchConfig)
-from rlft.config.preference import PreferenceDataConfig, RMSection
+from rlft.config.preference import DPOSection, PreferenceDataConfig, RMSection
 from rlft.config.sft import SFTDataConfig, SFTSection
 
 __all__ = [
@@ -31,7 +31,7 @@ __all__ = [
     "AlgorithmName", "ContainsReward", "CriticConfig", "EnvironmentConfig", "CustomReward", "DataConfig", "EvalConfig",
     "ExactAnswerReward", "FormatReward", "JobKind", "LengthPenaltyReward", "LoraConfig", "ModelConfig",
     "NumericAnswerReward", "PolicyLossName", "RLConfig", "RegexReward", "RewardConfig", "RewardSpec",
-    "PreferenceDataConfig", "RMConfig", "RMSection", "RlftConfig", "RolloutConfig", "RunConfig", "SFTConfig", "SFTDataConfig", "SFTSection", "Section",
+    "DPOConfig", "DPOSection", "PreferenceDataConfig", "RMConfig", "RMSection", "RlftConfig", "RolloutConfig", "RunConfig", "SFTConfig", "SFTDataConfig", "SFTSection", "Section",
     "ToolCallReward", "TrainConfig", "WatchConfig", "default_reward_name",
 ]
 
@@ -180,6 +180,28 @@ class RMConfig(RunConfig):
         return self
 
 
+class DPOConfig(RunConfig):
+    """Direct preference optimisation on preference pairs (the same data as reward-model training)."""
+
+    kind: Literal["dpo"] = Field("dpo", description="The kind of job: dpo (rlft dpo).")
+    data: PreferenceDataConfig = Field(..., description="Preference pairs for training and evaluation.")
+    dpo: DPOSection = Field(default_factory=DPOSection, description="Optimisation: beta, loss, learning rate, batch.")
+
+    def run_label(self) -> str:
+        return "dpo" if self.dpo.loss == "sigmoid" else self.dpo.loss
+
+    @model_validator(mode="after")
+    def _check_cross_fields(self) -> "DPOConfig":
+        problems = []
+        if self.dpo.micro_batch_size > self.dpo.batch_size:
+            problems.append(f"dpo.micro_batch_size ({self.dpo.micro_batch_size}) is larger than dpo.batch_size "
+                            f"({self.dpo.batch_size})")
+        if self.dpo.label_smoothing and self.dpo.loss != "sigmoid":
+            problems.append("dpo.label_smoothing: only the sigmoid loss has label smoothing")
+        _raise(problems)
+        return self
+
+
 RlftConfig = RLConfig  # the name used before there were several kinds of job
 
 
@@ -222,4 +244,12 @@ JOB_KINDS: dict[str, JobKind] = {
                       "data.max_length": "which pairs are kept depends on it",
                       "rm.batch_size": "the position in the data order counts batches of this size",
                   }),
+    "dpo": JobKind("dpo", DPOConfig, "rlft dpo", "rlft.dpo.job:DPOJob",
+                   "direct preference optimisation on preference pairs", {
+                       "data.chosen_field": "the pairs would differ",
+                       "data.rejected_field": "the pairs would differ",
+                       "data.max_length": "which pairs are kept depends on it",
+                       "dpo.batch_size": "the position in the data order counts batches of this size",
+                       "dpo.loss": "the optimizer state belongs to the original objective",
+                   }),
 }

@@ -1,0 +1,1 @@
+"""The DPO job (kind: dpo)."""
