@@ -171,7 +171,7 @@ train: {epochs: 0}
         assert line in probs
     tag = [p for p in probs if p.startswith("reward.functions.0.type:")]
     assert tag == ["reward.functions.0.type: unknown reward type 'containz' (did you mean 'contains'?); "
-                   "choose one of contains, regex, exact_answer, numeric_answer, format, length_penalty, tool_call, custom, http, model"]
+                   "choose one of contains, regex, exact_answer, numeric_answer, format, length_penalty, tool_call, custom, http, model, judge"]
     assert any(p.startswith("reward.functions.2.type: required; choose one of contains") for p in probs)
     assert len(probs) == len(expected) + 2
     assert all("\n" not in p for p in probs)

@@ -156,6 +156,8 @@ def _file_problems(raw: dict, config_dir: Path | None, bad: set[str], base: Path
     for i, item in enumerate(items if isinstance(items, list) else []):
         if isinstance(item, dict) and item.get("type") == "model" and isinstance(item.get("path"), str):
             targets.append((f"reward.functions.{i}.path", item["path"], "", "reward_model"))
+        if isinstance(item, dict) and item.get("type") == "judge" and isinstance(item.get("model"), str):
+            targets.append((f"reward.functions.{i}.model", item["model"], "", "model"))
     for dotted, value in _custom_functions(raw, bad):
         file, _, func = value.partition(":")
         if value.count(":") == 1 and file.endswith(".py") and func.strip():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rlft.config.sections import Section
 
@@ -110,6 +110,52 @@ class ModelReward(_Reward):
     device: str = Field("auto", description="'auto' (the GPU if there is one), 'cpu', 'cuda' or 'cuda:N'.")
 
 
+DEFAULT_RUBRIC = (
+    "Rate how well the response answers the request, from 0 (useless) to 10 (perfect).\n\n"
+    "Request:\n{prompt}\n\nResponse:\n{completion}\n\nReply with one line: Score: <number>")
+DEFAULT_GROUP_RUBRIC = (
+    "Here are {n} responses to the same request. Rate each from 0 (useless) to 10 (perfect), judging them "
+    "against each other.\n\nRequest:\n{prompt}\n\n{completions}\n\nReply with one line per response: "
+    "<number of the response>: <score>")
+
+
+class JudgeReward(_Reward):
+    """Another model as the judge (verl's generative reward model; ART's RULER in group mode): a rubric
+    prompt is filled in, the judge answers greedily, and the score is parsed from its answer. An
+    answer without a score gets ``fallback`` and is counted (``reward/<name>/unparsable``), never a
+    silent 0."""
+
+    type: Literal["judge"]
+    model: str | None = Field(None, description="A model rlft can load (folder, .gguf or built-in name) as the "
+                                                "judge, run in this process.")
+    url: str | None = Field(None, pattern=r"^https?://",
+                            description="Or an OpenAI-compatible chat-completions endpoint "
+                                        "(http://host:port/v1/chat/completions).")
+    api_model: str | None = Field(None, description="The model name sent to that endpoint.")
+    headers: dict[str, str] = Field(default_factory=dict, description="Extra HTTP headers for the endpoint.")
+    mode: Literal["single", "group"] = Field(
+        "single", description="'single': one judge call per completion; 'group': one call per prompt scoring its "
+                              "completions against each other (relative scores are all GRPO needs).")
+    rubric: str | None = Field(None, description="The judge's prompt: {prompt} and {completion} ('single'), or "
+                                                 "{prompt}, {n} and {completions} ('group'). Default: a 0-10 rubric.")
+    score_pattern: str = Field(r"(?i)score\s*[:=]?\s*(-?\d+(?:\.\d+)?)",
+                               description="'single': a regex whose first group is the score.")
+    scale: tuple[float, float] = Field((0.0, 10.0), description="The rubric's range; scores are mapped to [0, 1] "
+                                                                "and a score outside it counts as unparsable.")
+    fallback: float = Field(0.0, description="The reward of a completion whose judgement has no usable score.")
+    max_new_tokens: int = Field(64, ge=1, description="Most tokens of one judgement.")
+    timeout: float = Field(60.0, gt=0, description="Seconds one endpoint request may take.")
+    retries: int = Field(3, ge=0, description="Retries of an endpoint request that failed transiently.")
+
+    @model_validator(mode="after")
+    def _one_judge(self) -> "JudgeReward":
+        if (self.model is None) == (self.url is None):
+            raise ValueError("give exactly one of model (a local judge) and url (an OpenAI-compatible endpoint)")
+        if self.scale[1] <= self.scale[0]:
+            raise ValueError(f"scale: the top ({self.scale[1]}) must be above the bottom ({self.scale[0]})")
+        return self
+
+
 RewardSpec = Annotated[
     Union[
         ContainsReward,
@@ -122,6 +168,7 @@ RewardSpec = Annotated[
         CustomReward,
         HttpReward,
         ModelReward,
+        JudgeReward,
     ],
     Field(discriminator="type"),
 ]

@@ -120,10 +120,17 @@ def _model(name: str, spec: Any) -> tuple[Callable[..., Any], dict[str, Any]]:
     return ModelRewardFunction.from_spec(name, spec), {}
 
 
+def _judge(name: str, spec: Any) -> tuple[Callable[..., Any], dict[str, Any]]:
+    from rlft.rewards.judge import JudgeRewardFunction
+
+    return JudgeRewardFunction.from_spec(name, spec), {}
+
+
 REWARD_BUILDERS: dict[str, Callable[[str, Any], tuple[Callable[..., Any], dict[str, Any]]]] = {
     "custom": _custom,
     "http": _http,
     "model": _model,
+    "judge": _judge,
 }
 
 

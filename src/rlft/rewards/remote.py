@@ -63,31 +63,41 @@ class HttpReward:
 
     def _post(self, body: str, expected: int, start: int) -> list[float]:
         where = f"reward '{self.name}' ({self.url}, completions {start}..{start + expected - 1})"
-        delay = self.backoff
-        for attempt in range(self.retries + 1):
-            last = attempt == self.retries
-            self.requests += 1
-            try:
-                response = self._http.post(self.url, content=body, headers={"content-type": "application/json"})
-            except httpx.TransportError as exc:  # connect error, reset, timeout
-                if last:
-                    raise RewardError(f"{where}: {type(exc).__name__} after {attempt + 1} attempts: {exc}") from None
-                time.sleep(delay)
-                delay *= 2
-                continue
-            if response.status_code in _TRANSIENT_STATUS and not last:
-                time.sleep(max(delay, _retry_after(response)))
-                delay *= 2
-                continue
-            if response.status_code >= 400:
-                tries = f" after {attempt + 1} attempts" if response.status_code in _TRANSIENT_STATUS else ""
-                raise RewardError(f"{where}: the server answered {response.status_code}{tries}: "
-                                  f"{response.text[:200]!r}")
-            return _scores(where, response, expected)
-        raise AssertionError("unreachable")
+        response = post_with_retries(self._http, self.url, body, self.retries, self.backoff, where, self._count)
+        return _scores(where, response, expected)
+
+    def _count(self) -> None:
+        self.requests += 1
 
     def close(self) -> None:
         self._http.close()
+
+
+def post_with_retries(client: httpx.Client, url: str, body: str, retries: int, backoff: float, where: str,
+                      on_attempt=lambda: None) -> httpx.Response:
+    """POST the JSON ``body``; retry transient failures (connection errors and timeouts, 5xx, 429) up to
+    ``retries`` times with exponential backoff from ``backoff`` seconds; a 2xx response, else RewardError."""
+    delay = backoff
+    for attempt in range(retries + 1):
+        last = attempt == retries
+        on_attempt()
+        try:
+            response = client.post(url, content=body, headers={"content-type": "application/json"})
+        except httpx.TransportError as exc:  # connect error, reset, timeout
+            if last:
+                raise RewardError(f"{where}: {type(exc).__name__} after {attempt + 1} attempts: {exc}") from None
+            time.sleep(delay)
+            delay *= 2
+            continue
+        if response.status_code in _TRANSIENT_STATUS and not last:
+            time.sleep(max(delay, _retry_after(response)))
+            delay *= 2
+            continue
+        if response.status_code >= 400:
+            tries = f" after {attempt + 1} attempts" if response.status_code in _TRANSIENT_STATUS else ""
+            raise RewardError(f"{where}: the server answered {response.status_code}{tries}: {response.text[:200]!r}")
+        return response
+    raise AssertionError("unreachable")
 
 
 def _retry_after(response: httpx.Response) -> float:

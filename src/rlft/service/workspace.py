@@ -93,6 +93,13 @@ class Workspace:
                 self.resolve(value, dotted)
             except PathRefused as exc:
                 problems.append(str(exc))
+        for i, fn in enumerate((config.get("reward") or {}).get("functions") or []):
+            judge = fn.get("model") if isinstance(fn, dict) and fn.get("type") == "judge" else None
+            if isinstance(judge, str) and judge not in BUILTIN_MODELS:  # a judge model is a path too
+                try:
+                    self.resolve(judge, f"reward.functions.{i}.model")
+                except PathRefused as exc:
+                    problems.append(str(exc))
         for dotted, ref in _code_refs(config):
             try:
                 self.check_code_ref(ref, dotted)
