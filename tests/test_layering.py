@@ -25,8 +25,11 @@ NEVER_IMPORTS = {
     "rlft.checkpoint": {"rlft.trainer", "rlft.rl", "rlft.sft", "rlft.cli"},
     # The shared lifecycle knows a kind of job only by the import path in config.schema.JOB_KINDS.
     "rlft.trainer": {"rlft.rl", "rlft.sft", "rlft.cli"},
-    "rlft.rl": {"rlft.sft", "rlft.cli"},
-    "rlft.sft": {"rlft.rl", "rlft.cli"},
+    "rlft.rl": {"rlft.sft", "rlft.rm", "rlft.dpo", "rlft.cli"},
+    "rlft.sft": {"rlft.rl", "rlft.cli", "rlft.rm", "rlft.dpo"},
+    "rlft.rm": {"rlft.rl", "rlft.sft", "rlft.dpo", "rlft.cli"},
+    "rlft.dpo": {"rlft.rl", "rlft.sft", "rlft.rm", "rlft.cli"},
+    "rlft.preference": {"rlft.trainer", "rlft.rl", "rlft.sft", "rlft.rm", "rlft.dpo", "rlft.cli", "rlft.models"},
     # The job service knows configs, run directories and checkpoints on disk, never a model (no torch).
     "rlft.service": {"rlft.models", "rlft.trainer", "rlft.rollout", "rlft.data", "rlft.rewards", "rlft.sft",
                      "rlft.rl", "rlft.cli", "rlft.chat", "rlft.envs", "rlft.algorithms"},
@@ -34,7 +37,8 @@ NEVER_IMPORTS = {
 }
 # Nothing below the command line runs the service.
 for _lower in ("rlft.config", "rlft.algorithms", "rlft.models", "rlft.envs", "rlft.chat", "rlft.data", "rlft.rollout",
-               "rlft.checkpoint", "rlft.trainer", "rlft.rl", "rlft.sft", "rlft.logging"):
+               "rlft.checkpoint", "rlft.trainer", "rlft.rl", "rlft.sft", "rlft.rm", "rlft.dpo", "rlft.preference",
+               "rlft.logging"):
     NEVER_IMPORTS.setdefault(_lower, set()).update({"rlft.service", "rlft.client"})
 
 
