@@ -177,3 +177,25 @@ def test_a_model_reward_must_name_a_reward_model(tiny_config, tiny_model_dir):
     cfg = load_config(data=tiny_config)
     with pytest.raises(RewardError, match="is not a reward model.*rlft train-rm"):
         RewardManager.from_specs(cfg.reward.functions)
+
+
+def test_conversation_layout_pairs(rm_config, tmp_path):
+    """TRL's conversational layout (chosen/rejected as whole conversations, as Anthropic-HH converted)
+    gives the same pairs as prompt + response strings."""
+    from rlft.config.loader import load_config
+    from rlft.models.loading import load_tokenizer
+    from rlft.preference.data import load_pairs
+
+    rows = _pairs(4)
+    convs = [{"chosen": [{"role": "user", "content": r["prompt"]}, {"role": "assistant", "content": r["chosen"]}],
+              "rejected": [{"role": "user", "content": r["prompt"]}, {"role": "assistant", "content": r["rejected"]}]}
+             for r in rows]
+    rm_config["data"]["train_file"] = str(write_jsonl(tmp_path / "prefs" / "conv.jsonl", convs))
+    cfg = load_config(data=rm_config)
+    tok = load_tokenizer(cfg.model.path)
+    as_conversations = load_pairs(cfg.data, tok, "train", 0).pairs
+    rm_config["data"]["train_file"] = str(write_jsonl(tmp_path / "prefs" / "plain.jsonl", rows))
+    as_strings = load_pairs(load_config(data=rm_config).data, tok, "train", 0).pairs
+    assert [(p.chosen, p.rejected, p.prompt_len) for p in as_conversations] == \
+           [(p.chosen, p.rejected, p.prompt_len) for p in as_strings]
+    assert all(0 < p.prompt_len < min(len(p.chosen), len(p.rejected)) for p in as_strings)
