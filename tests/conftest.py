@@ -50,3 +50,31 @@ def tiny_config(tmp_path, tiny_model_dir):
                   "output_dir": str(tmp_path / "outputs"), "run_name": "run", "seed": 0, "progress_bar": "off"},
         "eval": {"max_new_tokens": 6},
     }
+
+
+def assert_resume_is_bit_exact(cfg: dict, steps: int = 4) -> None:
+    """``steps`` in one go, and half of them + resume + the rest, give identical weights and metrics."""
+    import copy
+
+    import torch
+    from safetensors.torch import load_file
+
+    from rlft import Trainer
+
+    cfg = copy.deepcopy(cfg)
+    cfg["eval"].update(before_training=False, after_training=False)
+    cfg["train"].update(max_steps=steps, save_interval=steps // 2)
+    straight = Trainer(config=copy.deepcopy(cfg)).train()
+    killed = copy.deepcopy(cfg)
+    killed["train"].update(max_steps=steps // 2, run_name=f"{cfg['train'].get('run_name') or 'run'}-resumed")
+    first = Trainer(config=killed).train()
+    killed["train"]["max_steps"] = steps
+    resumed = Trainer(config=killed, resume_from=first.final_checkpoint).train()
+    a = load_file(str(straight.final_checkpoint / "model.safetensors"))
+    b = load_file(str(resumed.final_checkpoint / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    def strip(rows):
+        return [{k: v for k, v in r.items() if k not in ("step_seconds", "peak_mem_mb")} for r in rows]
+
+    assert strip(read_jsonl(straight.run_dir / "metrics.jsonl")) == strip(read_jsonl(resumed.run_dir / "metrics.jsonl"))

@@ -29,7 +29,7 @@ NEVER_IMPORTS = {
     "rlft.sft": {"rlft.rl", "rlft.cli", "rlft.rm", "rlft.dpo"},
     "rlft.rm": {"rlft.rl", "rlft.sft", "rlft.dpo", "rlft.cli"},
     "rlft.dpo": {"rlft.rl", "rlft.sft", "rlft.rm", "rlft.cli"},
-    "rlft.preference": {"rlft.trainer", "rlft.rl", "rlft.sft", "rlft.rm", "rlft.dpo", "rlft.cli", "rlft.models"},
+    "rlft.preference": {"rlft.rl", "rlft.sft", "rlft.rm", "rlft.dpo", "rlft.cli"},
     # The job service knows configs, run directories and checkpoints on disk, never a model (no torch).
     "rlft.service": {"rlft.models", "rlft.trainer", "rlft.rollout", "rlft.data", "rlft.rewards", "rlft.sft",
                      "rlft.rl", "rlft.cli", "rlft.chat", "rlft.envs", "rlft.algorithms"},

@@ -3,16 +3,14 @@ reference fixed at the starting weights, exact resume."""
 
 from __future__ import annotations
 
-import copy
 import math
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from rlft import Trainer
 from rlft.algorithms import dpo_loss
-from tests.conftest import read_jsonl, write_jsonl
+from tests.conftest import assert_resume_is_bit_exact, read_jsonl, write_jsonl
 from tests.rm.test_rm_job import _pairs
 
 
@@ -56,16 +54,4 @@ def test_reward_accuracy_rises_on_separable_pairs(dpo_config):
 
 
 def test_resume_is_bit_exact(dpo_config):
-    dpo_config["eval"].update(before_training=False, after_training=False)
-    dpo_config["train"].update(max_steps=4, save_interval=2)
-    straight = Trainer(config=copy.deepcopy(dpo_config)).train()
-    killed = copy.deepcopy(dpo_config)
-    killed["train"].update(max_steps=2, run_name="dpo-resumed")
-    first = Trainer(config=killed).train()
-    killed["train"]["max_steps"] = 4
-    resumed = Trainer(config=killed, resume_from=first.final_checkpoint).train()
-    a = load_file(str(straight.final_checkpoint / "model.safetensors"))
-    b = load_file(str(resumed.final_checkpoint / "model.safetensors"))
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("step_seconds", "peak_mem_mb")} for r in rows]  # noqa: E731
-    assert strip(read_jsonl(straight.run_dir / "metrics.jsonl")) == strip(read_jsonl(resumed.run_dir / "metrics.jsonl"))
+    assert_resume_is_bit_exact(dpo_config)

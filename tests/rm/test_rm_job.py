@@ -3,18 +3,16 @@ on separable pairs, a checkpoint that plain transformers loads with the same sco
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from rlft import Trainer
 from rlft.algorithms import bradley_terry_loss
 from rlft.errors import DataError
-from tests.conftest import read_jsonl, write_jsonl
+from tests.conftest import assert_resume_is_bit_exact, read_jsonl, write_jsonl
 
 WORDS = ["sun", "moon", "tree", "sea", "cat", "dog", "hill", "rain", "snow", "wind", "star", "road"]
 
@@ -95,20 +93,8 @@ def test_pairwise_accuracy_rises_and_the_checkpoint_loads_with_plain_transformer
     assert (batched[:3] > batched[3:]).all()
 
 
-def test_resume_is_bit_exact(rm_config, tmp_path):
-    rm_config["eval"].update(before_training=False, after_training=False)
-    rm_config["train"].update(max_steps=4, save_interval=2)
-    straight = Trainer(config=copy.deepcopy(rm_config)).train()
-    killed = copy.deepcopy(rm_config)
-    killed["train"].update(max_steps=2, run_name="rm-resumed")
-    first = Trainer(config=killed).train()
-    killed["train"]["max_steps"] = 4
-    resumed = Trainer(config=killed, resume_from=first.final_checkpoint).train()
-    a = load_file(str(straight.final_checkpoint / "model.safetensors"))
-    b = load_file(str(resumed.final_checkpoint / "model.safetensors"))
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("step_seconds", "peak_mem_mb")} for r in rows]  # noqa: E731
-    assert strip(read_jsonl(straight.run_dir / "metrics.jsonl")) == strip(read_jsonl(resumed.run_dir / "metrics.jsonl"))
+def test_resume_is_bit_exact(rm_config):
+    assert_resume_is_bit_exact(rm_config)
 
 
 def test_a_bad_pair_names_file_and_line(rm_config, tmp_path):

@@ -1,5 +1,5 @@
-"""The preference sections: pairs of a chosen and a rejected response (reward-model training, and
-DPO later), and the ``rm`` section of reward-model training."""
+"""The preference sections: pairs of a chosen and a rejected response (reward-model training and
+DPO read the same data), the ``rm`` section of reward-model training and the ``dpo`` section."""
 
 from __future__ import annotations
 
