@@ -55,3 +55,17 @@ def test_reward_accuracy_rises_on_separable_pairs(dpo_config):
 
 def test_resume_is_bit_exact(dpo_config):
     assert_resume_is_bit_exact(dpo_config)
+
+def test_dpo_with_lora_uses_the_base_as_its_reference(dpo_config):
+    """A LoRA policy's reference is the base with the adapter off: no second copy of the weights, the
+    first step's loss is log 2 (policy = reference), and the saved checkpoint is an adapter."""
+    dpo_config["model"]["lora"] = {"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}
+    dpo_config["dpo"]["learning_rate"] = 1e-2
+    dpo_config["train"]["max_steps"] = 6
+    trainer = Trainer(config=dpo_config)
+    result = trainer.train()
+    assert trainer.job.parts.reference.shares_weights
+    rows = read_jsonl(result.run_dir / "metrics.jsonl")
+    assert abs(rows[0]["loss"] - math.log(2)) < 1e-4 and rows[-1]["rewards/margin"] > rows[0]["rewards/margin"]
+    assert result.eval_after.accuracy > result.eval_before.accuracy
+    assert (result.final_checkpoint / "adapter_model.safetensors").is_file()
