@@ -57,13 +57,6 @@ class Workspace:
             raise PathRefused(f"{field}: {raw!r} resolves to {real}, outside the workspace {self.root}")
         return real
 
-    def inside(self, path: str | Path) -> bool:
-        try:
-            self.resolve(str(path))
-            return True
-        except PathRefused:
-            return False
-
     def check_code_ref(self, ref: str, field: str) -> None:
         """A 'file.py:name' or 'module:name' reference must name code inside the workspace (or rlft's)."""
         target = ref.rpartition(":")[0] or ref
