@@ -8,6 +8,8 @@ showing a traceback.
 
 from __future__ import annotations
 
+import errno
+
 
 class RlftError(Exception):
     """Base class for errors that are reported without a traceback."""
@@ -69,16 +71,36 @@ class CheckpointError(RlftError):
 
 
 # What a failed run's ``error_type`` in run.json (and a job's in the job service) can be.
-ERROR_TYPES = ("config_invalid", "data", "reward", "environment", "oom", "killed", "service_lost", "unknown")
+ERROR_TYPES = ("config_invalid", "data", "reward", "environment", "oom", "killed", "transient", "service_lost",
+               "unknown")
+
+# Network and infrastructure failures: the same run may well succeed when started again a little
+# later (a reward server restarting, a dropped connection, a timeout). Third-party classes are told
+# by their module and class name, so neither httpx nor requests has to be imported to recognise them.
+_TRANSIENT_ERRNOS = frozenset({"ECONNRESET", "ECONNREFUSED", "ECONNABORTED", "ETIMEDOUT", "EHOSTUNREACH",
+                               "ENETUNREACH", "ENETDOWN", "ENETRESET", "EPIPE"})
+_TRANSIENT_NAMES = {"httpx": {"TransportError"}, "httpcore": {"NetworkError", "TimeoutException", "ProtocolError"},
+                    "requests": {"ConnectionError", "Timeout"}, "urllib3": {"NewConnectionError", "ProtocolError",
+                                                                            "TimeoutError", "MaxRetryError"},
+                    "aiohttp": {"ClientConnectionError", "ServerTimeoutError"}}
 
 
 def error_type(exc: BaseException) -> str:
     """The kind of failure ``exc`` is, one of :data:`ERROR_TYPES` (``killed`` and ``service_lost``
-    are told by the job service, which sees the process end without a record)."""
-    if isinstance(exc, (ConfigError, UsageError, ModelError)):
+    are told by the job service, which sees the process end without a record).
+
+    ``transient`` wins over the wrapper: a RewardError (or any error but a config or data error)
+    whose ``__cause__``/``__context__`` chain holds a network failure is infrastructure, not a bug
+    in the user's reward, and ``rlft sweep`` may retry it. A full disk (ENOSPC) is not transient:
+    it stays full until someone frees space, so retrying only burns time."""
+    if isinstance(exc, (ConfigError, UsageError)):
         return "config_invalid"
     if isinstance(exc, DataError):
         return "data"
+    if is_transient(exc):
+        return "transient"
+    if isinstance(exc, ModelError):
+        return "config_invalid"
     if isinstance(exc, RewardError):
         return "reward"
     if isinstance(exc, EnvironmentFailure):
@@ -88,3 +110,32 @@ def error_type(exc: BaseException) -> str:
             or "can't allocate memory" in text:
         return "oom"
     return "unknown"
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` or anything in its cause/context chain is a network or infrastructure failure."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [exc]
+    while todo:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if _transient_itself(e):
+            return True
+        todo += [c for c in (e.__cause__, e.__context__) if c is not None]
+    return False
+
+
+def _transient_itself(exc: BaseException) -> bool:
+    if isinstance(exc, (ConnectionError, TimeoutError)):  # socket.timeout is TimeoutError
+        return True
+    if isinstance(exc, OSError) and exc.errno is not None and errno.errorcode.get(exc.errno) in _TRANSIENT_ERRNOS:
+        return True
+    if type(exc).__module__ == "socket":  # socket.gaierror, socket.herror: name lookup failed
+        return True
+    for cls in type(exc).__mro__:
+        names = _TRANSIENT_NAMES.get(cls.__module__.partition(".")[0])
+        if names and cls.__name__ in names:
+            return True
+    return False
