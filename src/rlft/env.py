@@ -16,6 +16,7 @@ def check_env(verbose: bool = False) -> dict:
 
     from rlft.threads import physical_cores
 
+    from rlft.doctor.machine import cpu_model
     from rlft.models.precision import cpu_has_native_bf16
 
     info: dict = {
@@ -28,6 +29,7 @@ def check_env(verbose: bool = False) -> dict:
         "cpu_count": os.cpu_count(),
         "bf16_cpu": _cpu_bf16(),
         "bf16_cpu_native": cpu_has_native_bf16(),
+        "cpu_model": cpu_model(),
     }
     cores = physical_cores()
     info["physical_cores"] = cores
@@ -49,6 +51,7 @@ def check_env(verbose: bool = False) -> dict:
             print("WARNING: " + info["thread_warning"])
         print("required packages: " + ("all present" if info["ok"] else "MISSING " + ", ".join(info["missing_required"])))
         print("optional: " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in info["optional"].items()))
+        print(f"CPU: {info['cpu_model']}; disk, the service port and a run's memory plan: rlft doctor [--config X]")
     return info
 
 

@@ -210,7 +210,8 @@ class JobKind:
     """One kind of training job: its config model, the command that runs it, and its job class
     (``module:Class``, imported only when a run of this kind starts). ``continuity``: the dotted
     config paths whose change breaks a resume of this kind (beyond the common ones of
-    :mod:`rlft.checkpoint.continuity`), each with why."""
+    :mod:`rlft.checkpoint.continuity`), each with why. ``memory``: how the kind's step uses memory
+    (``module:function`` of :mod:`rlft.planner.kinds`, for ``rlft estimate``)."""
 
     name: str
     config: type[RunConfig]
@@ -218,6 +219,7 @@ class JobKind:
     job: str
     summary: str
     continuity: dict[str, str]
+    memory: str = ""
 
 
 JOB_KINDS: dict[str, JobKind] = {
@@ -229,21 +231,21 @@ JOB_KINDS: dict[str, JobKind] = {
                       "algorithm.num_generations": "the group size is part of the batch geometry",
                       "algorithm.critic.type": "the saved critic has the original layout",
                       "data.max_prompt_length": "the prompts would differ",
-                  }),
+                  }, memory="rlft.planner.kinds:rl_phases"),
     "sft": JobKind("sft", SFTConfig, "rlft sft", "rlft.sft.job:SFTJob",
                    "supervised fine-tuning on prompt/response rows or chats", {
                        "data.response_field": "the training rows would differ",
                        "data.max_length": "which rows are kept, and how they are packed, depend on it",
                        "sft.packing": "the data position counts rows, and packing makes other rows",
                        "sft.batch_size": "the position in the data order counts batches of this size",
-                   }),
+                   }, memory="rlft.planner.kinds:sft_phases"),
     "rm": JobKind("rm", RMConfig, "rlft train-rm", "rlft.rm.job:RMJob",
                   "reward-model training on preference pairs (Bradley-Terry)", {
                       "data.chosen_field": "the pairs would differ",
                       "data.rejected_field": "the pairs would differ",
                       "data.max_length": "which pairs are kept depends on it",
                       "rm.batch_size": "the position in the data order counts batches of this size",
-                  }),
+                  }, memory="rlft.planner.kinds:rm_phases"),
     "dpo": JobKind("dpo", DPOConfig, "rlft dpo", "rlft.dpo.job:DPOJob",
                    "direct preference optimisation on preference pairs", {
                        "data.chosen_field": "the pairs would differ",
@@ -251,5 +253,5 @@ JOB_KINDS: dict[str, JobKind] = {
                        "data.max_length": "which pairs are kept depends on it",
                        "dpo.batch_size": "the position in the data order counts batches of this size",
                        "dpo.loss": "the optimizer state belongs to the original objective",
-                   }),
+                   }, memory="rlft.planner.kinds:dpo_phases"),
 }

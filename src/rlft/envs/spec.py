@@ -16,6 +16,7 @@ import random
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from rlft.envs.tools import environment_methods, schemas_of
@@ -80,6 +81,19 @@ class EnvironmentSpec:
 def _reload(class_spec: str | None, tool_specs: list[str], kwargs: dict[str, Any]) -> EnvironmentSpec:
     """The spec again, in a worker process: the schemas (which need transformers) stay with the trainer."""
     return EnvironmentSpec.load(class_spec, tool_specs, kwargs, with_schemas=False)
+
+
+@lru_cache(maxsize=8)
+def _load_cached(class_spec: str | None, tools: tuple[str, ...], kwargs_json: str) -> EnvironmentSpec:
+    return EnvironmentSpec.load(class_spec, list(tools), json.loads(kwargs_json))
+
+
+def environment_spec(env) -> EnvironmentSpec | None:
+    """The loaded environment of an ``environment:`` config section (class, tools, schemas), loaded
+    once per distinct section; None for single-turn runs (no section)."""
+    if env is None:
+        return None
+    return _load_cached(env.class_, tuple(env.tools), json.dumps(env.kwargs, sort_keys=True))
 
 
 class EnvironmentSession:

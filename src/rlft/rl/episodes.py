@@ -3,26 +3,12 @@ rollout engine, the prompts rendered with the environment's tools, and its rewar
 
 from __future__ import annotations
 
-import json
-from functools import lru_cache
 
 from rlft.config.schema import DataConfig, EnvironmentConfig, RLConfig
-from rlft.envs.spec import EnvironmentSpec
+from rlft.envs.spec import environment_spec
 from rlft.rewards.manager import NamedReward, RewardManager
 
 ENV_REWARD = "environment"
-
-
-@lru_cache(maxsize=8)
-def _load(class_spec: str | None, tools: tuple[str, ...], kwargs_json: str) -> EnvironmentSpec:
-    return EnvironmentSpec.load(class_spec, list(tools), json.loads(kwargs_json))
-
-
-def environment_spec(env: EnvironmentConfig | None) -> EnvironmentSpec | None:
-    """The loaded environment (class, tools, schemas), or None for single-turn runs."""
-    if env is None:
-        return None
-    return _load(env.class_, tuple(env.tools), json.dumps(env.kwargs, sort_keys=True))
 
 
 def env_tools(cfg: RLConfig) -> list[dict] | None:

@@ -1,0 +1,118 @@
+"""What to turn down when a run does not fit: the knobs in order of least cost, each with the
+predicted peak once it (and every knob before it) is applied.
+
+The order puts first what leaves the training mathematically the same and only costs time (a
+smaller micro-batch, gradient checkpointing, decoding without the bf16 copy), then the numerics
+(bf16), then what changes what is trained (LoRA), and last what changes the data a step sees
+(fewer prompts per step, shorter completions and prompts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rlft.planner.estimate import MemoryEstimate, estimate_memory
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One change: ``setting`` as ``--set`` takes it, what it costs, and the peak predicted after it."""
+
+    setting: str
+    cost: str
+    peak: int
+
+
+def _get(cfg, path: str):
+    obj = cfg
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+    return obj
+
+
+def _micro_path(cfg) -> str | None:
+    """The config path of the rows per forward/backward (``algorithm.``, ``sft.``, ``dpo.`` ...)."""
+    for name in type(cfg).model_fields:
+        if hasattr(getattr(cfg, name), "micro_batch_size"):
+            return f"{name}.micro_batch_size"
+    return None
+
+
+def _candidates(cfg, est: MemoryEstimate) -> list[tuple[str, object, str]]:
+    """(dotted path, new value, cost) for each knob that applies to ``cfg`` now, least costly first."""
+    out: list[tuple[str, object, str]] = []
+    micro_path = _micro_path(cfg)
+    micro = _get(cfg, micro_path) if micro_path else None
+    if isinstance(micro, int) and micro > 1:
+        out.append((micro_path, max(1, micro // 2), "more, smaller forward/backward passes: a slower update, "
+                                                   "the same gradients"))
+    if cfg.model.gradient_checkpointing is not True and not est.geometry.checkpointed:
+        out.append(("model.gradient_checkpointing", True, "the update recomputes activations: about 30 % slower, "
+                                                          "the same gradients"))
+    rollout = getattr(cfg, "rollout", None)
+    if rollout is not None and est.geometry.compute_bytes == 2 and rollout.decode_copy:
+        out.append(("rollout.decode_copy", False, "no bf16 copy of the weights for decoding: a slower rollout"))
+    if cfg.model.dtype == "fp32":
+        out.append(("model.dtype", "bf16", "bf16 compute (fp32 master weights): slightly different numerics"))
+    if cfg.model.lora is None:
+        out.append(("model.lora", {"r": 16}, "trains a rank-16 adapter instead of every weight; the reference "
+                                            "model is then free"))
+    if est.geometry.new_tokens:  # a job that generates: fewer, shorter samples
+        alg = cfg.algorithm
+        if alg.rollout_batch_size > 1:
+            out.append(("algorithm.rollout_batch_size", max(1, alg.rollout_batch_size // 2),
+                        "fewer prompts per step: noisier steps, more of them per epoch"))
+        if alg.max_new_tokens > 16 and cfg.environment is None:
+            out.append(("algorithm.max_new_tokens", alg.max_new_tokens // 2,
+                        "completions are cut at half the length"))
+        if cfg.data.max_prompt_length > est.geometry.prompt_tokens:
+            out.append(("data.max_prompt_length", est.geometry.prompt_tokens,
+                        "no cost: the longest prompt in the data is this long"))
+    elif hasattr(cfg.data, "max_length") and cfg.data.max_length > 64:
+        out.append(("data.max_length", cfg.data.max_length // 2, "longer rows are cut or dropped"))
+    return out
+
+
+def advise(cfg, est: MemoryEstimate, reestimate: Callable | None = None, max_knobs: int = 8) -> list[Knob]:
+    """Knobs to apply in order until the run fits (all that apply if none is enough); empty when it
+    fits already. ``reestimate(cfg) -> MemoryEstimate`` (default: on the same device and data)."""
+    if reestimate is None:
+        def reestimate(changed):
+            same_model = (changed.model.lora is None) == (cfg.model.lora is None)
+            return estimate_memory(changed, est.device, shape=est.shape if same_model else None,
+                                   prompt_tokens=est.geometry.prompt_tokens)
+    knobs: list[Knob] = []
+    current, now = cfg, est
+    while not now.fits and len(knobs) < max_knobs:
+        for path, value, cost in _candidates(current, now):
+            changed = _with(current, path, value)
+            after = reestimate(changed)
+            if after.peak < 0.99 * now.peak:  # a knob that does not lower the peak is no advice
+                break
+        else:
+            break
+        current, now = changed, after
+        if knobs and knobs[-1].setting.partition("=")[0] == path:  # halved again: one knob, its last value
+            knobs.pop()
+        knobs.append(Knob(f"{path}={_show(value)}", cost, now.peak))
+    return knobs
+
+
+def _with(cfg, path: str, value):
+    """A copy of ``cfg`` with ``path`` set to ``value`` (validated like a --set)."""
+    data = cfg.model_dump()
+    node = data
+    *parents, last = path.split(".")
+    for part in parents:
+        node = node[part]
+    node[last] = value
+    return type(cfg).model_validate(data)
+
+
+def _show(value) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {v}" for k, v in value.items()) + "}"
+    return str(value)

@@ -1,0 +1,147 @@
+"""``estimate_memory(cfg)``: a run's predicted peak memory, phase by phase, and whether it fits.
+
+    >>> est = estimate_memory(load_config("configs/minimal_example.yaml"), device="H100-80GB")
+    >>> est.peak / 2**30, est.peak_phase, est.fits
+
+The model is read from its config on the meta device (no weights loaded); the data is read only
+for the longest prompt, so a config predicted not to fit is refused in seconds, before a weight
+is loaded.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import asdict, dataclass, field
+
+from rlft.planner.devices import GiB, DeviceSpec, describe_device
+from rlft.planner.phases import Geometry, Phases
+from rlft.planner.shape import ModelShape, model_shape
+
+HEADROOM = 0.95  # a run is said to fit when its peak is under this share of the device's memory
+
+
+@dataclass
+class MemoryEstimate:
+    """phases: bytes by component for each phase of a step (the runtime counted in each);
+    peak / peak_phase: the largest of them; fits: peak <= HEADROOM x the device's memory."""
+
+    device: DeviceSpec
+    shape: ModelShape
+    geometry: Geometry
+    phases: Phases
+    runtime: int
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def totals(self) -> dict[str, int]:
+        return {name: self.runtime + sum(parts.values()) for name, parts in self.phases.items()}
+
+    @property
+    def peak_phase(self) -> str:
+        totals = self.totals
+        return max(totals, key=totals.get)
+
+    @property
+    def peak(self) -> int:
+        return max(self.totals.values())
+
+    @property
+    def limit(self) -> int:
+        return int(HEADROOM * self.device.total)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak <= self.limit
+
+    def as_dict(self) -> dict:
+        return {"device": asdict(self.device), "model": asdict(self.shape), "geometry": asdict(self.geometry),
+                "runtime_bytes": self.runtime, "phases": self.phases, "totals": self.totals,
+                "peak_bytes": self.peak, "peak_phase": self.peak_phase, "limit_bytes": self.limit,
+                "fits": self.fits, "notes": self.notes}
+
+    def lines(self) -> list[str]:
+        """The breakdown as text: one line per phase, its components largest first."""
+        out = [f"model: {self.shape.model_type}, {self.shape.params / 1e6:.1f}M parameters "
+               f"({self.shape.trainable / 1e6:.2f}M trained), {self.shape.layers} layers, "
+               f"{self.shape.kv_heads} KV heads x {self.shape.head_dim}",
+               f"device: {self.device.name}, {gb(self.device.total)} (a run fits under {gb(self.limit)})",
+               f"step: {self.geometry.rows} sequences of up to {self.geometry.seq} tokens "
+               f"({self.geometry.prompt_tokens} prompt + {self.geometry.new_tokens} new), "
+               f"{self.geometry.micro_rows} per forward/backward, "
+               f"{'bf16' if self.geometry.compute_bytes == 2 else 'fp32'} compute, gradient checkpointing "
+               f"{'on' if self.geometry.checkpointed else 'off'}"]
+        for name, total in self.totals.items():
+            parts = sorted(((k, v) for k, v in self.phases[name].items() if v), key=lambda kv: -kv[1])
+            detail = ", ".join(f"{k} {gb(v)}" for k, v in parts)
+            mark = "  <- peak" if name == self.peak_phase else ""
+            out.append(f"  {name:<14} {gb(total):>9}  = runtime {gb(self.runtime)}, {detail}{mark}")
+        verdict = "fits" if self.fits else "does NOT fit"
+        out.append(f"predicted peak: {gb(self.peak)} in {self.peak_phase}: {verdict} {self.device.name}")
+        return out + [f"note: {n}" for n in self.notes]
+
+
+def gb(n: int | float) -> str:
+    return f"{n / GiB:.2f} GB"
+
+
+def compute_bytes(cfg, device: DeviceSpec) -> int:
+    """2 under bf16 autocast, 4 in fp32 (a CPU without native bf16 computes in fp32)."""
+    if cfg.model.dtype == "fp32":
+        return 4
+    if device.kind == "cpu":
+        from rlft.models.precision import cpu_has_native_bf16
+
+        return 2 if cpu_has_native_bf16() else 4
+    return 2
+
+
+def estimate_memory(cfg, device: str | DeviceSpec | None = None, *, shape: ModelShape | None = None,
+                    prompt_tokens: int | None = None) -> MemoryEstimate:
+    """The predicted peak of ``cfg``'s run on ``device`` (None: where it would train).
+
+    ``shape`` and ``prompt_tokens`` skip reading the model config and the data (tests; the
+    advice, which re-estimates changed configs of the same model)."""
+    spec = device if isinstance(device, DeviceSpec) else describe_device(device, cfg.model.device)
+    notes: list[str] = []
+    if shape is None:
+        shape = model_shape(cfg.model)
+    if prompt_tokens is None:
+        prompt_tokens, note = longest_prompt(cfg)
+        if note:
+            notes.append(note)
+    module, _, function = _kind_memory(cfg.kind).partition(":")
+    phases_of = getattr(importlib.import_module(module), function)
+    geometry, phases = phases_of(cfg, shape, spec, prompt_tokens, compute_bytes(cfg, spec))
+    return MemoryEstimate(spec, shape, geometry, phases, spec.runtime, notes)
+
+
+def _kind_memory(kind: str) -> str:
+    from rlft.config.schema import JOB_KINDS
+
+    return JOB_KINDS[kind].memory
+
+
+def longest_prompt(cfg) -> tuple[int, str | None]:
+    """The longest training or eval prompt in tokens as the run formats it (chat template, tools),
+    capped at ``data.max_prompt_length``; for kinds without prompts, their ``max_length``."""
+    if cfg.kind != "rl":
+        return getattr(cfg.data, "max_length", 0), None
+    from rlft.data.prompts import load_prompts
+    from rlft.errors import DataError
+    from rlft.models.loading import load_tokenizer
+    from rlft.models.sources import resolve_model_dir
+    from rlft.envs.spec import environment_spec
+
+    tokenizer = load_tokenizer(resolve_model_dir(cfg.model.path))
+    cap = cfg.data.max_prompt_length
+    spec = environment_spec(cfg.environment)
+    tools = spec.schemas if spec is not None else None
+    try:
+        sets = [load_prompts(cfg.data, tokenizer, split, cfg.train.seed, tools) for split in ("train", "eval")]
+    except DataError as exc:
+        return cap, f"prompt lengths taken as data.max_prompt_length ({cap}): the data could not be read ({exc})"
+    texts = [ex.text for s in sets if s is not None for ex in s.examples]
+    if not texts:
+        return cap, None
+    lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    return min(max(lengths), cap), None

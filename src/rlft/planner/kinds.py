@@ -1,0 +1,129 @@
+"""How each kind of job uses memory: its step geometry and phases (``JobKind.memory`` names these).
+
+Each function takes the validated config, the model's :class:`ModelShape`, the target
+:class:`DeviceSpec` and the longest prompt in tokens, and returns the :class:`Geometry` and the
+phases of one step (:mod:`rlft.planner.phases`).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from rlft.planner.devices import DeviceSpec
+from rlft.planner.phases import (Geometry, Phases, decode_copy_bytes, generation_bytes, reference_bytes,
+                                 scoring_bytes, trained_bytes, update_bytes)
+from rlft.planner.shape import ModelShape
+
+
+def _auto_rows(shape: ModelShape, device: DeviceSpec, rows: int, seq: int, resident: int, compute_bytes: int,
+               checkpointed: bool) -> int:
+    """The rows ``micro_batch_size: auto`` takes at once: the rule the run itself applies
+    (:func:`rlft.models.memory.activation_token_budget`), from the device's total memory."""
+    from rlft.models.memory import activation_bytes_per_token, rows_for
+
+    config = SimpleNamespace(hidden_size=shape.hidden, intermediate_size=shape.intermediate,
+                             num_hidden_layers=shape.layers, vocab_size=shape.vocab)
+    per_token = activation_bytes_per_token(config, compute_bytes, checkpointed)
+    budget = max((device.total - resident) // 2, per_token)
+    return rows_for(budget // per_token, rows, seq)
+
+
+def _checkpointing(setting, fits_plain: bool) -> bool:
+    return setting is True or (setting == "auto" and not fits_plain)
+
+
+def rl_phases(cfg, shape: ModelShape, device: DeviceSpec, prompt_tokens: int, compute_bytes: int
+              ) -> tuple[Geometry, Phases]:
+    """Rollout, scoring, update (and a separate critic's update), and evaluation."""
+    alg, lora = cfg.algorithm, cfg.model.lora is not None
+    new = cfg.environment.max_episode_tokens if cfg.environment is not None else alg.max_new_tokens
+    rows = alg.rollout_batch_size * alg.num_generations
+    update_rows = alg.mini_batch_size or rows
+    seq = prompt_tokens + new
+    resident = shape.params * (16 + (4 if alg.uses_reference() else 0) + (4 if cfg.rollout.decode_copy else 0))
+    # 'auto' checkpointing switches on when the longest sequence the config allows does not fit
+    longest = cfg.data.max_prompt_length + new
+    checkpointed = _checkpointing(cfg.model.gradient_checkpointing, _fits_one(shape, device, longest, resident,
+                                                                              compute_bytes))
+    micro = (_auto_rows(shape, device, update_rows, seq, resident, compute_bytes, checkpointed)
+             if alg.micro_batch_size == "auto" else min(alg.micro_batch_size, update_rows))
+    g = Geometry(rows=rows, prompts=alg.rollout_batch_size, prompt_tokens=prompt_tokens, new_tokens=new,
+                 micro_rows=micro, compute_bytes=compute_bytes, checkpointed=checkpointed,
+                 **_eval_geometry(cfg, new))
+    kept = {**trained_bytes(shape),
+            "reference": reference_bytes(shape, compute_bytes, lora) if alg.uses_reference() else 0,
+            "decode weights": decode_copy_bytes(shape, compute_bytes, lora) if cfg.rollout.decode_copy else 0,
+            **_critic_kept(cfg, shape)}
+    phases: Phases = {
+        "rollout": {**kept, **generation_bytes(shape, rows, g.prompts, prompt_tokens, new, compute_bytes)},
+        "scoring": {**kept, **scoring_bytes(shape, g)},
+        "update": {**kept, **update_bytes(shape, g)},
+    }
+    if alg.advantage_estimator == "gae" and cfg.algorithm.critic.type == "separate":
+        phases["critic update"] = {**kept, **update_bytes(shape, g, head=False)}
+    if g.eval_rows:
+        phases["evaluation"] = {**kept, **generation_bytes(shape, g.eval_rows, g.eval_rows, prompt_tokens,
+                                                           g.eval_new_tokens, compute_bytes)}
+    return g, phases
+
+
+def _fits_one(shape: ModelShape, device: DeviceSpec, longest: int, resident: int, compute_bytes: int) -> bool:
+    """True when one sequence of ``longest`` tokens fits the activation budget without checkpointing."""
+    from rlft.models.memory import activation_bytes_per_token
+
+    config = SimpleNamespace(hidden_size=shape.hidden, intermediate_size=shape.intermediate,
+                             num_hidden_layers=shape.layers, vocab_size=shape.vocab)
+    per_token = activation_bytes_per_token(config, compute_bytes, False)
+    return max((device.total - resident) // 2, per_token) // per_token >= longest
+
+
+def _critic_kept(cfg, shape: ModelShape) -> dict[str, int]:
+    """A separate critic (GAE): its fp32 weights and AdamW moments (the policy's size: its backbone
+    defaults to the policy's model)."""
+    alg = cfg.algorithm
+    if alg.advantage_estimator != "gae" or alg.critic.type != "separate":
+        return {}
+    return {"critic": 12 * shape.params}
+
+
+def _eval_geometry(cfg, default_new: int) -> dict[str, int]:
+    """The evaluation's generation batch, or nothing when the run never evaluates."""
+    ev = cfg.eval
+    has_data = cfg.data.eval_file is not None or cfg.data.eval_split > 0
+    if not has_data or not (ev.before_training or ev.after_training or ev.interval):
+        return {}
+    return {"eval_rows": ev.batch_size, "eval_new_tokens": ev.max_new_tokens or default_new}
+
+
+def _supervised(shape: ModelShape, device: DeviceSpec, cfg, rows: int, micro: int, length: int,
+                compute_bytes: int, reference: bool, head: bool = True) -> tuple[Geometry, Phases]:
+    """A job that only updates (SFT, reward models, DPO) on rows of up to ``length`` tokens."""
+    lora = cfg.model.lora is not None
+    checkpointed = cfg.model.gradient_checkpointing is True
+    g = Geometry(rows=rows, prompts=0, prompt_tokens=length, new_tokens=0, micro_rows=micro,
+                 compute_bytes=compute_bytes, checkpointed=checkpointed)
+    kept = {**trained_bytes(shape), "reference": reference_bytes(shape, compute_bytes, lora) if reference else 0}
+    phases: Phases = {"update": {**kept, **update_bytes(shape, g, head=head)}}
+    if reference:
+        phases["scoring"] = {**kept, **scoring_bytes(shape, g)}
+    return g, phases
+
+
+def sft_phases(cfg, shape, device, prompt_tokens, compute_bytes):
+    """Updates on rows of up to ``sft.max_length`` tokens (packed rows are exactly that long)."""
+    s = cfg.sft
+    return _supervised(shape, device, cfg, s.batch_size, s.micro_batch_size, s.max_length, compute_bytes, False)
+
+
+def rm_phases(cfg, shape, device, prompt_tokens, compute_bytes):
+    """Both sides of each pair in one forward, scored by a one-output head (no vocabulary logits)."""
+    r = cfg.rm
+    return _supervised(shape, device, cfg, 2 * r.batch_size, 2 * r.micro_batch_size, cfg.data.max_length,
+                       compute_bytes, False, head=False)
+
+
+def dpo_phases(cfg, shape, device, prompt_tokens, compute_bytes):
+    """Both sides of each pair, under the policy and (once per micro-batch) the reference."""
+    d = cfg.dpo
+    return _supervised(shape, device, cfg, 2 * d.batch_size, 2 * d.micro_batch_size, cfg.data.max_length,
+                       compute_bytes, True)

@@ -1,0 +1,136 @@
+"""The bytes each phase of a training step keeps, per kind of job.
+
+A step goes through phases that never overlap in time: an RL step samples (``rollout``), scores
+the samples under the policy and the reference (``scoring``) and updates (``update``); every
+kind updates; evaluation generates between steps. Each phase holds what the run keeps all the
+time (weights, optimizer moments, the reference, decode copies) plus what only it allocates
+(the KV cache, one micro-batch's activations, logits). The peak is the largest phase.
+
+Every term is an upper bound for the worst step the config allows: every completion runs to
+``max_new_tokens`` and every row of a micro-batch is as long as the longest prompt. The
+per-token constants were fitted to measured peaks (docs/memory.md has the table) and rounded up.
+
+What a kind needs is its registry entry's ``memory`` (:data:`rlft.config.schema.JOB_KINDS`), so
+a new kind of job says how it uses memory where it is declared.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlft.planner.shape import ModelShape
+
+Phases = dict[str, dict[str, int]]
+
+# Activation bytes one token keeps for the backward, per layer, in hidden- and intermediate-sized
+# tensors of the compute dtype (norm inputs, q/k/v, attention output, gate/up/act, residuals).
+ACT_HIDDEN, ACT_INTER = 18, 4
+# Under checkpointing a layer keeps only its fp32 input, and one layer is replayed at a time.
+CKPT_HIDDEN = 4
+HEAD_CHUNK_ELEMENTS = 1 << 24  # rlft.models.head_logprobs: logits computed at a time
+HEAD_CHUNK_COPIES = 3  # the chunk's logits, probabilities and their gradient
+DECODE_LOGIT_COPIES = 4  # a decode step's logits, fp32 copy, probabilities and sampling scratch
+KV_GROWTH = 2  # a cache grown a block at a time briefly holds the old and the new one
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """What one step of a run processes, worked out from the config and the data.
+
+    rows: sequences a rollout samples (prompts x completions; pairs x 2 for preference jobs);
+    prompts: distinct prompts per rollout; prompt_tokens: the longest prompt; new_tokens: the
+    most a completion generates (0: no generation); micro_rows: sequences per forward/backward;
+    eval_rows / eval_new_tokens: the evaluation's generation batch; compute_bytes: 2 under bf16
+    autocast, 4 in fp32; checkpointed: gradient checkpointing in the update."""
+
+    rows: int
+    prompts: int
+    prompt_tokens: int
+    new_tokens: int
+    micro_rows: int
+    compute_bytes: int
+    checkpointed: bool
+    eval_rows: int = 0
+    eval_new_tokens: int = 0
+
+    @property
+    def seq(self) -> int:
+        return self.prompt_tokens + self.new_tokens
+
+
+def activation_bytes(shape: ModelShape, tokens: int, compute_bytes: int, checkpointed: bool) -> int:
+    """Activations ``tokens`` positions keep for the backward through the decoder layers."""
+    h, inter = shape.hidden, shape.intermediate
+    layer = (ACT_HIDDEN * h + ACT_INTER * inter) * compute_bytes
+    per_token = shape.layers * CKPT_HIDDEN * h + layer if checkpointed else shape.layers * layer
+    return tokens * per_token
+
+
+def head_bytes(shape: ModelShape, tokens: int, compute_bytes: int) -> int:
+    """The LM head's log-probs over ``tokens`` positions, chunked: the final hidden states and a
+    few chunks of fp32 logits."""
+    chunk = min(HEAD_CHUNK_ELEMENTS, tokens * shape.vocab)
+    return tokens * shape.hidden * (4 + compute_bytes) + HEAD_CHUNK_COPIES * 4 * chunk
+
+
+def forward_bytes(shape: ModelShape, tokens: int, compute_bytes: int) -> int:
+    """A forward without gradients over ``tokens`` positions: the largest layer's intermediates
+    (gate, up and their product; q/k/v and the residual stream)."""
+    return tokens * (3 * shape.intermediate + 6 * shape.hidden) * max(compute_bytes, 4)
+
+
+def kv_bytes(shape: ModelShape, rows: int, positions: int, cache_bytes: int) -> int:
+    return KV_GROWTH * rows * positions * shape.kv_bytes_per_token * cache_bytes
+
+
+def generation_bytes(shape: ModelShape, rows: int, prompts: int, prompt_tokens: int, new_tokens: int,
+                     cache_bytes: int) -> dict[str, int]:
+    """A generation batch: its KV cache, the prefill of the distinct prompts, a decode step's logits."""
+    return {"kv cache": kv_bytes(shape, rows, prompt_tokens + new_tokens, cache_bytes),
+            "prefill": forward_bytes(shape, prompts * prompt_tokens, cache_bytes),
+            "logits": DECODE_LOGIT_COPIES * 4 * rows * shape.vocab}
+
+
+def trained_bytes(shape: ModelShape) -> dict[str, int]:
+    """What a trained model keeps between steps: fp32 master weights and AdamW's two fp32 moments
+    (allocated at the first optimizer step, kept from then on)."""
+    return {"weights": 4 * shape.params, "optimizer": 8 * shape.trainable}
+
+
+def update_bytes(shape: ModelShape, g: Geometry, head: bool = True) -> dict[str, int]:
+    """A backward over one micro-batch, gradients accumulating: gradients (fp32, trainable
+    parameters), the micro-batch's activations, and the head's log-prob buffers (``head``)."""
+    tokens = g.micro_rows * g.seq
+    out = {"gradients": 4 * shape.trainable,
+           "activations": activation_bytes(shape, tokens, g.compute_bytes, g.checkpointed)}
+    if head:
+        out["logits"] = head_bytes(shape, tokens, g.compute_bytes)
+    if g.compute_bytes == 2:  # autocast keeps a bf16 cast of each weight for the backward
+        out["autocast weights"] = 2 * shape.linear_params
+    return out
+
+
+def scoring_bytes(shape: ModelShape, g: Geometry) -> dict[str, int]:
+    """Log-probs of a micro-batch without gradients (old policy, reference)."""
+    tokens = g.micro_rows * g.seq
+    return {"activations": forward_bytes(shape, tokens, g.compute_bytes),
+            "logits": head_bytes(shape, tokens, g.compute_bytes)}
+
+
+def reference_bytes(shape: ModelShape, compute_bytes: int, lora: bool) -> int:
+    """The frozen KL reference: none under LoRA (the base with the adapter off), else a copy with its
+    Linear weights in the compute dtype and everything else in fp32."""
+    if lora:
+        return 0
+    if compute_bytes == 2:
+        return 2 * shape.linear_params + 4 * (shape.params - shape.untied_linear_params)
+    return 4 * shape.params
+
+
+def decode_copy_bytes(shape: ModelShape, compute_bytes: int, lora: bool) -> int:
+    """The rollout's bf16 weights (packed copies of every Linear; a LoRA policy is first merged into a
+    plain bf16 module, which is packed in turn). Nothing in fp32: decoding reads the weights in place."""
+    if compute_bytes != 2:
+        return 0
+    packed = 2 * shape.linear_params
+    return packed + (2 * shape.linear_params + 4 * (shape.params - shape.untied_linear_params) if lora else 0)
