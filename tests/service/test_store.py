@@ -50,7 +50,7 @@ def test_schema_comes_from_alembic_and_migrating_again_is_a_no_op(url, tmp_path)
     tables = set(inspect(store.engine).get_table_names())
     assert {"jobs", "tokens", "alembic_version"} <= tables
     with store.engine.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0001"
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0002"
     job = _new(store, tmp_path)[0]
     store.close()
     again = JobStore(url)  # a restart upgrades in place and keeps the jobs

@@ -95,6 +95,8 @@ class Runner:
     grace_seconds: float = 30.0
     poll_seconds: float = 0.5
     worker: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    sweep: str | None = None  # run only this sweep's jobs (rlft sweep); None: only the service's own
+    echo: bool = True  # print each event to stderr (rlft sweep prints its own progress lines)
 
     def __post_init__(self):
         self._tracked: dict[str, _Tracked] = {}
@@ -125,12 +127,13 @@ class Runner:
 
     def _note(self, line: str) -> None:
         self.events.append(line)
-        print(f"rlft serve: {line}", file=sys.stderr, flush=True)
+        if self.echo:
+            print(f"rlft serve: {line}", file=sys.stderr, flush=True)
 
     # ------------------------------------------------------------------ reconcile
 
     def reconcile(self) -> None:
-        for job in self.store.in_status("running"):
+        for job in [j for j in self.store.in_status("running") if j.sweep == self.sweep]:
             proc = alive(job.pid, job.pid_started)
             if proc is not None:
                 self._tracked[job.id] = _Tracked(job.id, job.pid, process=proc)
@@ -145,11 +148,21 @@ class Runner:
     # ------------------------------------------------------------------ one pass
 
     def tick(self) -> None:
+        self.watch()
+        self.launch()
+
+    def watch(self) -> None:
+        """Record the jobs whose processes ended; signal the ones asked to cancel. (rlft sweep calls this
+        and :meth:`launch` apart, to decide on an ended job before anything new starts.)"""
         with self._lock:
             for tracked in list(self._tracked.values()):
                 self._watch(tracked)
+
+    def launch(self) -> None:
+        """Start the oldest queued jobs in the free slots."""
+        with self._lock:
             while len(self._tracked) < self.slots:
-                job = self.store.claim_next(self.worker)
+                job = self.store.claim_next(self.worker, self.sweep)
                 if job is None:
                     break
                 self._launch(job)

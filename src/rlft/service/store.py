@@ -59,6 +59,14 @@ class Job(Base):
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     summary: Mapped[str | None] = mapped_column(Text, nullable=True)  # the last lines of stderr, or the reason
     submitted_by: Mapped[str | None] = mapped_column(String(64), nullable=True)  # the token's name
+    # rlft sweep's record of each attempt (migration 0002); NULL on the service's own jobs
+    sweep: Mapped[str | None] = mapped_column(Text, nullable=True)
+    name: Mapped[str | None] = mapped_column(Text, nullable=True)
+    attempt: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    failure_class: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    metrics_final: Mapped[str | None] = mapped_column(Text, nullable=True)  # JSON
+    metrics_best: Mapped[str | None] = mapped_column(Text, nullable=True)  # JSON
+    retry_of: Mapped[str | None] = mapped_column(String(32), nullable=True)
 
     def as_dict(self) -> dict:
         return {c.name: getattr(self, c.name) for c in self.__table__.columns if c.name not in ("seq",)}
@@ -122,6 +130,10 @@ class NewJob:
     resume_from: str | None = None
     resumed_job: str | None = None
     submitted_by: str | None = None
+    sweep: str | None = None
+    name: str | None = None
+    attempt: int | None = None
+    retry_of: str | None = None
 
 
 class JobStore:
@@ -153,7 +165,8 @@ class JobStore:
                       config_yaml=new.config_yaml, config_source=new.config_source, job_dir=new.job_dir,
                       run_dir=new.run_dir, stdout_log=str(Path(new.job_dir) / "stdout.log"),
                       stderr_log=str(Path(new.job_dir) / "stderr.log"), resume_from=new.resume_from,
-                      resumed_job=new.resumed_job, submitted_by=new.submitted_by, cancel_requested=False)
+                      resumed_job=new.resumed_job, submitted_by=new.submitted_by, cancel_requested=False,
+                      sweep=new.sweep, name=new.name, attempt=new.attempt, retry_of=new.retry_of)
             s.add(job)
         return job
 
@@ -178,12 +191,19 @@ class JobStore:
             result = s.execute(update(Job).where(Job.id == job_id, Job.status.in_(expected)).values(**values))
             return result.rowcount == 1
 
-    def claim_next(self, worker: str) -> Job | None:
+    def in_sweep(self, sweep: str) -> list[Job]:
+        with self._session() as s:
+            return list(s.scalars(select(Job).where(Job.sweep == sweep).order_by(Job.seq)))
+
+    def claim_next(self, worker: str, sweep: str | None = None) -> Job | None:
         """Take the oldest pending job for ``worker`` (pending -> running), or None. Safe against any
-        number of concurrent claimers: the update only succeeds while the job is still pending."""
+        number of concurrent claimers: the update only succeeds while the job is still pending.
+        Only the jobs of ``sweep`` (None: the service's own), so a sweep sharing the service's
+        database never runs its jobs, nor the service a sweep's."""
+        mine = Job.sweep.is_(None) if sweep is None else Job.sweep == sweep
         while True:
             with self._session() as s:
-                job_id = s.scalar(select(Job.id).where(Job.status == "pending").order_by(Job.seq).limit(1))
+                job_id = s.scalar(select(Job.id).where(Job.status == "pending", mine).order_by(Job.seq).limit(1))
             if job_id is None:
                 return None
             if self._cas(job_id, ("pending",), status="running", worker=worker, started_at=time.time()):
@@ -198,6 +218,10 @@ class JobStore:
         assert status in TERMINAL, status
         return self._cas(job_id, ("pending", "running"), status=status, exit_code=exit_code,
                          error_type=error_type, summary=summary, finished_at=time.time())
+
+    def record_outcome(self, job_id: str, **values) -> bool:
+        """Add what ``rlft sweep`` learnt of an ended job (failure_class, metrics_final, metrics_best)."""
+        return self._cas(job_id, TERMINAL, **values)
 
     def request_cancel(self, job_id: str) -> str | None:
         """Cancel a job: a pending one at once, a running one by flagging it for the runner. Returns the
