@@ -15,6 +15,7 @@
     rlft serve [--host 127.0.0.1 --port 8000 --workspace .]   # the job service + dashboard (python serve.py)
     rlft jobs submit|list|status|logs|cancel|resume ...       # its command-line client
     rlft plot RUN_DIR [RUN_DIR ...] --out plots/              # training curves as PNG
+    rlft sweep configs/experiments/ | --config X --grid K=V1,V2  # batch runs, retries, a summary table
     rlft serve-reward --reward-config rewards.yaml            # rlft rewards over HTTP (for type: http)
 
 User mistakes (bad config, bad data, failing reward) print one clear paragraph
@@ -76,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     jobs.add_arguments(sub.add_parser("jobs", help="Submit, list, watch, cancel and resume jobs of rlft serve."))
     serve_reward.add_arguments(sub.add_parser("serve-reward", help="Serve rlft rewards over HTTP (for type: http)."))
     plot.add_arguments(sub.add_parser("plot", help="Write a run's training curves (several runs overlaid) as PNG."))
+    from rlft.cli import sweep
+
+    sweep.add_arguments(sub.add_parser("sweep", help="Run a folder of configs or a grid; classify failures, retry "
+                                                     "transient ones, summarise."))
     return parser
 
 
@@ -129,7 +134,7 @@ def _lazy(module: str, function: str = "run"):
 COMMANDS = {"train": _cmd_train, "sft": _cmd_train, "train-rm": _cmd_train, "dpo": _cmd_train, "validate": _cmd_validate, "check-env": _cmd_check_env,
             "algorithms": _cmd_algorithms, "generate": _lazy("generate"), "export": _lazy("export"),
             "eval": _lazy("eval"), "rollout": _lazy("agent", "run_rollout"), "env": _lazy("agent", "run_env"),
-            "serve": _lazy("serve"), "jobs": _lazy("jobs"), "plot": _lazy("plot"),
+            "serve": _lazy("serve"), "jobs": _lazy("jobs"), "plot": _lazy("plot"), "sweep": _lazy("sweep"),
             "serve-reward": _lazy("serve_reward")}
 
 
