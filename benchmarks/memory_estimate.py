@@ -63,7 +63,9 @@ def write_config(work: Path, model: str, overrides: dict) -> Path:
     cfg = json.loads(json.dumps(BASE))
     cfg["model"] = {"path": model}
     cfg["data"] = {"train_file": str(data)}
-    cfg["reward"] = {"functions": [{"type": "regex", "name": "e", "pattern": "e", "mode": "search"}]}
+    # a reward with spread inside every group, so every row takes part in the update
+    cfg["reward"] = {"functions": [{"type": "custom", "name": "e_density",
+                                    "function": f"{ROOT / 'benchmarks' / 'workload.py'}:e_density"}]}
     cfg["train"]["output_dir"] = str(work / "runs")
     for key, value in overrides.items():
         _set(cfg, key, value)

@@ -69,7 +69,7 @@ TIMING_METRICS = ("step_seconds", "generation_seconds", "update_seconds", "token
 def is_timing(metric: str) -> bool:
     """True for the metrics that measure the machine rather than the run (they differ between two
     runs that are otherwise bit-identical)."""
-    return metric in TIMING_METRICS or metric.startswith("time/")
+    return metric in TIMING_METRICS or metric.startswith(("time/", "resources/"))
 
 
 def _sync() -> None:

@@ -62,7 +62,7 @@ def _run(src: Path, config: dict, path: Path) -> list[dict]:
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = Path(proc.stdout.strip().splitlines()[-1])
     # time/* and work/* (the per-phase accounting) came after the baseline
-    return [{k: v for k, v in r.items() if k not in NOT_COMPARED and not k.startswith(("time/", "work/"))}
+    return [{k: v for k, v in r.items() if k not in NOT_COMPARED and not k.startswith(("time/", "work/", "resources/"))}
             for r in read_jsonl(run_dir / "metrics.jsonl")]
 
 

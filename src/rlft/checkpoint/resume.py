@@ -44,6 +44,10 @@ def find_checkpoint(resume: str, run_root: Path | None) -> ResumePoint | None:
         if not is_complete(path):
             raise UsageError(f"--resume {resume}: not a complete checkpoint directory (no {STATE_FILE}); "
                              f"an interrupted save leaves only a hidden .tmp-checkpoint-N folder")
+    if not (path / "optimizer.pt").is_file():
+        raise UsageError(f"--resume {path}: this checkpoint has no optimizer state (it was saved with "
+                         f"train.save_optimizer: false, an export-only checkpoint), so the run cannot continue "
+                         f"exactly. Start a new run from its weights with model.path: {path}")
     state = json.loads((path / STATE_FILE).read_text())
     return ResumePoint(checkpoint=path, run_root=path.parent.parent, state=state)
 

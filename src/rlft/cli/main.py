@@ -6,6 +6,8 @@
     rlft dpo --config my_dpo.yaml                     # DPO on the same preference pairs (kind: dpo)
     rlft validate --config X          # check a config without loading a model
     rlft check-env                    # torch, devices, threads, optional packages
+    rlft doctor [--config X] [--json] # every check with ok / warn / fail and a fix; exit 1 on a fail
+    rlft estimate --config X [--device H100-80GB]   # predicted peak memory by phase; what to turn down
     rlft algorithms                   # each algorithm.name, its paper departures and the defaults it selects
     rlft generate --model C --prompt "..."          # inference (also python inference.py)
     rlft eval --config X --base --checkpoint C ...  # side-by-side evaluation, markdown + HTML report
@@ -71,7 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_rollout_arguments(sub.add_parser(
         "rollout", help="Run a few multi-turn episodes without training; print them with the trained tokens marked."))
     agent.add_env_arguments(sub.add_parser("env", help="Built-in environments: list, demos."))
-    from rlft.cli import jobs, plot, serve, serve_reward
+    from rlft.cli import doctor, estimate, jobs, plot, serve, serve_reward
+
+    doctor.add_arguments(sub.add_parser(
+        "doctor", help="Check this machine (and --config's run: memory, disk) with a fix for each problem."))
+    estimate.add_arguments(sub.add_parser(
+        "estimate", help="Predict a run's peak memory (weights, optimizer, activations, KV cache ...) before launch."))
 
     serve.add_arguments(sub.add_parser("serve", help="The HTTP job service and dashboard (loopback by default)."))
     jobs.add_arguments(sub.add_parser("jobs", help="Submit, list, watch, cancel and resume jobs of rlft serve."))
@@ -135,7 +142,7 @@ COMMANDS = {"train": _cmd_train, "sft": _cmd_train, "train-rm": _cmd_train, "dpo
             "algorithms": _cmd_algorithms, "generate": _lazy("generate"), "export": _lazy("export"),
             "eval": _lazy("eval"), "rollout": _lazy("agent", "run_rollout"), "env": _lazy("agent", "run_env"),
             "serve": _lazy("serve"), "jobs": _lazy("jobs"), "plot": _lazy("plot"), "sweep": _lazy("sweep"),
-            "serve-reward": _lazy("serve_reward")}
+            "serve-reward": _lazy("serve_reward"), "estimate": _lazy("estimate"), "doctor": _lazy("doctor")}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,149 @@
+"""The memory planner: exact shapes from the meta device, a breakdown pinned on the tiny model,
+advice that lowers the peak, refusal before training, and the CLI."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from rlft.config.loader import load_config
+from rlft.config.sections import ModelConfig
+from rlft.planner.advice import advise
+from rlft.planner.devices import GiB, DeviceSpec, describe_device
+from rlft.planner.estimate import estimate_memory
+from rlft.planner.shape import model_shape
+from tests.cli.test_cli import run_cli
+
+T4 = DeviceSpec("T4-16GB", "cuda", 16 * 10**9, GiB // 2)  # a named GPU: bf16 compute whatever this CPU has
+
+
+def test_shape_from_the_meta_device_counts_what_the_loaded_model_has(tiny_model_dir):
+    from rlft.models.loading import load_model_dir
+
+    shape = model_shape(ModelConfig(path=str(tiny_model_dir)))
+    model = load_model_dir(tiny_model_dir)
+    assert shape.params == sum(p.numel() for p in model.parameters()) == 21856
+    # q/k/v/o and gate/up/down of two layers; the tied LM head is the 102 x 32 embedding
+    assert (shape.untied_linear_params, shape.linear_params) == (18432, 18432 + 102 * 32)
+    assert (shape.layers, shape.kv_heads, shape.head_dim, shape.vocab) == (2, 2, 8, 102)
+    lora = model_shape(ModelConfig(path=str(tiny_model_dir), lora={"r": 4}))
+    assert lora.trainable == 2 * 4 * (64 + 48 + 48 + 64 + 96 + 96 + 96)  # r x (in + out) per adapted linear
+
+
+def test_breakdown_is_pinned_on_the_tiny_model(tiny_config):
+    est = estimate_memory(load_config(data=tiny_config), T4, prompt_tokens=10)
+    g = est.geometry
+    assert (g.rows, g.micro_rows, g.seq, g.compute_bytes, g.checkpointed) == (32, 16, 16, 2, False)
+    kept = {"weights": 87424, "optimizer": 174848, "reference": 57088, "decode weights": 43392}
+    assert est.phases["update"] == {**kept, "gradients": 87424, "activations": 851968, "logits": 362496,
+                                    "autocast weights": 43392}
+    assert est.phases["rollout"] == {**kept, "kv cache": 131072, "prefill": 61440, "logits": 52224}
+    assert set(est.phases) == {"rollout", "scoring", "update", "evaluation"}
+    assert est.peak_phase == "update" and est.peak == GiB // 2 + sum(est.phases["update"].values())
+    assert est.fits
+
+
+def test_no_reference_without_kl_and_none_under_lora(tiny_config):
+    tiny_config["algorithm"]["kl_coef"] = 0.0
+    assert estimate_memory(load_config(data=tiny_config), T4, prompt_tokens=10).phases["update"]["reference"] == 0
+    tiny_config["algorithm"]["kl_coef"] = 0.04
+    tiny_config["model"]["lora"] = {"r": 4}
+    est = estimate_memory(load_config(data=tiny_config), T4, prompt_tokens=10)
+    assert est.phases["update"]["reference"] == 0 and est.phases["update"]["optimizer"] == 8 * 4096
+
+
+def test_kv_cache_grows_with_completion_length_and_checkpointing_cuts_activations(tiny_config):
+    cfg = load_config(data=tiny_config)
+    short = estimate_memory(cfg, T4, prompt_tokens=10)
+    tiny_config["algorithm"]["max_new_tokens"] = 246
+    long = estimate_memory(load_config(data=tiny_config), T4, prompt_tokens=10)
+    assert long.phases["rollout"]["kv cache"] == short.phases["rollout"]["kv cache"] * 256 // 16
+    tiny_config["model"]["gradient_checkpointing"] = True
+    ckpt = estimate_memory(load_config(data=tiny_config), T4, prompt_tokens=10)
+    # two layers: one replayed layer plus each layer's fp32 input, against both layers' activations
+    assert ckpt.geometry.checkpointed and ckpt.phases["update"]["activations"] < long.phases["update"]["activations"]
+
+
+def test_advice_goes_cheapest_first_and_each_knob_lowers_the_peak(tiny_config):
+    tiny_config["algorithm"].update(rollout_batch_size=256, num_generations=16, max_new_tokens=400, micro_batch_size=512)
+    cfg = load_config(data=tiny_config)
+    small = DeviceSpec("small", "cuda", GiB, GiB // 4)
+    est = estimate_memory(cfg, small, prompt_tokens=10)
+    assert not est.fits
+    knobs = advise(cfg, est)
+    assert knobs, "a config that does not fit gets advice"
+    assert knobs[0].setting.startswith("algorithm.micro_batch_size=")  # same gradients, only slower: first
+    peaks = [est.peak] + [k.peak for k in knobs]
+    assert all(b < a for a, b in zip(peaks, peaks[1:])), peaks
+    assert knobs[-1].peak <= 0.95 * small.total
+
+
+def test_named_devices_and_unknown_names():
+    assert describe_device("H100-80GB").total == 80 * 10**9
+    assert describe_device("24GB").total == 24 * 10**9
+    assert describe_device("cpu").kind == "cpu"
+    from rlft.errors import UsageError
+
+    with pytest.raises(UsageError, match="unknown device 'H1000'.*H100-80GB"):
+        describe_device("H1000")
+
+
+def test_a_run_predicted_not_to_fit_is_refused_with_advice_before_anything_is_written(tiny_config, tmp_path):
+    from rlft import Trainer
+    from rlft.planner.check import MemoryPlanError
+
+    tiny_config["algorithm"].update(rollout_batch_size=4096, num_generations=64, max_new_tokens=4096)
+    with pytest.raises(MemoryPlanError) as info:
+        Trainer(config=tiny_config).train()
+    message = str(info.value)
+    assert "predicted to need" in message and "kv cache" in message
+    assert "To fit, apply in this order" in message and "--set algorithm.rollout_batch_size=" in message
+    assert "train.ignore_memory_check=true" in message
+    assert not (tmp_path / "outputs").exists(), "a refused run writes nothing"
+
+
+def test_ignore_memory_check_starts_it_with_a_warning(tiny_config, monkeypatch, caplog):
+    import logging
+
+    from rlft.planner import check, estimate
+
+    cfg = load_config(data=tiny_config)
+    tight = DeviceSpec("tight", "cpu", GiB // 4, GiB // 2)
+    monkeypatch.setattr(estimate, "describe_device", lambda name, model_device="auto": tight)
+    with pytest.raises(check.MemoryPlanError):
+        check.check_memory(cfg, logging.getLogger("rlft"))
+    cfg.train.ignore_memory_check = True
+    with caplog.at_level(logging.WARNING, logger="rlft"):
+        plan = check.check_memory(cfg, logging.getLogger("rlft"))
+    assert plan is not None and plan.device == "tight"
+    assert "predicted to need" in caplog.text
+
+
+def test_a_run_that_fits_records_its_plan_in_run_json(tiny_config):
+    from rlft import Trainer
+
+    tiny_config["train"]["max_steps"] = 1
+    tiny_config["eval"].update(before_training=False, after_training=False)
+    run = Trainer(config=tiny_config).train().run_dir
+    memory = json.loads((run / "run.json").read_text())["memory"]
+    assert memory["predicted_peak_mb"] > 0 and memory["peak_phase"] in ("rollout", "scoring", "update", "evaluation")
+    assert memory["device"] == "cpu" and isinstance(memory["if_out_of_memory"], list)
+
+
+def test_estimate_cli_prints_the_breakdown_and_exits_1_when_it_does_not_fit(tiny_config, tmp_path):
+    import yaml
+
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(tiny_config))
+    proc = run_cli(["estimate", "--config", str(path), "--device", "T4-16GB", "--json"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["fits"] and out["peak_phase"] == "update" and out["advice"] == []
+    assert set(out["phases"]["update"]) >= {"weights", "gradients", "optimizer", "activations", "logits"}
+    proc = run_cli(["estimate", "--config", str(path), "--device", "T4-16GB", "--set",
+                    "algorithm.rollout_batch_size=4096", "--set", "algorithm.num_generations=64",
+                    "--set", "algorithm.max_new_tokens=4096"], tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert "does NOT fit T4-16GB" in proc.stdout and "to fit, apply in this order" in proc.stdout
