@@ -48,15 +48,15 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from rlft.errors import UsageError
     from rlft.sweep.execute import Sweep
-    from rlft.sweep.registry import open_registry
+    from rlft.sweep.registry import REGISTRY_FILE, open_registry
 
     if args.summary is not None:
         return _report(Path(args.summary), args)
     options = _options(args)
     specs = _specs(args)
     sweep_dir = _sweep_dir(args)
-    if args.resume and not sweep_dir.is_dir():
-        raise UsageError(f"--resume: {sweep_dir} is not a sweep directory")
+    if args.resume and args.db is None and not (sweep_dir / REGISTRY_FILE).is_file():
+        raise UsageError(f"--resume: {sweep_dir} is not a sweep directory (no {REGISTRY_FILE} in it)")
     store = open_registry(sweep_dir, args.db)
     try:
         sweep = Sweep(store, sweep_dir, options)

@@ -157,23 +157,29 @@ def _write_errors(rows: list[RunRow], path: Path) -> Path:
 
 
 def print_table(rows: list[RunRow], sweep_dir: Path, file=None) -> None:
+    """The summary table on the terminal (wide enough for every column when the output is not one)."""
     from rich.console import Console
     from rich.table import Table
 
+    out = file or sys.stdout
+    tty = getattr(out, "isatty", lambda: False)()
+    console = Console(file=out, width=None if tty else 200, highlight=False)
     metrics = metric_columns(rows)
     table = Table(title=f"sweep {sweep_dir}: {headline(rows)}", title_justify="left")
-    for name in ["run", "status", "class", "attempts", "duration", *(f"{k}\n(final / best)" for k in metrics)]:
-        table.add_column(name, no_wrap=name != "run")
+    table.add_column("run", min_width=min(30, max(len(r.name) for r in rows)), overflow="fold")
+    for name in ("status", "class", "attempts", "duration"):
+        table.add_column(name, no_wrap=True)
+    for key in metrics:
+        table.add_column(f"{key}\nfinal / best", overflow="fold")
     colour = {"success": "green", "failed": "red", "cancelled": "yellow"}
     for r in rows:
         cells = _cells(r, metrics)
         cells[1] = f"[{colour.get(r.status, 'white')}]{r.status}[/]"
         table.add_row(*cells)
-    console = Console(file=file or sys.stdout, width=max(100, Console().width))
     console.print(table)
     for r in rows:
         if r.status == "failed":
-            console.print(f"[red]{r.name}[/] ({r.failure_class}): {gist(r.error)}", highlight=False)
+            console.print(f"[red]{r.name}[/] ({r.failure_class}): {gist(r.error)}", soft_wrap=True)
 
 
 def gist(text: str | None, limit: int = 200) -> str:
