@@ -94,7 +94,7 @@ def test_fail_fast_cancels_the_running_and_starts_nothing_new_then_resume_contin
     broken = config()
     broken["data"]["train_file"] = "data/broken.jsonl"
     write(exp, "a-broken.yaml", broken)
-    write(exp, "b-long.yaml", config(steps=80))
+    write(exp, "b-long.yaml", config(steps=25))
     write(exp, "c-later.yaml", config())
     assert sweep("exp", "--out", "s", "--parallel", "2", "--fail-fast", "--no-plots") == 1
     assert "--fail-fast" in capsys.readouterr().err
@@ -115,4 +115,4 @@ def test_fail_fast_cancels_the_running_and_starts_nothing_new_then_resume_contin
     resumed = runs["b-long"][1]
     had_checkpoint = resumed["resume_from"] == "auto"  # cancelled mid-training: continued from its checkpoint
     assert had_checkpoint or Path(resumed["run_dir"] + ".attempt-1").is_dir()  # cancelled while loading: afresh
-    assert read_jsonl(Path(resumed["run_dir"]) / "metrics.jsonl")[-1]["step"] == 80
+    assert read_jsonl(Path(resumed["run_dir"]) / "metrics.jsonl")[-1]["step"] == 25

@@ -176,12 +176,12 @@ class Sweep:
         """Queue the next attempt: continuing the run's checkpoint if it has one, else afresh."""
         resume = None
         if track.job_id is not None:
-            if list_checkpoints(track.run_dir / "checkpoints"):
+            if _resumable(track.run_dir):
                 resume = "auto"
             elif RunDirectory(track.run_dir).holds_run():
                 aside = _free_path(track.run_dir.with_name(f"{track.run_dir.name}.attempt-{track.attempt}"))
                 track.run_dir.rename(aside)
-                self._line(track, f"attempt {track.attempt} left no checkpoint; its directory moved to {aside.name}")
+                self._line(track, f"attempt {track.attempt} left no checkpoint to resume; its directory moved to {aside.name}")
         job = add_attempt(self.store, self.sweep_dir, track.spec, track.run_dir, attempt=track.attempt + 1,
                           retry_of=track.job_id, resume=resume)
         track.job_id, track.attempt, track.announced = job.id, job.attempt, False
@@ -231,6 +231,13 @@ class Sweep:
 def _spec_of(job: Job) -> RunSpec:
     """A run planned by an earlier invocation, from its latest row (its config validated then)."""
     return RunSpec(name=job.name or job.id, source=job.config_source, config_yaml=job.config_yaml, kind=job.kind)
+
+
+def _resumable(run_dir: Path) -> bool:
+    """Whether ``--resume auto`` can continue ``run_dir``: its latest complete checkpoint has the optimizer
+    state (``train.save_optimizer: false`` writes export-only checkpoints that a resume refuses)."""
+    found = list_checkpoints(run_dir / "checkpoints")
+    return bool(found) and (found[-1] / "optimizer.pt").is_file()
 
 
 def _free_path(path: Path) -> Path:
