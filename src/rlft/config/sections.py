@@ -95,6 +95,17 @@ class WatchConfig(Section):
     patience: int = Field(5, gt=0, description="... for this many steps in a row.")
 
 
+class TrackingConfig(Section):
+    """Where train.report_to's experiment trackers send a run (metrics.jsonl stays the record of truth)."""
+
+    project: str = Field("rlft", description="W&B project and MLflow experiment the run is filed under.")
+    wandb_mode: Literal["offline", "online"] = Field(
+        "offline", description="W&B: offline writes <run_dir>/wandb/ only (upload later with `wandb sync`); online "
+        "streams to the W&B server (needs a login).")
+    mlflow_tracking_uri: str | None = Field(
+        None, description="MLflow tracking server or store URI (default: sqlite:///<run_dir>/mlflow.db, no server).")
+
+
 class TrainConfig(Section):
     epochs: int = Field(1, gt=0, description="Passes over the training prompts.")
     max_steps: int | None = Field(None, gt=0, description="Stop after this many steps even if epochs remain.")
@@ -111,6 +122,10 @@ class TrainConfig(Section):
     num_threads: int | None = Field(
         None, gt=0, description="CPU compute threads (default: OMP_NUM_THREADS if set, else one per physical core "
         "this process may use; hyperthreads and cores outside its CPU quota only slow the matmuls down).")
+    report_to: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
+        default_factory=list, description="Experiment trackers that also receive the metrics and the config: "
+        "tensorboard, wandb, mlflow (a tracker that fails is disabled with a warning; training goes on).")
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="Experiment tracker settings.")
 
 
 class EvalConfig(Section):
