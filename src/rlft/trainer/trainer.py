@@ -25,6 +25,7 @@ from rlft.errors import error_type
 from rlft.logging.console import (ProgressBar, attach_file_log, get_logger, quiet_library_progress_bars,
                                   setup_console_logging)
 from rlft.logging.run_dir import RunDirectory, append_jsonl, truncate_jsonl
+from rlft.logging.trackers import Trackers, open_trackers
 from rlft.trainer.job import EvalRecord, Job, job_class
 from rlft.trainer.metrics import MetricWindow
 from rlft.trainer.parts import seed_everything
@@ -74,6 +75,7 @@ class Trainer:
         self.job: Job = job_class(cfg)(cfg)
         self.step = 0
         self.train_seconds = 0.0  # wall time inside train steps (excludes model load, evaluation, checkpoints)
+        self.trackers = Trackers()  # train.report_to's experiment trackers, opened in setup()
         self._ready = False
 
     # ------------------------------------------------------------------ setup
@@ -94,6 +96,12 @@ class Trainer:
         self.log = setup_console_logging()
         self._file_log = attach_file_log(self.run_dir.log)
         self.run_dir.config.write_text(config_to_yaml(cfg))  # the config in effect; each checkpoint keeps its own
+        resume_step = int(self._resume_point.state["step"]) if self._resume_point is not None else None
+        self.trackers = open_trackers(cfg.train.report_to, self.run_dir.root, yaml.safe_load(config_to_yaml(cfg)),
+                                      self.run_dir.root.name, self.run_dir.read_run_info().get("trackers"),
+                                      resume_step)  # a resumed run continues the tracker runs run.json names
+        if self.trackers.ids:
+            self.run_dir.write_run_info(trackers=self.trackers.ids)
         self.run_dir.write_run_info(status="starting", kind=cfg.kind, config=self.config_source, started=time.time())
         self.log.info(f"config loaded: {self.config_source} -> run directory {self.run_dir.root}")
         if self._resume_point is not None:
@@ -186,6 +194,7 @@ class Trainer:
     def _close(self, **run_info) -> None:
         """Record the final status, stop the heartbeat and detach this run's log file (API users may
         start another run)."""
+        self.trackers.close(run_info.get("status", "failed"))
         self._heartbeat.__exit__(None, None, None)
         self.run_dir.write_run_info(ended=time.time(), **run_info)
         get_logger().removeHandler(self._file_log)
@@ -254,6 +263,7 @@ class Trainer:
         if self.step % tcfg.logging_interval == 0 or self.step == self.total_steps:
             metrics = {"step": self.step, "epoch": round(self.step / self.job.steps_per_epoch, 4), **window.flush()}
             append_jsonl(self.run_dir.metrics, metrics)
+            self.trackers.log(self.step, metrics)
             self.log.info(self.job.step_line(self.step, metrics))
             result.last_metrics = metrics
             self.run_dir.write_run_info(step=self.step)
@@ -276,6 +286,7 @@ class Trainer:
         self.log.info(f"eval ({tag}, step {self.step}): {record.line}")
         out = {"step": self.step, "tag": tag, **record.payload}
         (self.run_dir.eval_dir / f"step-{self.step}.json").write_text(json.dumps(out, indent=2, ensure_ascii=False))
+        self.trackers.log(self.step, record.payload, prefix="eval/")
         return record
 
     def save_checkpoint(self) -> Path:
