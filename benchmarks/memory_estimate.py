@@ -101,7 +101,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="Run only the cases whose name contains this.")
     parser.add_argument("--out", default=None, help="Also write the table as JSON here.")
+    parser.add_argument("--reuse", default=None, help="Take the measured peaks from this earlier --out file "
+                        "(cases with the same name and overrides) and only estimate again: for tuning the model.")
     args = parser.parse_args()
+    earlier = {}
+    if args.reuse:
+        earlier = {(r["case"], json.dumps(r["overrides"], sort_keys=True)): r for r in json.loads(Path(args.reuse).read_text())}
     from rlft.models.precision import cpu_has_native_bf16
     from rlft.models.tiny import build_tiny_model_dir
 
@@ -116,9 +121,10 @@ def main() -> None:
                 continue
             config = write_config(work, str(tiny) if model == "tiny" else "smollm2-135m-instruct", overrides)
             est = estimate(config)
-            steps, whole = measure(config)
+            old = earlier.get((name, json.dumps(overrides, sort_keys=True)))
+            steps, whole = (old["measured_steps"], old["measured_process"]) if old else measure(config)
             peak = est["peak_bytes"]
-            results.append({"case": name, "estimate": peak, "peak_phase": est["peak_phase"], "measured_steps": steps,
+            results.append({"case": name, "overrides": overrides, "estimate": peak, "peak_phase": est["peak_phase"], "measured_steps": steps,
                             "measured_process": whole, "ratio": peak / steps, "ratio_process": peak / whole,
                             "totals": est["totals"]})
             print(f"{name:<30} {peak / 2**30:>8.2f}G {est['peak_phase']:>10} {steps / 2**30:>8.2f}G "

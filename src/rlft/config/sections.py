@@ -117,6 +117,11 @@ class TrainConfig(Section):
     watch: WatchConfig = Field(default_factory=WatchConfig, description="Reward-hacking watch thresholds.")
     keep_last: int | None = Field(
         None, gt=0, description="Keep only the newest N complete checkpoints (older ones are deleted after a save).")
+    save_optimizer: bool = Field(
+        True, description="Save the optimizer state (two thirds of a full fine-tune's checkpoint) so a run can "
+        "resume exactly; false writes export-only checkpoints, which --resume refuses.")
+    ignore_memory_check: bool = Field(
+        False, description="Start even when rlft estimate predicts the run will not fit the device's memory.")
     samples_per_log: int = Field(4, ge=0, description="Prompt/completion pairs written to samples.jsonl per logging step.")
     progress_bar: Literal["auto", "on", "off"] = Field("auto", description="Progress bar: on a terminal only (auto), always, never.")
     num_threads: int | None = Field(

@@ -24,6 +24,7 @@ from rlft.config.schema import RunConfig
 from rlft.errors import error_type
 from rlft.logging.console import (ProgressBar, attach_file_log, get_logger, quiet_library_progress_bars,
                                   setup_console_logging)
+from rlft.logging.resources import ResourceMonitor
 from rlft.logging.run_dir import RunDirectory, append_jsonl, truncate_jsonl
 from rlft.logging.trackers import Trackers, open_trackers
 from rlft.trainer.job import EvalRecord, Job, job_class
@@ -86,6 +87,9 @@ class Trainer:
         A failure here is recorded in run.json like a failure during training."""
         cfg = self.cfg
         self._resume_point, changes = self._find_resume_point()
+        from rlft.planner.check import check_memory
+
+        memory = check_memory(cfg, get_logger())  # a run predicted not to fit is refused before anything is written
         if self._resume_point is not None:
             self.run_dir = RunDirectory(self._resume_point.run_root)
         elif self.run_dir_path is not None:
@@ -95,6 +99,9 @@ class Trainer:
         self._heartbeat = Heartbeat(self.run_dir).__enter__()
         self.log = setup_console_logging()
         self._file_log = attach_file_log(self.run_dir.log)
+        self.resources = ResourceMonitor(self.run_dir.root / "resources.jsonl", cuda=_on_cuda(cfg.model.device),
+                                         first_knob=(memory.if_out_of_memory or [None])[0] if memory else None,
+                                         log=get_logger()).__enter__()
         self.run_dir.config.write_text(config_to_yaml(cfg))  # the config in effect; each checkpoint keeps its own
         resume_step = int(self._resume_point.state["step"]) if self._resume_point is not None else None
         self.trackers = open_trackers(cfg.train.report_to, self.run_dir.root, yaml.safe_load(config_to_yaml(cfg)),
@@ -102,7 +109,8 @@ class Trainer:
                                       resume_step)  # a resumed run continues the tracker runs run.json names
         if self.trackers.ids:
             self.run_dir.write_run_info(trackers=self.trackers.ids)
-        self.run_dir.write_run_info(status="starting", kind=cfg.kind, config=self.config_source, started=time.time())
+        self.run_dir.write_run_info(status="starting", kind=cfg.kind, config=self.config_source, started=time.time(),
+                                    **({"memory": memory.as_dict()} if memory else {}))
         self.log.info(f"config loaded: {self.config_source} -> run directory {self.run_dir.root}")
         if self._resume_point is not None:
             self._prepare_resume(changes)
@@ -113,7 +121,7 @@ class Trainer:
         try:
             self._build()
         except BaseException as exc:
-            self._close(**_ended_by(exc))
+            self._close(**self._ended_by(exc))
             raise
         self._ready = True
 
@@ -196,6 +204,7 @@ class Trainer:
         start another run)."""
         self.trackers.close(run_info.get("status", "failed"))
         self._heartbeat.__exit__(None, None, None)
+        self.resources.__exit__(None, None, None)
         self.run_dir.write_run_info(ended=time.time(), **run_info)
         get_logger().removeHandler(self._file_log)
         self._file_log.close()
@@ -217,7 +226,7 @@ class Trainer:
             try:
                 return self._run(stop)
             except BaseException as exc:
-                self._close(step=self.step, **_ended_by(exc))
+                self._close(step=self.step, **self._ended_by(exc))
                 raise
 
     def _run(self, stop: StopRequest) -> TrainResult:
@@ -260,8 +269,10 @@ class Trainer:
 
     def _after_step(self, window: MetricWindow, bar: ProgressBar, result: TrainResult) -> None:
         tcfg = self.cfg.train
+        self.resources.step = self.step
         if self.step % tcfg.logging_interval == 0 or self.step == self.total_steps:
-            metrics = {"step": self.step, "epoch": round(self.step / self.job.steps_per_epoch, 4), **window.flush()}
+            metrics = {"step": self.step, "epoch": round(self.step / self.job.steps_per_epoch, 4), **window.flush(),
+                       **self.resources.step_metrics()}
             append_jsonl(self.run_dir.metrics, metrics)
             self.trackers.log(self.step, metrics)
             self.log.info(self.job.step_line(self.step, metrics))
@@ -297,7 +308,7 @@ class Trainer:
                  **parts.extra, "data_fingerprint": self._data_fingerprint}
         save_checkpoint(target, model=parts.model, tokenizer=parts.tokenizer, optimizer=parts.optimizer,
                         scheduler=parts.scheduler, trainer_state=state, config_yaml=config_to_yaml(self.cfg),
-                        components=parts.components)
+                        components=parts.components, save_optimizer=self.cfg.train.save_optimizer)
         self.log.info(f"checkpoint saved: {target}")
         if self.cfg.train.keep_last:
             for old in prune_checkpoints(self.run_dir.checkpoints, self.cfg.train.keep_last):
@@ -311,9 +322,26 @@ class Trainer:
             self.log.info(line)
 
 
-def _ended_by(exc: BaseException) -> dict:
-    """run.json's record of a run ended by ``exc``: a second Ctrl-C is a cancellation, anything else a
-    failure with its kind (:func:`rlft.errors.error_type`)."""
-    if isinstance(exc, KeyboardInterrupt):
-        return {"status": "cancelled", "signal": "SIGINT"}
-    return {"status": "failed", "error": f"{type(exc).__name__}: {exc}", "error_type": error_type(exc)}
+    def _ended_by(self, exc: BaseException) -> dict:
+        """run.json's record of a run ended by ``exc``: a second Ctrl-C is a cancellation, anything else a
+        failure with its kind (:func:`rlft.errors.error_type`); out of memory adds the peak the resource
+        monitor saw and the memory plan's advice."""
+        if isinstance(exc, KeyboardInterrupt):
+            return {"status": "cancelled", "signal": "SIGINT"}
+        kind = error_type(exc)
+        out = {"status": "failed", "error": f"{type(exc).__name__}: {exc}", "error_type": kind}
+        if kind == "oom":
+            advice = (self.run_dir.read_run_info().get("memory") or {}).get("if_out_of_memory", [])
+            out["oom"] = {"kind": "cuda" if "cuda" in str(exc).lower() else "cpu", "step": self.step,
+                          "peak_mb": self.resources.peak_mb(), "advice": advice}
+            if advice:
+                out["error"] += f" | try --set {advice[0]} (rlft estimate --config ... for the whole list)"
+        return out
+
+
+def _on_cuda(device: str) -> bool:
+    if device == "cpu":
+        return False
+    import torch
+
+    return torch.cuda.is_available()
