@@ -55,19 +55,16 @@ def run_dir_name(spec: RunSpec, run_id: str, day: str | None = None) -> str:
 # ---------------------------------------------------------------------- validation
 
 
-def validate(name: str, source: str | Path | None, overrides: list[str], text: str | None = None) -> RunSpec:
-    """The spec of one run: its config loaded and validated (a failure is kept as ``error``).
-    ``text`` (a resolved config from the registry) replaces reading ``source``."""
-    import yaml
-
-    spec = RunSpec(name=name, source=str(source) if source is not None else None, overrides=list(overrides))
+def validate(name: str, source: str | Path, overrides: list[str]) -> RunSpec:
+    """The spec of one run: its config loaded and validated (a failure is kept as ``error``, with the
+    file's own text as its config)."""
+    spec = RunSpec(name=name, source=str(source), overrides=list(overrides))
     try:
-        data = yaml.safe_load(text) if text is not None else None
-        cfg = load_config(None if text is not None else source, overrides=overrides, data=data)
-    except (ConfigError, yaml.YAMLError) as exc:
+        cfg = load_config(source, overrides=overrides)
+    except ConfigError as exc:  # also a missing file or bad YAML: read_yaml turns them into one
         spec.error = str(exc)
-        spec.config_yaml = text if text is not None else _read(source)
-        spec.kind, spec.label = _raw_kind(spec.config_yaml), sanitize(Path(str(source or name)).stem)
+        spec.config_yaml = _read(source)
+        spec.kind, spec.label = _raw_kind(spec.config_yaml), sanitize(Path(str(source)).stem)
         return spec
     spec.config_yaml, spec.kind = config_to_yaml(cfg), cfg.kind
     spec.label = f"{sanitize(_model_name(cfg.model.path), 'model')}-{sanitize(cfg.run_label())}"
@@ -81,7 +78,7 @@ def _model_name(path: str) -> str:
 
 def _read(source) -> str:
     try:
-        return Path(source).read_text(encoding="utf-8", errors="replace") if source is not None else ""
+        return Path(source).read_text(encoding="utf-8", errors="replace")
     except OSError:
         return ""
 
