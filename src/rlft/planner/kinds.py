@@ -110,9 +110,10 @@ def _supervised(shape: ModelShape, device: DeviceSpec, cfg, rows: int, micro: in
 
 
 def sft_phases(cfg, shape, device, prompt_tokens, compute_bytes):
-    """Updates on rows of up to ``sft.max_length`` tokens (packed rows are exactly that long)."""
+    """Updates on rows of up to ``data.max_length`` tokens (packed rows are exactly that long)."""
     s = cfg.sft
-    return _supervised(shape, device, cfg, s.batch_size, s.micro_batch_size, s.max_length, compute_bytes, False)
+    return _supervised(shape, device, cfg, s.batch_size, s.micro_batch_size, cfg.data.max_length, compute_bytes,
+                       False)
 
 
 def rm_phases(cfg, shape, device, prompt_tokens, compute_bytes):

@@ -28,6 +28,8 @@ Phases = dict[str, dict[str, int]]
 # MLP's intermediate-sized ones (gate, its activation, up, their product) in the compute dtype.
 # Measured on SmolLM2-135M, 16 x 281 tokens: 79 bytes per hidden unit in bf16, 101 in fp32.
 ACT_FP32_HIDDEN, ACT_HIDDEN, ACT_INTER = 15, 1, 4
+# A LoRA adapter on every linear keeps each adapted input once more (84 bytes a hidden unit in bf16).
+ACT_LORA_HIDDEN = 3
 # Under checkpointing a layer keeps its fp32 inputs (hidden states, rotary tables; measured 25 bytes
 # per hidden unit), and one layer is replayed at a time.
 CKPT_FP32_HIDDEN = 6
@@ -65,7 +67,8 @@ class Geometry:
 def activation_bytes(shape: ModelShape, tokens: int, compute_bytes: int, checkpointed: bool) -> int:
     """Activations ``tokens`` positions keep for the backward through the decoder layers."""
     h, inter = shape.hidden, shape.intermediate
-    layer = 4 * ACT_FP32_HIDDEN * h + (ACT_HIDDEN * h + ACT_INTER * inter) * compute_bytes
+    lora = ACT_LORA_HIDDEN * h if shape.trainable < shape.params else 0
+    layer = 4 * ACT_FP32_HIDDEN * h + (ACT_HIDDEN * h + lora + ACT_INTER * inter) * compute_bytes
     per_token = shape.layers * 4 * CKPT_FP32_HIDDEN * h + layer if checkpointed else shape.layers * layer
     return tokens * per_token
 
