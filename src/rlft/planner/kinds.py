@@ -49,7 +49,7 @@ def rl_phases(cfg, shape: ModelShape, device: DeviceSpec, prompt_tokens: int, co
              if alg.micro_batch_size == "auto" else min(alg.micro_batch_size, update_rows))
     g = Geometry(rows=rows, prompts=alg.rollout_batch_size, prompt_tokens=prompt_tokens, new_tokens=new,
                  micro_rows=micro, compute_bytes=compute_bytes, checkpointed=checkpointed,
-                 **_eval_geometry(cfg, new))
+                 group=alg.num_generations, **_eval_geometry(cfg, new))
     kept = {**trained_bytes(shape),
             "reference": reference_bytes(shape, compute_bytes, lora) if alg.uses_reference() else 0,
             "decode weights": decode_copy_bytes(shape, compute_bytes, lora) if cfg.rollout.decode_copy else 0,

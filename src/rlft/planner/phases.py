@@ -31,8 +31,12 @@ ACT_FP32_HIDDEN, ACT_HIDDEN, ACT_INTER = 15, 1, 4
 # A LoRA adapter on every linear keeps each adapted input once more (84 bytes a hidden unit in bf16).
 ACT_LORA_HIDDEN = 3
 # Under checkpointing a layer keeps its fp32 inputs (hidden states, rotary tables; measured 25 bytes
-# per hidden unit), and one layer is replayed at a time.
-CKPT_FP32_HIDDEN = 6
+# per hidden unit, rounded up), and one layer is replayed at a time.
+CKPT_FP32_HIDDEN = 7
+# The saved tensors above, measured on whole rows, plus what the backward holds beside them (each
+# layer's gradient temporaries, the allocator's fragmentation): 25 % more kept every measured case
+# of benchmarks/memory_estimate.py at or above its peak (docs/operations.md has the table).
+ACTIVATION_MARGIN = 1.25
 HEAD_CHUNK_ELEMENTS = 1 << 24  # rlft.models.head_logprobs: logits computed at a time
 HEAD_CHUNK_COPIES = 3  # the chunk's logits, probabilities and their gradient
 DECODE_LOGIT_COPIES = 4  # a decode step's logits, fp32 copy, probabilities and sampling scratch
@@ -58,10 +62,26 @@ class Geometry:
     checkpointed: bool
     eval_rows: int = 0
     eval_new_tokens: int = 0
+    group: int = 1
 
     @property
     def seq(self) -> int:
         return self.prompt_tokens + self.new_tokens
+
+    @property
+    def forward_tokens(self) -> int:
+        """Positions one forward/backward runs: a group's completions share one pass over their prompt
+        (:func:`rlft.models.logprobs.grouped_completion_logprobs`), so a micro-batch is its completions
+        plus one prompt per group it touches; rows without completions are whole."""
+        if not self.new_tokens:
+            return self.micro_rows * self.seq
+        return self.micro_rows * self.new_tokens + -(-self.micro_rows // self.group) * self.prompt_tokens
+
+    @property
+    def scored_tokens(self) -> int:
+        """Positions whose log-probs the head computes: the completions (every position of a row
+        without one)."""
+        return self.micro_rows * (self.new_tokens or self.seq)
 
 
 def activation_bytes(shape: ModelShape, tokens: int, compute_bytes: int, checkpointed: bool) -> int:
@@ -70,7 +90,7 @@ def activation_bytes(shape: ModelShape, tokens: int, compute_bytes: int, checkpo
     lora = ACT_LORA_HIDDEN * h if shape.trainable < shape.params else 0
     layer = 4 * ACT_FP32_HIDDEN * h + (ACT_HIDDEN * h + lora + ACT_INTER * inter) * compute_bytes
     per_token = shape.layers * 4 * CKPT_FP32_HIDDEN * h + layer if checkpointed else shape.layers * layer
-    return tokens * per_token
+    return int(ACTIVATION_MARGIN * tokens * per_token)
 
 
 def head_bytes(shape: ModelShape, tokens: int, compute_bytes: int) -> int:
@@ -107,11 +127,10 @@ def trained_bytes(shape: ModelShape) -> dict[str, int]:
 def update_bytes(shape: ModelShape, g: Geometry, head: bool = True) -> dict[str, int]:
     """A backward over one micro-batch, gradients accumulating: gradients (fp32, trainable
     parameters), the micro-batch's activations, and the head's log-prob buffers (``head``)."""
-    tokens = g.micro_rows * g.seq
     out = {"gradients": 4 * shape.trainable,
-           "activations": activation_bytes(shape, tokens, g.compute_bytes, g.checkpointed)}
+           "activations": activation_bytes(shape, g.forward_tokens, g.compute_bytes, g.checkpointed)}
     if head:
-        out["logits"] = head_bytes(shape, tokens, g.compute_bytes)
+        out["logits"] = head_bytes(shape, g.scored_tokens, g.compute_bytes)
     if g.compute_bytes == 2:  # autocast keeps a bf16 cast of each weight for the backward
         out["autocast weights"] = 2 * shape.linear_params
     return out
@@ -119,9 +138,8 @@ def update_bytes(shape: ModelShape, g: Geometry, head: bool = True) -> dict[str,
 
 def scoring_bytes(shape: ModelShape, g: Geometry) -> dict[str, int]:
     """Log-probs of a micro-batch without gradients (old policy, reference)."""
-    tokens = g.micro_rows * g.seq
-    return {"activations": forward_bytes(shape, tokens, g.compute_bytes),
-            "logits": head_bytes(shape, tokens, g.compute_bytes)}
+    return {"activations": forward_bytes(shape, g.forward_tokens, g.compute_bytes),
+            "logits": head_bytes(shape, g.scored_tokens, g.compute_bytes)}
 
 
 def reference_bytes(shape: ModelShape, compute_bytes: int, lora: bool) -> int:

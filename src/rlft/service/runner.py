@@ -80,6 +80,19 @@ def tail_lines(path: str | Path, n: int) -> str:
     return "\n".join(data.decode("utf-8", errors="replace").splitlines()[-n:])
 
 
+def record_oom_kill(run_dir: str) -> str | None:
+    """If a run killed by SIGKILL had nearly exhausted its memory (its resources.jsonl says so), write
+    the out-of-memory record into its run.json and return its one-line reason; else None."""
+    from rlft.logging.resources import diagnose_kill
+    from rlft.logging.run_dir import RunDirectory
+
+    verdict = diagnose_kill(run_dir)
+    if verdict is None:
+        return None
+    RunDirectory(Path(run_dir)).write_run_info(status="failed", ended=time.time(), **verdict)
+    return verdict["error"]
+
+
 def read_run_info(run_dir: str) -> dict:
     try:
         return json.loads((Path(run_dir) / "run.json").read_text())
@@ -240,6 +253,9 @@ class Runner:
                 error = "service_lost"
                 summary = (summary + "\n" if summary else "") + ("the job's process ended while the service was "
                                                                  "not watching it, without recording an outcome")
+            elif code == 128 + signal.SIGKILL and (oom := record_oom_kill(job.run_dir)):
+                error = "oom"
+                summary = (summary + "\n" if summary else "") + oom
             elif code is not None and code > 128:
                 error = "killed"
             else:

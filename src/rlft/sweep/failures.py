@@ -65,11 +65,9 @@ def _signal_of(exit_code: int | None) -> int | None:
 def kill_diagnosis(run_dir: str | Path) -> dict | None:
     """What the run's resource log says of a SIGKILL: run.json-style fields (``error_type: oom``,
     ``error``) when memory was nearly exhausted, else None (:func:`rlft.logging.resources.diagnose_kill`;
-    None as well where that module or its samples are missing)."""
-    try:
-        from rlft.logging.resources import diagnose_kill
-    except ImportError:
-        return None
+    None as well where its samples are missing)."""
+    from rlft.logging.resources import diagnose_kill
+
     try:
         verdict = diagnose_kill(Path(run_dir))
     except Exception:  # a diagnosis that cannot be made is no diagnosis
