@@ -110,3 +110,36 @@ def test_cancel_escalates_to_sigkill_after_the_grace_period(workspace):
     assert job.status == "cancelled" and job.exit_code == 137, job.as_dict()
     assert any("SIGKILL" in e for e in runner.events)
     store.close()
+
+
+def test_a_job_the_oom_killer_ended_is_recorded_as_oom_with_advice(workspace):
+    """SIGKILL with the run's last resource samples showing memory exhausted: failed / oom, and run.json
+    gets the out-of-memory record (the kernel's OOM killer leaves the process no chance to write it)."""
+    import subprocess
+
+    from rlft.service.runner import _Tracked
+
+    store = JobStore(default_url(workspace))
+    job_id = store.new_id()
+    run = workspace / "outputs" / "greedy"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({"status": "running", "memory": {
+        "if_out_of_memory": ["model.gradient_checkpointing=true"]}}))
+    (run / "resources.jsonl").write_text("".join(json.dumps(
+        {"step": 4, "rss_mb": 990.0, "rss_peak_mb": 995.0, "limit_mb": 1000, "available_mb": 5.0}) + "\n"
+        for _ in range(3)))
+    store.create(job_id, NewJob("rl", "x: 1", None, str(workspace / ".rlft" / "jobs" / job_id), str(run)))
+    store.claim_next("w")
+    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    runner = Runner(store, workspace)
+    runner._tracked[job_id] = _Tracked(job_id, proc.pid, popen=proc)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    runner.tick()
+    job = store.get(job_id)
+    assert (job.status, job.error_type, job.exit_code) == ("failed", "oom", 137), job.as_dict()
+    assert "OOM killer" in job.summary and "--set model.gradient_checkpointing=true" in job.summary
+    info = json.loads((run / "run.json").read_text())
+    assert info["status"] == "failed" and info["error_type"] == "oom"
+    assert info["oom"]["peak_mb"] == 995.0 and info["oom"]["advice"] == ["model.gradient_checkpointing=true"]
+    store.close()
