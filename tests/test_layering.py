@@ -34,11 +34,17 @@ NEVER_IMPORTS = {
     "rlft.service": {"rlft.models", "rlft.trainer", "rlft.rollout", "rlft.data", "rlft.rewards", "rlft.sft",
                      "rlft.rl", "rlft.cli", "rlft.chat", "rlft.envs", "rlft.algorithms"},
     "rlft.client": {"rlft.service", "rlft.models", "rlft.trainer", "rlft.rl", "rlft.sft", "rlft.cli"},
+    # The memory planner reads configs, model shapes and data; the lifecycle calls it, never the reverse.
+    "rlft.planner": {"rlft.trainer", "rlft.rl", "rlft.sft", "rlft.rm", "rlft.dpo", "rlft.preference", "rlft.cli",
+                     "rlft.rollout", "rlft.checkpoint", "rlft.doctor", "rlft.sweep"},
+    "rlft.doctor": {"rlft.trainer", "rlft.rl", "rlft.sft", "rlft.rm", "rlft.dpo", "rlft.cli", "rlft.sweep"},
+    # A sweep runs processes on the job store and reads what they wrote; it never holds a model.
+    "rlft.sweep": {"rlft.models", "rlft.trainer", "rlft.rollout", "rlft.rl", "rlft.sft", "rlft.cli", "rlft.planner"},
 }
 # Nothing below the command line runs the service.
 for _lower in ("rlft.config", "rlft.algorithms", "rlft.models", "rlft.envs", "rlft.chat", "rlft.data", "rlft.rollout",
                "rlft.checkpoint", "rlft.trainer", "rlft.rl", "rlft.sft", "rlft.rm", "rlft.dpo", "rlft.preference",
-               "rlft.logging"):
+               "rlft.logging", "rlft.planner", "rlft.doctor"):
     NEVER_IMPORTS.setdefault(_lower, set()).update({"rlft.service", "rlft.client"})
 
 
