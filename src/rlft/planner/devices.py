@@ -20,7 +20,8 @@ CATALOG: dict[str, float] = {
     "A6000-48GB": 48, "A10G-24GB": 24, "L4-24GB": 24, "RTX4090-24GB": 24, "RTX3090-24GB": 24, "T4-16GB": 16,
     "V100-32GB": 32, "V100-16GB": 16,
 }
-CUDA_CONTEXT_BYTES = int(0.5 * GiB)  # the CUDA context and cuBLAS workspaces, outside PyTorch's allocator
+CUDA_CONTEXT_BYTES = int(0.5 * GiB)
+RUN_OVERHEAD_BYTES = 100 * 2**20  # the CUDA context and cuBLAS workspaces, outside PyTorch's allocator
 
 
 @dataclass(frozen=True)
@@ -88,11 +89,13 @@ def cpu_memory_limit() -> int:
 
 
 def python_runtime_bytes() -> int:
-    """What an rlft training process holds before its model: the interpreter, torch, transformers
-    and their libraries (resident pages of this process, which has imported them; at least 0.4 GB)."""
+    """What an rlft training process holds beside its tensors: the interpreter, torch, transformers
+    and their libraries (resident pages of this process, which has imported them), plus what a run
+    adds as it goes (thread stacks and arenas, oneDNN's kernels, tokenizer caches: 100 MB measured
+    on a tiny model), at least 0.45 GB."""
     import psutil
 
     import torch  # noqa: F401  (imported, so its libraries count)
     import transformers  # noqa: F401
 
-    return max(psutil.Process().memory_info().rss, int(0.4 * GiB))
+    return max(psutil.Process().memory_info().rss + RUN_OVERHEAD_BYTES, int(0.45 * GiB))

@@ -101,6 +101,8 @@ def estimate_memory(cfg, device: str | DeviceSpec | None = None, *, shape: Model
 
     ``shape`` and ``prompt_tokens`` skip reading the model config and the data (tests; the
     advice, which re-estimates changed configs of the same model)."""
+    if not isinstance(device, DeviceSpec):
+        _import_job(cfg.kind)  # so this process's runtime (measured on a CPU) holds what a run's would
     spec = device if isinstance(device, DeviceSpec) else describe_device(device, cfg.model.device)
     notes: list[str] = []
     if shape is None:
@@ -113,6 +115,12 @@ def estimate_memory(cfg, device: str | DeviceSpec | None = None, *, shape: Model
     phases_of = getattr(importlib.import_module(module), function)
     geometry, phases = phases_of(cfg, shape, spec, prompt_tokens, compute_bytes(cfg, spec))
     return MemoryEstimate(spec, shape, geometry, phases, spec.runtime, notes)
+
+
+def _import_job(kind: str) -> None:
+    from rlft.config.schema import JOB_KINDS
+
+    importlib.import_module(JOB_KINDS[kind].job.partition(":")[0])
 
 
 def _kind_memory(kind: str) -> str:
