@@ -49,7 +49,12 @@ def describe_device(name: str | None, model_device: str = "auto") -> DeviceSpec:
     if name.startswith("cuda"):
         import torch
 
-        index = int(name.partition(":")[2] or 0)
+        index = int(name.partition(":")[2] or 0) if name.partition(":")[2].isdigit() else 0
+        if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+            from rlft.errors import UsageError
+
+            raise UsageError(f"{name}: this machine has {torch.cuda.device_count()} CUDA device(s); to plan for a "
+                             f"GPU elsewhere name it, e.g. --device H100-80GB or --device 24GB")
         props = torch.cuda.get_device_properties(index)
         return DeviceSpec(f"{props.name} ({name})", "cuda", props.total_memory, CUDA_CONTEXT_BYTES)
     key = _catalog_key(name)
