@@ -34,9 +34,10 @@ ACT_LORA_HIDDEN = 3
 # per hidden unit, rounded up), and one layer is replayed at a time.
 CKPT_FP32_HIDDEN = 7
 # The saved tensors above, measured on whole rows, plus what the backward holds beside them (each
-# layer's gradient temporaries, the allocator's fragmentation): 25 % more kept every measured case
-# of benchmarks/memory_estimate.py at or above its peak (docs/operations.md has the table).
-ACTIVATION_MARGIN = 1.25
+# layer's gradient temporaries, the allocator's fragmentation), by compute dtype in bytes: the
+# smallest margins that kept every case of benchmarks/memory_estimate.py at or above its measured
+# peak (docs/operations.md has the table).
+ACTIVATION_MARGIN = {2: 1.15, 4: 1.25}
 HEAD_CHUNK_ELEMENTS = 1 << 24  # rlft.models.head_logprobs: logits computed at a time
 HEAD_CHUNK_COPIES = 3  # the chunk's logits, probabilities and their gradient
 DECODE_LOGIT_COPIES = 4  # a decode step's logits, fp32 copy, probabilities and sampling scratch
@@ -90,7 +91,7 @@ def activation_bytes(shape: ModelShape, tokens: int, compute_bytes: int, checkpo
     lora = ACT_LORA_HIDDEN * h if shape.trainable < shape.params else 0
     layer = 4 * ACT_FP32_HIDDEN * h + (ACT_HIDDEN * h + lora + ACT_INTER * inter) * compute_bytes
     per_token = shape.layers * 4 * CKPT_FP32_HIDDEN * h + layer if checkpointed else shape.layers * layer
-    return int(ACTIVATION_MARGIN * tokens * per_token)
+    return int(ACTIVATION_MARGIN[compute_bytes] * tokens * per_token)
 
 
 def head_bytes(shape: ModelShape, tokens: int, compute_bytes: int) -> int:
