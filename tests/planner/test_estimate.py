@@ -149,3 +149,13 @@ def test_estimate_cli_prints_the_breakdown_and_exits_1_when_it_does_not_fit(tiny
                     "--set", "algorithm.max_new_tokens=4096"], tmp_path)
     assert proc.returncode == 1, proc.stderr
     assert "does NOT fit T4-16GB" in proc.stdout and "to fit, apply in this order" in proc.stdout
+
+
+def test_advice_skips_knobs_the_kind_refuses(tiny_model_dir, tmp_path):
+    (tmp_path / "pairs.jsonl").write_text('{"prompt": "p", "chosen": "a", "rejected": "b"}\n')
+    cfg = load_config(data={"kind": "rm", "model": {"path": str(tiny_model_dir), "dtype": "fp32"},
+                            "data": {"train_file": str(tmp_path / "pairs.jsonl"), "max_length": 512},
+                            "rm": {"batch_size": 512, "micro_batch_size": 512}})
+    est = estimate_memory(cfg, DeviceSpec("small", "cuda", GiB // 2, GiB // 8), prompt_tokens=512)
+    settings = [k.setting for k in advise(cfg, est)]
+    assert settings and not any(s.startswith("model.lora") for s in settings), settings  # RM training has no LoRA

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pydantic import ValidationError
+
 from rlft.planner.estimate import MemoryEstimate, estimate_memory
 
 
@@ -86,7 +88,10 @@ def advise(cfg, est: MemoryEstimate, reestimate: Callable | None = None, max_kno
     current, now = cfg, est
     while not now.fits and len(knobs) < max_knobs:
         for path, value, cost in _candidates(current, now):
-            changed = _with(current, path, value)
+            try:
+                changed = _with(current, path, value)
+            except ValidationError:  # a knob this kind of job does not take (e.g. LoRA for a reward model)
+                continue
             after = reestimate(changed)
             if after.peak < 0.99 * now.peak:  # a knob that does not lower the peak is no advice
                 break

@@ -68,6 +68,10 @@ def check_memory(cfg, log) -> MemoryPlan | None:
             raise MemoryPlanError(message)
         log.warning(message.replace("\n", " | "))
     smaller = replace(est.device, total=max(int(est.peak * OOM_MARGIN / 0.95), GiB // 4))
-    knobs = advise(cfg, estimate_memory(cfg, smaller, shape=est.shape, prompt_tokens=est.geometry.prompt_tokens),
-                   max_knobs=3)
+    try:
+        knobs = advise(cfg, estimate_memory(cfg, smaller, shape=est.shape, prompt_tokens=est.geometry.prompt_tokens),
+                       max_knobs=3)
+    except Exception as exc:  # noqa: BLE001  (advice for a later OOM must never stop a run that fits)
+        log.warning(f"memory plan: no advice for an out-of-memory failure ({type(exc).__name__}: {exc})")
+        knobs = []
     return MemoryPlan(est.peak, est.peak_phase, est.device.name, est.device.total, [k.setting for k in knobs])
