@@ -84,24 +84,40 @@ def advise(cfg, est: MemoryEstimate, reestimate: Callable | None = None, max_kno
             same_model = (changed.model.lora is None) == (cfg.model.lora is None)
             return estimate_memory(changed, est.device, shape=est.shape if same_model else None,
                                    prompt_tokens=est.geometry.prompt_tokens)
-    knobs: list[Knob] = []
+    changes: dict[str, tuple[object, str]] = {}  # path -> (value, cost), in the order first chosen
     current, now = cfg, est
-    while not now.fits and len(knobs) < max_knobs:
-        for path, value, cost in _candidates(current, now):
-            try:
-                changed = _with(current, path, value)
-            except ValidationError:  # a knob this kind of job does not take (e.g. LoRA for a reward model)
-                continue
-            after = reestimate(changed)
-            if after.peak < 0.99 * now.peak:  # a knob that does not lower the peak is no advice
-                break
-        else:
+    for _ in range(4 * max_knobs):  # halving the same knob again counts as one knob
+        if now.fits or len(changes) > max_knobs:
             break
-        current, now = changed, after
-        if knobs and knobs[-1].setting.partition("=")[0] == path:  # halved again: one knob, its last value
-            knobs.pop()
-        knobs.append(Knob(f"{path}={_show(value)}", cost, now.peak))
+        found = _lowering_knob(current, now, reestimate)
+        if found is None:
+            break
+        path, value, cost, current, now = found
+        changes[path] = (value, changes.get(path, (None, cost))[1])
+    # each knob at its final value, in the order chosen, each peak with the knobs above it applied
+    knobs: list[Knob] = []
+    current = cfg
+    for path, (value, cost) in changes.items():
+        current = _with(current, path, value)
+        after = reestimate(current)
+        knobs.append(Knob(f"{path}={_show(value)}", cost, after.peak))
+        if after.fits:  # at final values an earlier knob may already be enough
+            break
     return knobs
+
+
+def _lowering_knob(cfg, est: MemoryEstimate, reestimate: Callable):
+    """The least costly knob that lowers the peak by at least 1 %: (path, value, cost, the changed
+    config, its estimate), or None."""
+    for path, value, cost in _candidates(cfg, est):
+        try:
+            changed = _with(cfg, path, value)
+        except ValidationError:  # a knob this kind of job does not take (e.g. LoRA for a reward model)
+            continue
+        after = reestimate(changed)
+        if after.peak < 0.99 * est.peak:
+            return path, value, cost, changed, after
+    return None
 
 
 def _with(cfg, path: str, value):
