@@ -77,23 +77,25 @@ def place_on_last_token(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tens
     return dense
 
 
-def _grouped(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+def _grouped(rewards: torch.Tensor, group_size: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     if group_size <= 0 or rewards.numel() % group_size:
         raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
-    return rewards.float().view(-1, group_size)
+    return rewards.to(dtype).view(-1, group_size)
 
 
 def group_normalize(rewards: torch.Tensor, group_size: int, *, scale: bool, eps: float = 1e-4) -> torch.Tensor:
     """Centre each group's rewards on the group mean and optionally divide by the group std.
 
     rewards: [N] with N divisible by group_size -> [N]. The std is the unbiased
-    one (as in the GRPO paper's reference code); a group of one gets advantage 0.
+    one (as in the GRPO paper's reference code); a group of one gets advantage 0. The statistics
+    are taken in float64: in a group of nearly equal fp32 rewards the centring's rounding error,
+    divided by the tiny std, would otherwise leave the group's advantages summing far from zero.
     """
-    grouped = _grouped(rewards, group_size)
+    grouped = _grouped(rewards, group_size, torch.float64)
     centred = grouped - grouped.mean(dim=1, keepdim=True)
     if scale and group_size > 1:
         centred = centred / (grouped.std(dim=1, keepdim=True) + eps)
-    return _zero_flat_groups(centred, grouped).reshape(-1)
+    return _zero_flat_groups(centred, grouped).reshape(-1).float()
 
 
 def _zero_flat_groups(adv: torch.Tensor, grouped: torch.Tensor) -> torch.Tensor:
