@@ -53,7 +53,6 @@ def check_memory(cfg, log) -> MemoryPlan | None:
     except (RlftError, OSError, ValueError, KeyError) as exc:
         log.warning(f"memory check skipped: could not estimate this run's memory ({type(exc).__name__}: {exc})")
         return None
-    log.info(f"memory: predicted peak {gb(est.peak)} in {est.peak_phase} on {est.device.name} ({gb(est.device.total)})")
     if not est.fits:
         knobs = advise(cfg, est)
         lines = "\n".join(f"  {line}" for line in est.lines())

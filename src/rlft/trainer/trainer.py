@@ -89,7 +89,7 @@ class Trainer:
         self._resume_point, changes = self._find_resume_point()
         from rlft.planner.check import check_memory
 
-        memory = check_memory(cfg, get_logger())  # a run predicted not to fit is refused before anything is written
+        self._memory = memory = check_memory(cfg, get_logger())  # refused before anything is written if it won't fit
         if self._resume_point is not None:
             self.run_dir = RunDirectory(self._resume_point.run_root)
         elif self.run_dir_path is not None:
@@ -112,6 +112,9 @@ class Trainer:
         self.run_dir.write_run_info(status="starting", kind=cfg.kind, config=self.config_source, started=time.time(),
                                     **({"memory": memory.as_dict()} if memory else {}))
         self.log.info(f"config loaded: {self.config_source} -> run directory {self.run_dir.root}")
+        if memory is not None:
+            self.log.info(f"memory: predicted peak {memory.peak_bytes / 2**30:.2f} GB ({memory.peak_phase}) of "
+                          f"{memory.device_bytes / 2**30:.1f} GB on {memory.device}")
         if self._resume_point is not None:
             self._prepare_resume(changes)
         elif self.resume_from == "auto":
@@ -331,7 +334,7 @@ class Trainer:
         kind = error_type(exc)
         out = {"status": "failed", "error": f"{type(exc).__name__}: {exc}", "error_type": kind}
         if kind == "oom":
-            advice = (self.run_dir.read_run_info().get("memory") or {}).get("if_out_of_memory", [])
+            advice = self._memory.if_out_of_memory if self._memory is not None else []
             out["oom"] = {"kind": "cuda" if "cuda" in str(exc).lower() else "cpu", "step": self.step,
                           "peak_mb": self.resources.peak_mb(), "advice": advice}
             if advice:
