@@ -83,24 +83,19 @@ def _driver_version() -> str:
             return "unknown"
 
 
-def cpu_model() -> str:
+def _cpuinfo(field: str) -> str:
+    """The first ``field`` line of /proc/cpuinfo ('' where there is none)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.startswith(field):
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return ""
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
+def cpu_model() -> str:
+    return _cpuinfo("model name") or platform.processor() or platform.machine()
 
 
 def check_cpu() -> list[Check]:
@@ -111,7 +106,7 @@ def check_cpu() -> list[Check]:
     from rlft.threads import physical_cores
 
     native = cpu_has_native_bf16()
-    flags = [f for f in ("amx_bf16", "avx512_bf16") if f in _cpu_flags()]
+    flags = [f for f in ("amx_bf16", "avx512_bf16") if f in _cpuinfo("flags").split()]
     bf16 = (f"native bf16 ({', '.join(flags)}): model.dtype bf16 runs about 1.5-2x faster than fp32" if native else
             "no native bf16 (no amx_bf16 / avx512_bf16): a bf16 config computes in fp32 on this CPU")
     out = [Check("cpu", OK, f"{cpu_model()}; {bf16}")]

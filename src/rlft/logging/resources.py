@@ -86,8 +86,8 @@ class ResourceMonitor:
         mem = self._process.memory_info()
         system = psutil.virtual_memory()
         self.peak_rss = max(self.peak_rss, mem.rss)
-        available = min(system.available, max(self._limit - mem.rss, 0)) if self._limit < system.total else \
-            system.available
+        # under a cgroup limit lower than RAM, what this process may still take is the limit less its RSS
+        available = min(system.available, max(self._limit - mem.rss, 0))
         out = {"time": round(time.time(), 3), "step": self.step, "rss_mb": round(mem.rss / MB, 1),
                "rss_peak_mb": round(self.peak_rss / MB, 1), "limit_mb": round(self._limit / MB),
                "available_mb": round(available / MB, 1), "system_used_percent": system.percent,

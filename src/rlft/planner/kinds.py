@@ -15,17 +15,24 @@ from rlft.planner.phases import (Geometry, Phases, decode_copy_bytes, generation
 from rlft.planner.shape import ModelShape
 
 
-def _auto_rows(shape: ModelShape, device: DeviceSpec, rows: int, seq: int, resident: int, compute_bytes: int,
-               checkpointed: bool) -> int:
-    """The rows ``micro_batch_size: auto`` takes at once: the rule the run itself applies
+def _budget_tokens(shape: ModelShape, device: DeviceSpec, resident: int, compute_bytes: int,
+                   checkpointed: bool) -> int:
+    """Tokens one forward/backward may hold by the rule the run itself applies
     (:func:`rlft.models.memory.activation_token_budget`), from the device's total memory."""
-    from rlft.models.memory import activation_bytes_per_token, rows_for
+    from rlft.models.memory import activation_bytes_per_token
 
     config = SimpleNamespace(hidden_size=shape.hidden, intermediate_size=shape.intermediate,
                              num_hidden_layers=shape.layers, vocab_size=shape.vocab)
     per_token = activation_bytes_per_token(config, compute_bytes, checkpointed)
-    budget = max((device.total - resident) // 2, per_token)
-    return rows_for(budget // per_token, rows, seq)
+    return max((device.total - resident) // 2, per_token) // per_token
+
+
+def _auto_rows(shape: ModelShape, device: DeviceSpec, rows: int, seq: int, resident: int, compute_bytes: int,
+               checkpointed: bool) -> int:
+    """The rows ``micro_batch_size: auto`` takes at once."""
+    from rlft.models.memory import rows_for
+
+    return rows_for(_budget_tokens(shape, device, resident, compute_bytes, checkpointed), rows, seq)
 
 
 def _checkpointing(setting, fits_plain: bool) -> bool:
@@ -43,8 +50,8 @@ def rl_phases(cfg, shape: ModelShape, device: DeviceSpec, prompt_tokens: int, co
     resident = shape.params * (16 + (4 if alg.uses_reference() else 0) + (4 if cfg.rollout.decode_copy else 0))
     # 'auto' checkpointing switches on when the longest sequence the config allows does not fit
     longest = cfg.data.max_prompt_length + new
-    checkpointed = _checkpointing(cfg.model.gradient_checkpointing, _fits_one(shape, device, longest, resident,
-                                                                              compute_bytes))
+    fits_plain = _budget_tokens(shape, device, resident, compute_bytes, False) >= longest
+    checkpointed = _checkpointing(cfg.model.gradient_checkpointing, fits_plain)
     micro = (_auto_rows(shape, device, update_rows, seq, resident, compute_bytes, checkpointed)
              if alg.micro_batch_size == "auto" else min(alg.micro_batch_size, update_rows))
     g = Geometry(rows=rows, prompts=alg.rollout_batch_size, prompt_tokens=prompt_tokens, new_tokens=new,
@@ -65,16 +72,6 @@ def rl_phases(cfg, shape: ModelShape, device: DeviceSpec, prompt_tokens: int, co
         phases["evaluation"] = {**kept, **generation_bytes(shape, g.eval_rows, g.eval_rows, prompt_tokens,
                                                            g.eval_new_tokens, compute_bytes)}
     return g, phases
-
-
-def _fits_one(shape: ModelShape, device: DeviceSpec, longest: int, resident: int, compute_bytes: int) -> bool:
-    """True when one sequence of ``longest`` tokens fits the activation budget without checkpointing."""
-    from rlft.models.memory import activation_bytes_per_token
-
-    config = SimpleNamespace(hidden_size=shape.hidden, intermediate_size=shape.intermediate,
-                             num_hidden_layers=shape.layers, vocab_size=shape.vocab)
-    per_token = activation_bytes_per_token(config, compute_bytes, False)
-    return max((device.total - resident) // 2, per_token) // per_token >= longest
 
 
 def _critic_kept(cfg, shape: ModelShape) -> dict[str, int]:
