@@ -153,3 +153,27 @@ def test_the_service_and_the_client_never_import_torch():
                          env={**__import__("os").environ, "PYTHONPATH": str(SRC)})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_ray_is_imported_only_inside_the_ray_placement_and_only_lazily():
+    """Ray is an optional extra: only rlft.service.ray_placement imports it, inside a function, and the
+    runner, the service, the sweep and their commands load without it."""
+    import subprocess
+    import sys
+
+    found = []
+    for path in SRC.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        top = {id(n) for n in tree.body}
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+            if any(n == "ray" or n.startswith("ray.") for n in names):
+                found.append((_module_name(path), id(node) in top))
+    assert found and all(mod == "rlft.service.ray_placement" and not at_top for mod, at_top in found), found
+    code = ("import sys; import rlft.service.app, rlft.service.backends, rlft.service.ray_placement, rlft.sweep.execute, "
+            "rlft.cli.sweep, rlft.cli.serve; print('ray' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**__import__("os").environ, "PYTHONPATH": str(SRC)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"

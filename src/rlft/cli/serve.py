@@ -1,6 +1,7 @@
 """``rlft serve``: the HTTP job service and dashboard (also ``python serve.py``).
 
     rlft serve [--host 127.0.0.1] [--port 8000] [--workspace .] [--db URL] [--slots 1]
+    rlft serve --backend ray [--ray-address auto]      # run the jobs on a Ray cluster (pip install 'rlft[ray]')
     rlft serve --workspace DIR --create-token alice     # prints a new token once; stores only its hash
 
 It listens on loopback unless told otherwise, and refuses any other address until a token exists.
@@ -25,6 +26,12 @@ def add_arguments(p) -> None:
     p.add_argument("--slots", type=int, default=1, help="Jobs run at once; the rest wait in a FIFO queue.")
     p.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",
                    help="After a cancel's SIGTERM, seconds before SIGKILL (default 30).")
+    p.add_argument("--backend", choices=("local", "ray"), default="local",
+                   help="Where job processes run: this machine (default), or a Ray cluster, each job reserving the "
+                        "CPUs and GPUs its config declares (the workspace must be on a filesystem every node shares).")
+    p.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="With --backend ray: the cluster for ray.init (auto, ray://host:10001, host:6379); default "
+                        "auto when RAY_ADDRESS is set, else a new local Ray instance.")
     p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                    help="Another Host name clients use (a DNS name, a proxy's); repeatable.")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20)
@@ -40,9 +47,12 @@ def settings_from(args):
         raise UsageError("--slots must be at least 1")
     if not 0 < args.port < 65536:
         raise UsageError(f"--port {args.port}: not a port number")
+    if args.ray_address is not None and args.backend != "ray":
+        raise UsageError("--ray-address is for --backend ray")
     return Settings(workspace=str(Path(args.workspace).expanduser().resolve()), host=args.host, port=args.port,
                     db_url=args.db, slots=args.slots, grace_seconds=args.grace, allowed_hosts=args.allowed_host,
-                    max_body_bytes=args.max_body_bytes, submissions_per_minute=args.submissions_per_minute)
+                    max_body_bytes=args.max_body_bytes, submissions_per_minute=args.submissions_per_minute,
+                    backend=args.backend, ray_address=args.ray_address)
 
 
 def _require_service_packages() -> None:

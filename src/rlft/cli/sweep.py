@@ -5,6 +5,7 @@
     rlft sweep configs/experiments/ --parallel 2 --set train.max_steps=50 --out sweeps/kl
     rlft sweep --resume --out sweeps/kl                   # skip the successes, continue the interrupted
     rlft sweep --summary sweeps/kl                        # print (and rewrite) the summary again
+    rlft sweep configs/experiments/ --backend ray --ray-address auto   # each run on a Ray cluster's node
 
 Exit code 0 when every run succeeded, 1 when one did not, 2 for a usage error. See docs/sweeps.md
 and :mod:`rlft.sweep`.
@@ -40,6 +41,12 @@ def add_arguments(p) -> None:
     p.add_argument("--resume", action="store_true",
                    help="Continue the sweep in --out: skip its successes, continue interrupted, cancelled and "
                         "transient-failed runs from their checkpoints.")
+    p.add_argument("--backend", choices=("local", "ray"), default="local",
+                   help="Where the runs' processes run: this machine (default), or a Ray cluster, each run reserving "
+                        "the CPUs and GPUs its config declares (pip install 'rlft[ray]'; docs/sweeps.md).")
+    p.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="With --backend ray: the cluster for ray.init (auto, ray://host:10001, host:6379); default "
+                        "auto when RAY_ADDRESS is set, else a new local Ray instance.")
     p.add_argument("--summary", default=None, metavar="DIR", help="Only print (and rewrite) the summary of DIR.")
     p.add_argument("--no-plots", action="store_true", help="Do not draw the overlaid curves in <out>/plots.")
     p.add_argument("--json", action="store_true", help="Print the summary as JSON on stdout (progress on stderr).")
@@ -61,7 +68,8 @@ def run(args) -> int:
     try:
         sweep = Sweep(store, sweep_dir, options)
         tracks = sweep.plan(specs, resume=args.resume)
-        print(f"rlft sweep: {len(tracks)} runs in {sweep_dir} ({options.parallel} at a time)", file=sys.stderr)
+        where = " on Ray" if options.backend == "ray" else ""
+        print(f"rlft sweep: {len(tracks)} runs in {sweep_dir} ({options.parallel} at a time{where})", file=sys.stderr)
         sweep.run(tracks)
     finally:
         store.close()
@@ -80,12 +88,14 @@ def _options(args):
         raise UsageError(f"--retries {args.retries}: give 0 or more")
     if args.backoff < 0:
         raise UsageError(f"--backoff {args.backoff}: give 0 or more seconds")
+    if args.ray_address is not None and args.backend != "ray":
+        raise UsageError("--ray-address is for --backend ray")
     try:
         retry_on = parse_retry_on(args.retry_on)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     return SweepOptions(parallel=args.parallel, retries=args.retries, retry_on=retry_on, backoff=args.backoff,
-                        fail_fast=args.fail_fast)
+                        fail_fast=args.fail_fast, backend=args.backend, ray_address=args.ray_address)
 
 
 def _specs(args):

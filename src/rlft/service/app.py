@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from rlft import __version__
+from rlft.service.backends import make_placement
 from rlft.service.routes import Service, router
 from rlft.service.runner import Runner
 from rlft.service.schemas import Problem
@@ -28,9 +29,10 @@ from rlft.service.workspace import Workspace
 def create_app(settings: Settings, start_runner: bool = True) -> FastAPI:
     ws = Workspace(settings.workspace)
     ws.service_dir.mkdir(exist_ok=True)
+    placement = make_placement(settings.backend, settings.ray_address)  # first: a missing Ray is exit 2, nothing opened
     store = JobStore(settings.db_url or default_url(ws.root))
     runner = Runner(store, ws.root, slots=settings.slots, grace_seconds=settings.grace_seconds,
-                    poll_seconds=settings.poll_seconds)
+                    poll_seconds=settings.poll_seconds, placement=placement)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -5,6 +5,10 @@ stdout and stderr in separate files of the job's folder and its run directory na
 service (``--run-dir``). Cancel sends SIGTERM (training finishes its step, saves a checkpoint and
 records ``cancelled``), then SIGKILL to the process group after ``grace_seconds``.
 
+Where a process runs is the runner's ``placement`` (:mod:`rlft.service.placement`): this machine by
+default, or a Ray cluster (``--backend ray``); this one loop claims, watches, cancels and records the
+jobs of every placement the same way.
+
 On start, :meth:`Runner.reconcile` settles every job the store says is running before new work is
 accepted: a live process (same pid *and* start time) is re-attached; a process that ended while the
 service was down is finished from what its run.json recorded; one that left no record is
@@ -23,48 +27,29 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
-
 from rlft.config.schema import JOB_KINDS
+from rlft.service.placement import JobHandle, LaunchRefused, LocalHandle, LocalPlacement, Placement, alive
 from rlft.service.store import Job, JobStore
 
 SUMMARY_LINES = 20
+LOST = ("the job's process ended while the service was not watching it, without recording an outcome")
+
+__all__ = ["Runner", "alive", "read_run_info", "record_oom_kill", "tail_lines"]
 
 
 @dataclass
 class _Tracked:
     job_id: str
-    pid: int
-    popen: object | None = None  # subprocess.Popen for processes this runner started
-    process: psutil.Process | None = None  # for processes re-attached after a restart
+    pid: int | None  # None while the placement has not started the process yet (a Ray job waiting for a node)
+    popen: object | None = None  # subprocess.Popen of a local process this runner started
+    process: object | None = None  # psutil.Process of a local process re-attached after a restart
+    handle: JobHandle | None = None  # the placement's handle (built from popen/process when not given)
     term_sent: float | None = None
     killed: bool = False
 
-    def exit_code(self) -> tuple[bool, int | None]:
-        """(ended, exit code: negative for a signal as subprocess reports it; None if unknown)."""
-        if self.popen is not None:
-            code = self.popen.poll()
-            return code is not None, code
-        try:
-            ended = self.process.status() == psutil.STATUS_ZOMBIE or not self.process.is_running()
-        except psutil.NoSuchProcess:
-            ended = True
-        return ended, None
-
-
-def alive(pid: int | None, started: float | None) -> psutil.Process | None:
-    """The process ``pid`` if it still runs and started when recorded (a reused pid is not it)."""
-    if not pid:
-        return None
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return None
-        if started is not None and abs(proc.create_time() - started) > 2.0:
-            return None
-        return proc
-    except psutil.Error:
-        return None
+    def __post_init__(self):
+        if self.handle is None:
+            self.handle = LocalHandle(self.pid, popen=self.popen, process=self.process)
 
 
 def tail_lines(path: str | Path, n: int) -> str:
@@ -110,6 +95,7 @@ class Runner:
     worker: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
     sweep: str | None = None  # run only this sweep's jobs (rlft sweep); None: only the service's own
     echo: bool = True  # print each event to stderr (rlft sweep prints its own progress lines)
+    placement: Placement = field(default_factory=LocalPlacement)  # where processes run: this machine, Ray
 
     def __post_init__(self):
         self._tracked: dict[str, _Tracked] = {}
@@ -147,16 +133,16 @@ class Runner:
 
     def reconcile(self) -> None:
         for job in [j for j in self.store.in_status("running") if j.sweep == self.sweep]:
-            proc = alive(job.pid, job.pid_started)
-            if proc is not None:
-                self._tracked[job.id] = _Tracked(job.id, job.pid, process=proc)
-                self._note(f"job {job.id}: re-attached to its running process {job.pid}")
+            handle = self.placement.reattach(job)
+            if handle is not None:
+                self._tracked[job.id] = _Tracked(job.id, job.pid, handle=handle)
+                self._note(f"job {job.id}: re-attached to its running process ({handle.where})")
             elif job.pid is None and not (Path(job.run_dir) / "run.json").exists():
                 # claimed, but the service stopped before the process started: nothing ran, queue it again
                 self.store._cas(job.id, ("running",), status="pending", worker=None, started_at=None)
                 self._note(f"job {job.id}: claimed but never started; queued again")
             else:
-                self._finish(job, exit_code=None, lost=True)
+                self._finish(job, exit_code=None, lost=LOST)
 
     # ------------------------------------------------------------------ one pass
 
@@ -181,60 +167,74 @@ class Runner:
                 self._launch(job)
 
     def _watch(self, tracked: _Tracked) -> None:
-        ended, code = tracked.exit_code()
         job = self.store.get(tracked.job_id)
+        try:
+            ended, code, lost = tracked.handle.poll()
+        except LaunchRefused as exc:  # a remote node could not start it
+            del self._tracked[tracked.job_id]
+            tracked.handle.release()
+            self._refuse(job, exc)
+            return
+        if tracked.pid is None:
+            self._record_process(tracked)
         if ended:
             del self._tracked[tracked.job_id]
-            self._finish(job, exit_code=code, lost=False)
+            tracked.handle.release()
+            self._finish(job, exit_code=code, lost=lost)
             return
         if job.cancel_requested:
-            now = time.time()
-            if tracked.term_sent is None:
-                self._signal(tracked.pid, signal.SIGTERM, group=False)
-                tracked.term_sent = now
-                self._note(f"job {job.id}: cancel requested; sent SIGTERM to {tracked.pid}")
-            elif not tracked.killed and now - tracked.term_sent > self.grace_seconds:
-                self._signal(tracked.pid, signal.SIGKILL, group=True)
-                tracked.killed = True
-                self._note(f"job {job.id}: still running {self.grace_seconds:.0f} s after SIGTERM; sent SIGKILL")
+            self._cancel(job, tracked)
 
-    @staticmethod
-    def _signal(pid: int, sig: int, group: bool) -> None:
-        try:
-            os.killpg(pid, sig) if group else os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
+    def _cancel(self, job: Job, tracked: _Tracked) -> None:
+        """SIGTERM once (the run saves a checkpoint and records ``cancelled``), SIGKILL to the group after the grace."""
+        now = time.time()
+        target = tracked.pid if tracked.pid is not None else "its process (once started)"
+        if tracked.term_sent is None:
+            tracked.handle.signal(signal.SIGTERM, group=False)
+            tracked.term_sent = now
+            self._note(f"job {job.id}: cancel requested; sent SIGTERM to {target}")
+        elif not tracked.killed and now - tracked.term_sent > self.grace_seconds:
+            tracked.handle.signal(signal.SIGKILL, group=True)
+            tracked.killed = True
+            self._note(f"job {job.id}: still running {self.grace_seconds:.0f} s after SIGTERM; sent SIGKILL")
 
     def _launch(self, job: Job) -> None:
-        import subprocess
-
         job_dir = Path(job.job_dir)
         job_dir.mkdir(parents=True, exist_ok=True)
         command = JOB_KINDS[job.kind].command.split()[-1]  # "rlft train" -> train
-        argv = [sys.executable, "-m", "rlft.cli.main", command, "--config", str(job_dir / "config.yaml"),
-                "--run-dir", job.run_dir]
+        args = [command, "--config", str(job_dir / "config.yaml"), "--run-dir", job.run_dir]
         if job.resume_from:
-            argv += ["--resume", job.resume_from]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "RLFT_JOB_ID": job.id}
-        with open(job.stdout_log, "ab") as out, open(job.stderr_log, "ab") as err:
-            try:
-                popen = subprocess.Popen(argv, cwd=self.workspace_root, stdout=out, stderr=err, env=env,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
-            except OSError as exc:
-                self.store.finish(job.id, "failed", error_type="unknown", summary=f"could not start: {exc}")
-                return
+            args += ["--resume", job.resume_from]
+        env = {"PYTHONUNBUFFERED": "1", "RLFT_JOB_ID": job.id}
         try:
-            started = psutil.Process(popen.pid).create_time()
-        except psutil.Error:
-            started = time.time()
-        self.store.set_process(job.id, popen.pid, started)
-        self._tracked[job.id] = _Tracked(job.id, popen.pid, popen=popen)
-        self._note(f"job {job.id}: started {command} as process {popen.pid}")
+            handle = self.placement.launch(job, args, self.workspace_root, env)
+        except LaunchRefused as exc:
+            self._refuse(job, exc)
+            return
+        tracked = _Tracked(job.id, None, handle=handle)
+        self._tracked[job.id] = tracked
+        self._record_process(tracked, announce=False)
+        self._note(f"job {job.id}: started {command} {handle.where}")
+
+    def _record_process(self, tracked: _Tracked, announce: bool = True) -> None:
+        """Store the pid (and start time) once the placement has started the process."""
+        found = tracked.handle.process()
+        if found is None:
+            return
+        tracked.pid, started, where = found
+        self.store.set_process(tracked.job_id, tracked.pid, started)
+        if announce:
+            self._note(f"job {tracked.job_id}: running {where}")
+
+    def _refuse(self, job: Job, exc: LaunchRefused) -> None:
+        if self.store.finish(job.id, "failed", error_type=exc.error_type, summary=exc.summary):
+            self._note(f"job {job.id}: failed ({exc.error_type}), not started: {exc.summary}")
 
     # ------------------------------------------------------------------ the end of a job
 
-    def _finish(self, job: Job, exit_code: int | None, lost: bool) -> None:
-        """Record how ``job`` ended, from its exit code and what its run.json says."""
+    def _finish(self, job: Job, exit_code: int | None, lost: str | None) -> None:
+        """Record how ``job`` ended, from its exit code and what its run.json says; ``lost``: why nobody saw
+        the process end (it ended while the service was down, its Ray actor died), None if it was watched."""
         info = read_run_info(job.run_dir)
         recorded = info.get("status")
         summary = tail_lines(job.stderr_log, SUMMARY_LINES) or None
@@ -251,8 +251,7 @@ class Runner:
                 error = "config_invalid"
             elif lost:
                 error = "service_lost"
-                summary = (summary + "\n" if summary else "") + ("the job's process ended while the service was "
-                                                                 "not watching it, without recording an outcome")
+                summary = (summary + "\n" if summary else "") + lost
             elif code == 128 + signal.SIGKILL and (oom := record_oom_kill(job.run_dir)):
                 error = "oom"
                 summary = (summary + "\n" if summary else "") + oom

@@ -44,6 +44,8 @@ class Settings:
     max_body_bytes: int = 1 << 20
     submissions_per_minute: int = 30
     poll_seconds: float = 0.5
+    backend: str = "local"  # where job processes run: this machine, or "ray" (rlft.service.placement)
+    ray_address: str | None = None  # ray.init's address for the ray backend (None: RAY_ADDRESS, else local)
 
     def host_names(self) -> set[str] | None:
         """The Host header names requests may carry (None: any, for a wildcard bind with none given).

@@ -11,6 +11,9 @@ its directory moved aside to ``<run_dir>.attempt-<n>`` and the retry starts afre
 directory that holds a run is never reused for a new one). The other runs go on past a failure,
 unless ``fail_fast``: then nothing new starts and the running attempts are cancelled (each saves a
 checkpoint, so ``--resume`` continues them).
+
+``backend="ray"`` places the processes on a Ray cluster instead of this machine (the runner's
+:mod:`~rlft.service.placement`); nothing else changes: the same loop, registry and run directories.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Callable
 from rlft.checkpoint.layout import list_checkpoints
 from rlft.errors import UsageError
 from rlft.logging.run_dir import RunDirectory
+from rlft.service.backends import make_placement
 from rlft.service.runner import Runner, read_run_info
 from rlft.service.store import TERMINAL, Job, JobStore
 from rlft.sweep.failures import DEFAULT_RETRY_ON, classify, retryable
@@ -46,6 +50,8 @@ class SweepOptions:
     fail_fast: bool = False
     poll_seconds: float = 0.25
     grace_seconds: float = 30.0  # after a cancel's SIGTERM, before SIGKILL
+    backend: str = "local"  # where the runs' processes run: this machine, or "ray" (a Ray cluster)
+    ray_address: str | None = None  # ray.init's address (None: RAY_ADDRESS if set, else a local Ray instance)
 
 
 @dataclass
@@ -72,8 +78,10 @@ class Sweep:
 
     def __post_init__(self):
         self.sweep = sweep_id(self.sweep_dir)
+        placement = make_placement(self.options.backend, self.options.ray_address)
         self.runner = Runner(self.store, Path.cwd(), slots=self.options.parallel,
-                             grace_seconds=self.options.grace_seconds, sweep=self.sweep, echo=False)
+                             grace_seconds=self.options.grace_seconds, sweep=self.sweep, echo=False,
+                             placement=placement)
         self.stopping = False  # --fail-fast tripped or Ctrl-C: start nothing new
         self.interrupted = False
         self._total = 0
@@ -111,7 +119,7 @@ class Sweep:
         track.job_id, track.attempt = last.id, last.attempt or 1
         cls = last.failure_class
         if last.status == "failed" and cls is None:
-            cls = classify(read_run_info(last.run_dir), last.exit_code, last.run_dir)
+            cls = _failure_class(last, read_run_info(last.run_dir))
             self.store.record_outcome(last.id, failure_class=cls)
         if last.status in ("pending", "running"):
             track.tries = 1  # an attempt still queued or running (re-attached by reconcile): watch it
@@ -189,7 +197,7 @@ class Sweep:
 
     def _ended(self, track: Track, job: Job, tracks: list[Track]) -> None:
         info = read_run_info(job.run_dir)
-        cls = classify(info, job.exit_code, job.run_dir) if job.status == "failed" else None
+        cls = _failure_class(job, info) if job.status == "failed" else None
         final, best = run_metrics(job.run_dir)
         self.store.record_outcome(job.id, failure_class=cls, metrics_final=json.dumps(final),
                                   metrics_best=json.dumps(best))
@@ -226,6 +234,15 @@ class Sweep:
 
     def _line(self, track: Track, text: str) -> None:
         self.say(f"[{track.index}/{self._total}] {track.spec.name}: {text}")
+
+
+def _failure_class(job: Job, info: dict) -> str:
+    """The class of a failed attempt (:func:`~rlft.sweep.failures.classify`): from what its process left, or,
+    for an attempt that never had a process or a run.json, from the runner's recorded reason as if run.json
+    held it (a Ray job asking for more GPUs than the cluster has is ``config_invalid``; a lost one ``killed``)."""
+    if job.pid is None and not info and job.error_type:
+        info = {"status": "failed", "error_type": job.error_type}
+    return classify(info, job.exit_code, job.run_dir)
 
 
 def _spec_of(job: Job) -> RunSpec:
