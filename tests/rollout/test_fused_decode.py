@@ -34,8 +34,8 @@ def _scripted_eos(eos: int, stop_at: dict[int, int]):
     state = {"t": 0, "alive": None}
     real = native_engine.sample_next
 
-    def sample(logits, sampling, suppress=None):
-        tok, _ = real(logits, sampling, suppress)
+    def sample(logits, sampling, suppress=None, u=None):
+        tok, _ = real(logits, sampling, suppress, u)
         t = state["t"]
         alive = state["alive"] if state["alive"] is not None else list(range(logits.shape[0]))
         for b, row in enumerate(alive):

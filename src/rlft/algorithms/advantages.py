@@ -11,6 +11,7 @@ recursions step over masked positions as if they were not there.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -32,6 +33,9 @@ class AdvantageInputs:
     token_rewards: [N, T] per-token reward terms added to the outcome (e.g. -beta * KL when KL is
         placed in the reward), or None.  Sequence-level estimators use their sum per row.
     values: [N, T] critic values V(s_t) of the state before each token (GAE only), or None.
+    reduce: ``reduce(tensor, op)`` combines per-process partial results (op ``sum``, ``min``,
+        ``max``) over every process holding part of the batch, for the statistics of the whole
+        batch (whitening); None: this process holds all of it.
     """
 
     rewards: torch.Tensor
@@ -39,6 +43,7 @@ class AdvantageInputs:
     group_size: int
     token_rewards: torch.Tensor | None = None
     values: torch.Tensor | None = None
+    reduce: Callable[[torch.Tensor, str], torch.Tensor] | None = None
 
     def sequence_rewards(self) -> torch.Tensor:
         """[N] outcome reward plus the sum of the per-token terms."""
@@ -162,15 +167,24 @@ def discounted_returns(dense_rewards: torch.Tensor, mask: torch.Tensor, gamma: f
     return out
 
 
-def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """(x - mean) / std over the masked entries of the whole batch; zero outside the mask. [N, T] -> [N, T]."""
-    mask = mask.to(values.dtype)
-    inside = values[mask > 0]
-    if inside.numel() == 0 or inside.max() == inside.min():
+def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8,
+           reduce: Callable[[torch.Tensor, str], torch.Tensor] | None = None) -> torch.Tensor:
+    """(x - mean) / std over the masked entries of the whole batch; zero outside the mask. [N, T] -> [N, T].
+
+    The moments are sums in float64, combined by ``reduce`` when the batch is spread over
+    processes (see :class:`AdvantageInputs`), so every process whitens with the global statistics."""
+    combine = reduce or (lambda t, op: t)
+    m, v = mask.double(), values.double()
+    inside = v[m > 0]
+    bounds = torch.stack([inside.min(), -inside.max()]) if inside.numel() else torch.full((2,), float("inf"),
+                                                                                          dtype=torch.float64)
+    bounds = combine(bounds, "min")
+    total, count = combine(torch.stack([(v * m).sum(), m.sum()]), "sum").tolist()
+    if count == 0 or float(bounds[0]) == -float(bounds[1]):
         return torch.zeros_like(values)  # nothing to normalise; avoids amplifying rounding residue
-    mean = masked_mean(values, mask)
-    var = masked_mean((values - mean).square(), mask)
-    return (values - mean) * torch.rsqrt(var + eps) * mask
+    mean = total / count
+    var = float(combine(((v - mean).square() * m).sum().reshape(1), "sum")) / count
+    return ((v - mean) * (var + eps) ** -0.5 * m).to(values.dtype)
 
 
 @ADVANTAGES.register("reinforce_pp")
@@ -179,11 +193,11 @@ def reinforce_pp_advantages(inputs: AdvantageInputs, *, gamma: float = 1.0) -> A
 
     The dense reward is the outcome on the last token plus the per-token terms (the
     ``reinforce_pp`` preset places -beta * KL there).  No critic and no per-prompt baseline: the
-    global normalisation is the baseline.  Departure: the mean and std are over this rollout
-    batch's loss tokens (the paper's "global batch" is the same thing at one process).
+    global normalisation is the baseline.  The mean and std are over the whole rollout batch's
+    loss tokens, all processes' of a data-parallel run (the paper's "global batch").
     """
     returns = discounted_returns(inputs.dense_rewards(), inputs.mask, gamma)
-    return Advantages(whiten(returns, inputs.mask))
+    return Advantages(whiten(returns, inputs.mask, reduce=inputs.reduce))
 
 
 @ADVANTAGES.register("gae", needs_values=True)
@@ -212,7 +226,7 @@ def gae_advantages(inputs: AdvantageInputs, *, gamma: float = 1.0, lam: float = 
         last_gae = torch.where(m > 0, gae_t, last_gae)
         next_value = torch.where(m > 0, values[:, t], next_value)
     returns = (adv + values) * mask
-    return Advantages(whiten(adv, mask) if whiten_advantages else adv, returns)
+    return Advantages(whiten(adv, mask, reduce=inputs.reduce) if whiten_advantages else adv, returns)
 
 
 def compute_advantages(name: str, inputs: AdvantageInputs, /, **pool) -> Advantages:

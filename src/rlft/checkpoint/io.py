@@ -15,6 +15,7 @@ is written last as the completion mark.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 
 from rlft.atomic import atomic_directory
+from rlft.distributed.context import Dist
 from rlft.checkpoint.layout import STATE_FILE, is_complete, list_checkpoints  # noqa: F401 (re-exported)
 from rlft.errors import CheckpointError
 
@@ -46,30 +48,58 @@ def set_rng_state(state: dict) -> None:
 
 
 def save_checkpoint(target: Path, *, model, tokenizer, optimizer, scheduler, trainer_state: dict,
-                    config_yaml: str, components: dict | None = None, save_optimizer: bool = True) -> Path:
+                    config_yaml: str, components: dict | None = None, save_optimizer: bool = True,
+                    dist: Dist | None = None, export_model=None) -> Path:
     """Atomically write a checkpoint to ``target``; returns ``target``.
 
     ``save_optimizer=False`` leaves out optimizer.pt (``train.save_optimizer: false``): an
     export-only checkpoint, a third of the size of a full fine-tune's, that cannot be resumed.
 
     ``components`` are further trained parts (a PPO critic, ...), each with ``save(directory)``; each
-    is written into its own sub-directory of the checkpoint."""
+    is written into its own sub-directory of the checkpoint.
+
+    In a data-parallel run (``dist``) every process calls this: the optimizer state goes to the DCP
+    directory ``optimizer/`` (each process its shard, :mod:`rlft.distributed.checkpoint`), and rank 0
+    alone writes everything else, the weights from ``export_model`` (the whole model; default
+    ``model``), and renames the directory into place once every shard is written."""
     from rlft.models.save import save_pretrained_dir
 
+    dist = dist or Dist()
     try:
-        with atomic_directory(target) as tmp:
-            save_pretrained_dir(model, tokenizer, tmp)
-            if save_optimizer:
-                torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-            torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-            torch.save(rng_state(), tmp / "rng_state.pt")
-            (tmp / "config.yaml").write_text(config_yaml)
-            for name, part in (components or {}).items():
-                part.save(tmp / name)
-            (tmp / STATE_FILE).write_text(json.dumps(trainer_state, indent=2))
+        with _shared_directory(target, dist) as tmp:
+            if save_optimizer and dist.enabled:
+                from rlft.distributed.checkpoint import OPTIMIZER_DIR, save_optimizer_shards
+
+                save_optimizer_shards(model, optimizer, tmp / OPTIMIZER_DIR)
+            if dist.is_main:
+                save_pretrained_dir(export_model if export_model is not None else model, tokenizer, tmp)
+                if save_optimizer and not dist.enabled:
+                    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+                torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+                torch.save(rng_state(), tmp / "rng_state.pt")
+                (tmp / "config.yaml").write_text(config_yaml)
+                for name, part in (components or {}).items():
+                    part.save(tmp / name)
+                (tmp / STATE_FILE).write_text(json.dumps(trainer_state, indent=2))
     except (OSError, RuntimeError) as exc:  # torch.save reports a full disk as a RuntimeError
         raise CheckpointError(_not_written(target, exc)) from exc
+    dist.barrier()  # nobody reads, prunes or resumes from it before it is in place
     return target
+
+
+@contextlib.contextmanager
+def _shared_directory(target: Path, dist: Dist):
+    """Rank 0's atomic temporary directory for ``target``, its path told to every process."""
+    if not dist.enabled:
+        with atomic_directory(target) as tmp:
+            yield tmp
+        return
+    if dist.is_main:
+        with atomic_directory(target) as tmp:
+            dist.broadcast_object(str(tmp))
+            yield tmp
+    else:
+        yield Path(dist.broadcast_object(None))
 
 
 def _not_written(target: Path, exc: BaseException) -> str:

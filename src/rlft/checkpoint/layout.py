@@ -43,3 +43,9 @@ def find_run_of_config(output_dir: Path, config: dict, source: str, rules: dict[
             same_file = False
         candidates.append((same_file, found[-1].stat().st_mtime, root))
     return max(candidates)[2] if candidates else None
+
+
+def has_optimizer_state(checkpoint: Path) -> bool:
+    """Whether ``checkpoint`` can be resumed exactly: it holds the optimizer state, as one file
+    (``optimizer.pt``, a single process) or as a DCP directory (``optimizer/``, a data-parallel run)."""
+    return (checkpoint / "optimizer.pt").is_file() or (checkpoint / "optimizer" / ".metadata").is_file()

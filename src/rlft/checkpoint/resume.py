@@ -11,7 +11,8 @@ import yaml
 
 from rlft.checkpoint.continuity import compare_configs, file_fingerprint
 from rlft.checkpoint.io import set_rng_state
-from rlft.checkpoint.layout import STATE_FILE, is_complete, list_checkpoints
+from rlft.checkpoint.layout import STATE_FILE, has_optimizer_state, is_complete, list_checkpoints
+from rlft.distributed.context import Dist
 from rlft.errors import UsageError
 from rlft.logging.run_dir import RunDirectory
 
@@ -44,7 +45,7 @@ def find_checkpoint(resume: str, run_root: Path | None) -> ResumePoint | None:
         if not is_complete(path):
             raise UsageError(f"--resume {resume}: not a complete checkpoint directory (no {STATE_FILE}); "
                              f"an interrupted save leaves only a hidden .tmp-checkpoint-N folder")
-    if not (path / "optimizer.pt").is_file():
+    if not has_optimizer_state(path):
         raise UsageError(f"--resume {path}: this checkpoint has no optimizer state (it was saved with "
                          f"train.save_optimizer: false, an export-only checkpoint), so the run cannot continue "
                          f"exactly. Start a new run from its weights with model.path: {path}")
@@ -93,17 +94,24 @@ def load_weights(model, checkpoint: Path) -> None:
 
 
 def restore_training_state(point: ResumePoint, *, model, optimizer, scheduler, sampler,
-                           components: dict | None = None) -> int:
+                           components: dict | None = None, dist: Dist | None = None) -> int:
     """Weights, optimizer, scheduler, further components (each with ``load(directory)``), data position
-    and RNG; returns the step to continue from."""
+    and RNG; returns the step to continue from. A checkpoint saved at any number of processes
+    resumes at any other (``dist``: this run's; :mod:`rlft.distributed.checkpoint`)."""
+    from rlft.distributed.checkpoint import load_optimizer, load_sharded_weights
+
+    dist = dist or Dist()
     ck = point.checkpoint
-    load_weights(model, ck)
+    if dist.strategy == "fsdp2":
+        load_sharded_weights(model, ck)
+    else:
+        load_weights(model, ck)
     for name, part in (components or {}).items():
         if not (ck / name).is_dir():
             raise UsageError(f"checkpoint {ck} has no {name}/ directory, but this run has a {name}; "
                              f"was it saved by a run with another algorithm?")
         part.load(ck / name)
-    optimizer.load_state_dict(torch.load(ck / "optimizer.pt", weights_only=False))
+    load_optimizer(model, optimizer, ck, dist)
     scheduler.load_state_dict(torch.load(ck / "scheduler.pt", weights_only=False))
     sampler.load_state_dict(point.state["sampler"])
     # Last, so nothing built above consumes random numbers the continued run expects.

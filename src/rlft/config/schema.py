@@ -21,14 +21,14 @@ from rlft.config.environment import EnvironmentConfig
 from rlft.config.rewards import (ContainsReward, CustomReward, ExactAnswerReward, FormatReward,
                                  LengthPenaltyReward, NumericAnswerReward, RegexReward, RewardConfig, RewardSpec,
                                  ToolCallReward, default_reward_name)
-from rlft.config.sections import (BUILTIN_MODELS, CHAT_TEMPLATE_NAMES, DataConfig, EvalConfig, LoraConfig, ModelConfig, Section,
-                                  TrainConfig, WatchConfig)
+from rlft.config.sections import (BUILTIN_MODELS, CHAT_TEMPLATE_NAMES, DataConfig, DistributedConfig, EvalConfig,
+                                  LoraConfig, ModelConfig, Section, TrainConfig, WatchConfig)
 from rlft.config.preference import DPOSection, PreferenceDataConfig, RMSection
 from rlft.config.sft import SFTDataConfig, SFTSection
 
 __all__ = [
     "BUILTIN_MODELS", "CHAT_TEMPLATE_NAMES", "GROUP_ESTIMATORS", "JOB_KINDS", "AdvantageName", "AggregationName", "AlgorithmConfig",
-    "AlgorithmName", "ContainsReward", "CriticConfig", "EnvironmentConfig", "CustomReward", "DataConfig", "EvalConfig",
+    "AlgorithmName", "ContainsReward", "CriticConfig", "EnvironmentConfig", "CustomReward", "DataConfig", "DistributedConfig", "EvalConfig",
     "ExactAnswerReward", "FormatReward", "JobKind", "LengthPenaltyReward", "LoraConfig", "ModelConfig",
     "NumericAnswerReward", "PolicyLossName", "RLConfig", "RegexReward", "RewardConfig", "RewardSpec",
     "DPOConfig", "DPOSection", "PreferenceDataConfig", "RMConfig", "RMSection", "RlftConfig", "RolloutConfig", "RunConfig", "SFTConfig", "SFTDataConfig", "SFTSection", "Section",
@@ -36,7 +36,8 @@ __all__ = [
 ]
 
 # Top-level sections in the order they are written out and reported.
-SECTION_ORDER = ("kind", "model", "data", "algorithm", "rollout", "reward", "environment", "sft", "train", "eval")
+SECTION_ORDER = ("kind", "model", "data", "algorithm", "rollout", "reward", "environment", "sft", "train", "eval",
+                 "distributed")
 
 
 class RunConfig(Section):
@@ -47,6 +48,8 @@ class RunConfig(Section):
     data: DataConfig = Field(..., description="Training and evaluation data.")
     train: TrainConfig = Field(default_factory=TrainConfig, description="Loop length, logging and checkpoints.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
+    distributed: DistributedConfig = Field(
+        default_factory=DistributedConfig, description="Data-parallel training under torchrun (ddp, fsdp2).")
 
     def reward_names(self) -> list[str]:
         reward = getattr(self, "reward", None)
@@ -220,6 +223,7 @@ class JobKind:
     summary: str
     continuity: dict[str, str]
     memory: str = ""
+    data_parallel: bool = False  # its job runs under torchrun with distributed.strategy ddp/fsdp2
 
 
 JOB_KINDS: dict[str, JobKind] = {
@@ -231,7 +235,7 @@ JOB_KINDS: dict[str, JobKind] = {
                       "algorithm.num_generations": "the group size is part of the batch geometry",
                       "algorithm.critic.type": "the saved critic has the original layout",
                       "data.max_prompt_length": "the prompts would differ",
-                  }, memory="rlft.planner.kinds:rl_phases"),
+                  }, memory="rlft.planner.kinds:rl_phases", data_parallel=True),
     "sft": JobKind("sft", SFTConfig, "rlft sft", "rlft.sft.job:SFTJob",
                    "supervised fine-tuning on prompt/response rows or chats", {
                        "data.response_field": "the training rows would differ",

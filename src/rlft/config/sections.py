@@ -133,6 +133,20 @@ class TrainConfig(Section):
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="Experiment tracker settings.")
 
 
+class DistributedConfig(Section):
+    """How a run launched by ``torchrun`` (WORLD_SIZE > 1) splits its work; one process ignores it."""
+
+    strategy: Literal["auto", "ddp", "fsdp2"] = Field(
+        "auto", description="ddp: every process holds the whole model and gradients are summed once per optimizer "
+        "step; fsdp2: parameters, gradients and optimizer state sharded per decoder layer (torch fully_shard), "
+        "for models whose training state does not fit one device. auto: ddp.")
+    backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto", description="torch.distributed backend: auto takes nccl on CUDA, gloo on CPU.")
+    timeout_minutes: float = Field(
+        30.0, gt=0, description="How long a process waits for the others at a collective before the run fails "
+        "(a rank that crashed, a node that went away).")
+
+
 class EvalConfig(Section):
     before_training: bool = Field(True, description="Evaluate the model before the first step.")
     after_training: bool = Field(True, description="Evaluate the model after the last step.")

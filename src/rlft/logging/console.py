@@ -43,13 +43,18 @@ class _LiveStreamHandler(logging.StreamHandler):
         pass
 
 
-def setup_console_logging(level: int = logging.INFO) -> logging.Logger:
-    """Info lines to stdout, warnings and errors to stderr; idempotent."""
+def setup_console_logging(level: int = logging.INFO, rank: int | None = None) -> logging.Logger:
+    """Info lines to stdout, warnings and errors to stderr; idempotent.
+
+    rank: this process's rank in a data-parallel run (None: the only process). Rank 0 logs as one
+    process would; the others only their errors, marked ``[rank N]`` (their warnings would repeat
+    rank 0's, one copy per process)."""
     logger = get_logger()
-    logger.setLevel(level)
+    logger.setLevel(level if not rank else max(level, logging.ERROR))
     logger.propagate = False
     if not any(getattr(h, "_rlft_console", False) for h in logger.handlers):
-        fmt = logging.Formatter("%(asctime)s %(levelname)-5s %(message)s", "%H:%M:%S")
+        mark = f"[rank {rank}] " if rank else ""
+        fmt = logging.Formatter(f"%(asctime)s %(levelname)-5s {mark}%(message)s", "%H:%M:%S")
         out = _LiveStreamHandler("stdout")
         out.addFilter(_MaxLevel(logging.INFO))
         err = _LiveStreamHandler("stderr")
@@ -61,8 +66,11 @@ def setup_console_logging(level: int = logging.INFO) -> logging.Logger:
     return logger
 
 
-def attach_file_log(path: Path) -> logging.Handler:
-    """Mirror every log line into ``path``; returns the handler so the caller can detach it."""
+def attach_file_log(path: Path | None) -> logging.Handler | None:
+    """Mirror every log line into ``path``; returns the handler so the caller can detach it
+    (None: no file, e.g. a process of a data-parallel run other than rank 0)."""
+    if path is None:
+        return None
     handler = logging.FileHandler(path, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-5s %(message)s", "%Y-%m-%d %H:%M:%S"))
     get_logger().addHandler(handler)

@@ -117,3 +117,11 @@ def _step_of(line: str) -> int | None:
     except ValueError:
         return None
     return record.get("step", 0) if isinstance(record, dict) else None
+
+
+class FollowerRunDirectory(RunDirectory):
+    """The run directory as a process other than rank 0 of a data-parallel run sees it: the same
+    paths, to read checkpoints from, but run.json is rank 0's to write."""
+
+    def write_run_info(self, **fields) -> None:
+        pass

@@ -217,10 +217,13 @@ def _decoder_and_head(model: torch.nn.Module):
     """(decoder, head) with ``head(decoder(...).last_hidden_state)`` equal to the model's logits, or None.
 
     Models whose causal-LM forward does more than apply the head (logit soft-capping or scaling)
-    return None and are run whole."""
+    return None and are run whole, and so are modules sharded with FSDP2 (``fully_shard``): their
+    root gathers the embedding, final norm and head only in its own forward."""
     from rlft.models.reference import is_peft_model
 
     base = model.get_base_model() if is_peft_model(model) else model
+    if hasattr(model, "set_requires_gradient_sync"):  # an FSDPModule
+        return None
     if any(hasattr(base.config, a) for a in ("final_logit_softcapping", "logit_scale", "logits_scaling")):
         return None
     decoder = base.get_decoder() if hasattr(base, "get_decoder") else None

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
+
+import torch
 
 from rlft.algorithms import AdvantageInputs, adaptive_kl_coef, compute_advantages, kl_penalty, masked_mean
 from rlft.rl.batch import UpdateBatch
@@ -18,6 +20,7 @@ class AdvantageStage:
     kl_estimator: str
     kl_in_reward: bool
     params: dict[str, Any] = field(default_factory=dict)
+    reduce: Callable | None = None  # combines the processes' partial statistics (AdvantageInputs.reduce)
 
     def apply(self, rewards, batch: UpdateBatch, kl_coef: float) -> dict[str, float]:
         """Set ``batch.advantages`` (and ``batch.returns``) from rewards [N]; returns statistics."""
@@ -26,13 +29,21 @@ class AdvantageStage:
         if self.kl_in_reward and batch.ref_logprobs is not None:
             kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, self.kl_estimator) * batch.loss_mask
             token_rewards = -kl_coef * kl
-            stats["kl"] = float(masked_mean(kl, batch.loss_mask))
+            stats["kl"] = self._batch_mean(kl, batch.loss_mask)
         inputs = AdvantageInputs(rewards.to(batch.loss_mask.device), batch.loss_mask, self.group_size, token_rewards,
-                                 batch.old_values)
+                                 batch.old_values, self.reduce)
         out = compute_advantages(self.estimator, inputs, **self.params)
         batch.advantages, batch.returns = out.advantages, out.returns
-        stats["advantage/abs_mean"] = float(masked_mean(out.advantages.abs(), batch.loss_mask))
+        stats["advantage/abs_mean"] = self._batch_mean(out.advantages.abs(), batch.loss_mask)
         return stats
+
+    def _batch_mean(self, values, mask) -> float:
+        """The mean of ``values`` [N, T] over the loss tokens of the whole batch (all processes')."""
+        if self.reduce is None:
+            return float(masked_mean(values, mask))
+        m = mask.double()
+        total, count = self.reduce(torch.stack([(values.double() * m).sum(), m.sum()]), "sum").tolist()
+        return total / max(count, 1.0)
 
 
 @dataclass

@@ -130,13 +130,16 @@ def run_epochs(batch: UpdateBatch, mini_batch_size: int | None, epochs: int,
 
 @torch.no_grad()
 def per_row_no_grad(batch: UpdateBatch, chunks: list[torch.Tensor], autocast_dtype: torch.dtype | None,
-                    compute: Callable[[UpdateBatch], torch.Tensor]) -> torch.Tensor:
+                    compute: Callable[[UpdateBatch], torch.Tensor], rounds: int | None = None) -> torch.Tensor:
     """``compute`` ([n, t] per micro-batch of row indices ``chunks``) over every row without gradients,
-    joined into [N, T] float32."""
+    joined into [N, T] float32. ``rounds`` > len(chunks): that many passes in all, the extra ones
+    over one row with the result dropped (keeps the processes of an fsdp2 run in step)."""
     out = torch.zeros_like(batch.loss_mask, dtype=torch.float32)
-    for rows in chunks:
+    for i in range(max(rounds or 0, len(chunks))):
+        rows = chunks[i] if i < len(chunks) else torch.zeros(1, dtype=torch.long, device=out.device)
         mb = batch.rows(rows)
         with autocast(autocast_dtype, mb.loss_mask.device):
             values = compute(mb)
-        out[rows, : values.shape[1]] = values
+        if i < len(chunks):
+            out[rows, : values.shape[1]] = values
     return out

@@ -24,7 +24,7 @@ def hyperparameter_pool(cfg: RLConfig) -> dict:
     return cfg.algorithm.model_dump(exclude={"critic"})
 
 
-def build_updater(cfg: RLConfig, parts: ModelParts, total_steps: int):
+def build_updater(cfg: RLConfig, parts: ModelParts, total_steps: int, dist=None):
     """Optimizer, lr schedule and the policy updater, from the algorithm section."""
     from rlft.trainer.optim import build_optimizer, build_scheduler
     from rlft.rl.update import PolicyUpdater, UpdateParams
@@ -44,7 +44,7 @@ def build_updater(cfg: RLConfig, parts: ModelParts, total_steps: int):
                           mini_batch_size=alg.mini_batch_size, micro_batch_size=micro,
                           micro_batch_tokens=micro_tokens, max_grad_norm=alg.max_grad_norm,
                           max_len=alg.max_new_tokens)
-    return PolicyUpdater(parts.model, parts.reference, optimizer, scheduler, params, parts.autocast_dtype)
+    return PolicyUpdater(parts.model, parts.reference, optimizer, scheduler, params, parts.autocast_dtype, dist)
 
 
 def micro_batching(cfg: RLConfig, parts: ModelParts, log: bool = True) -> tuple[int, int | None]:
@@ -114,7 +114,7 @@ def warn_slow_rollout(cfg: RLConfig, parts: ModelParts) -> None:
                     "which makes generation slower than in fp32")
 
 
-def build_critic(cfg: RLConfig, parts: ModelParts):
+def build_critic(cfg: RLConfig, parts: ModelParts, dist=None):
     """The PPO critic (value model, optimizer, updater), or None if the estimator needs no values."""
     from rlft.algorithms import ADVANTAGES
 
@@ -140,19 +140,20 @@ def build_critic(cfg: RLConfig, parts: ModelParts):
     get_logger().info(f"critic: {ccfg.type} ({'backbone ' + str(model_dir) + ', ' if ccfg.type == 'separate' else ''}"
                       f"{n_train / 1e6:.2f}M trainable parameters, lr {ccfg.learning_rate:g}, "
                       f"{ccfg.warmup_steps} warm-up steps)")
-    return CriticUpdater(model, optimizer, params, parts.autocast_dtype)
+    return CriticUpdater(model, optimizer, params, parts.autocast_dtype, dist)
 
 
-def build_advantage_stage(cfg: RLConfig):
+def build_advantage_stage(cfg: RLConfig, dist=None):
     from rlft.rl.advantage import AdvantageStage, KLController
 
     alg = cfg.algorithm
     stage = AdvantageStage(alg.advantage_estimator, alg.num_generations, alg.kl_estimator,
-                           kl_in_reward=alg.kl_placement == "in_reward", params=hyperparameter_pool(cfg))
+                           kl_in_reward=alg.kl_placement == "in_reward", params=hyperparameter_pool(cfg),
+                           reduce=dist.all_reduce if dist is not None and dist.enabled else None)
     return stage, KLController(alg.kl_coef, alg.kl_target, alg.kl_horizon)
 
 
-def build_collector(cfg: RLConfig, engine, rewards, train_set, sampler):
+def build_collector(cfg: RLConfig, engine, rewards, train_set, sampler, dist=None):
     from rlft.rollout import SamplingParams
     from rlft.rl.collect import CollectParams, RolloutCollector
 
@@ -161,5 +162,5 @@ def build_collector(cfg: RLConfig, engine, rewards, train_set, sampler):
                               n=alg.num_generations, temperature=alg.temperature, top_p=alg.top_p, top_k=alg.top_k)
     params = CollectParams(sampling, alg.rollout_batch_size, overlong_buffer=alg.overlong_buffer,
                            overlong_penalty=alg.overlong_penalty, dynamic_sampling=alg.dynamic_sampling,
-                           max_rounds=alg.max_sampling_rounds)
-    return RolloutCollector(engine, rewards, train_set, sampler, params)
+                           max_rounds=alg.max_sampling_rounds, seed=cfg.train.seed)
+    return RolloutCollector(engine, rewards, train_set, sampler, params, dist)

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from rlft.algorithms import groups_with_signal, overlong_penalty
+from rlft.distributed.context import Dist
 from rlft.evaluation import columns_of
 from rlft.logging.console import get_logger
 from rlft.phases import phase
 from rlft.rewards.manager import RewardResult
 from rlft.rollout import RolloutBatch, SamplingParams
+from rlft.rollout.sampling import batch_seed
 
 OVERLONG = "overlong_penalty"
 
@@ -59,16 +61,22 @@ class CollectParams:
     overlong_penalty: float = 1.0
     dynamic_sampling: bool = False
     max_rounds: int = 1
+    seed: int = 0  # train.seed: with the data position, the seed of each batch's sampling
 
 
 class RolloutCollector:
-    def __init__(self, engine, rewards, train_set, sampler, params: CollectParams):
+    """Samples and scores each step's batch. In a data-parallel run every process draws the same
+    prompts from the sampler and generates only its contiguous share (whole groups); each row's
+    random draws depend on its global number, not on the process (:class:`SamplingParams.seed`)."""
+
+    def __init__(self, engine, rewards, train_set, sampler, params: CollectParams, dist: Dist | None = None):
         self.engine, self.rewards, self.train_set, self.sampler, self.p = engine, rewards, train_set, sampler, params
+        self.dist = dist or Dist()
 
     def collect(self) -> Collected:
         """One step's batch. With dynamic sampling, groups whose rewards are all equal are dropped and more
-        prompts are sampled until ``batch_prompts`` groups are kept or ``max_rounds`` batches were drawn;
-        a short batch is trained on as it is (never padded with the dropped groups)."""
+        prompts are sampled until ``batch_prompts`` groups are kept (over all processes) or ``max_rounds``
+        batches were drawn; a short batch is trained on as it is (never padded with the dropped groups)."""
         if not self.p.dynamic_sampling:
             return self._sample()
         group, kept, n_kept, dropped, rounds = self.p.sampling.n, [], 0, 0, 0
@@ -76,25 +84,42 @@ class RolloutCollector:
             part = self._sample()
             rounds += 1
             keep = groups_with_signal(part.scored.total, group)
-            dropped += int((~keep).sum())
-            if keep.any():
-                kept.append(part.select_groups(keep, group))
-                n_kept += int(keep.sum())
+            n_here, n_dropped = self.dist.sum_floats(float(keep.sum()), float((~keep).sum()))
+            dropped += int(n_dropped)
+            kept.append(part.select_groups(keep, group) if keep.any() else None)
+            n_kept += int(n_here)
         stats = {"dynamic_sampling/rounds": float(rounds), "dynamic_sampling/dropped_groups": float(dropped),
                  "dynamic_sampling/kept_groups": float(min(n_kept, self.p.batch_prompts))}
-        if not kept:
-            get_logger().warning(f"dynamic sampling: all {dropped} groups of {rounds} rounds had equal rewards; "
-                                 f"training on the last batch (no learning signal this step)")
-            kept, n_kept = [part], self.p.batch_prompts
-        out = Collected.concat(kept)
-        if n_kept > self.p.batch_prompts:
-            out = out.select_groups(torch.arange(n_kept) < self.p.batch_prompts, group)
+        if n_kept < self.dist.world_size:  # nothing (or less than a group per process) to learn from
+            get_logger().warning(f"dynamic sampling: {dropped} of {dropped + n_kept} groups in {rounds} rounds had "
+                                 f"equal rewards; training on the last batch (no learning signal this step)")
+            part.stats = stats
+            return part
+        out = self._share_of(kept, n_kept)
         out.stats = stats
         return out
 
+    def _share_of(self, kept: list[Collected | None], n_kept: int) -> Collected:
+        """The first ``batch_prompts`` kept groups of all processes, in the order one process would
+        have kept them (round by round, rank by rank), split again into equal contiguous shares.
+        ``kept``: this process's kept groups of each round (None: none that round)."""
+        group = self.p.sampling.n
+        by_rank = self.dist.gather_objects(kept) if self.dist.enabled else [kept]
+        parts = [ranks[r] for r in range(len(kept)) for ranks in by_rank if ranks[r] is not None]
+        out = Collected.concat(parts)
+        n = min(n_kept, self.p.batch_prompts)
+        share = -(-n // self.dist.world_size)
+        lo, hi = self.dist.rank * share, min((self.dist.rank + 1) * share, n)
+        return out.select_groups((torch.arange(n_kept) >= lo) & (torch.arange(n_kept) < hi), group) \
+            if (lo, hi) != (0, n_kept) else out
+
     def _sample(self) -> Collected:
-        examples = [self.train_set.examples[i] for i in self.sampler.next_batch()]
-        rollout = self.engine.run(examples, self.p.sampling)
+        batch = self.sampler.next_batch()
+        seed = batch_seed(self.p.seed, self.sampler.epoch, self.sampler.position)
+        mine = self.dist.shard(batch, "algorithm.rollout_batch_size (prompts per step)")
+        sampling = replace(self.p.sampling, seed=seed, row_offset=self.dist.rank * len(mine) * self.p.sampling.n)
+        examples = [self.train_set.examples[i] for i in mine]
+        rollout = self.engine.run(examples, sampling)
         row_examples = [examples[i] for i in rollout.prompt_index]
         with phase("reward"):
             scored = self.rewards.score([ex.prompt for ex in row_examples], rollout.texts,

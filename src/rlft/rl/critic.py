@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from rlft.algorithms import VALUE_LOSSES, aggregate, explained_variance, masked_mean
+from rlft.distributed.context import Dist
+from rlft.distributed.strategy import sum_gradients
 from rlft.rl.batch import UpdateBatch, autocast, per_row_no_grad, run_epochs
 from rlft.trainer.optim import clipped_step
 
@@ -28,7 +30,11 @@ class CriticUpdater:
 
     WEIGHTS, OPTIMIZER = "value_model.pt", "optimizer.pt"
 
-    def __init__(self, value_model, optimizer, params: CriticParams, autocast_dtype: torch.dtype | None):
+    def __init__(self, value_model, optimizer, params: CriticParams, autocast_dtype: torch.dtype | None,
+                 dist: Dist | None = None):
+        # The critic is replicated on every process of a data-parallel run (never sharded): its
+        # gradients are summed like a ddp policy's.
+        self.dist = replace(dist, strategy="ddp") if dist is not None and dist.enabled else Dist()
         self.model = value_model
         self.optimizer = optimizer
         self.p = params
@@ -54,8 +60,8 @@ class CriticUpdater:
         return stats
 
     def _optimizer_step(self, batch: UpdateBatch, rows: torch.Tensor) -> dict[str, float]:
-        num_tokens = float(batch.loss_mask[rows].sum().item())
-        counts = dict(num_tokens=num_tokens, num_seqs=float(rows.numel()), max_len=1)
+        num_tokens, num_seqs = self.dist.sum_floats(float(batch.loss_mask[rows].sum().item()), float(rows.numel()))
+        counts = dict(num_tokens=num_tokens, num_seqs=num_seqs, max_len=1)
         total = 0.0
         self.optimizer.zero_grad(set_to_none=True)
         for chunk in batch.micro_batches(self.p.micro_batch_size, self.p.micro_batch_tokens, rows):
@@ -67,6 +73,8 @@ class CriticUpdater:
             loss = aggregate(per_token, mb.loss_mask.float(), "token_mean", **counts)
             loss.backward()
             total += float(loss.detach())
+        sum_gradients(self.model.trainable_parameters(), self.dist)
+        (total,) = self.dist.sum_floats(total)
         step = clipped_step(self.optimizer, None, self.model.trainable_parameters(), self.p.max_grad_norm)
         return {"critic/value_loss": total, **{f"critic/{k}": v for k, v in step.items()}}
 

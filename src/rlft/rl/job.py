@@ -14,6 +14,8 @@ from rlft.config.presets import PRESETS
 from rlft.config.schema import JOB_KINDS, RLConfig
 from rlft.data.sampler import PromptSampler
 from rlft.data.prompts import load_prompts
+from rlft.distributed import current
+from rlft.rl.parallel import global_rollout_metrics, mean_over_processes, refresh_replica, spread_over_processes
 from rlft.logging.console import get_logger
 from rlft.logging.run_dir import RunDirectory, append_jsonl
 from rlft.phases import CLOCK, phase
@@ -46,19 +48,21 @@ class RLJob:
         # Without a KL term the reference is never used, so don't pay for a copy of the weights.
         self.parts = build_model(cfg.model, with_reference=alg.uses_reference())
         self.device, self.model_dir = self.parts.device, self.parts.model_dir
+        self.dist = current()
+        self.replica = spread_over_processes(self.parts, self.dist)  # the rollout's whole weights under fsdp2
         self.train_set, self.eval_set = build_data(cfg, self.parts.tokenizer)
         self.rewards = self.reward_manager(cfg)
-        self.engine = self.generation(cfg).make_engine(self.parts.model, self.parts.tokenizer,
+        self.engine = self.generation(cfg).make_engine(self.replica or self.parts.model, self.parts.tokenizer,
                                                        self.parts.autocast_dtype)
         warn_slow_rollout(cfg, self.parts)
         self.sampler = PromptSampler(len(self.train_set), alg.rollout_batch_size, seed=cfg.train.seed,
                                      shuffle=cfg.data.shuffle)
         self.steps_per_epoch = self.sampler.steps_per_epoch
         self.total_steps = total_steps(cfg.train, self.steps_per_epoch)
-        self.collector = build_collector(cfg, self.engine, self.rewards, self.train_set, self.sampler)
-        self.updater = build_updater(cfg, self.parts, self.total_steps)
-        self.critic = build_critic(cfg, self.parts)
-        self.advantage, self.kl = build_advantage_stage(cfg)
+        self.collector = build_collector(cfg, self.engine, self.rewards, self.train_set, self.sampler, self.dist)
+        self.updater = build_updater(cfg, self.parts, self.total_steps, self.dist)
+        self.critic = build_critic(cfg, self.parts, self.dist)
+        self.advantage, self.kl = build_advantage_stage(cfg, self.dist)
         self._health = HealthWatch(self.log)
         self._watch = RewardHackingWatch(cfg.train.watch, self.log, cfg.eval.accuracy_reward or self.rewards.names[0])
 
@@ -79,6 +83,7 @@ class RLJob:
         CLOCK.reset()
         t0 = time.perf_counter()
         collected = self.collector.collect()
+        getattr(self.engine, "release_memory", lambda: None)()  # vllm: its GPU memory goes to the update
         t_gen = time.perf_counter() - t0
         batch = UpdateBatch.from_rollout(collected.rollout)
         kl_coef = self.kl.coef
@@ -95,13 +100,12 @@ class RLJob:
         # The critic trains alone for its warm-up steps (step counts from 1).
         if self.critic is None or step > alg.critic.warmup_steps:
             stats.update(self.updater.update(batch, kl_coef=kl_coef))
+            refresh_replica(self.replica, self.parts.model, self.dist)
         stats["kl_coef"] = kl_coef
         self.kl.observe(stats.get("kl"), len(batch))
         seconds = time.perf_counter() - t0
         rollout, scored = collected.rollout, collected.scored
-        metrics = rollout_metrics(scored.total, scored.per_reward, rollout.completion_lengths,
-                                  rollout.finish_reasons, alg.num_generations, texts=rollout.texts,
-                                  weights=self.rewards.weights)
+        metrics = {}
         if rollout.episodes is not None:
             metrics.update(episode_metrics(rollout.episodes))
         metrics.update(scored.extra)
@@ -112,6 +116,10 @@ class RLJob:
                         "tokens_per_s": float(batch.loss_mask.sum().item()) / seconds,
                         "peak_mem_mb": peak_memory_mb(self.device)})
         metrics.update(CLOCK.snapshot(seconds))
+        metrics = mean_over_processes(metrics, self.dist)
+        if self.dist.enabled:  # throughput is the run's: every process's tokens in the same wall time
+            metrics["tokens_per_s"] *= self.dist.world_size
+        metrics.update(global_rollout_metrics(scored, rollout, alg.num_generations, self.rewards.weights, self.dist))
         self._last_reward = metrics["reward/mean"]
         self._write_samples(step, collected.prompts, rollout, scored)
         self._health.observe(step, metrics)
@@ -122,7 +130,7 @@ class RLJob:
         """Every logging step, ``train.samples_per_log`` rows to samples.jsonl; a multi-turn row has
         its whole trajectory (every turn, tool call, arguments, result, error) and episode statistics."""
         n, texts = self.cfg.train.samples_per_log, rollout.texts
-        if n == 0 or step % self.cfg.train.logging_interval:
+        if n == 0 or step % self.cfg.train.logging_interval or not self.dist.is_main:
             return
         for i in _sample_rows(len(texts), self.cfg.algorithm.num_generations, n):
             row = {"step": step, "prompt": prompts[i], "completion": texts[i], "reward": float(scored.total[i]),
@@ -153,10 +161,11 @@ class RLJob:
     def state(self) -> TrainedState:
         return TrainedState(self.parts.model, self.parts.tokenizer, self.updater.optimizer, self.updater.scheduler,
                             self.sampler, {"critic": self.critic} if self.critic is not None else {},
-                            {"kl_coef": self.kl.coef})
+                            {"kl_coef": self.kl.coef}, export_model=self.replica)
 
     def restore(self, extra: dict[str, Any]) -> None:
         self.kl.coef = float(extra.get("kl_coef", self.kl.coef))
+        refresh_replica(self.replica, self.parts.model, self.dist)  # the resumed weights, for the rollout
 
     @staticmethod
     def eval_prompts(cfg: RLConfig, tokenizer) -> list | None:
@@ -168,7 +177,8 @@ class RLJob:
         return GenerationSettings(cfg.rollout.engine, cfg.data.max_prompt_length,
                                   cfg.eval.max_new_tokens or cfg.algorithm.max_new_tokens,
                                   add_special_tokens=not cfg.data.use_chat_template, episodes=episode_runner(cfg),
-                                  decode_copy=cfg.rollout.decode_copy, fused_decode=cfg.rollout.fused_decode)
+                                  decode_copy=cfg.rollout.decode_copy, fused_decode=cfg.rollout.fused_decode,
+                                  engine_options=cfg.rollout.engine_options())
 
     @staticmethod
     def reward_manager(cfg: RLConfig) -> RewardManager:

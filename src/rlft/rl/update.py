@@ -8,6 +8,8 @@ from typing import Any
 import torch
 
 from rlft.algorithms import policy_objective
+from rlft.distributed.context import Dist
+from rlft.distributed.strategy import micro_batch_rounds, sum_gradients
 from rlft.logging.console import get_logger
 from rlft.phases import count, phase
 from rlft.rl.batch import UpdateBatch, autocast, per_row_no_grad, run_epochs
@@ -44,7 +46,8 @@ class PolicyUpdater:
     """
 
     def __init__(self, model, reference, optimizer, scheduler, params: UpdateParams,
-                 autocast_dtype: torch.dtype | None):
+                 autocast_dtype: torch.dtype | None, dist: Dist | None = None):
+        self.dist = dist or Dist()
         self.model = model
         self.reference = reference
         self.optimizer = optimizer
@@ -70,9 +73,9 @@ class PolicyUpdater:
                 batch.old_logprobs = self._old_logprobs(batch)
 
     def _logprobs_no_grad(self, module, batch: UpdateBatch) -> torch.Tensor:
-        return per_row_no_grad(batch, batch.micro_batches(self.p.micro_batch_size, self.p.micro_batch_tokens),
-                               self.autocast_dtype,
-                               lambda mb: mb.logprobs(module, self.p.temperature)[0])
+        chunks = batch.micro_batches(self.p.micro_batch_size, self.p.micro_batch_tokens)
+        return per_row_no_grad(batch, chunks, self.autocast_dtype, lambda mb: mb.logprobs(module, self.p.temperature)[0],
+                               rounds=micro_batch_rounds(len(chunks), self.dist))
 
     def _old_logprobs(self, batch: UpdateBatch) -> torch.Tensor:
         """Log-probs [N, T] of the policy that sampled the batch.
@@ -80,8 +83,10 @@ class PolicyUpdater:
         In fp32 the engine's sampling log-probs equal a forward pass up to summation order
         (tests/rollout/test_engines.py), so they replace a whole forward over the batch. Under
         reduced-precision autocast the decode and full-sequence kernels round differently, so the
-        ratio would start away from 1: there the old log-probs are recomputed."""
-        if batch.rollout_logprobs is not None and self.autocast_dtype is None:
+        ratio would start away from 1: there the old log-probs are recomputed, and so they are with
+        truncated importance sampling (``tis_cap``), whose weights compare the two."""
+        if (batch.rollout_logprobs is not None and self.autocast_dtype is None
+                and self.p.loss_params.get("tis_cap") is None):
             return batch.rollout_logprobs.float()
         return self._logprobs_no_grad(self.model, batch)
 
@@ -104,19 +109,28 @@ class PolicyUpdater:
         return rows[(batch.advantages[rows] != 0).any(dim=-1)]
 
     def _optimizer_step(self, batch: UpdateBatch, rows: torch.Tensor, kl_coef: float) -> dict[str, float]:
-        """Accumulate gradients over micro-batches of ``rows`` and take one optimizer step."""
+        """Accumulate gradients over micro-batches of ``rows`` and take one optimizer step.
+
+        Every normaliser counts the global batch (all processes' rows), so each process's loss is
+        its share of the single-process loss and the processes' gradients and statistics add up to
+        it (:mod:`rlft.distributed.strategy`)."""
         mask = batch.loss_mask[rows]
-        counts = dict(num_tokens=float(mask.sum().item()), num_seqs=float(mask.shape[0]), max_len=self.p.max_len)
         active = self._rows_with_gradient(batch, rows, kl_coef)
+        num_tokens, num_seqs, active_tokens, active_rows = self.dist.sum_floats(
+            float(mask.sum().item()), float(mask.shape[0]), float(batch.loss_mask[active].sum().item()),
+            float(active.numel()))
+        counts = dict(num_tokens=num_tokens, num_seqs=num_seqs, max_len=self.p.max_len)
+        active_tokens = max(active_tokens, 1.0)
         # With no row to compute, every loss term is exactly 0 (all advantages 0, no KL in the loss).
-        stats: dict[str, float] = {"loss": 0.0, "pg_loss": 0.0, "clip_frac": 0.0,
-                                   "rows_in_update": float(active.numel()) / max(rows.numel(), 1)}
+        stats: dict[str, float] = {"loss": 0.0, "pg_loss": 0.0, "clip_frac": 0.0}
         self.optimizer.zero_grad(set_to_none=True)
-        active_tokens = max(float(batch.loss_mask[active].sum().item()), 1.0)
         chunks = (batch.micro_batches(self.p.micro_batch_size, self.p.micro_batch_tokens, active)
-                  if active.numel() else ())
-        for chunk in chunks:
-            mb = batch.rows(chunk)
+                  if active.numel() else [])
+        rounds = micro_batch_rounds(len(chunks), self.dist)
+        for i in range(rounds):
+            # A pass past this rank's own rows keeps an fsdp2 rank in step with the others: one row,
+            # its loss multiplied by 0 (the gradient it adds is exactly zero).
+            mb = batch.rows(chunks[i] if i < len(chunks) else rows[:1])
             with phase("policy"):
                 with autocast(self.autocast_dtype, mb.loss_mask.device):
                     lp, ent = mb.logprobs(self.model, self.p.temperature, with_entropy=True)
@@ -124,15 +138,30 @@ class PolicyUpdater:
                 out = policy_objective(lp, old, mb.advantages, mb.loss_mask, self._kl_ref(mb),
                                        loss_name=self.p.loss_name, loss_params=self.p.loss_params, kl_coef=kl_coef,
                                        kl_estimator=self.p.kl_estimator, aggregation=self.p.aggregation,
-                                       num_computed_tokens=active_tokens, **counts)
+                                       num_computed_tokens=active_tokens, rollout_logprobs=mb.rollout_logprobs,
+                                       **counts)
+                if i >= len(chunks):
+                    (out.loss * 0.0).backward()
+                    continue
                 out.loss.backward()
             count("policy_tokens", mb.tokens_computed())
             for k, v in out.stats.items():
                 stats[k] = stats.get(k, 0.0) + v
             stats["entropy"] = stats.get("entropy", 0.0) + float((ent * mb.loss_mask).sum().item()) / active_tokens
+        stats = _summed(stats, self.dist)
+        stats["rows_in_update"] = active_rows / max(num_seqs, 1.0)
         params = [p for p in self.model.parameters() if p.requires_grad]
         with phase("optimizer"):
+            sum_gradients(params, self.dist)
             stats.update(clipped_step(self.optimizer, self.scheduler, params, self.p.max_grad_norm))
         if "skipped_updates" in stats:
             get_logger().warning(f"non-finite gradient norm ({stats['grad_norm']}); optimizer step skipped")
         return stats
+
+
+def _summed(stats: dict[str, float], dist: Dist) -> dict[str, float]:
+    """Additive statistics summed over the processes (a key only some ranks have counts as 0 elsewhere)."""
+    if not dist.enabled:
+        return stats
+    keys = sorted(set().union(*dist.gather_objects(sorted(stats))))
+    return dict(zip(keys, dist.sum_floats(*(stats.get(k, 0.0) for k in keys))))

@@ -21,6 +21,12 @@ class SamplingParams:
 
     ``min_new_tokens`` forbids end-of-sequence tokens before that many tokens (as in Hugging Face
     ``generate``); the returned log-probs stay those of the unconstrained tempered distribution.
+
+    ``seed`` set: every random draw is a function of (seed, the row's global number, its token
+    position) instead of the process's random stream (:func:`rlft.rollout.sampling.row_uniforms`),
+    so a row samples the same tokens whichever process, batch or decode step it lands in. The
+    trainer sets it, with ``row_offset`` the number of this process's first row in the global batch:
+    that is what makes a data-parallel run sample what a single process would.
     """
 
     max_new_tokens: int
@@ -30,6 +36,8 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0
     greedy: bool = False
+    seed: int | None = None
+    row_offset: int = 0
 
 
 @dataclass

@@ -27,7 +27,7 @@ from rlft.phases import phase
 from rlft.rollout.base import RolloutBatch, SamplingParams
 from rlft.rollout.episode import DONE, READY, RUNNING, WAITING, Episode, EpisodeLimits
 from rlft.rollout.kv import FusedKVBatch, KVBatch, start_batch
-from rlft.rollout.sampling import sample_next
+from rlft.rollout.sampling import row_uniforms, sample_next
 
 RESPONSE_OPEN = "<tool_response>"
 ADMIT_EVERY = 8
@@ -52,7 +52,7 @@ class EpisodeRunner:
     # ------------------------------------------------------------------ public
 
     def run(self, examples: list, sampling: SamplingParams) -> RolloutBatch:
-        episodes = self._start(examples, sampling.n)
+        episodes = self._start(examples, sampling)
         try:
             fused = self.engine.fused_decoder()
             with self.engine.generating(fused[0] if fused else None) as model:
@@ -65,9 +65,15 @@ class EpisodeRunner:
 
     # ------------------------------------------------------------------ start and end
 
-    def _start(self, examples: list, n: int) -> list[Episode]:
-        """Reset one environment per episode, all G of a group with the same row and seed."""
-        seeds = torch.randint(0, 2**31 - 1, (len(examples),)).tolist()
+    def _start(self, examples: list, sampling: SamplingParams) -> list[Episode]:
+        """Reset one environment per episode, all G of a group with the same row and seed (with
+        ``sampling.seed``, a function of it and the group's global number, like the tokens)."""
+        n = sampling.n
+        if sampling.seed is None:
+            seeds = torch.randint(0, 2**31 - 1, (len(examples),)).tolist()
+        else:
+            groups = torch.arange(len(examples)) + sampling.row_offset // n
+            seeds = (row_uniforms(sampling.seed, groups, -1) * (2**31 - 1)).long().tolist()
         episodes = [Episode(g * n + j, g, WORKERS[self.isolation](self.spec)) for g in range(len(examples))
                     for j in range(n)]
         for ep in episodes:
@@ -158,7 +164,11 @@ class EpisodeRunner:
 
     def _sample(self, logits: torch.Tensor, sampling: SamplingParams, rows: list[Episode]):
         """Tokens [B] and their log-probs [B] for the running rows (tests script this)."""
-        return sample_next(logits, sampling)
+        if sampling.seed is None:
+            return sample_next(logits, sampling)
+        rows_at = torch.tensor([sampling.row_offset + ep.index for ep in rows])
+        positions = torch.tensor([len(ep.tokens) for ep in rows])
+        return sample_next(logits, sampling, u=row_uniforms(sampling.seed, rows_at, positions))
 
     def _append(self, rows: list[Episode], tokens: list[int], logprobs: list[float], max_turn_tokens: int
                 ) -> list[int]:

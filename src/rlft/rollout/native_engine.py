@@ -15,7 +15,7 @@ from rlft.models.logprobs import cache_kwargs, position_ids_from_mask
 from rlft.phases import count, phase
 from rlft.rollout.base import RolloutBatch, SamplingParams
 from rlft.rollout.hf_engine import HFGenerateEngine
-from rlft.rollout.sampling import sample_next
+from rlft.rollout.sampling import row_uniforms, sample_next
 
 
 class NativeEngine(HFGenerateEngine):
@@ -63,7 +63,8 @@ class NativeEngine(HFGenerateEngine):
         eos = torch.tensor(self.eos_ids, device=device)
         with phase("decode"):
             for t in range(T):
-                tok, lp = sample_next(logits, sampling, eos if t < sampling.min_new_tokens else None)
+                u = None if sampling.seed is None else row_uniforms(sampling.seed, sampling.row_offset + alive, t)
+                tok, lp = sample_next(logits, sampling, eos if t < sampling.min_new_tokens else None, u)
                 tokens[alive, t], logprobs[alive, t] = tok, lp
                 done = torch.isin(tok, eos)
                 lengths[alive[done]], ended[alive[done]] = t + 1, True

@@ -22,24 +22,75 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return logits
 
 
-def sample_categorical(probs: torch.Tensor) -> torch.Tensor:
+_M32 = 0xFFFFFFFF
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """(x * c) mod 2**32 for int64 ``x`` in [0, 2**32) without overflowing int64: in two 16-bit halves."""
+    lo, hi = x & 0xFFFF, x >> 16
+    return (lo * c + (((hi * c) & 0xFFFF) << 16)) & _M32
+
+
+def _fmix32(x: torch.Tensor) -> torch.Tensor:
+    """MurmurHash3's 32-bit finaliser, elementwise on int64 values in [0, 2**32)."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x85EBCA6B)
+    x = x ^ (x >> 13)
+    x = _mul32(x, 0xC2B2AE35)
+    return x ^ (x >> 16)
+
+
+def _key(*parts: int) -> int:
+    """One 32-bit key from integers (a 64-bit seed counts as two parts)."""
+    h = torch.tensor(0x9E3779B9, dtype=torch.long)
+    for p in parts:
+        for word in (p & _M32, (p >> 32) & _M32):
+            h = _fmix32((h + 0x7F4A7C15) & _M32 ^ word)
+    return int(h)
+
+
+def batch_seed(seed: int, *position: int) -> int:
+    """The sampling seed of one batch: a function of the run's seed and the data position it was
+    drawn at, so a resumed run (at any number of processes) samples what the first one would have."""
+    return _key(seed, *position)
+
+
+def row_uniforms(seed: int, rows: torch.Tensor, position: int | torch.Tensor) -> torch.Tensor:
+    """One uniform in [0, 1) [N] float64 for each global row number in ``rows`` [N] at token
+    ``position`` (a scalar, or [N]), a pure function of (seed, row, position).
+
+    A counter-based stream: a process that holds only some rows, or decodes them in another
+    order or batch, draws exactly what one process holding all of them would (two 32-bit hashes
+    of the counter make 53 random bits)."""
+    rows = rows.to(torch.long)
+    pos = torch.as_tensor(position, dtype=torch.long, device=rows.device)
+    base = _fmix32(_mul32(rows & _M32, 0x9E3779B1) ^ _mul32(pos & _M32, 0x85EBCA77) ^ _key(seed))
+    hi = _fmix32(base ^ 0x68E31DA4)
+    lo = _fmix32(base ^ 0xB5297A4D)
+    return (hi.double() * 2.0**21 + (lo >> 11).double()) * 2.0**-53
+
+
+def sample_categorical(probs: torch.Tensor, u: torch.Tensor | None = None) -> torch.Tensor:
     """One draw per row of ``probs`` [N, V] -> [N] by inverting the cumulative distribution.
 
     Needs N random numbers where ``torch.multinomial`` draws V of them (on CPU that was a
     quarter of a second per 32-token rollout of a 49k-vocabulary model). Zero-probability
     tokens are never picked: the first index whose cumulative mass exceeds u is taken.
+    u: the uniforms [N] to use (:func:`row_uniforms`), else drawn from the process's stream.
     """
     cdf = probs.cumsum(-1)
-    u = torch.rand(probs.shape[0], 1, device=probs.device, dtype=cdf.dtype) * cdf[:, -1:]
-    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
+    u = (torch.rand(probs.shape[0], 1, device=probs.device, dtype=cdf.dtype) if u is None
+         else u.to(device=probs.device, dtype=cdf.dtype)[:, None])
+    return torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
 
 
 def sample_next(logits: torch.Tensor, sampling: SamplingParams,
-                suppress: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                suppress: torch.Tensor | None = None, u: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row; returns tokens [N] and their log-probs [N] under the tempered,
     unfiltered distribution (the one the trainer's log-prob computation sees).
 
     suppress: optional token ids [K] that may not be picked (end-of-sequence before ``min_new_tokens``).
+    u: optional uniforms [N] (counter-based, see :class:`SamplingParams.seed`).
     """
     logits = logits.float()
     if sampling.greedy:
@@ -58,5 +109,5 @@ def sample_next(logits: torch.Tensor, sampling: SamplingParams,
         if suppress is not None:
             filtered = filtered.index_fill(-1, suppress, float("-inf"))
         probs = torch.softmax(filtered, -1)
-    tokens = sample_categorical(probs)
+    tokens = sample_categorical(probs, u)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from rlft.checkpoint.layout import list_checkpoints
+from rlft.checkpoint.layout import has_optimizer_state, list_checkpoints
 from rlft.errors import UsageError
 from rlft.logging.run_dir import RunDirectory
 from rlft.service.backends import make_placement
@@ -254,7 +254,7 @@ def _resumable(run_dir: Path) -> bool:
     """Whether ``--resume auto`` can continue ``run_dir``: its latest complete checkpoint has the optimizer
     state (``train.save_optimizer: false`` writes export-only checkpoints that a resume refuses)."""
     found = list_checkpoints(run_dir / "checkpoints")
-    return bool(found) and (found[-1] / "optimizer.pt").is_file()
+    return bool(found) and has_optimizer_state(found[-1])
 
 
 def _free_path(path: Path) -> Path:

@@ -46,6 +46,7 @@ class TrainedState:
     sampler: Any
     components: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    export_model: torch.nn.Module | None = None  # the whole weights when ``model`` is sharded (fsdp2)
 
 
 class Job(Protocol):

@@ -8,6 +8,7 @@ their evaluations) is a :class:`~rlft.trainer.job.Job` picked by the config's ``
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 from dataclasses import dataclass, field
@@ -21,11 +22,12 @@ from rlft.checkpoint import prune_checkpoints, save_checkpoint
 from rlft.checkpoint.continuity import file_fingerprint
 from rlft.config.loader import config_to_yaml, load_config
 from rlft.config.schema import RunConfig
+from rlft.distributed.context import Dist
 from rlft.errors import error_type
 from rlft.logging.console import (ProgressBar, attach_file_log, get_logger, quiet_library_progress_bars,
                                   setup_console_logging)
 from rlft.logging.resources import ResourceMonitor
-from rlft.logging.run_dir import RunDirectory, append_jsonl, truncate_jsonl
+from rlft.logging.run_dir import FollowerRunDirectory, RunDirectory, append_jsonl, truncate_jsonl
 from rlft.logging.trackers import Trackers, open_trackers
 from rlft.trainer.job import EvalRecord, Job, job_class
 from rlft.trainer.metrics import MetricWindow
@@ -77,6 +79,7 @@ class Trainer:
         self.step = 0
         self.train_seconds = 0.0  # wall time inside train steps (excludes model load, evaluation, checkpoints)
         self.trackers = Trackers()  # train.report_to's experiment trackers, opened in setup()
+        self.dist = Dist()  # this process's place in a data-parallel run; joined in setup()
         self._ready = False
 
     # ------------------------------------------------------------------ setup
@@ -86,25 +89,23 @@ class Trainer:
 
         A failure here is recorded in run.json like a failure during training."""
         cfg = self.cfg
+        self.dist = join_process_group(cfg)
         self._resume_point, changes = self._find_resume_point()
         from rlft.planner.check import check_memory
 
         self._memory = memory = check_memory(cfg, get_logger())  # refused before anything is written if it won't fit
-        if self._resume_point is not None:
-            self.run_dir = RunDirectory(self._resume_point.run_root)
-        elif self.run_dir_path is not None:
-            self.run_dir = RunDirectory.at(self.run_dir_path)
-        else:
-            self.run_dir = RunDirectory.create(cfg.train.output_dir, cfg.train.run_name, cfg.run_label())
+        self.run_dir = self._open_run_directory()
         self._heartbeat = Heartbeat(self.run_dir).__enter__()
-        self.log = setup_console_logging()
-        self._file_log = attach_file_log(self.run_dir.log)
-        self.resources = ResourceMonitor(self.run_dir.root / "resources.jsonl", cuda=_on_cuda(cfg.model.device),
+        self.log = setup_console_logging(rank=self.dist.rank if self.dist.enabled else None)
+        self._file_log = attach_file_log(self.run_dir.log if self.dist.is_main else None)
+        self.resources = ResourceMonitor(self.run_dir.root / "resources.jsonl" if self.dist.is_main else os.devnull,
+                                         cuda=_on_cuda(cfg.model.device),
                                          first_knob=(memory.if_out_of_memory or [None])[0] if memory else None,
                                          log=get_logger()).__enter__()
-        self.run_dir.config.write_text(config_to_yaml(cfg))  # the config in effect; each checkpoint keeps its own
+        if self.dist.is_main:
+            self.run_dir.config.write_text(config_to_yaml(cfg))  # the config in effect; each checkpoint keeps its own
         resume_step = int(self._resume_point.state["step"]) if self._resume_point is not None else None
-        self.trackers = open_trackers(cfg.train.report_to, self.run_dir.root, yaml.safe_load(config_to_yaml(cfg)),
+        self.trackers = Trackers() if not self.dist.is_main else open_trackers(cfg.train.report_to, self.run_dir.root, yaml.safe_load(config_to_yaml(cfg)),
                                       self.run_dir.root.name, self.run_dir.read_run_info().get("trackers"),
                                       resume_step)  # a resumed run continues the tracker runs run.json names
         if self.trackers.ids:
@@ -149,6 +150,8 @@ class Trainer:
         rules = {**COMMON_RULES, **self.job.CONTINUITY}
         if self.resume_from == "auto":
             root = self._auto_resume_root(rules)
+            if self.dist.enabled:  # the run rank 0 found (a run of this config among several, ...)
+                root = self.dist.broadcast_object(root)
             point = find_checkpoint("auto", root) if root is not None else None
             if point is None:
                 return None, []
@@ -161,6 +164,24 @@ class Trainer:
                                  f"--run-dir {self.run_dir_path}")
         changes = check_continuity(point, yaml.safe_load(config_to_yaml(cfg)), cfg.data.train_file, rules)
         return point, changes
+
+    def _open_run_directory(self) -> RunDirectory:
+        """The run directory: rank 0 creates (or reopens) it and tells the other processes, which
+        only read it (:class:`FollowerRunDirectory`)."""
+        cfg = self.cfg
+        if self._resume_point is not None:
+            root = self._resume_point.run_root
+            return RunDirectory(root) if self.dist.is_main else FollowerRunDirectory(root)
+        if not self.dist.is_main:
+            run_dir = None
+        elif self.run_dir_path is not None:
+            run_dir = RunDirectory.at(self.run_dir_path)
+        else:
+            run_dir = RunDirectory.create(cfg.train.output_dir, cfg.train.run_name, cfg.run_label())
+        if not self.dist.enabled:
+            return run_dir
+        root = self.dist.broadcast_object(str(run_dir.root) if self.dist.is_main else None)
+        return run_dir if self.dist.is_main else FollowerRunDirectory(Path(root))
 
     def _auto_resume_root(self, rules: dict[str, str]) -> Path | None:
         """The run directory ``--resume auto`` looks in: --run-dir, ``<output_dir>/<run_name>``, or
@@ -179,6 +200,8 @@ class Trainer:
         step = int(self._resume_point.state["step"])
         for change in changes:
             self.log.info(f"changed on resume: {change}")
+        if not self.dist.is_main:
+            return
         dropped = sum(truncate_jsonl(p, step) for p in (self.run_dir.metrics, self.run_dir.samples))
         if dropped:
             self.log.info(f"dropped {dropped} log records written after step {step} by the interrupted process")
@@ -197,7 +220,7 @@ class Trainer:
             state = self.job.state()
             self.step = restore_training_state(self._resume_point, model=state.model, optimizer=state.optimizer,
                                                scheduler=state.scheduler, sampler=state.sampler,
-                                               components=state.components)
+                                               components=state.components, dist=self.dist)
             self.job.restore(self._resume_point.state)
             self.log.info(f"resumed from {self._resume_point.checkpoint} at step {self.step}; continuing to "
                           f"step {self.job.total_steps}")
@@ -209,8 +232,10 @@ class Trainer:
         self._heartbeat.__exit__(None, None, None)
         self.resources.__exit__(None, None, None)
         self.run_dir.write_run_info(ended=time.time(), **run_info)
-        get_logger().removeHandler(self._file_log)
-        self._file_log.close()
+        if self._file_log is not None:
+            get_logger().removeHandler(self._file_log)
+            self._file_log.close()
+        leave_process_group()
 
     @property
     def total_steps(self) -> int:
@@ -240,7 +265,7 @@ class Trainer:
         if self.cfg.eval.before_training and self.step == 0 and not stop.requested:
             before = self.evaluate(tag="before training")
         window = MetricWindow()
-        with ProgressBar(self.total_steps, self.cfg.train.progress_bar) as bar:
+        with ProgressBar(self.total_steps, self.cfg.train.progress_bar if self.dist.is_main else "off") as bar:
             while self.step < self.total_steps and not stop.requested:
                 window.add(self.train_step())
                 self._after_step(window, bar, result)
@@ -276,7 +301,8 @@ class Trainer:
         if self.step % tcfg.logging_interval == 0 or self.step == self.total_steps:
             metrics = {"step": self.step, "epoch": round(self.step / self.job.steps_per_epoch, 4), **window.flush(),
                        **self.resources.step_metrics()}
-            append_jsonl(self.run_dir.metrics, metrics)
+            if self.dist.is_main:
+                append_jsonl(self.run_dir.metrics, metrics)
             self.trackers.log(self.step, metrics)
             self.log.info(self.job.step_line(self.step, metrics))
             result.last_metrics = metrics
@@ -299,7 +325,8 @@ class Trainer:
             return None
         self.log.info(f"eval ({tag}, step {self.step}): {record.line}")
         out = {"step": self.step, "tag": tag, **record.payload}
-        (self.run_dir.eval_dir / f"step-{self.step}.json").write_text(json.dumps(out, indent=2, ensure_ascii=False))
+        if self.dist.is_main:
+            (self.run_dir.eval_dir / f"step-{self.step}.json").write_text(json.dumps(out, indent=2, ensure_ascii=False))
         self.trackers.log(self.step, record.payload, prefix="eval/")
         return record
 
@@ -311,9 +338,10 @@ class Trainer:
                  **parts.extra, "data_fingerprint": self._data_fingerprint}
         save_checkpoint(target, model=parts.model, tokenizer=parts.tokenizer, optimizer=parts.optimizer,
                         scheduler=parts.scheduler, trainer_state=state, config_yaml=config_to_yaml(self.cfg),
-                        components=parts.components, save_optimizer=self.cfg.train.save_optimizer)
+                        components=parts.components, save_optimizer=self.cfg.train.save_optimizer,
+                        dist=self.dist, export_model=parts.export_model)
         self.log.info(f"checkpoint saved: {target}")
-        if self.cfg.train.keep_last:
+        if self.cfg.train.keep_last and self.dist.is_main:
             for old in prune_checkpoints(self.run_dir.checkpoints, self.cfg.train.keep_last):
                 self.log.info(f"checkpoint removed (train.keep_last={self.cfg.train.keep_last}): {old.name}")
         return target
@@ -340,6 +368,28 @@ class Trainer:
             if advice:
                 out["error"] += f" | try --set {advice[0]} (rlft estimate --config ... for the whole list)"
         return out
+
+
+def join_process_group(cfg: RunConfig):
+    """This process's :class:`~rlft.distributed.Dist`: under torchrun (WORLD_SIZE > 1) it joins the
+    process group; a kind of job that cannot run data-parallel is refused there, not run N times."""
+    from rlft.config.schema import JOB_KINDS
+    from rlft.distributed import init_distributed, launched_by_torchrun
+    from rlft.errors import UsageError
+
+    if launched_by_torchrun() and not JOB_KINDS[cfg.kind].data_parallel:
+        raise UsageError(f"kind {cfg.kind} runs in one process; under torchrun (WORLD_SIZE="
+                         f"{os.environ.get('WORLD_SIZE')}) it would train {os.environ.get('WORLD_SIZE')} independent "
+                         f"copies. Data-parallel training is implemented for: "
+                         + ", ".join(k for k, v in JOB_KINDS.items() if v.data_parallel))
+    d = cfg.distributed
+    return init_distributed(d.strategy, d.backend, cfg.model.device, d.timeout_minutes)
+
+
+def leave_process_group() -> None:
+    from rlft.distributed import shutdown_distributed
+
+    shutdown_distributed()
 
 
 def _on_cuda(device: str) -> bool:

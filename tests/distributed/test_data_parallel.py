@@ -1,0 +1,199 @@
+"""Data-parallel RL under torchrun, on CPU with gloo: two processes train what one process trains.
+
+Each torchrun launch costs a few seconds of start-up, so the runs are module fixtures shared by
+the tests that read them: one single-process reference per algorithm, then the 2-process runs.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from tests.conftest import read_jsonl, write_jsonl
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = 3
+# Wall-clock and resource numbers differ between runs by nature, and the work counters count
+# padding (each process pads its prompts to its own longest); everything else must match.
+VARYING = ("seconds", "tokens_per_s", "peak_mem", "resources/", "phase/", "time", "work/")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory, tiny_model_dir) -> Path:
+    root = tmp_path_factory.mktemp("dp")
+    prompts = [{"prompt": p} for p in ["hello", "abc", "dog", "cat", "sun", "moon", "tree", "sea"]]
+    write_jsonl(root / "train.jsonl", prompts)
+    return root
+
+
+def _config(workdir: Path, model_dir: Path, algorithm: str, **algo) -> dict:
+    return {
+        "model": {"path": str(model_dir), "dtype": "fp32"},
+        "data": {"train_file": str(workdir / "train.jsonl")},
+        # A reward most completions of the random tiny model get sometimes: every step has signal.
+        "algorithm": {"name": algorithm, "learning_rate": 3e-3, "kl_coef": 0.01, "rollout_batch_size": 4,
+                      "num_generations": 4, "max_new_tokens": 6, "micro_batch_size": 4, **algo},
+        "reward": {"functions": [{"type": "regex", "pattern": "[a-h]", "name": "early_letter"}]},
+        "train": {"epochs": 100, "max_steps": STEPS, "logging_interval": 1, "save_interval": 2, "seed": 3,
+                  "output_dir": str(workdir / "out"), "progress_bar": "off"},
+        "eval": {"before_training": False, "after_training": False},
+    }
+
+
+def _write(workdir: Path, name: str, cfg: dict) -> Path:
+    path = workdir / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _torchrun(config: Path, *args: str, nproc: int = 2, extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", *extra,
+           str(ROOT / "train.py"), "--config", str(config), *args]
+    if not extra:
+        cmd[4:4] = [f"--master_port={_free_port()}"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT, env=env)
+
+
+def _one_process(config: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    return subprocess.run([sys.executable, str(ROOT / "train.py"), "--config", str(config), *args],
+                          capture_output=True, text=True, timeout=240, cwd=ROOT, env=env)
+
+
+def _ok(proc: subprocess.CompletedProcess) -> None:
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+
+
+def _weights(run: Path, step: int = STEPS) -> dict[str, torch.Tensor]:
+    return load_file(str(run / "checkpoints" / f"checkpoint-{step}" / "model.safetensors"))
+
+
+def _assert_same_weights(a: Path, b: Path, atol: float, step: int = STEPS) -> None:
+    wa, wb = _weights(a, step), _weights(b, step)
+    assert sorted(wa) == sorted(wb)
+    worst = max(float((wa[k] - wb[k]).abs().max()) for k in wa)
+    assert worst <= atol, f"weights differ by up to {worst}"
+
+
+def _assert_same_trajectory(a: Path, b: Path, rtol: float = 1e-4, atol: float = 1e-6) -> None:
+    ma, mb = read_jsonl(a / "metrics.jsonl"), read_jsonl(b / "metrics.jsonl")
+    assert [m["step"] for m in ma] == [m["step"] for m in mb] == list(range(1, STEPS + 1))
+    for x, y in zip(ma, mb):
+        keys = [k for k in x if not any(v in k for v in VARYING)]
+        assert set(keys) <= set(y), set(keys) - set(y)
+        for k in keys:
+            assert y[k] == pytest.approx(x[k], rel=rtol, abs=atol), (x["step"], k, x[k], y[k])
+
+
+@pytest.fixture(scope="module")
+def runs(workdir, tiny_model_dir) -> dict[str, Path]:
+    """name -> run directory: one process and two (ddp, fsdp2) for GRPO, one and two (ddp) for
+    REINFORCE++ (whitened over the global batch)."""
+    out = workdir / "out"
+    grpo = _config(workdir, tiny_model_dir, "grpo")
+    rpp = _config(workdir, tiny_model_dir, "reinforce_pp")
+    plan = {"grpo-1": (grpo, None), "grpo-ddp": (grpo, "ddp"), "grpo-fsdp2": (grpo, "fsdp2"),
+            "rpp-1": (rpp, None), "rpp-ddp": (rpp, "ddp")}
+    for name, (cfg, strategy) in plan.items():
+        config = _write(workdir, name, cfg)
+        named = ("--set", f"train.run_name={name}")
+        _ok(_one_process(config, *named) if strategy is None
+            else _torchrun(config, *named, "--set", f"distributed.strategy={strategy}"))
+    return {name: out / name for name in plan}
+
+
+def test_rewards_vary_so_the_comparison_means_something(runs):
+    rows = read_jsonl(runs["grpo-1"] / "metrics.jsonl")
+    assert all(0.0 < r["reward/mean"] < 1.0 for r in rows)
+    assert all(r["grad_norm"] > 0 for r in rows)
+    first, last = _weights(runs["grpo-1"], 2), _weights(runs["grpo-1"])
+    assert any(not torch.equal(first[k], last[k]) for k in first)  # the weights moved
+
+
+@pytest.mark.parametrize("one, two, atol", [("grpo-1", "grpo-ddp", 1e-6), ("grpo-1", "grpo-fsdp2", 1e-5),
+                                            ("rpp-1", "rpp-ddp", 1e-6)])
+def test_two_processes_train_what_one_process_trains(runs, one, two, atol):
+    _assert_same_trajectory(runs[one], runs[two])
+    _assert_same_weights(runs[one], runs[two], atol)
+
+
+def test_only_rank_zero_writes(runs, workdir):
+    one, two = runs["grpo-1"], runs["grpo-ddp"]
+    listing = lambda run: sorted(str(p.relative_to(run)) for p in run.rglob("*")  # noqa: E731
+                                 if "optimizer" not in p.parts and p.name != "optimizer.pt")
+    assert listing(two) == listing(one)  # the same files: nothing per rank, no second run directory
+    assert len(read_jsonl(two / "metrics.jsonl")) == STEPS
+    assert "[rank 1]" not in (two / "train_log.log").read_text()
+    info = json.loads((two / "run.json").read_text())
+    assert info["status"] == "completed" and info["step"] == STEPS
+    # A data-parallel checkpoint keeps its optimizer state as DCP shards, resumable at any size.
+    assert (two / "checkpoints" / "checkpoint-2" / "optimizer" / ".metadata").is_file()
+    assert sorted(p.name for p in (workdir / "out").iterdir()) == sorted(runs)
+
+
+def _resumed(runs, workdir, source: str, name: str, launch) -> Path:
+    """Copy run ``source`` up to its checkpoint-2 into ``name`` and continue it with ``launch``."""
+    target = workdir / "out" / name
+    shutil.copytree(runs[source], target)
+    shutil.rmtree(target / "checkpoints" / f"checkpoint-{STEPS}")
+    _ok(launch(workdir / f"{source}.yaml", "--set", f"train.run_name={name}",
+               "--resume", str(target / "checkpoints" / "checkpoint-2")))
+    return target
+
+
+def test_resume_at_another_world_size(runs, workdir):
+    # Saved by two ddp processes, continued by one; saved by one, continued by two under fsdp2.
+    down = _resumed(runs, workdir, "grpo-ddp", "ddp-to-1", _one_process)
+    _assert_same_weights(runs["grpo-1"], down, 1e-6)
+    up = _resumed(runs, workdir, "grpo-1", "1-to-fsdp2",
+                  lambda *a: _torchrun(*a, "--set", "distributed.strategy=fsdp2"))
+    _assert_same_weights(runs["grpo-1"], up, 1e-5)
+    assert read_jsonl(up / "metrics.jsonl")[-1]["reward/mean"] == pytest.approx(
+        read_jsonl(runs["grpo-1"] / "metrics.jsonl")[-1]["reward/mean"])
+
+
+def test_two_nodes_on_loopback(runs, workdir):
+    """Two torchrun invocations, one process each, joined over 127.0.0.1 as two nodes would be."""
+    port = _free_port()
+    config = workdir / "grpo-1.yaml"
+    procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={rank}",
+                               "--nproc_per_node=1", "--master_addr=127.0.0.1", f"--master_port={port}",
+                               str(ROOT / "train.py"), "--config", str(config), "--set", "train.run_name=nodes"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+             for rank in (0, 1)]
+    outputs = [p.communicate(timeout=240)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    _assert_same_trajectory(runs["grpo-1"], workdir / "out" / "nodes")
+    _assert_same_weights(runs["grpo-1"], workdir / "out" / "nodes", 1e-6)
+
+
+def test_a_kind_without_data_parallel_is_refused_under_torchrun(tmp_path, tiny_model_dir, monkeypatch):
+    from rlft import Trainer
+    from rlft.errors import UsageError
+
+    write_jsonl(tmp_path / "sft.jsonl", [{"prompt": "a", "completion": "b"}] * 4)
+    cfg = {"kind": "sft", "model": {"path": str(tiny_model_dir)}, "data": {"train_file": str(tmp_path / "sft.jsonl")},
+           "train": {"output_dir": str(tmp_path / "out"), "progress_bar": "off"}}
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(UsageError, match="kind sft runs in one process.*2 independent copies"):
+        Trainer(config=copy.deepcopy(cfg)).setup()
+    assert not (tmp_path / "out").exists()  # refused before anything was written
