@@ -8,6 +8,7 @@ defaults each ``algorithm.name`` selects.
 
 from rlft.algorithms.advantages import ADVANTAGES, AdvantageInputs, Advantages, compute_advantages
 from rlft.algorithms.aggregation import AGGREGATIONS, aggregate, masked_mean
+from rlft.algorithms.importance import ImportanceWeights, logprob_mismatch, truncated_importance_weights
 from rlft.algorithms.kl import KL_ESTIMATORS, adaptive_kl_coef, kl_penalty
 from rlft.algorithms.losses import POLICY_LOSSES, PolicyLossTerms, policy_loss
 from rlft.algorithms.objective import ObjectiveOutput, policy_objective
@@ -25,6 +26,7 @@ __all__ = [
     "AdvantageInputs",
     "Advantages",
     "DPOStats",
+    "ImportanceWeights",
     "ObjectiveOutput",
     "PairStats",
     "PolicyLossTerms",
@@ -36,9 +38,11 @@ __all__ = [
     "explained_variance",
     "groups_with_signal",
     "kl_penalty",
+    "logprob_mismatch",
     "masked_mean",
     "overlong_penalty",
     "policy_loss",
     "policy_objective",
     "sft_loss",
+    "truncated_importance_weights",
 ]

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from rlft.algorithms.aggregation import aggregate
+from rlft.algorithms.importance import logprob_mismatch, truncated_importance_weights
 from rlft.algorithms.kl import kl_penalty
 from rlft.algorithms.losses import policy_loss
 
@@ -41,6 +42,7 @@ def policy_objective(
     num_seqs: float,
     max_len: int,
     num_computed_tokens: float | None = None,
+    rollout_logprobs: torch.Tensor | None = None,
 ) -> ObjectiveOutput:
     """aggregate(policy_loss + kl_coef * KL) over completion tokens.
 
@@ -53,17 +55,24 @@ def policy_objective(
     (rows whose loss is exactly zero may be skipped): the monitoring means ``ratio/mean``,
     ``clip_frac`` and ``kl`` average over those, so an on-policy ratio reads 1.0 however many
     rows were skipped. Default: ``num_tokens``.
+    ``rollout_logprobs`` [B, T]: the engine's sampling log-probs, when it reported them; then
+    ``rollout/logprob_mismatch`` is the mean |old_logprobs - rollout_logprobs| over the computed loss
+    tokens, and with ``loss_params['tis_cap']`` set (``algorithm.tis_cap``) each token's
+    policy-gradient loss is weighted by the truncated importance weight
+    min(exp(old_logprobs - rollout_logprobs), tis_cap) (:mod:`rlft.algorithms.importance`), with
+    ``rollout/tis_clip_frac`` the share of those tokens the cap cut.
     """
     mask = mask.to(logprobs.dtype)
     terms = policy_loss(loss_name, logprobs, old_logprobs, advantages, mask, **loss_params)
-    per_token = terms.per_token_loss
     counts = dict(num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len)
     token_share = 1.0 / max(num_tokens if num_computed_tokens is None else num_computed_tokens, 1.0)
-    stats = {
+    per_token, stats = _importance_weighted(terms.per_token_loss, old_logprobs, rollout_logprobs, mask,
+                                            loss_params.get("tis_cap"), token_share)
+    stats.update({
         "pg_loss": aggregate(per_token.detach(), mask, aggregation, **counts).item(),
         "clip_frac": ((terms.clipped * mask).sum() * token_share).item(),
         "ratio/mean": ((terms.ratio * mask).sum() * token_share).item(),
-    }
+    })
     if ref_logprobs is not None:
         kl = kl_penalty(logprobs, ref_logprobs, kl_estimator)
         stats["kl"] = ((kl.detach() * mask).sum() * token_share).item()
@@ -72,3 +81,19 @@ def policy_objective(
     loss = aggregate(per_token, mask, aggregation, **counts)
     stats["loss"] = loss.detach().item()
     return ObjectiveOutput(loss=loss, stats=stats)
+
+
+def _importance_weighted(per_token: torch.Tensor, old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor | None,
+                         mask: torch.Tensor, tis_cap: float | None,
+                         token_share: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """The policy-gradient loss [B, T], TIS-weighted when ``tis_cap`` is set and there are rollout
+    log-probs, and the engine-vs-trainer statistics (none without rollout log-probs)."""
+    if rollout_logprobs is None:
+        return per_token, {}
+    stats = {"rollout/logprob_mismatch":
+             (logprob_mismatch(old_logprobs, rollout_logprobs, mask).sum() * token_share).item()}
+    if tis_cap is not None:
+        tis = truncated_importance_weights(old_logprobs, rollout_logprobs, mask, tis_cap)
+        per_token = per_token * tis.weights.to(per_token.dtype)
+        stats["rollout/tis_clip_frac"] = (tis.truncated.sum() * token_share).item()
+    return per_token, stats

@@ -73,6 +73,11 @@ class AlgorithmConfig(Section):
     overlong_buffer: float = Field(
         0.0, ge=0, lt=1, description="Soft overlong penalty over the last fraction of max_new_tokens (0 = off).")
     overlong_penalty: float = Field(1.0, ge=0, description="Penalty at max_new_tokens when overlong_buffer > 0.")
+    tis_cap: float | None = Field(
+        None, gt=0, description="Truncated importance sampling: weight each token's policy-gradient term by "
+        "min(pi_old / pi_rollout, tis_cap), correcting for the rollout engine's log-probs differing from the "
+        "trainer's (vLLM, bf16 decoding; 2.0 is the usual cap). None: off. The trainer then computes its own old "
+        "log-probs.")
     critic: CriticConfig = Field(default_factory=CriticConfig, description="Value model (advantage_estimator: gae).")
     ppo_epochs: int = Field(1, gt=0, description="Passes over each rollout batch.")
     mini_batch_size: int | None = Field(
@@ -100,8 +105,10 @@ class AlgorithmConfig(Section):
 
 
 class RolloutConfig(Section):
-    engine: Literal["native", "hf"] = Field(
-        "native", description="'native': shared-prompt prefill, finished rows leave the batch; 'hf': transformers generate."
+    engine: Literal["native", "hf", "vllm"] = Field(
+        "native", description="'native': shared-prompt prefill, finished rows leave the batch; 'hf': transformers "
+        "generate; 'vllm': vLLM on the training GPU, the policy's weights pushed into it after each optimizer step "
+        "(pip install 'rlft[vllm]'; a CUDA GPU, model.dtype bf16)."
     )
     decode_copy: bool = Field(
         True, description="With model.dtype bf16, generate from a bf16 copy of the weights refreshed after each "
@@ -111,3 +118,29 @@ class RolloutConfig(Section):
         True, description="Decode Llama-family models (llama, mistral, qwen2) with rlft's one-token forward over a "
         "preallocated KV cache (fused q/k/v and gate/up matmuls; under bf16, oneDNN-packed bf16 weights), single-turn "
         "and multi-turn episodes alike; False: the model's own forward.")
+    vllm_gpu_memory_utilization: float = Field(
+        0.3, gt=0, lt=1, description="engine vllm: the share of the GPU's memory vLLM takes for its bf16 weights and "
+        "KV cache; the rest stays with training (the policy, its gradients and optimizer state, the reference).")
+    vllm_sleep_between_steps: bool = Field(
+        True, description="engine vllm: release vLLM's weights and KV cache while the policy trains (vLLM sleep "
+        "mode, level 2), so training has that memory; the weights are pushed again at wake-up.")
+
+    def engine_options(self) -> dict[str, Any]:
+        """Keyword arguments of the chosen engine beyond the common ones (none for native and hf)."""
+        if self.engine != "vllm":
+            return {}
+        return {"gpu_memory_utilization": self.vllm_gpu_memory_utilization,
+                "sleep_between_steps": self.vllm_sleep_between_steps}
+
+
+def vllm_problems(model: Any) -> list[str]:
+    """Why ``rollout.engine: vllm`` cannot run with this ``model:`` section (none: it can, as far as a
+    config can tell; a missing GPU or package is reported when the engine is built)."""
+    problems = []
+    if model.device.strip().lower() == "cpu":
+        problems.append("rollout.engine: vllm runs vLLM on a CUDA GPU, colocated with training, but model.device "
+                        "is 'cpu'; set model.device: cuda (or auto), or use rollout.engine: native")
+    if model.dtype != "bf16":
+        problems.append(f"rollout.engine: vllm samples in bf16; it needs model.dtype: bf16 (got '{model.dtype}'), "
+                        f"whose old log-probs the trainer recomputes itself")
+    return problems

@@ -16,7 +16,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from rlft.config.algorithm import (GROUP_ESTIMATORS, AdvantageName, AggregationName, AlgorithmConfig,
-                                   AlgorithmName, CriticConfig, PolicyLossName, RolloutConfig)
+                                   AlgorithmName, CriticConfig, PolicyLossName, RolloutConfig, vllm_problems)
 from rlft.config.environment import EnvironmentConfig
 from rlft.config.rewards import (ContainsReward, CustomReward, ExactAnswerReward, FormatReward,
                                  LengthPenaltyReward, NumericAnswerReward, RegexReward, RewardConfig, RewardSpec,
@@ -129,6 +129,8 @@ class RLConfig(RunConfig):
         if env is not None and self.rollout.engine != "native":
             problems.append(f"rollout.engine: multi-turn episodes (environment:) need the native engine, which "
                             f"controls generation token by token (got '{self.rollout.engine}')")
+        if self.rollout.engine == "vllm":
+            problems += vllm_problems(self.model)
         if env is not None and alg.max_new_tokens > env.max_episode_tokens:
             problems.append(f"algorithm.max_new_tokens ({alg.max_new_tokens}, the budget of one turn) is larger "
                             f"than environment.max_episode_tokens ({env.max_episode_tokens})")

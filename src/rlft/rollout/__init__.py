@@ -3,7 +3,9 @@
 from rlft.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
 from rlft.rollout.hf_engine import HFGenerateEngine
 from rlft.rollout.native_engine import NativeEngine
+from rlft.rollout.vllm_engine import VLLMEngine  # imports vllm only when one is built
 
-ENGINES = {"native": NativeEngine, "hf": HFGenerateEngine}
+ENGINES = {"native": NativeEngine, "hf": HFGenerateEngine, "vllm": VLLMEngine}
 
-__all__ = ["ENGINES", "HFGenerateEngine", "NativeEngine", "RolloutBatch", "RolloutEngine", "SamplingParams"]
+__all__ = ["ENGINES", "HFGenerateEngine", "NativeEngine", "RolloutBatch", "RolloutEngine", "SamplingParams",
+           "VLLMEngine"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -17,7 +17,8 @@ class GenerationSettings:
     ``rlft.rollout.ENGINES``), prompt truncation, the token budget, and whether the tokenizer adds
     its special tokens (not when the chat template already did); ``episodes`` wraps the engine into a
     multi-turn episode runner (None: one completion per prompt); ``decode_copy``: generate from a copy of
-    the weights in the compute dtype (training jobs that decode every step)."""
+    the weights in the compute dtype (training jobs that decode every step); ``engine_options``: the
+    chosen engine's own keyword arguments (``RolloutConfig.engine_options``: vLLM's memory share)."""
 
     engine: str
     max_prompt_length: int
@@ -26,13 +27,15 @@ class GenerationSettings:
     episodes: Callable | None = None
     decode_copy: bool = False
     fused_decode: bool = True
+    engine_options: dict = field(default_factory=dict)
 
     def make_engine(self, model, tokenizer, autocast_dtype: torch.dtype | None):
         from rlft.rollout import ENGINES
 
         engine = ENGINES[self.engine](model, tokenizer, max_prompt_length=self.max_prompt_length,
                                       autocast_dtype=autocast_dtype, add_special_tokens=self.add_special_tokens,
-                                      decode_copy=self.decode_copy, fused_decode=self.fused_decode)
+                                      decode_copy=self.decode_copy, fused_decode=self.fused_decode,
+                                      **self.engine_options)
         return self.episodes(engine) if self.episodes is not None else engine
 
 
