@@ -186,7 +186,7 @@ def test_unknown_key_suggestions(project):
     probs = problems_of(excinfo)
     assert "algoritm: unknown key (did you mean 'algorithm'?)" in probs
     assert any(p.startswith("learning_rate: unknown key (did you mean 'algorithm.learning_rate'?") for p in probs)
-    assert "zzz: unknown key; allowed keys: kind, model, data, algorithm, rollout, reward, environment, train, eval" in probs
+    assert "zzz: unknown key; allowed keys: kind, model, data, algorithm, rollout, reward, environment, train, eval, distributed" in probs
     assert any(p.startswith("train.qqqq: unknown key; allowed keys: epochs, max_steps,") for p in probs)
     assert "reward.functions.0.kewyord: unknown key (did you mean 'keyword'?)" in probs  # the contains model
     assert "reward.functions.0.keyword: required" in probs

@@ -105,13 +105,17 @@ def _assert_same_trajectory(a: Path, b: Path, rtol: float = 1e-4, atol: float = 
 
 @pytest.fixture(scope="module")
 def runs(workdir, tiny_model_dir) -> dict[str, Path]:
-    """name -> run directory: one process and two (ddp, fsdp2) for GRPO, one and two (ddp) for
-    REINFORCE++ (whitened over the global batch)."""
+    """name -> run directory: one process and two (ddp, fsdp2) for GRPO; one and two (ddp) for
+    REINFORCE++ (whitened over the global batch), DAPO (dynamic sampling: kept groups counted and
+    shared out over the processes) and PPO (a replicated critic)."""
     out = workdir / "out"
     grpo = _config(workdir, tiny_model_dir, "grpo")
     rpp = _config(workdir, tiny_model_dir, "reinforce_pp")
+    dapo = _config(workdir, tiny_model_dir, "dapo", max_sampling_rounds=3)
+    ppo = _config(workdir, tiny_model_dir, "ppo")
     plan = {"grpo-1": (grpo, None), "grpo-ddp": (grpo, "ddp"), "grpo-fsdp2": (grpo, "fsdp2"),
-            "rpp-1": (rpp, None), "rpp-ddp": (rpp, "ddp")}
+            "rpp-1": (rpp, None), "rpp-ddp": (rpp, "ddp"), "dapo-1": (dapo, None), "dapo-ddp": (dapo, "ddp"),
+            "ppo-1": (ppo, None), "ppo-ddp": (ppo, "ddp")}
     for name, (cfg, strategy) in plan.items():
         config = _write(workdir, name, cfg)
         named = ("--set", f"train.run_name={name}")
@@ -129,10 +133,16 @@ def test_rewards_vary_so_the_comparison_means_something(runs):
 
 
 @pytest.mark.parametrize("one, two, atol", [("grpo-1", "grpo-ddp", 1e-6), ("grpo-1", "grpo-fsdp2", 1e-5),
-                                            ("rpp-1", "rpp-ddp", 1e-6)])
+                                            ("rpp-1", "rpp-ddp", 1e-6), ("dapo-1", "dapo-ddp", 1e-6),
+                                            ("ppo-1", "ppo-ddp", 1e-6)])
 def test_two_processes_train_what_one_process_trains(runs, one, two, atol):
     _assert_same_trajectory(runs[one], runs[two])
     _assert_same_weights(runs[one], runs[two], atol)
+
+
+def test_dynamic_sampling_dropped_and_resampled_groups(runs):
+    rows = read_jsonl(runs["dapo-ddp"] / "metrics.jsonl")
+    assert sum(r["dynamic_sampling/dropped_groups"] for r in rows) > 0  # the path that reshares groups ran
 
 
 def test_only_rank_zero_writes(runs, workdir):

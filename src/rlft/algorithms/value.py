@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from rlft.algorithms.aggregation import masked_mean
@@ -29,14 +31,22 @@ def mse_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torc
     return 0.5 * (values - returns).square()
 
 
-def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
+                       reduce: Callable[[torch.Tensor, str], torch.Tensor] | None = None) -> float:
     """1 - Var(R - V) / Var(R) over loss tokens: 1 is a perfect critic, 0 no better than a constant,
-    negative worse than one.  values, returns, mask: [B, T]. NaN when the returns do not vary."""
-    mask = mask.float()
-    var_r = masked_mean((returns - masked_mean(returns, mask)).square(), mask)
-    diff = returns - values
-    var_d = masked_mean((diff - masked_mean(diff, mask)).square(), mask)
+    negative worse than one.  values, returns, mask: [B, T]. NaN when the returns do not vary.
+
+    Moments in float64; ``reduce(tensor, "sum")`` combines them over the processes that hold parts
+    of the batch (as for :func:`rlft.algorithms.advantages.whiten`), None: this is the whole batch."""
+    combine = reduce or (lambda t, op: t)
+    m, r = mask.double(), returns.double()
+    d = r - values.double()
+    sums = combine(torch.stack([(r * m).sum(), (d * m).sum(), m.sum(), (r.square() * m).sum()]), "sum")
+    n = max(float(sums[2]), 1.0)
+    mean_r, mean_d = float(sums[0]) / n, float(sums[1]) / n
+    var_r, var_d = (combine(torch.stack([((r - mean_r).square() * m).sum(), ((d - mean_d).square() * m).sum()]),
+                            "sum") / n).tolist()
     # Relative test: the variance of constant returns is rounding residue (1e-17 for 0.1), not 0.
-    if var_r.item() <= 1e-10 * max(masked_mean(returns.square(), mask).item(), 1e-30):
+    if var_r <= 1e-10 * max(float(sums[3]) / n, 1e-30):
         return float("nan")
-    return float(1.0 - var_d / var_r)
+    return 1.0 - var_d / var_r

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from rlft.algorithms import VALUE_LOSSES, aggregate, explained_variance, masked_mean
+from rlft.algorithms import VALUE_LOSSES, aggregate, explained_variance
 from rlft.distributed.context import Dist
 from rlft.distributed.strategy import sum_gradients
 from rlft.rl.batch import UpdateBatch, autocast, per_row_no_grad, run_epochs
@@ -51,10 +51,13 @@ class CriticUpdater:
 
         explained_variance compares the values the critic had at sampling time with the returns they
         were meant to predict (before this update moved it)."""
-        mask = batch.loss_mask.float()
-        stats = {"critic/explained_variance": explained_variance(batch.old_values, batch.returns, mask),
-                 "critic/values_mean": float(masked_mean(batch.old_values, mask)),
-                 "critic/returns_mean": float(masked_mean(batch.returns, mask))}
+        mask = batch.loss_mask.double()
+        reduce = self.dist.all_reduce if self.dist.enabled else None
+        values_sum, returns_sum, count = self.dist.sum_floats(float((batch.old_values * mask).sum()),
+                                                              float((batch.returns * mask).sum()), float(mask.sum()))
+        stats = {"critic/explained_variance": explained_variance(batch.old_values, batch.returns, mask, reduce),
+                 "critic/values_mean": values_sum / max(count, 1.0),
+                 "critic/returns_mean": returns_sum / max(count, 1.0)}
         self.model.train()
         stats.update(run_epochs(batch, self.p.mini_batch_size, self.p.ppo_epochs, self._optimizer_step))
         return stats

@@ -49,6 +49,7 @@ class RLJob:
         self.parts = build_model(cfg.model, with_reference=alg.uses_reference())
         self.device, self.model_dir = self.parts.device, self.parts.model_dir
         self.dist = current()
+        self.dist.shard(list(range(alg.rollout_batch_size)), "algorithm.rollout_batch_size (prompts per step)")
         self.replica = spread_over_processes(self.parts, self.dist)  # the rollout's whole weights under fsdp2
         self.train_set, self.eval_set = build_data(cfg, self.parts.tokenizer)
         self.rewards = self.reward_manager(cfg)
@@ -73,7 +74,10 @@ class RLJob:
                 f"algorithm parameters in effect: {params}",
                 "rewards: " + ", ".join(f"{n} (weight {w})" for n, w in self.rewards.weights.items()),
                 f"training for {self.total_steps} steps: {alg.rollout_batch_size} prompts x "
-                f"{alg.num_generations} completions per step, {self.steps_per_epoch} steps per epoch"]
+                f"{alg.num_generations} completions per step, {self.steps_per_epoch} steps per epoch"] + (
+                    [f"data parallel: {self.dist.world_size} processes ({self.dist.strategy}, {self.dist.backend}), "
+                     f"{alg.rollout_batch_size // self.dist.world_size} prompts x {alg.num_generations} completions "
+                     f"each per step"] if self.dist.enabled else [])
 
     # ------------------------------------------------------------------ one step
 
