@@ -23,6 +23,9 @@ NEVER_IMPORTS = {
     "rlft.data": {"rlft.models", "rlft.trainer", "rlft.rollout", "rlft.sft", "rlft.rl", "rlft.cli"},
     "rlft.rollout": {"rlft.trainer", "rlft.sft", "rlft.rl", "rlft.cli"},
     "rlft.checkpoint": {"rlft.trainer", "rlft.rl", "rlft.sft", "rlft.cli"},
+    # The process group and model placement under torchrun: below everything that uses them.
+    "rlft.distributed": {"rlft.config", "rlft.models", "rlft.trainer", "rlft.rollout", "rlft.data", "rlft.rewards",
+                         "rlft.checkpoint", "rlft.sft", "rlft.rl", "rlft.cli", "rlft.algorithms", "rlft.logging"},
     # The shared lifecycle knows a kind of job only by the import path in config.schema.JOB_KINDS.
     "rlft.trainer": {"rlft.rl", "rlft.sft", "rlft.cli"},
     "rlft.rl": {"rlft.sft", "rlft.rm", "rlft.dpo", "rlft.cli"},
@@ -44,7 +47,7 @@ NEVER_IMPORTS = {
 # Nothing below the command line runs the service.
 for _lower in ("rlft.config", "rlft.algorithms", "rlft.models", "rlft.envs", "rlft.chat", "rlft.data", "rlft.rollout",
                "rlft.checkpoint", "rlft.trainer", "rlft.rl", "rlft.sft", "rlft.rm", "rlft.dpo", "rlft.preference",
-               "rlft.logging", "rlft.planner", "rlft.doctor"):
+               "rlft.logging", "rlft.planner", "rlft.doctor", "rlft.distributed"):
     NEVER_IMPORTS.setdefault(_lower, set()).update({"rlft.service", "rlft.client"})
 
 

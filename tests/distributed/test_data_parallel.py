@@ -207,3 +207,38 @@ def test_a_kind_without_data_parallel_is_refused_under_torchrun(tmp_path, tiny_m
     with pytest.raises(UsageError, match="kind sft runs in one process.*2 independent copies"):
         Trainer(config=copy.deepcopy(cfg)).setup()
     assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
+def test_sigterm_to_one_process_stops_all_at_the_same_step_with_a_checkpoint(runs, workdir, tiny_model_dir):
+    """A job service cancels one pid; the processes agree to stop after the same step, save one
+    checkpoint together, record ``cancelled``; ``--resume auto`` continues it."""
+    import psutil
+
+    cfg = _config(workdir, tiny_model_dir, "grpo")
+    cfg["train"].update(max_steps=500, save_interval=1000, run_name="stopped")
+    config = _write(workdir, "stopped", cfg)
+    run = workdir / "out" / "stopped"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
+           str(ROOT / "train.py"), "--config", str(config)]
+    launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                                env={**os.environ, "PYTHONPATH": str(ROOT)})
+    import time
+
+    deadline = time.time() + 120
+    while not ((run / "metrics.jsonl").exists() and len(read_jsonl(run / "metrics.jsonl")) >= 2):
+        assert launcher.poll() is None and time.time() < deadline, launcher.communicate()[0][-3000:]
+        time.sleep(0.05)
+    workers = [p for p in psutil.Process(launcher.pid).children() if "train.py" in " ".join(p.cmdline())]
+    rank1 = next(p for p in workers if p.environ().get("RANK") == "1")
+    rank1.send_signal(15)
+    out = launcher.communicate(timeout=120)[0]
+    info = json.loads((run / "run.json").read_text())
+    step = info["step"]
+    assert info["status"] == "cancelled" and info["signal"] == "SIGTERM" and 2 <= step < 500, out[-3000:]
+    assert (run / "checkpoints" / f"checkpoint-{step}" / "optimizer" / ".metadata").is_file()
+    assert len(read_jsonl(run / "metrics.jsonl")) == step
+
+    cfg["train"]["max_steps"] = step + 1
+    _ok(_torchrun(_write(workdir, "stopped", cfg), "--resume", "auto"))
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == list(range(1, step + 2))
+    assert json.loads((run / "run.json").read_text())["status"] == "completed"

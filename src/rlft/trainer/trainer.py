@@ -266,7 +266,7 @@ class Trainer:
             before = self.evaluate(tag="before training")
         window = MetricWindow()
         with ProgressBar(self.total_steps, self.cfg.train.progress_bar if self.dist.is_main else "off") as bar:
-            while self.step < self.total_steps and not stop.requested:
+            while self.step < self.total_steps and not self._stopping(stop):
                 window.add(self.train_step())
                 self._after_step(window, bar, result)
         result.steps, result.train_seconds = self.step, self.train_seconds
@@ -286,6 +286,19 @@ class Trainer:
         result.eval_after = after.result if after else None
         self._close(status="completed", step=self.step)
         return result
+
+    def _stopping(self, stop: StopRequest) -> bool:
+        """Whether to stop before the next step. The processes of a data-parallel run agree on it
+        (one process that got SIGTERM stops them all at the same step), so none of them is left
+        waiting for the others at a collective while they save the checkpoint."""
+        if not self.dist.enabled:
+            return stop.requested
+        import torch
+
+        agreed = bool(self.dist.all_reduce(torch.tensor([int(stop.requested)]), op="max").item())
+        if agreed and not stop.requested:
+            stop.signal = signal.SIGTERM  # another process was asked to stop
+        return agreed
 
     def train_step(self) -> dict[str, float]:
         """One step of the job; the step count and the training-time total advance here."""
