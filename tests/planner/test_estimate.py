@@ -159,3 +159,17 @@ def test_advice_skips_knobs_the_kind_refuses(tiny_model_dir, tmp_path):
     est = estimate_memory(cfg, DeviceSpec("small", "cuda", GiB // 2, GiB // 8), prompt_tokens=512)
     settings = [k.setting for k in advise(cfg, est)]
     assert settings and not any(s.startswith("model.lora") for s in settings), settings  # RM training has no LoRA
+
+
+def test_one_process_of_a_data_parallel_run_plans_its_share(tiny_config):
+    cfg = load_config(data=tiny_config)
+    whole = estimate_memory(cfg, T4, prompt_tokens=10)
+    ddp = estimate_memory(cfg, T4, prompt_tokens=10, processes=2)
+    fsdp = estimate_memory(cfg, T4, prompt_tokens=10, processes=2, sharded=True)
+    assert whole.geometry.rows == 32 and ddp.geometry.rows == fsdp.geometry.rows == 16  # 2 of the 4 prompts
+    assert ddp.phases["rollout"]["kv cache"] < whole.phases["rollout"]["kv cache"]  # half the rows decode here
+    assert ddp.phases["update"]["weights"] == whole.phases["update"]["weights"]  # ddp replicates
+    for part in ("weights", "optimizer", "gradients", "reference"):
+        assert fsdp.phases["update"][part] == ddp.phases["update"][part] // 2, part
+    assert fsdp.phases["update"]["rollout replica"] == whole.phases["update"]["weights"]  # whole fp32 copy
+    assert any("one process of 2" in n for n in fsdp.notes) and fsdp.processes == 2 and fsdp.sharded

@@ -83,7 +83,8 @@ def advise(cfg, est: MemoryEstimate, reestimate: Callable | None = None, max_kno
         def reestimate(changed):
             same_model = (changed.model.lora is None) == (cfg.model.lora is None)
             return estimate_memory(changed, est.device, shape=est.shape if same_model else None,
-                                   prompt_tokens=est.geometry.prompt_tokens)
+                                   prompt_tokens=est.geometry.prompt_tokens, processes=est.processes,
+                                   sharded=est.sharded)
     changes: dict[str, tuple[object, str]] = {}  # path -> (value, cost), in the order first chosen
     current, now = cfg, est
     for _ in range(4 * max_knobs):  # halving the same knob again counts as one knob

@@ -38,10 +38,11 @@ class MemoryPlan:
                 "if_out_of_memory": self.if_out_of_memory}
 
 
-def check_memory(cfg, log) -> MemoryPlan | None:
+def check_memory(cfg, log, processes: int = 1, sharded: bool = False) -> MemoryPlan | None:
     """Estimate ``cfg``'s peak on the device it trains on; refuse it (:class:`MemoryPlanError`) when it
     will not fit, unless ``train.ignore_memory_check``. None when no estimate could be made (the model
-    cannot be read yet; loading it reports why)."""
+    cannot be read yet; loading it reports why). ``processes``/``sharded``: one process of a
+    data-parallel run (:func:`rlft.planner.estimate.estimate_memory`)."""
     from dataclasses import replace
 
     from rlft.errors import RlftError
@@ -49,7 +50,7 @@ def check_memory(cfg, log) -> MemoryPlan | None:
     from rlft.planner.estimate import estimate_memory, gb
 
     try:
-        est = estimate_memory(cfg)
+        est = estimate_memory(cfg, processes=processes, sharded=sharded)
     except (RlftError, OSError, ValueError, KeyError) as exc:
         log.warning(f"memory check skipped: could not estimate this run's memory ({type(exc).__name__}: {exc})")
         return None
@@ -68,7 +69,8 @@ def check_memory(cfg, log) -> MemoryPlan | None:
         log.warning(message.replace("\n", " | "))
     smaller = replace(est.device, total=max(int(est.peak * OOM_MARGIN / 0.95), GiB // 4))
     try:
-        knobs = advise(cfg, estimate_memory(cfg, smaller, shape=est.shape, prompt_tokens=est.geometry.prompt_tokens),
+        knobs = advise(cfg, estimate_memory(cfg, smaller, shape=est.shape, prompt_tokens=est.geometry.prompt_tokens,
+                                      processes=processes, sharded=sharded),
                        max_knobs=3)
     except Exception as exc:  # noqa: BLE001  (advice for a later OOM must never stop a run that fits)
         log.warning(f"memory plan: no advice for an out-of-memory failure ({type(exc).__name__}: {exc})")

@@ -31,6 +31,8 @@ class MemoryEstimate:
     phases: Phases
     runtime: int
     notes: list[str] = field(default_factory=list)
+    processes: int = 1  # a data-parallel run's process count: the estimate is one process's
+    sharded: bool = False  # fsdp2: the trained state is split over the processes
 
     @property
     def totals(self) -> dict[str, int]:
@@ -96,11 +98,13 @@ def compute_bytes(cfg, device: DeviceSpec) -> int:
 
 
 def estimate_memory(cfg, device: str | DeviceSpec | None = None, *, shape: ModelShape | None = None,
-                    prompt_tokens: int | None = None) -> MemoryEstimate:
+                    prompt_tokens: int | None = None, processes: int = 1, sharded: bool = False) -> MemoryEstimate:
     """The predicted peak of ``cfg``'s run on ``device`` (None: where it would train).
 
     ``shape`` and ``prompt_tokens`` skip reading the model config and the data (tests; the
-    advice, which re-estimates changed configs of the same model)."""
+    advice, which re-estimates changed configs of the same model). ``processes`` > 1: the peak of
+    one process of a data-parallel run (its share of the batch; with ``sharded``, fsdp2's share of
+    the trained state plus the rollout's whole copy of the weights)."""
     if not isinstance(device, DeviceSpec):
         _import_job(cfg.kind)  # so this process's runtime (measured on a CPU) holds what a run's would
     spec = device if isinstance(device, DeviceSpec) else describe_device(device, cfg.model.device)
@@ -113,8 +117,37 @@ def estimate_memory(cfg, device: str | DeviceSpec | None = None, *, shape: Model
             notes.append(note)
     module, _, function = _kind_memory(cfg.kind).partition(":")
     phases_of = getattr(importlib.import_module(module), function)
-    geometry, phases = phases_of(cfg, shape, spec, prompt_tokens, compute_bytes(cfg, spec))
-    return MemoryEstimate(spec, shape, geometry, phases, spec.runtime, notes)
+    geometry, phases = phases_of(one_process(cfg, processes), shape, spec, prompt_tokens, compute_bytes(cfg, spec))
+    if processes > 1:
+        notes.append(f"one process of {processes}: its share of each step's prompts"
+                     + (", 1/%d of the weights, gradients, AdamW state and reference (fsdp2)" % processes
+                        if sharded else ""))
+        if sharded:
+            phases = _sharded(phases, shape, processes)
+    return MemoryEstimate(spec, shape, geometry, phases, spec.runtime, notes, processes, sharded)
+
+
+SHARDED_PARTS = ("weights", "optimizer", "gradients", "reference")
+
+
+def one_process(cfg, processes: int):
+    """The batch one process of a data-parallel run trains on: its share of the step's prompts
+    (and of each mini-batch)."""
+    alg = getattr(cfg, "algorithm", None)
+    if processes <= 1 or alg is None:
+        return cfg
+    share = cfg.model_copy(deep=True)
+    share.algorithm.rollout_batch_size = max(alg.rollout_batch_size // processes, 1)
+    if alg.mini_batch_size:
+        share.algorithm.mini_batch_size = max(alg.mini_batch_size // processes, 1)
+    return share
+
+
+def _sharded(phases: Phases, shape: ModelShape, processes: int) -> Phases:
+    """fsdp2's phases: the sharded parts divided by the process count, plus the whole fp32 copy of
+    the weights the rollout decodes from (:func:`rlft.rl.parallel.spread_over_processes`)."""
+    return {name: {**{k: v // processes if k in SHARDED_PARTS else v for k, v in parts.items()},
+                   "rollout replica": 4 * shape.params} for name, parts in phases.items()}
 
 
 def _import_job(kind: str) -> None:

@@ -93,7 +93,8 @@ class Trainer:
         self._resume_point, changes = self._find_resume_point()
         from rlft.planner.check import check_memory
 
-        self._memory = memory = check_memory(cfg, get_logger())  # refused before anything is written if it won't fit
+        # refused before anything is written if it won't fit (one process's share, in a data-parallel run)
+        self._memory = memory = check_memory(cfg, get_logger(), self.dist.world_size, self.dist.strategy == "fsdp2")
         self.run_dir = self._open_run_directory()
         self._heartbeat = Heartbeat(self.run_dir).__enter__()
         self.log = setup_console_logging(rank=self.dist.rank if self.dist.enabled else None)
