@@ -63,11 +63,10 @@ def _write(workdir: Path, name: str, cfg: dict) -> Path:
     return path
 
 
-def _torchrun(config: Path, *args: str, nproc: int = 2, extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", *extra,
+def _torchrun(config: Path, *args: str, nproc: int = 2) -> subprocess.CompletedProcess:
+    # --standalone: torchrun's own rendezvous on a free local port (no port picked here and raced for)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            str(ROOT / "train.py"), "--config", str(config), *args]
-    if not extra:
-        cmd[4:4] = [f"--master_port={_free_port()}"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT, env=env)
 
@@ -218,7 +217,7 @@ def test_sigterm_to_one_process_stops_all_at_the_same_step_with_a_checkpoint(run
     cfg["train"].update(max_steps=500, save_interval=1000, run_name="stopped")
     config = _write(workdir, "stopped", cfg)
     run = workdir / "out" / "stopped"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            str(ROOT / "train.py"), "--config", str(config)]
     launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
                                 env={**os.environ, "PYTHONPATH": str(ROOT)})

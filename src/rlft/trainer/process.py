@@ -1,6 +1,6 @@
 """What a training process tells the outside world while it runs: it stops cleanly when asked
-(SIGTERM, Ctrl-C), and it keeps a heartbeat in run.json so a job service can tell a live run
-from one whose process is gone."""
+(SIGTERM, Ctrl-C), it keeps a heartbeat in run.json so a job service can tell a live run
+from one whose process is gone, and under torchrun it joins the run's other processes."""
 
 from __future__ import annotations
 
@@ -78,3 +78,25 @@ class Heartbeat:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+
+
+def join_process_group(cfg):
+    """This process's :class:`~rlft.distributed.Dist`: under torchrun (WORLD_SIZE > 1) it joins the
+    process group; a kind of job that cannot run data-parallel is refused there, not run N times."""
+    from rlft.config.schema import JOB_KINDS
+    from rlft.distributed import init_distributed, launched_by_torchrun
+    from rlft.errors import UsageError
+
+    if launched_by_torchrun() and not JOB_KINDS[cfg.kind].data_parallel:
+        raise UsageError(f"kind {cfg.kind} runs in one process; under torchrun (WORLD_SIZE="
+                         f"{os.environ.get('WORLD_SIZE')}) it would train {os.environ.get('WORLD_SIZE')} independent "
+                         f"copies. Data-parallel training is implemented for: "
+                         + ", ".join(k for k, v in JOB_KINDS.items() if v.data_parallel))
+    d = cfg.distributed
+    return init_distributed(d.strategy, d.backend, cfg.model.device, d.timeout_minutes)
+
+
+def leave_process_group() -> None:
+    from rlft.distributed import shutdown_distributed
+
+    shutdown_distributed()

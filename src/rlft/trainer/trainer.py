@@ -32,7 +32,7 @@ from rlft.logging.trackers import Trackers, open_trackers
 from rlft.trainer.job import EvalRecord, Job, job_class
 from rlft.trainer.metrics import MetricWindow
 from rlft.trainer.parts import seed_everything
-from rlft.trainer.process import Heartbeat, StopRequest
+from rlft.trainer.process import Heartbeat, StopRequest, join_process_group, leave_process_group
 
 
 @dataclass
@@ -382,28 +382,6 @@ class Trainer:
             if advice:
                 out["error"] += f" | try --set {advice[0]} (rlft estimate --config ... for the whole list)"
         return out
-
-
-def join_process_group(cfg: RunConfig):
-    """This process's :class:`~rlft.distributed.Dist`: under torchrun (WORLD_SIZE > 1) it joins the
-    process group; a kind of job that cannot run data-parallel is refused there, not run N times."""
-    from rlft.config.schema import JOB_KINDS
-    from rlft.distributed import init_distributed, launched_by_torchrun
-    from rlft.errors import UsageError
-
-    if launched_by_torchrun() and not JOB_KINDS[cfg.kind].data_parallel:
-        raise UsageError(f"kind {cfg.kind} runs in one process; under torchrun (WORLD_SIZE="
-                         f"{os.environ.get('WORLD_SIZE')}) it would train {os.environ.get('WORLD_SIZE')} independent "
-                         f"copies. Data-parallel training is implemented for: "
-                         + ", ".join(k for k, v in JOB_KINDS.items() if v.data_parallel))
-    d = cfg.distributed
-    return init_distributed(d.strategy, d.backend, cfg.model.device, d.timeout_minutes)
-
-
-def leave_process_group() -> None:
-    from rlft.distributed import shutdown_distributed
-
-    shutdown_distributed()
 
 
 def _on_cuda(device: str) -> bool:
