@@ -15,6 +15,22 @@ from pathlib import Path
 from rlft.errors import UsageError
 
 
+def add_backend_arguments(p) -> None:
+    """``--backend`` and ``--ray-address``: where job processes run (``rlft serve`` and ``rlft sweep``)."""
+    p.add_argument("--backend", choices=("local", "ray"), default="local",
+                   help="Where job processes run: this machine (default), or a Ray cluster, each job reserving the "
+                        "CPUs and GPUs its config declares (pip install 'rlft[ray]'; the workspace, models and data "
+                        "must be on a filesystem every node shares; docs/sweeps.md).")
+    p.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="With --backend ray: the cluster for ray.init (auto, ray://host:10001, host:6379); default "
+                        "auto when RAY_ADDRESS is set, else a new local Ray instance.")
+
+
+def check_backend_arguments(args) -> None:
+    if args.ray_address is not None and args.backend != "ray":
+        raise UsageError("--ray-address is for --backend ray")
+
+
 def add_arguments(p) -> None:
     p.add_argument("--host", default="127.0.0.1", help="Address to listen on (default loopback only).")
     p.add_argument("--port", type=int, default=8000)
@@ -26,12 +42,7 @@ def add_arguments(p) -> None:
     p.add_argument("--slots", type=int, default=1, help="Jobs run at once; the rest wait in a FIFO queue.")
     p.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",
                    help="After a cancel's SIGTERM, seconds before SIGKILL (default 30).")
-    p.add_argument("--backend", choices=("local", "ray"), default="local",
-                   help="Where job processes run: this machine (default), or a Ray cluster, each job reserving the "
-                        "CPUs and GPUs its config declares (the workspace must be on a filesystem every node shares).")
-    p.add_argument("--ray-address", default=None, metavar="ADDR",
-                   help="With --backend ray: the cluster for ray.init (auto, ray://host:10001, host:6379); default "
-                        "auto when RAY_ADDRESS is set, else a new local Ray instance.")
+    add_backend_arguments(p)
     p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                    help="Another Host name clients use (a DNS name, a proxy's); repeatable.")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20)
@@ -47,8 +58,7 @@ def settings_from(args):
         raise UsageError("--slots must be at least 1")
     if not 0 < args.port < 65536:
         raise UsageError(f"--port {args.port}: not a port number")
-    if args.ray_address is not None and args.backend != "ray":
-        raise UsageError("--ray-address is for --backend ray")
+    check_backend_arguments(args)
     return Settings(workspace=str(Path(args.workspace).expanduser().resolve()), host=args.host, port=args.port,
                     db_url=args.db, slots=args.slots, grace_seconds=args.grace, allowed_hosts=args.allowed_host,
                     max_body_bytes=args.max_body_bytes, submissions_per_minute=args.submissions_per_minute,

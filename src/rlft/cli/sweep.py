@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from rlft.cli.serve import add_backend_arguments, check_backend_arguments
+
 
 def add_arguments(p) -> None:
     p.add_argument("sources", nargs="*", metavar="FOLDER|CONFIG",
@@ -41,12 +43,7 @@ def add_arguments(p) -> None:
     p.add_argument("--resume", action="store_true",
                    help="Continue the sweep in --out: skip its successes, continue interrupted, cancelled and "
                         "transient-failed runs from their checkpoints.")
-    p.add_argument("--backend", choices=("local", "ray"), default="local",
-                   help="Where the runs' processes run: this machine (default), or a Ray cluster, each run reserving "
-                        "the CPUs and GPUs its config declares (pip install 'rlft[ray]'; docs/sweeps.md).")
-    p.add_argument("--ray-address", default=None, metavar="ADDR",
-                   help="With --backend ray: the cluster for ray.init (auto, ray://host:10001, host:6379); default "
-                        "auto when RAY_ADDRESS is set, else a new local Ray instance.")
+    add_backend_arguments(p)
     p.add_argument("--summary", default=None, metavar="DIR", help="Only print (and rewrite) the summary of DIR.")
     p.add_argument("--no-plots", action="store_true", help="Do not draw the overlaid curves in <out>/plots.")
     p.add_argument("--json", action="store_true", help="Print the summary as JSON on stdout (progress on stderr).")
@@ -88,8 +85,7 @@ def _options(args):
         raise UsageError(f"--retries {args.retries}: give 0 or more")
     if args.backoff < 0:
         raise UsageError(f"--backoff {args.backoff}: give 0 or more seconds")
-    if args.ray_address is not None and args.backend != "ray":
-        raise UsageError("--ray-address is for --backend ray")
+    check_backend_arguments(args)
     try:
         retry_on = parse_retry_on(args.retry_on)
     except ValueError as exc:

@@ -37,6 +37,17 @@ def completion_mask_from_ids(completion_ids: torch.Tensor, eos_ids: list[int]) -
     return mask, is_eos.any(dim=1)
 
 
+def left_padded(tokenizer, prompts: list[str], max_length: int, add_special_tokens: bool,
+                device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompt ids and mask [B, P], padded and truncated on the left (the newest tokens kept), as
+    every engine feeds them to its model."""
+    tokenizer.padding_side = "left"
+    tokenizer.truncation_side = "left"
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, truncation=True, max_length=max_length,
+                    add_special_tokens=add_special_tokens)
+    return enc["input_ids"].to(device), enc["attention_mask"].to(device)
+
+
 class HFGenerateEngine:
     """Samples with ``model.generate`` under the trainer's autocast settings.
 
@@ -119,11 +130,7 @@ class HFGenerateEngine:
 
     def tokenize_prompts(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-padded, left-truncated prompt ids and mask, each [B, P]."""
-        self.tokenizer.padding_side = "left"
-        self.tokenizer.truncation_side = "left"
-        enc = self.tokenizer(prompts, return_tensors="pt", padding=True, truncation=True,
-                             max_length=self.max_prompt_length, add_special_tokens=self.add_special_tokens)
-        return enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
+        return left_padded(self.tokenizer, prompts, self.max_prompt_length, self.add_special_tokens, self.device)
 
     def run(self, examples: list, sampling: SamplingParams) -> RolloutBatch:
         """One completion per formatted prompt ``example.text`` (n per example)."""

@@ -37,7 +37,7 @@ from rlft.models.change_watch import ChangeWatch
 from rlft.models.weight_stream import checkpoint_weights
 from rlft.phases import count, phase
 from rlft.rollout.base import RolloutBatch, SamplingParams
-from rlft.rollout.hf_engine import eos_token_ids
+from rlft.rollout.hf_engine import eos_token_ids, left_padded
 
 INSTALL_HINT = "pip install 'rlft[vllm]'"
 _SEED_MOD = 2**31 - 1
@@ -143,11 +143,7 @@ class VLLMEngine:
 
     def tokenize_prompts(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-padded, left-truncated prompt ids and mask [B, P], as the other engines make them."""
-        self.tokenizer.padding_side = "left"
-        self.tokenizer.truncation_side = "left"
-        enc = self.tokenizer(prompts, return_tensors="pt", padding=True, truncation=True,
-                             max_length=self.max_prompt_length, add_special_tokens=self.add_special_tokens)
-        return enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
+        return left_padded(self.tokenizer, prompts, self.max_prompt_length, self.add_special_tokens, self.device)
 
     def vllm_sampling(self, sampling: SamplingParams, seed: int | None):
         """vLLM's ``SamplingParams`` for one completion: greedy is temperature 0; top_k 0 is off in both."""
