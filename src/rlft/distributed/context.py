@@ -49,12 +49,25 @@ class Dist:
         import torch.distributed as dist
 
         ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+        return self._on_backend_device(tensor, lambda t: dist.all_reduce(t, op=ops[op]))
+
+    def broadcast(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Rank 0's ``tensor`` on every process, in place and returned."""
+        if not self.enabled:
+            return tensor
+        import torch.distributed as dist
+
+        return self._on_backend_device(tensor, lambda t: dist.broadcast(t, src=0))
+
+    def _on_backend_device(self, tensor: torch.Tensor, collective) -> torch.Tensor:
+        """Run ``collective`` in place on ``tensor``; NCCL takes only CUDA tensors, so a CPU tensor
+        goes through the GPU and back."""
         if self.backend == "nccl" and tensor.device.type != "cuda":
             moved = tensor.cuda()
-            dist.all_reduce(moved, op=ops[op])
+            collective(moved)
             tensor.copy_(moved.cpu())
         else:
-            dist.all_reduce(tensor, op=ops[op])
+            collective(tensor)
         return tensor
 
     def sum_floats(self, *values: float) -> list[float]:
@@ -62,6 +75,15 @@ class Dist:
         if not self.enabled:
             return list(values)
         return self.all_reduce(torch.tensor(values, dtype=torch.float64)).tolist()
+
+    def sum_by_key(self, values: dict[str, float]) -> tuple[dict[str, float], dict[str, float]]:
+        """Per-key sums over the processes of named numbers some processes may lack (0 there), and
+        how many processes had each key; one gather of the names and one all-reduce."""
+        if not self.enabled:
+            return dict(values), {k: 1.0 for k in values}
+        keys = sorted(set().union(*self.gather_objects(sorted(values))))
+        both = self.sum_floats(*(float(values.get(k, 0.0)) for k in keys), *(float(k in values) for k in keys))
+        return dict(zip(keys, both[:len(keys)])), dict(zip(keys, both[len(keys):]))
 
     def gather_objects(self, obj: Any) -> list[Any]:
         """Every process's ``obj`` (picklable), in rank order, on every process."""

@@ -57,11 +57,9 @@ def shard_model(model: torch.nn.Module, dist: Dist) -> torch.nn.Module:
                 unit.set_force_sum_reduction_for_comms(True)  # gloo has no pre-multiplied sum
                 unit.set_gradient_divide_factor(1.0)
         return model
-    import torch.distributed as tdist
-
     with torch.no_grad():
         for tensor in list(model.parameters()) + list(model.buffers()):
-            _broadcast(tensor, dist, tdist)
+            dist.broadcast(tensor.data)
     return model
 
 
@@ -75,15 +73,6 @@ def shard_frozen(module: torch.nn.Module, dist: Dist) -> torch.nn.Module:
             fully_shard(layer)
         fully_shard(module)
     return module
-
-
-def _broadcast(tensor: torch.Tensor, dist: Dist, tdist) -> None:
-    if dist.backend == "nccl" and tensor.device.type != "cuda":
-        moved = tensor.data.cuda()
-        tdist.broadcast(moved, src=0)
-        tensor.data.copy_(moved.cpu())
-    else:
-        tdist.broadcast(tensor.data, src=0)
 
 
 def sum_gradients(params: Iterable[torch.nn.Parameter], dist: Dist) -> None:

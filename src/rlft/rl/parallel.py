@@ -59,10 +59,8 @@ def mean_over_processes(metrics: dict[str, float], dist: Dist) -> dict[str, floa
     so averaging leaves them as they are; timings become the mean process's."""
     if not dist.enabled:
         return metrics
-    keys = sorted(set().union(*dist.gather_objects(sorted(metrics))))
-    sums = dist.sum_floats(*(float(metrics.get(k, 0.0)) for k in keys))
-    present = dist.sum_floats(*(float(k in metrics) for k in keys))
-    return {k: s if k.startswith(SUMMED) else s / max(n, 1.0) for k, s, n in zip(keys, sums, present)}
+    sums, present = dist.sum_by_key(metrics)
+    return {k: s if k.startswith(SUMMED) else s / max(present[k], 1.0) for k, s in sums.items()}
 
 
 def global_rollout_metrics(scored, rollout, group_size: int, weights: dict[str, float], dist: Dist) -> dict:

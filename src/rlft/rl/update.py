@@ -161,7 +161,4 @@ class PolicyUpdater:
 
 def _summed(stats: dict[str, float], dist: Dist) -> dict[str, float]:
     """Additive statistics summed over the processes (a key only some ranks have counts as 0 elsewhere)."""
-    if not dist.enabled:
-        return stats
-    keys = sorted(set().union(*dist.gather_objects(sorted(stats))))
-    return dict(zip(keys, dist.sum_floats(*(stats.get(k, 0.0) for k in keys))))
+    return dist.sum_by_key(stats)[0] if dist.enabled else stats
