@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
+
+import psutil
 
 from rlft.service.runner import Runner
 from rlft.service.store import JobStore, NewJob, default_url
@@ -143,3 +147,21 @@ def test_a_job_the_oom_killer_ended_is_recorded_as_oom_with_advice(workspace):
     assert info["status"] == "failed" and info["error_type"] == "oom"
     assert info["oom"]["peak_mb"] == 995.0 and info["oom"]["advice"] == ["model.gradient_checkpointing=true"]
     store.close()
+
+
+def test_a_live_process_is_known_by_its_job_id_not_by_a_start_time_a_clock_step_moved():
+    """A VM resumed or an NTP step moves psutil's create_time; the job's environment does not move."""
+    from rlft.service.placement import alive
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
+                            env={**os.environ, "RLFT_JOB_ID": "job-a"})
+    try:
+        started = psutil.Process(proc.pid).create_time()
+        assert alive(proc.pid, started - 3600, "job-a") is not None  # the clock stepped an hour: still the job
+        assert alive(proc.pid, started, "job-b") is None  # a reused pid running another job is not it
+        assert alive(proc.pid, started - 3600) is None  # without a job id, the start time decides
+        assert alive(proc.pid, started) is not None
+    finally:
+        proc.kill()
+        proc.wait()
+    assert alive(proc.pid, started, "job-a") is None  # ended

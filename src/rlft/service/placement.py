@@ -75,14 +75,23 @@ def send_signal(pid: int, sig: int, group: bool) -> None:
         pass
 
 
-def alive(pid: int | None, started: float | None) -> psutil.Process | None:
-    """The process ``pid`` if it still runs and started when recorded (a reused pid is not it)."""
+def alive(pid: int | None, started: float | None, job_id: str | None = None) -> psutil.Process | None:
+    """The process ``pid`` if it still runs and is the job's (a reused pid is not it).
+
+    The job's own environment names it (``RLFT_JOB_ID``, set at launch), which is proof against a wall clock
+    that stepped since the launch (a VM resumed, NTP): ``create_time`` is boot time plus ticks, and boot time
+    is derived from the wall clock.  Only where the environment cannot be read is the start time compared."""
     if not pid:
         return None
     try:
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
             return None
+        if job_id is not None:
+            try:
+                return proc if proc.environ().get("RLFT_JOB_ID") == job_id else None
+            except psutil.AccessDenied:
+                pass
         if started is not None and abs(proc.create_time() - started) > 2.0:
             return None
         return proc
@@ -139,5 +148,5 @@ class LocalPlacement:
         return LocalHandle(popen.pid, popen=popen, started=started)
 
     def reattach(self, job: Job) -> LocalHandle | None:
-        proc = alive(job.pid, job.pid_started)
+        proc = alive(job.pid, job.pid_started, job.id)
         return None if proc is None else LocalHandle(job.pid, process=proc, started=job.pid_started)
