@@ -17,7 +17,7 @@ def check_env(verbose: bool = False) -> dict:
     from rlft.threads import physical_cores
 
     from rlft.doctor.machine import cpu_model
-    from rlft.models.precision import cpu_has_native_bf16
+    from rlft.models.precision import bf16_matmul_speedup, cpu_has_native_bf16
 
     info: dict = {
         "python": platform.python_version(),
@@ -29,6 +29,7 @@ def check_env(verbose: bool = False) -> dict:
         "cpu_count": os.cpu_count(),
         "bf16_cpu": _cpu_bf16(),
         "bf16_cpu_native": cpu_has_native_bf16(),
+        "bf16_cpu_speedup": bf16_matmul_speedup(),  # bf16 over fp32 matmul throughput, measured; None: emulated
         "cpu_model": cpu_model(),
     }
     cores = physical_cores()
@@ -46,7 +47,7 @@ def check_env(verbose: bool = False) -> dict:
         print(f"python {info['python']} | torch {info['torch']} | device: {device} | "
               f"CUDA available: {info['cuda_available']} | GPUs: {info['gpu_count']}")
         print(f"CPU threads: {info['cpu_threads']} of {info['cpu_count']} cores | bf16 on CPU: {info['bf16_cpu']} "
-              f"({'native' if info['bf16_cpu_native'] else 'emulated: rlft computes in fp32 on this CPU'})")
+              f"({_bf16_verdict(info['bf16_cpu_speedup'])})")
         if info["thread_warning"]:
             print("WARNING: " + info["thread_warning"])
         print("required packages: " + ("all present" if info["ok"] else "MISSING " + ", ".join(info["missing_required"])))
@@ -63,3 +64,12 @@ def _cpu_bf16() -> bool:
         return bool(torch.isfinite(a @ a).all())
     except Exception:
         return False
+
+
+def _bf16_verdict(speedup: float | None) -> str:
+    from rlft.models.precision import BF16_PAYS
+
+    if speedup is None:
+        return "emulated: rlft computes in fp32 on this CPU"
+    pays = "model.dtype auto computes in bf16" if speedup >= BF16_PAYS else "slower than fp32: model.dtype auto computes in fp32"
+    return f"native, matmuls measured {speedup:.2f}x fp32's speed; {pays}"

@@ -158,7 +158,7 @@ train: {epochs: 0}
         load_text(project, text)
     probs = problems_of(excinfo)
     expected = [
-        "model.dtype: 'f16' is not one of: fp32, bf16 (did you mean 'bf16'?)",
+        "model.dtype: 'f16' is not one of: auto, fp32, bf16 (did you mean 'bf16'?)",
         "data.train_file: required",
         "data.eval_split: must be < 1, got 2",
         "algorithm.name: 'ppo2' is not one of: grpo, dr_grpo, dapo, gspo, rloo, reinforce_pp, ppo (did you mean 'ppo'?)",

@@ -21,3 +21,41 @@ def test_bf16_on_cpu_without_native_support_falls_back_with_warning(monkeypatch)
 def test_bf16_on_cpu_with_native_support_uses_autocast(monkeypatch):
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
     assert precision.autocast_dtype("bf16", torch.device("cpu")) == (torch.bfloat16, None)
+
+
+def test_auto_takes_bf16_only_where_its_matmul_measured_faster(monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(precision, "bf16_matmul_speedup", lambda: 3.4)  # AMX
+    assert precision.autocast_dtype("auto", cpu) == (torch.bfloat16, None)
+    assert "measured 3.40x" in precision.dtype_reason("auto", cpu)
+    monkeypatch.setattr(precision, "bf16_matmul_speedup", lambda: 0.6)  # avx512_bf16 on a VM that hides AMX
+    assert precision.autocast_dtype("auto", cpu) == (None, None)
+    assert precision.autocast_dtype("bf16", cpu) == (torch.bfloat16, None)  # an explicit bf16 is honoured...
+    assert "fp32 or auto would run the step faster" in precision.dtype_advice("bf16", cpu)  # ...and warned about
+    assert precision.dtype_advice("fp32", cpu) is None and precision.dtype_advice("auto", cpu) is None
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(precision, "bf16_matmul_speedup", lambda: None)
+    assert precision.autocast_dtype("auto", cpu) == (None, None)
+    assert "no native bf16" in precision.dtype_reason("auto", cpu)
+
+
+def test_explicit_fp32_is_warned_about_where_bf16_measured_faster(monkeypatch):
+    monkeypatch.setattr(precision, "bf16_matmul_speedup", lambda: 2.1)
+    advice = precision.dtype_advice("fp32", torch.device("cpu"))
+    assert "measured 2.1x as fast" in advice and "bf16" in advice
+    assert precision.dtype_advice("bf16", torch.device("cpu")) is None
+
+
+def test_the_measured_speedup_is_a_real_ratio_where_bf16_is_native():
+    speedup = precision.bf16_matmul_speedup()
+    if not precision.cpu_has_native_bf16():
+        assert speedup is None
+    else:
+        assert 0.05 < speedup < 50
+
+
+def test_model_dtype_defaults_to_auto():
+    from rlft.config.sections import ModelConfig
+
+    assert ModelConfig(path="x").dtype == "auto"

@@ -140,7 +140,7 @@ def vllm_problems(model: Any) -> list[str]:
     if model.device.strip().lower() == "cpu":
         problems.append("rollout.engine: vllm runs vLLM on a CUDA GPU, colocated with training, but model.device "
                         "is 'cpu'; set model.device: cuda (or auto), or use rollout.engine: native")
-    if model.dtype != "bf16":
+    if model.dtype == "fp32":  # auto is bf16 on any GPU vLLM runs on
         problems.append(f"rollout.engine: vllm samples in bf16; it needs model.dtype: bf16 (got '{model.dtype}'), "
                         f"whose old log-probs the trainer recomputes itself")
     return problems

@@ -40,8 +40,10 @@ class ModelConfig(Section):
         description="A Hugging Face model directory, a .gguf file, or a built-in name "
         f"({', '.join(BUILTIN_MODELS)}).",
     )
-    dtype: Literal["fp32", "bf16"] = Field(
-        "bf16", description="Compute dtype. bf16 keeps fp32 master weights and runs matmuls under bf16 autocast."
+    dtype: Literal["auto", "fp32", "bf16"] = Field(
+        "auto", description="Compute dtype. bf16 keeps fp32 master weights and runs matmuls under bf16 autocast. "
+        "auto: bf16 where it is faster (a GPU with bf16; a CPU whose bf16 matmul, timed once at start, beats "
+        "fp32's), else fp32."
     )
     gradient_checkpointing: bool | Literal["auto"] = Field(
         "auto", description="Recompute activations in backward to save memory (slower). auto: only when one "

@@ -101,14 +101,20 @@ def cpu_model() -> str:
 def check_cpu() -> list[Check]:
     import psutil
 
-    from rlft.models.precision import cpu_has_native_bf16
+    from rlft.models.precision import BF16_PAYS, bf16_matmul_speedup
     from rlft.planner.devices import cpu_memory_limit
     from rlft.threads import physical_cores
 
-    native = cpu_has_native_bf16()
+    speedup = bf16_matmul_speedup()
     flags = [f for f in ("amx_bf16", "avx512_bf16") if f in _cpuinfo("flags").split()]
-    bf16 = (f"native bf16 ({', '.join(flags)}): model.dtype bf16 runs about 1.5-2x faster than fp32" if native else
-            "no native bf16 (no amx_bf16 / avx512_bf16): a bf16 config computes in fp32 on this CPU")
+    if speedup is None:
+        bf16 = "no native bf16 (no amx_bf16 / avx512_bf16): a bf16 config computes in fp32 on this CPU"
+    elif speedup >= BF16_PAYS:
+        bf16 = (f"native bf16 ({', '.join(flags)}), matmuls measured {speedup:.1f}x fp32's speed: model.dtype "
+                f"auto and bf16 compute in bf16")
+    else:
+        bf16 = (f"native bf16 ({', '.join(flags)}) but matmuls measured {speedup:.2f}x fp32's speed: model.dtype "
+                f"auto computes in fp32, which is faster here")
     out = [Check("cpu", OK, f"{cpu_model()}; {bf16}")]
     cores, logical = physical_cores(), psutil.cpu_count(logical=True)
     out.append(Check("cores", OK, f"{cores} physical core(s) this process may use, {logical} logical; rlft trains "

@@ -55,7 +55,7 @@ def _candidates(cfg, est: MemoryEstimate) -> list[tuple[str, object, str]]:
     rollout = getattr(cfg, "rollout", None)
     if rollout is not None and est.geometry.compute_bytes == 2 and rollout.decode_copy:
         out.append(("rollout.decode_copy", False, "no bf16 copy of the weights for decoding: a slower rollout"))
-    if cfg.model.dtype == "fp32":
+    if est.geometry.compute_bytes == 4:
         out.append(("model.dtype", "bf16", "bf16 compute (fp32 master weights): slightly different numerics"))
     if cfg.model.lora is None:
         out.append(("model.lora", {"r": 16}, "trains a rank-16 adapter instead of every weight; the reference "

@@ -87,12 +87,17 @@ def gb(n: int | float) -> str:
 
 
 def compute_bytes(cfg, device: DeviceSpec) -> int:
-    """2 under bf16 autocast, 4 in fp32 (a CPU without native bf16 computes in fp32)."""
+    """2 under bf16 autocast, 4 in fp32 (a CPU without native bf16 computes in fp32; ``auto`` does where
+    bf16 is not faster)."""
     if cfg.model.dtype == "fp32":
         return 4
     if device.kind == "cpu":
-        from rlft.models.precision import cpu_has_native_bf16
+        import torch
 
+        from rlft.models.precision import bf16_pays, cpu_has_native_bf16
+
+        if cfg.model.dtype == "auto":
+            return 2 if bf16_pays(torch.device("cpu")) else 4
         return 2 if cpu_has_native_bf16() else 4
     return 2
 

@@ -36,7 +36,7 @@ def build_model(model_cfg: ModelConfig, *, with_reference: bool = False) -> Mode
     """The model, its tokenizer and (``with_reference``) the frozen reference policy."""
     from rlft.models.loading import load_policy, load_tokenizer, resolve_device
     from rlft.models.merge import ensure_merged
-    from rlft.models.precision import autocast_dtype, native_bf16
+    from rlft.models.precision import autocast_dtype, dtype_advice, dtype_reason
     from rlft.models.reference import make_reference
     from rlft.models.save import is_adapter_dir
     from rlft.models.sources import resolve_model_dir
@@ -49,15 +49,13 @@ def build_model(model_cfg: ModelConfig, *, with_reference: bool = False) -> Mode
     model = load_policy(model_cfg, device, model_dir=model_dir)
     autocast, warning = autocast_dtype(model_cfg.dtype, device)
     reference = make_reference(model, autocast) if with_reference else None
-    if warning:
+    if warning or (warning := dtype_advice(model_cfg.dtype, device)):
         get_logger().warning(warning)
-    elif model_cfg.dtype == "fp32" and native_bf16(device):
-        get_logger().warning(f"model.dtype is fp32 on a {device.type.upper()} with native bf16 matmuls: bf16 (fp32 "
-                             f"master weights, bf16 compute) would run the step about 1.5-2x faster")
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
     n_all = sum(p.numel() for p in model.parameters())
     get_logger().info(f"model loaded: {model_dir} on {device} ({n_all / 1e6:.1f}M parameters, "
                       f"{n_train / 1e6:.2f}M trainable, compute {'bf16 autocast' if autocast else 'fp32'}"
+                      f"{dtype_reason(model_cfg.dtype, device)}"
                       f"{', LoRA r=%d' % model_cfg.lora.r if model_cfg.lora else ''})")
     return ModelParts(model, tokenizer, reference, device, autocast, str(model_dir))
 
