@@ -195,6 +195,31 @@ def test_two_nodes_on_loopback(runs, workdir):
     _assert_same_weights(runs["grpo-1"], workdir / "out" / "nodes", 1e-6)
 
 
+def test_dtype_auto_takes_rank_zeros_measurement_on_every_rank(workdir, tiny_model_dir, tmp_path):
+    """Each rank timing its own matmuls could put one rank in bf16 and another in fp32. Here the ranks'
+    timings are made to disagree (3.0 on rank 0, 0.5 elsewhere); every rank must use rank 0's."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(f"""
+import atexit, os
+from pathlib import Path
+from rlft.models import precision
+rank = os.environ.get("RANK", "0")
+precision.cpu_has_native_bf16 = lambda: True
+precision._measure_bf16_speedup = lambda: 3.0 if rank == "0" else 0.5
+atexit.register(lambda: Path({str(tmp_path)!r}, "rank" + rank).write_text(str(precision.bf16_matmul_speedup())))
+""")
+    cfg = _config(workdir, tiny_model_dir, "grpo")
+    cfg["model"]["dtype"] = "auto"
+    cfg["train"]["max_steps"] = 1
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(ROOT / "train.py"), "--config", str(_write(workdir, "auto", cfg)), "--set", "train.run_name=auto"]
+    env = {**os.environ, "PYTHONPATH": f"{hook}{os.pathsep}{ROOT}"}
+    _ok(subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT, env=env))
+    assert [(tmp_path / f"rank{r}").read_text() for r in (0, 1)] == ["3.0", "3.0"]
+    assert "model.dtype auto: bf16 matmuls measured 3.00x" in (workdir / "out" / "auto" / "train_log.log").read_text()
+
+
 def test_a_kind_without_data_parallel_is_refused_under_torchrun(tmp_path, tiny_model_dir, monkeypatch):
     from rlft import Trainer
     from rlft.errors import UsageError

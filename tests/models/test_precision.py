@@ -59,3 +59,14 @@ def test_model_dtype_defaults_to_auto():
     from rlft.config.sections import ModelConfig
 
     assert ModelConfig(path="x").dtype == "auto"
+
+
+def test_a_process_adopts_rank_zeros_measurement(monkeypatch):
+    """Under torchrun every rank takes rank 0's number, so auto cannot split the ranks across dtypes."""
+    monkeypatch.setattr(precision, "_MEASURED", {})
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
+    precision.adopt_bf16_speedup(2.5)
+    assert precision.bf16_matmul_speedup() == 2.5
+    assert precision.resolve_dtype("auto", torch.device("cpu")) == "bf16"
+    precision.adopt_bf16_speedup(0.5)
+    assert precision.resolve_dtype("auto", torch.device("cpu")) == "fp32"

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import statistics
 import time
 
 import torch
@@ -40,13 +39,27 @@ def cpu_has_native_bf16() -> bool:
 BF16_PAYS = 1.15
 
 
-@functools.lru_cache(maxsize=None)
+_MEASURED: dict[str, float | None] = {}
+
+
 def bf16_matmul_speedup() -> float | None:
     """bf16 over fp32 throughput of one CPU matmul shaped like an update's ([512, 576] x [576, 1536],
     what a 135M model's MLP multiplies); None where bf16 is emulated (not worth timing). ~0.1 s, once a
-    process. The two dtypes alternate, and the median of the per-round ratios is returned."""
-    if not cpu_has_native_bf16():
-        return None
+    process (or the value :func:`adopt_bf16_speedup` was given)."""
+    if "cpu" not in _MEASURED:
+        _MEASURED["cpu"] = _measure_bf16_speedup() if cpu_has_native_bf16() else None
+    return _MEASURED["cpu"]
+
+
+def adopt_bf16_speedup(value: float | None) -> None:
+    """Use ``value`` as this process's measurement: the processes of a torchrun job take rank 0's, so
+    that ``auto`` cannot pick bf16 on one rank and fp32 on another."""
+    _MEASURED["cpu"] = value
+
+
+def _measure_bf16_speedup() -> float:
+    """The two dtypes alternate over seven rounds; the ratio of each one's fastest round (a round slowed
+    by another process on the cores counts for neither)."""
     g = torch.Generator().manual_seed(0)
     a32, b32 = torch.randn(512, 576, generator=g), torch.randn(576, 1536, generator=g)
     a16, b16 = a32.bfloat16(), b32.bfloat16()
@@ -58,8 +71,8 @@ def bf16_matmul_speedup() -> float | None:
         return time.perf_counter() - t
 
     timed(a32, b32), timed(a16, b16)  # warm-up: oneDNN builds its kernels on the first call
-    ratios = [timed(a32, b32) / max(timed(a16, b16), 1e-9) for _ in range(5)]
-    return statistics.median(ratios)
+    rounds = [(timed(a32, b32), timed(a16, b16)) for _ in range(7)]
+    return min(r[0] for r in rounds) / max(min(r[1] for r in rounds), 1e-9)
 
 
 def bf16_pays(device: torch.device) -> bool:

@@ -93,7 +93,12 @@ def join_process_group(cfg):
                          f"copies. Data-parallel training is implemented for: "
                          + ", ".join(k for k, v in JOB_KINDS.items() if v.data_parallel))
     d = cfg.distributed
-    return init_distributed(d.strategy, d.backend, cfg.model.device, d.timeout_minutes)
+    dist = init_distributed(d.strategy, d.backend, cfg.model.device, d.timeout_minutes)
+    if dist.enabled and cfg.model.dtype == "auto":  # every rank computes in the dtype rank 0 measured best
+        from rlft.models.precision import adopt_bf16_speedup, bf16_matmul_speedup
+
+        adopt_bf16_speedup(dist.broadcast_object(bf16_matmul_speedup() if dist.rank == 0 else None))
+    return dist
 
 
 def leave_process_group() -> None:
