@@ -44,7 +44,7 @@ _MEASURED: dict[str, float | None] = {}
 
 def bf16_matmul_speedup() -> float | None:
     """bf16 over fp32 throughput of one CPU matmul shaped like an update's ([512, 576] x [576, 1536],
-    what a 135M model's MLP multiplies); None where bf16 is emulated (not worth timing). ~0.1 s, once a
+    what a 135M model's MLP multiplies); None where bf16 is emulated (not worth timing). ~0.3 s, once a
     process (or the value :func:`adopt_bf16_speedup` was given)."""
     if "cpu" not in _MEASURED:
         _MEASURED["cpu"] = _measure_bf16_speedup() if cpu_has_native_bf16() else None
