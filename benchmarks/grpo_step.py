@@ -67,7 +67,9 @@ def rlft_config(opts: dict, workdir: Path) -> dict:
                       "rollout_batch_size": opts["prompts"], "num_generations": opts["group_size"],
                       "max_new_tokens": T, "min_new_tokens": T if opts["fixed_length"] else 0,
                       "temperature": 1.0,
-                      **({} if opts.get("defaults") else {"micro_batch_size": opts["prompts"] * opts["group_size"]})},
+                      # rlft's own default unless pinned: 'auto' runs the whole batch in one pass except on a
+                      # CPU, where a long batch goes in passes that are as fast and take less memory
+                      "micro_batch_size": opts.get("micro_batch") or "auto"},
         "rollout": {"engine": opts["engine"]},
         "reward": {"functions": [{"type": "custom", "function": f"{HERE / 'workload.py'}:e_density"}]},
         "train": {"epochs": 100000, "max_steps": 100000, "logging_interval": 1, "samples_per_log": 0,
@@ -248,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine", default="native", choices=["native", "hf"], help="rlft rollout engine")
     ap.add_argument("--rlft-gradient-checkpointing", action="store_true",
                     help="recompute activations in rlft's backward, as TRL does by default (less memory, more compute)")
+    ap.add_argument("--rlft-micro-batch", type=int, default=None,
+                    help="pin rlft's algorithm.micro_batch_size to this many rows (default: its own 'auto')")
     ap.add_argument("--trl-keep-memory", action="store_true",
                     help="give TRL's process the allocator setting rlft applies (rlft/allocator.py), to see how "
                          "much of the difference it accounts for")
@@ -286,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         opts = dict(model_dir=model_dir, dtype=dtype, prompts=a.prompts, group_size=a.group_size,
                     max_new_tokens=a.max_new_tokens, beta=a.beta, fixed_length=not a.natural_eos,
                     engine=a.engine, threads=a.threads, gradient_checkpointing=a.rlft_gradient_checkpointing,
-                    defaults=a.defaults, trl_keep_memory=a.trl_keep_memory)
+                    defaults=a.defaults, trl_keep_memory=a.trl_keep_memory, micro_batch=a.rlft_micro_batch)
         res = _run_case(opts, a.frameworks, a.warmup, a.steps)
         results["results"][dtype] = res
         _print_case(dtype, res, flops[True], peaks, sizes)

@@ -69,3 +69,17 @@ def test_auto_checkpointing_turns_on_only_when_one_sequence_does_not_fit(tiny_co
     trainer = Trainer(config=tiny_config)
     trainer.setup()
     assert not is_checkpointing(trainer.job.parts.model)  # false means false
+
+
+def test_a_cpu_pass_is_split_only_where_each_part_keeps_full_speed():
+    full = memory.full_speed_tokens("cpu")
+    assert full == 2048 and memory.full_speed_tokens("cuda") is None
+    # 16 rows of 40 + 256 tokens (two groups share their prompts): two passes of 8 rows
+    assert memory.pass_tokens(10**6, 16, 16 * 296, 2 * 40 + 16 * 256, full) == 8 * 296
+    # 16 rows of 40 + 32 tokens (592 computed): one pass, as without the rule
+    assert memory.pass_tokens(10**6, 16, 16 * 72, 2 * 40 + 16 * 32, full) == 16 * 72
+    # memory still rules where it needs more passes: the budget stays within it
+    assert memory.pass_tokens(1000, 16, 16 * 296, 2 * 40 + 16 * 256, full) == 1000
+    # rows are shared out evenly: 32 rows of 256 in three passes take 11 rows each, not 10 + 10 + 10 + 2
+    assert memory.rows_for(memory.pass_tokens(10**6, 32, 32 * 256, 3 * 2048 + 100, full), 32, 256) == 11
+    assert memory.pass_tokens(10**6, 16, 16 * 296, 2 * 40 + 16 * 256, None) == 16 * 296  # a GPU: one pass

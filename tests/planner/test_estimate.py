@@ -173,3 +173,15 @@ def test_one_process_of_a_data_parallel_run_plans_its_share(tiny_config):
         assert fsdp.phases["update"][part] == ddp.phases["update"][part] // 2, part
     assert fsdp.phases["update"]["rollout replica"] == whole.phases["update"]["weights"]  # whole fp32 copy
     assert any("one process of 2" in n for n in fsdp.notes) and fsdp.processes == 2 and fsdp.sharded
+
+
+def test_the_plan_splits_a_long_cpu_update_as_the_run_does_and_a_gpu_one_not(tiny_config):
+    tiny_config["algorithm"].update(micro_batch_size="auto", max_new_tokens=246)
+    cfg = load_config(data=tiny_config)
+    cpu = DeviceSpec("cpu", "cpu", 24 * GiB, GiB // 4)
+    g = estimate_memory(cfg, cpu, prompt_tokens=10).geometry
+    # 32 rows of 246 new tokens: 7,900 computed tokens, three passes of at least 2,048 each
+    assert (g.rows, g.micro_rows) == (32, 11)
+    assert estimate_memory(cfg, replace(cpu, kind="cuda"), prompt_tokens=10).geometry.micro_rows == 32
+    tiny_config["algorithm"]["max_new_tokens"] = 32
+    assert estimate_memory(load_config(data=tiny_config), cpu, prompt_tokens=10).geometry.micro_rows == 32

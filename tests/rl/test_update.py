@@ -166,6 +166,21 @@ def test_a_token_budget_buckets_rows_by_length_and_covers_each_once():
     assert [c.tolist() for c in batch.micro_batches(2, 1000, everything)] == [[1, 3], [6, 5], [7, 2], [0, 4]]
 
 
+def test_a_full_speed_size_splits_a_long_batch_in_even_passes_and_leaves_a_short_one_whole():
+    def batch(length):
+        mask = torch.ones(16, length, dtype=torch.long)
+        return UpdateBatch(prompt_ids=torch.ones(2, 40, dtype=torch.long),
+                           prompt_mask=torch.ones(2, 40, dtype=torch.long),
+                           row_prompt=torch.arange(2).repeat_interleave(8), completion_ids=mask.clone(),
+                           completion_mask=mask, loss_mask=mask)
+
+    long = batch(256).micro_batches(16, 10**6, full_speed=2048)
+    assert [len(c) for c in long] == [8, 8] and sorted(torch.cat(long).tolist()) == list(range(16))
+    assert all(len(batch(256).rows(c).prompt_ids) * 40 + len(c) * 256 >= 2048 for c in long)
+    assert [len(c) for c in batch(32).micro_batches(16, 10**6, full_speed=2048)] == [16]
+    assert [len(c) for c in batch(256).micro_batches(16, 10**6)] == [16]  # no full-speed size: one pass
+
+
 def test_length_bucketed_micro_batches_give_the_one_pass_update(tiny_model_dir):
     base = _model(tiny_model_dir)
     results = []

@@ -28,11 +28,17 @@ def _budget_tokens(shape: ModelShape, device: DeviceSpec, resident: int, compute
 
 
 def _auto_rows(shape: ModelShape, device: DeviceSpec, rows: int, seq: int, resident: int, compute_bytes: int,
-               checkpointed: bool) -> int:
-    """The rows ``micro_batch_size: auto`` takes at once."""
-    from rlft.models.memory import rows_for
+               checkpointed: bool, computed: int | None = None) -> int:
+    """The rows ``micro_batch_size: auto`` takes at once; ``computed``: the tokens one pass over all
+    ``rows`` runs (a group's prompt once), for the CPU's full-speed split
+    (:func:`rlft.models.memory.pass_tokens`)."""
+    from rlft.models.memory import full_speed_tokens, pass_tokens, rows_for
 
-    return rows_for(_budget_tokens(shape, device, resident, compute_bytes, checkpointed), rows, seq)
+    tokens = _budget_tokens(shape, device, resident, compute_bytes, checkpointed)
+    full_speed = full_speed_tokens(device.kind)
+    if full_speed is not None and computed is not None:
+        tokens = pass_tokens(tokens, rows, rows * seq, computed, full_speed)
+    return rows_for(tokens, rows, seq)
 
 
 def _checkpointing(setting, fits_plain: bool) -> bool:
@@ -52,7 +58,8 @@ def rl_phases(cfg, shape: ModelShape, device: DeviceSpec, prompt_tokens: int, co
     longest = cfg.data.max_prompt_length + new
     fits_plain = _budget_tokens(shape, device, resident, compute_bytes, False) >= longest
     checkpointed = _checkpointing(cfg.model.gradient_checkpointing, fits_plain)
-    micro = (_auto_rows(shape, device, update_rows, seq, resident, compute_bytes, checkpointed)
+    computed = -(-update_rows // alg.num_generations) * prompt_tokens + update_rows * new
+    micro = (_auto_rows(shape, device, update_rows, seq, resident, compute_bytes, checkpointed, computed)
              if alg.micro_batch_size == "auto" else min(alg.micro_batch_size, update_rows))
     g = Geometry(rows=rows, prompts=alg.rollout_batch_size, prompt_tokens=prompt_tokens, new_tokens=new,
                  micro_rows=micro, compute_bytes=compute_bytes, checkpointed=checkpointed,

@@ -67,24 +67,31 @@ class UpdateBatch:
         return replace(self, prompt_ids=self.prompt_ids[used, start:], prompt_mask=pmask[:, start:],
                        row_prompt=row_prompt, completion_ids=self.completion_ids[idx, :comp_len], **token)
 
-    def micro_batches(self, rows: int, tokens: int | None, idx: torch.Tensor | None = None) -> list[torch.Tensor]:
+    def micro_batches(self, rows: int, tokens: int | None, idx: torch.Tensor | None = None,
+                      full_speed: int | None = None) -> list[torch.Tensor]:
         """Row indices [k] of each forward/backward over the rows ``idx`` [K] (default: all).
 
         A fixed ``rows``: consecutive chunks of that many, as given (a group's rows stay together).
         With a token budget (``micro_batch_size: auto``; ``rows`` is then the cap), the rows are taken
         longest completion first and each micro-batch holds as many as fit the budget at its own
         longest row: completions that end early (natural EOS) cost their real length instead of the
-        longest row's padding, and take fewer passes."""
+        longest row's padding, and take fewer passes. ``full_speed``: split a batch of more than twice
+        that many computed tokens into passes of about that size
+        (:func:`rlft.models.memory.pass_tokens`)."""
         device = self.loss_mask.device
         idx = torch.arange(len(self), device=device) if idx is None else idx.to(device)
         if tokens is None:
             return list(idx.split(rows))
-        from rlft.models.memory import rows_for
+        from rlft.models.memory import pass_tokens, rows_for
 
         lengths = self.completion_mask[idx].sum(-1)
         order = lengths.argsort(descending=True, stable=True)
         idx, lengths = idx[order], lengths[order].tolist()
         prompt = int(self.prompt_mask.any(0).sum())
+        if full_speed is not None:
+            computed = int(self.prompt_mask[torch.unique(self.row_prompt[idx])].sum()) + int(sum(lengths))
+            nominal = sum(prompt + max(int(n), 1) for n in lengths)
+            tokens = pass_tokens(tokens, len(lengths), nominal, computed, full_speed)
         out, start = [], 0
         while start < len(lengths):
             k = rows_for(tokens, min(rows, len(lengths) - start), prompt + max(int(lengths[start]), 1))

@@ -37,37 +37,44 @@ def build_updater(cfg: RLConfig, parts: ModelParts, total_steps: int, dist=None)
     scheduler = build_scheduler(optimizer, total_steps=total_steps * steps_per_update,
                                 warmup_steps=alg.warmup_steps * steps_per_update, schedule=alg.lr_scheduler,
                                 min_ratio=alg.min_lr_ratio)
-    micro, micro_tokens = micro_batching(cfg, parts)
+    micro, micro_tokens, full_speed = micro_batching(cfg, parts)
     params = UpdateParams(loss_name=alg.policy_loss, loss_params=hyperparameter_pool(cfg),
                           kl_estimator=alg.kl_estimator, kl_in_loss=alg.kl_placement == "in_loss",
                           aggregation=alg.loss_aggregation, temperature=alg.temperature, ppo_epochs=alg.ppo_epochs,
                           mini_batch_size=alg.mini_batch_size, micro_batch_size=micro,
-                          micro_batch_tokens=micro_tokens, max_grad_norm=alg.max_grad_norm,
+                          micro_batch_tokens=micro_tokens, micro_batch_full_speed=full_speed,
+                          max_grad_norm=alg.max_grad_norm,
                           max_len=alg.max_new_tokens)
     return PolicyUpdater(parts.model, parts.reference, optimizer, scheduler, params, parts.autocast_dtype, dist)
 
 
-def micro_batching(cfg: RLConfig, parts: ModelParts, log: bool = True) -> tuple[int, int | None]:
-    """``algorithm.micro_batch_size`` as (rows per forward/backward, token budget): a fixed number of
-    rows and no budget, or for ``auto`` the whole batch as the cap and a token budget from the
-    device's memory (:func:`rlft.models.memory.activation_token_budget`)."""
-    from rlft.models.memory import rows_for
+def micro_batching(cfg: RLConfig, parts: ModelParts, log: bool = True) -> tuple[int, int | None, int | None]:
+    """``algorithm.micro_batch_size`` as (rows per forward/backward, token budget, full-speed pass size):
+    a fixed number of rows and no budget, or for ``auto`` the whole batch as the cap, a token budget
+    from the device's memory (:func:`rlft.models.memory.activation_token_budget`) and, on a CPU, the
+    pass size past which splitting costs no speed (:data:`rlft.models.memory.FULL_SPEED_TOKENS`)."""
+    from rlft.models.memory import full_speed_tokens, rows_for
 
     alg = cfg.algorithm
     rows = alg.mini_batch_size or alg.rollout_batch_size * alg.num_generations
     longest = cfg.data.max_prompt_length + (cfg.environment.max_episode_tokens if cfg.environment is not None
                                             else alg.max_new_tokens)
     tokens, why = _activation_budget(cfg, parts, longest, log)
+    full_speed = full_speed_tokens(parts.device.type)
     if alg.micro_batch_size == "auto":
         if log:
-            get_logger().info(f"micro_batch_size auto: {why}")
-        return rows, tokens
+            split = (f"; a batch of more than {2 * full_speed} tokens goes in passes of at least {full_speed} "
+                     f"(as fast here, less memory)" if full_speed else "")
+            get_logger().info(f"micro_batch_size auto: {why}{split}")
+        return rows, tokens, full_speed
     fits = rows_for(tokens, rows, longest)
-    if log and alg.micro_batch_size < fits:
+    slow = alg.micro_batch_size < fits and (full_speed is None or alg.micro_batch_size * longest < full_speed)
+    if log and slow:
         get_logger().warning(f"algorithm.micro_batch_size {alg.micro_batch_size} splits each update into "
                              f"{-(-rows // alg.micro_batch_size)} forward/backward passes; 'auto' would take at least "
-                             f"{fits} rows at once here (fewer, larger matmuls)")
-    return alg.micro_batch_size, None
+                             f"{min(fits, rows_for(full_speed, rows, longest)) if full_speed else fits} rows at once "
+                             f"here (fewer, larger matmuls)")
+    return alg.micro_batch_size, None, None
 
 
 def _activation_budget(cfg: RLConfig, parts: ModelParts, longest: int, log: bool) -> tuple[int, str]:
@@ -132,10 +139,10 @@ def build_critic(cfg: RLConfig, parts: ModelParts, dist=None):
     model = build_value_model(ccfg.type, parts.model, model_dir, gradient_checkpointing=is_checkpointing(parts.model))
     optimizer = build_optimizer(model.parameters(), lr=ccfg.learning_rate, weight_decay=0.0,
                                 betas=tuple(alg.adam_betas), eps=alg.adam_eps)
-    micro, micro_tokens = micro_batching(cfg, parts, log=False)
+    micro, micro_tokens, full_speed = micro_batching(cfg, parts, log=False)
     params = CriticParams(value_loss=ccfg.value_loss, value_clip=ccfg.value_clip, ppo_epochs=alg.ppo_epochs,
                           mini_batch_size=alg.mini_batch_size, micro_batch_size=micro, micro_batch_tokens=micro_tokens,
-                          max_grad_norm=ccfg.max_grad_norm)
+                          micro_batch_full_speed=full_speed, max_grad_norm=ccfg.max_grad_norm)
     n_train = sum(p.numel() for p in model.trainable_parameters())
     get_logger().info(f"critic: {ccfg.type} ({'backbone ' + str(model_dir) + ', ' if ccfg.type == 'separate' else ''}"
                       f"{n_train / 1e6:.2f}M trainable parameters, lr {ccfg.learning_rate:g}, "

@@ -23,6 +23,7 @@ class CriticParams:
     micro_batch_size: int
     max_grad_norm: float
     micro_batch_tokens: int | None = None
+    micro_batch_full_speed: int | None = None
 
 
 class CriticUpdater:
@@ -43,7 +44,8 @@ class CriticUpdater:
     def values(self, batch: UpdateBatch) -> torch.Tensor:
         """[N, T] values of every completion token's state, without gradients."""
         self.model.eval()
-        chunks = batch.micro_batches(self.p.micro_batch_size, self.p.micro_batch_tokens)
+        chunks = batch.micro_batches(self.p.micro_batch_size, self.p.micro_batch_tokens,
+                                     full_speed=self.p.micro_batch_full_speed)
         return per_row_no_grad(batch, chunks, self.autocast_dtype, lambda mb: mb.values(self.model))
 
     def update(self, batch: UpdateBatch) -> dict[str, float]:
@@ -67,7 +69,8 @@ class CriticUpdater:
         counts = dict(num_tokens=num_tokens, num_seqs=num_seqs, max_len=1)
         total = 0.0
         self.optimizer.zero_grad(set_to_none=True)
-        for chunk in batch.micro_batches(self.p.micro_batch_size, self.p.micro_batch_tokens, rows):
+        for chunk in batch.micro_batches(self.p.micro_batch_size, self.p.micro_batch_tokens, rows,
+                                         self.p.micro_batch_full_speed):
             mb = batch.rows(chunk)
             with autocast(self.autocast_dtype, mb.loss_mask.device):
                 values = mb.values(self.model)

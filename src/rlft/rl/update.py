@@ -34,6 +34,7 @@ class UpdateParams:
     max_grad_norm: float
     max_len: int
     micro_batch_tokens: int | None = None  # micro_batch_size: auto (then micro_batch_size is the cap)
+    micro_batch_full_speed: int | None = None  # auto: passes this large are as fast (models/memory.py)
     kl_in_loss: bool = True
     loss_params: dict[str, Any] = field(default_factory=dict)
 
@@ -73,7 +74,8 @@ class PolicyUpdater:
                 batch.old_logprobs = self._old_logprobs(batch)
 
     def _logprobs_no_grad(self, module, batch: UpdateBatch) -> torch.Tensor:
-        chunks = batch.micro_batches(self.p.micro_batch_size, self.p.micro_batch_tokens)
+        chunks = batch.micro_batches(self.p.micro_batch_size, self.p.micro_batch_tokens,
+                                     full_speed=self.p.micro_batch_full_speed)
         return per_row_no_grad(batch, chunks, self.autocast_dtype, lambda mb: mb.logprobs(module, self.p.temperature)[0],
                                rounds=micro_batch_rounds(len(chunks), self.dist))
 
@@ -124,7 +126,8 @@ class PolicyUpdater:
         # With no row to compute, every loss term is exactly 0 (all advantages 0, no KL in the loss).
         stats: dict[str, float] = {"loss": 0.0, "pg_loss": 0.0, "clip_frac": 0.0}
         self.optimizer.zero_grad(set_to_none=True)
-        chunks = (batch.micro_batches(self.p.micro_batch_size, self.p.micro_batch_tokens, active)
+        chunks = (batch.micro_batches(self.p.micro_batch_size, self.p.micro_batch_tokens, active,
+                                       self.p.micro_batch_full_speed)
                   if active.numel() else [])
         rounds = micro_batch_rounds(len(chunks), self.dist)
         for i in range(rounds):
