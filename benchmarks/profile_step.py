@@ -23,6 +23,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2, help="timed steps before the profiled one")
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--shapes", type=int, default=0, help="also list the top N ops by input shape")
     a = ap.parse_args()
     from torch.profiler import profile, record_function
 
@@ -37,10 +38,12 @@ def main() -> None:
         m = trainer.train_step()
         print(f"step {time.perf_counter() - t0:.2f}s (generation {m['generation_seconds']:.2f}s, "
               f"update {m['update_seconds']:.2f}s)")
-    with profile() as prof:
+    with profile(record_shapes=True) as prof:
         with record_function("train_step"):
             trainer.train_step()
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=a.rows))
+    if a.shapes:
+        print(prof.key_averages(group_by_input_shape=True).table(sort_by="self_cpu_time_total", row_limit=a.shapes))
 
 
 if __name__ == "__main__":

@@ -45,3 +45,12 @@ def test_rlft_only_run_reports_step_times(tmp_path, capsys):
     assert res["peak_rss_mb"] > 50
     assert res["tokens_per_s"] == pytest.approx(16 * 8 * 2 / sum(res["all_step_seconds"]), rel=1e-6)
     assert "rlft achieved" in capsys.readouterr().out
+
+
+def test_update_passes_reports_activations_that_fall_with_more_passes(capsys):
+    assert _load("update_passes").main(["--model", "tiny", "--max-new-tokens", "24", "--rows", "16", "4",
+                                        "--rounds", "1"]) == 0
+    rows = [line.split("|") for line in capsys.readouterr().out.splitlines() if line.startswith("| 16 ") or
+            line.startswith("| 4 ")]
+    kept = {int(r[1]): int(r[6].split()[0]) for r in rows}
+    assert [int(r[2]) for r in rows] == [1, 4] and kept[4] < kept[16]
