@@ -18,12 +18,13 @@ the same machine chooses the same size and stays bit-exact.
 On a CPU, one large pass is no faster than a few passes that each still hold enough tokens: the
 matmuls are at full speed well before the whole batch, and a pass adds only its weight casts and
 gradient accumulation. So a batch of more than twice :data:`FULL_SPEED_TOKENS` is split into as
-many passes as keep each at that size, which frees activation memory for nothing. Measured on
-SmolLM2-135M (2-core Xeon, one process, the splits alternating), forward + backward of 16 rows:
-at 256 new tokens 16 / 8 / 4 rows a pass took 22.0 / 21.8 / 21.6 s in fp32 (36.3 / 36.2 / 39.1 s
-in bf16) while the saved activations fell 5.9 → 2.9 → 1.7 GB; at 64 new tokens (1104 tokens for
-all 16 rows) splitting in two cost 15 %. A GPU wants far larger passes (kernel launches, wide
-matmuls), and is not measured here: there the whole batch goes in one pass where it fits.
+many passes as keep each at that size, which frees activation memory for nothing. Measured by
+``benchmarks/update_passes.py`` on SmolLM2-135M (2-core Xeon), forward + backward of 16 rows: at
+256 new tokens 1 / 2 / 4 passes took 20.0 / 21.3 / 21.5 s in fp32, inside the rounds' spread,
+while the activations a pass keeps fell 5.9 → 3.0 → 1.7 GB; at 64 new tokens (1104 computed
+tokens in all) two passes cost 9 % (docs/performance.md). A GPU wants far larger passes (kernel
+launches, wide matmuls), and is not measured here: there the whole batch goes in one pass where
+it fits.
 """
 
 from __future__ import annotations
