@@ -53,7 +53,7 @@ def micro_batching(cfg: RLConfig, parts: ModelParts, log: bool = True) -> tuple[
     a fixed number of rows and no budget, or for ``auto`` the whole batch as the cap, a token budget
     from the device's memory (:func:`rlft.models.memory.activation_token_budget`) and, on a CPU, the
     pass size past which splitting costs no speed (:data:`rlft.models.memory.FULL_SPEED_TOKENS`)."""
-    from rlft.models.memory import full_speed_tokens, rows_for
+    from rlft.models.memory import full_speed_tokens, pass_tokens, rows_for
 
     alg = cfg.algorithm
     rows = alg.mini_batch_size or alg.rollout_batch_size * alg.num_generations
@@ -67,13 +67,13 @@ def micro_batching(cfg: RLConfig, parts: ModelParts, log: bool = True) -> tuple[
                      f"(as fast here, less memory)" if full_speed else "")
             get_logger().info(f"micro_batch_size auto: {why}{split}")
         return rows, tokens, full_speed
-    fits = rows_for(tokens, rows, longest)
-    slow = alg.micro_batch_size < fits and (full_speed is None or alg.micro_batch_size * longest < full_speed)
-    if log and slow:
+    # what 'auto' takes at the longest length (counting each row's prompt, as memory does)
+    nominal = rows * longest
+    auto_rows = rows_for(pass_tokens(tokens, rows, nominal, nominal, full_speed), rows, longest)
+    if log and alg.micro_batch_size < auto_rows:
         get_logger().warning(f"algorithm.micro_batch_size {alg.micro_batch_size} splits each update into "
-                             f"{-(-rows // alg.micro_batch_size)} forward/backward passes; 'auto' would take at least "
-                             f"{min(fits, rows_for(full_speed, rows, longest)) if full_speed else fits} rows at once "
-                             f"here (fewer, larger matmuls)")
+                             f"{-(-rows // alg.micro_batch_size)} forward/backward passes; 'auto' would take "
+                             f"{auto_rows} rows at once here (fewer, larger matmuls)")
     return alg.micro_batch_size, None, None
 
 
