@@ -27,6 +27,11 @@ STEPS = 3
 # Wall-clock and resource numbers differ between runs by nature, and the work counters count
 # padding (each process pads its prompts to its own longest); everything else must match.
 VARYING = ("seconds", "tokens_per_s", "peak_mem", "resources/", "phase/", "time", "work/")
+# How close "the same weights" can be: summing a batch's gradients in another order (two processes'
+# halves, or another micro-batch split in one process) moves the weights after 3 Adam steps at
+# lr 3e-3 by up to ~2e-6 on an AMD EPYC with AVX-512 (1.4e-6 for micro-batches of 2 against 4 in one
+# process), while one step moves them by ~3e-3 (test_rewards_vary_so_the_comparison_means_something).
+SAME_WEIGHTS_ATOL = 1e-5
 
 
 def _free_port() -> int:
@@ -128,15 +133,15 @@ def test_rewards_vary_so_the_comparison_means_something(runs):
     assert all(0.0 < r["reward/mean"] < 1.0 for r in rows)
     assert all(r["grad_norm"] > 0 for r in rows)
     first, last = _weights(runs["grpo-1"], 2), _weights(runs["grpo-1"])
-    assert any(not torch.equal(first[k], last[k]) for k in first)  # the weights moved
+    moved = max(float((first[k] - last[k]).abs().max()) for k in first)
+    assert moved > 100 * SAME_WEIGHTS_ATOL  # one step moves the weights far more than the tolerance
 
 
-@pytest.mark.parametrize("one, two, atol", [("grpo-1", "grpo-ddp", 1e-6), ("grpo-1", "grpo-fsdp2", 1e-5),
-                                            ("rpp-1", "rpp-ddp", 1e-6), ("dapo-1", "dapo-ddp", 1e-6),
-                                            ("ppo-1", "ppo-ddp", 1e-6)])
-def test_two_processes_train_what_one_process_trains(runs, one, two, atol):
+@pytest.mark.parametrize("one, two", [("grpo-1", "grpo-ddp"), ("grpo-1", "grpo-fsdp2"), ("rpp-1", "rpp-ddp"),
+                                      ("dapo-1", "dapo-ddp"), ("ppo-1", "ppo-ddp")])
+def test_two_processes_train_what_one_process_trains(runs, one, two):
     _assert_same_trajectory(runs[one], runs[two])
-    _assert_same_weights(runs[one], runs[two], atol)
+    _assert_same_weights(runs[one], runs[two], SAME_WEIGHTS_ATOL)
 
 
 def test_dynamic_sampling_dropped_and_resampled_groups(runs):
@@ -171,10 +176,10 @@ def _resumed(runs, workdir, source: str, name: str, launch) -> Path:
 def test_resume_at_another_world_size(runs, workdir):
     # Saved by two ddp processes, continued by one; saved by one, continued by two under fsdp2.
     down = _resumed(runs, workdir, "grpo-ddp", "ddp-to-1", _one_process)
-    _assert_same_weights(runs["grpo-1"], down, 1e-6)
+    _assert_same_weights(runs["grpo-1"], down, SAME_WEIGHTS_ATOL)
     up = _resumed(runs, workdir, "grpo-1", "1-to-fsdp2",
                   lambda *a: _torchrun(*a, "--set", "distributed.strategy=fsdp2"))
-    _assert_same_weights(runs["grpo-1"], up, 1e-5)
+    _assert_same_weights(runs["grpo-1"], up, SAME_WEIGHTS_ATOL)
     assert read_jsonl(up / "metrics.jsonl")[-1]["reward/mean"] == pytest.approx(
         read_jsonl(runs["grpo-1"] / "metrics.jsonl")[-1]["reward/mean"])
 
@@ -192,7 +197,7 @@ def test_two_nodes_on_loopback(runs, workdir):
     outputs = [p.communicate(timeout=240)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outputs)
     _assert_same_trajectory(runs["grpo-1"], workdir / "out" / "nodes")
-    _assert_same_weights(runs["grpo-1"], workdir / "out" / "nodes", 1e-6)
+    _assert_same_weights(runs["grpo-1"], workdir / "out" / "nodes", SAME_WEIGHTS_ATOL)
 
 
 def test_dtype_auto_takes_rank_zeros_measurement_on_every_rank(workdir, tiny_model_dir, tmp_path):
