@@ -75,7 +75,7 @@ def test_the_update_uses_it_for_long_batches_with_the_same_result(tiny_model_dir
     monkeypatch.setattr(head_module, "head_logprobs", lambda *a, **k: calls.append(1) or real(*a, **k))
     results = []
     for threshold in (1 << 40, 0):  # probabilities kept, then recomputed chunk by chunk
-        monkeypatch.setattr(logprobs, "CHUNKED_HEAD_ELEMENTS", threshold)
+        monkeypatch.setattr(logprobs, "KEPT_PROBS_BYTES", threshold)
         lp, ent = grouped_completion_logprobs(model, prompt, pmask, rows, completions, cmask, temperature=0.8,
                                               with_entropy=True, loss_mask=cmask)
         (grad,) = torch.autograd.grad(lp.sum(), [model.lm_head.weight])
@@ -83,3 +83,26 @@ def test_the_update_uses_it_for_long_batches_with_the_same_result(tiny_model_dir
     assert len(calls) == 2
     for a, b in zip(*results):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("autocast, kept", [(False, False), (True, True)])
+def test_probabilities_are_kept_up_to_a_size_in_the_compute_dtype(monkeypatch, autocast, kept):
+    """64 rows of a 1000-word vocabulary: 256 kB of fp32 probabilities, 128 kB in bf16, against a
+    200 kB cap: recomputed in fp32, kept under bf16 autocast."""
+    monkeypatch.setattr(logprobs, "KEPT_PROBS_BYTES", 200_000)
+    seen = []
+    real = head_module.head_logprobs
+    monkeypatch.setattr(head_module, "head_logprobs", lambda *a, **k: seen.append(k["keep_probs"]) or real(*a, **k))
+    head = torch.nn.Linear(8, 1000, bias=False)
+    hidden = torch.randn(64, 8, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        logprobs.head_token_logprobs(head, hidden, torch.zeros(64, dtype=torch.long), 1.0, with_entropy=False)
+    assert seen == [kept]
+
+
+def test_kept_probabilities_become_the_gradient_so_a_second_backward_fails_loudly():
+    hidden, weight = torch.randn(6, 8, requires_grad=True), torch.randn(50, 8, requires_grad=True)
+    lp, _ = head_logprobs(hidden, weight, torch.arange(6), 1.0, keep_probs=True)
+    lp.sum().backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        lp.sum().backward()

@@ -39,7 +39,8 @@ def test_breakdown_is_pinned_on_the_tiny_model(tiny_config):
     # 16 completions of 6 tokens, and one 10-token prompt for each of the 2 groups they belong to
     assert (g.forward_tokens, g.scored_tokens) == (16 * 6 + 2 * 10, 16 * 6)
     kept = {"weights": 87424, "optimizer": 174848, "reference": 57088, "decode weights": 43392}
-    assert est.phases["update"] == {**kept, "gradients": 87424, "activations": 665932, "logits": 135936,
+    # the head's logits: hidden states and a chunk of fp32 logits, and the 96 x 102 probabilities kept in bf16
+    assert est.phases["update"] == {**kept, "gradients": 87424, "activations": 665932, "logits": 135936 + 96 * 102 * 2,
                                     "autocast weights": 43392}
     assert est.phases["rollout"] == {**kept, "kv cache": 131072, "prefill": 61440, "logits": 52224}
     assert set(est.phases) == {"rollout", "scoring", "update", "evaluation"}

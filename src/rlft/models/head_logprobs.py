@@ -20,7 +20,8 @@ import torch
 _CHUNK_ELEMENTS = 1 << 24  # logits computed at a time: 64 MB of fp32
 
 
-def _compute_dtype(t: torch.Tensor) -> torch.dtype:
+def compute_dtype(t: torch.Tensor) -> torch.dtype:
+    """The dtype a matmul on ``t`` computes in here: the autocast dtype where autocast is on."""
     device = t.device.type
     return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else t.dtype
 
@@ -41,12 +42,13 @@ def _softmax_stats(logits: torch.Tensor, targets: torch.Tensor, with_entropy: bo
 
 
 def _grad_logits(probs: torch.Tensor, targets: torch.Tensor, target_lp: torch.Tensor, g: torch.Tensor,
-                 temperature: float, dtype: torch.dtype) -> torch.Tensor:
-    """d (sum g * log p(target)) / d logits for probabilities [c, V]: g * (onehot - p) / T, written in ``dtype``.
-    The target entries come from the fp32 log-probs ``target_lp`` [c]: g * (1 - p) keeps its
-    precision when p is near 1, whatever precision ``probs`` was kept in."""
+                 temperature: float, dtype: torch.dtype, in_place: bool = False) -> torch.Tensor:
+    """d (sum g * log p(target)) / d logits for probabilities [c, V]: g * (onehot - p) / T, written in ``dtype``
+    (over ``probs`` itself with ``in_place``). The target entries come from the fp32 log-probs
+    ``target_lp`` [c]: g * (1 - p) keeps its precision when p is near 1, whatever precision ``probs``
+    was kept in."""
     scale = g / temperature
-    out = torch.empty(probs.shape, dtype=dtype, device=probs.device)
+    out = probs if in_place else torch.empty(probs.shape, dtype=dtype, device=probs.device)
     torch.mul(probs, -scale[:, None], out=out)
     at_target = scale * -torch.expm1(target_lp)
     return out.scatter_(-1, targets[:, None], at_target.to(dtype)[:, None])
@@ -55,13 +57,15 @@ def _grad_logits(probs: torch.Tensor, targets: torch.Tensor, target_lp: torch.Te
 class _HeadLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature: float, with_entropy: bool, keep_probs: bool):
-        dtype = _compute_dtype(hidden)
+        dtype = compute_dtype(hidden)
         h, w = hidden.to(dtype), weight.to(dtype)
         n = h.shape[0]
-        rows = n if keep_probs else max(1, _CHUNK_ELEMENTS // weight.shape[0])
+        rows = max(1, _CHUNK_ELEMENTS // weight.shape[0])  # fp32 logits are made a chunk at a time either way
         lp = torch.empty(n, dtype=torch.float32, device=h.device)
         lse, entropy = torch.empty_like(lp), (torch.empty_like(lp) if with_entropy else None)
-        kept = None
+        # kept in the compute dtype: the gradient is rounded to it anyway (bf16: 50 MB, not 100, for 512
+        # tokens of a 49k vocabulary)
+        kept = torch.empty(n, weight.shape[0], dtype=dtype, device=h.device) if keep_probs else None
         with torch.autocast(h.device.type, enabled=False):
             for s in range(0, n, rows):
                 logits = (h[s:s + rows] @ w.t()).float()
@@ -70,11 +74,12 @@ class _HeadLogprobs(torch.autograd.Function):
                 lp[s:s + rows], lse[s:s + rows], ent, probs = _softmax_stats(logits, targets[s:s + rows], with_entropy)
                 if ent is not None:
                     entropy[s:s + rows] = ent
-                # kept in the compute dtype: the gradient is rounded to it anyway (bf16: 50 MB, not 100,
-                # for 512 tokens of a 49k vocabulary)
-                kept = probs.to(dtype) if keep_probs else None
+                if kept is not None:
+                    kept[s:s + rows] = probs
         ctx.save_for_backward(h, w, targets, lse, lp, *(() if kept is None else (kept,)))
-        ctx.temperature, ctx.rows = temperature, rows
+        # with the probabilities kept, the backward's two matmuls run once over all n rows: chunked,
+        # the [V, D] weight gradient would be written and summed once per chunk
+        ctx.temperature, ctx.rows = temperature, (n if kept is not None else rows)
         ctx.dtypes = (hidden.dtype, weight.dtype)
         if entropy is None:
             return lp, torch.empty(0, device=h.device)
@@ -92,13 +97,16 @@ class _HeadLogprobs(torch.autograd.Function):
             for s in range(0, h.shape[0], rows):
                 hc, g = h[s:s + rows], grad_lp[s:s + rows].float()
                 if kept:
-                    probs = kept[0]
+                    probs = kept[0][s:s + rows]
                 else:  # recompute this chunk's probabilities from the saved log-sum-exp
                     logits = (hc @ w.t()).float()
                     if T != 1.0:
                         logits /= T
                     probs = torch.exp_(logits.sub_(lse[s:s + rows, None]))
-                grad_logits = _grad_logits(probs, targets[s:s + rows], lp[s:s + rows], g, T, h.dtype)
+                # kept probabilities become their gradient in place: one [n, V] buffer, not two (a second
+                # backward through this graph then fails on the saved tensor's version, as it should)
+                grad_logits = _grad_logits(probs, targets[s:s + rows], lp[s:s + rows], g, T, h.dtype,
+                                           in_place=bool(kept))
                 if need_h:
                     grad_h[s:s + rows] = grad_logits @ w
                 if need_w:

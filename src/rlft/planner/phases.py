@@ -40,6 +40,7 @@ CKPT_FP32_HIDDEN = 7
 ACTIVATION_MARGIN = {2: 1.15, 4: 1.25}
 HEAD_CHUNK_ELEMENTS = 1 << 24  # rlft.models.head_logprobs: logits computed at a time
 HEAD_CHUNK_COPIES = 3  # the chunk's logits, probabilities and their gradient
+HEAD_KEPT_PROBS_BYTES = 512 * 2**20  # rlft.models.logprobs.KEPT_PROBS_BYTES: probabilities kept up to this size
 DECODE_LOGIT_COPIES = 4  # a decode step's logits, fp32 copy, probabilities and sampling scratch
 KV_GROWTH = 2  # a cache grown a block at a time briefly holds the old and the new one
 
@@ -95,10 +96,13 @@ def activation_bytes(shape: ModelShape, tokens: int, compute_bytes: int, checkpo
 
 
 def head_bytes(shape: ModelShape, tokens: int, compute_bytes: int) -> int:
-    """The LM head's log-probs over ``tokens`` positions, chunked: the final hidden states and a
-    few chunks of fp32 logits."""
+    """The LM head's log-probs over ``tokens`` positions: the final hidden states, a few chunks of
+    fp32 logits, and the probabilities in the compute dtype where they are small enough to be kept
+    for the backward (which turns them into their gradient in place)."""
     chunk = min(HEAD_CHUNK_ELEMENTS, tokens * shape.vocab)
-    return tokens * shape.hidden * (4 + compute_bytes) + HEAD_CHUNK_COPIES * 4 * chunk
+    probs = tokens * shape.vocab * compute_bytes
+    kept = probs if probs <= HEAD_KEPT_PROBS_BYTES else 0
+    return tokens * shape.hidden * (4 + compute_bytes) + HEAD_CHUNK_COPIES * 4 * chunk + kept
 
 
 def forward_bytes(shape: ModelShape, tokens: int, compute_bytes: int) -> int:
