@@ -186,3 +186,13 @@ def test_the_plan_splits_a_long_cpu_update_as_the_run_does_and_a_gpu_one_not(tin
     assert estimate_memory(cfg, replace(cpu, kind="cuda"), prompt_tokens=10).geometry.micro_rows == 32
     tiny_config["algorithm"]["max_new_tokens"] = 32
     assert estimate_memory(load_config(data=tiny_config), cpu, prompt_tokens=10).geometry.micro_rows == 32
+
+
+def test_the_planner_head_constants_are_the_ones_the_head_uses():
+    # phases.py copies them so that planning needs no torch import; a change on one side must reach the other
+    import rlft.models.head_logprobs as head
+    import rlft.models.logprobs as logprobs
+    from rlft.planner import phases
+
+    assert phases.HEAD_CHUNK_ELEMENTS == head._CHUNK_ELEMENTS
+    assert phases.HEAD_KEPT_PROBS_BYTES == logprobs.KEPT_PROBS_BYTES
