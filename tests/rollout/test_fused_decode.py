@@ -7,7 +7,8 @@ import torch
 
 import rlft.rollout.native_engine as native_engine
 from rlft.config.schema import ModelConfig
-from rlft.models.fused_decode import FusedDecoder, StaticKV, unsupported_reason
+from rlft.models.fused_decode import FusedDecoder, unsupported_reason
+from rlft.models.static_kv import StaticKV
 from rlft.models.loading import load_policy, load_tokenizer
 from rlft.models.logprobs import completion_logprobs
 from rlft.models.precision import cpu_has_native_bf16

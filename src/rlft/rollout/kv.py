@@ -109,7 +109,7 @@ class FusedKVBatch:
 
     def join(self, other: "FusedKVBatch") -> "FusedKVBatch":
         """This batch's rows followed by ``other``'s."""
-        from rlft.models.fused_decode import StaticKV
+        from rlft.models.static_kv import StaticKV
 
         return FusedKVBatch(self.fused, StaticKV.join(self.kv, other.kv), torch.cat([self.positions, other.positions]))
 
