@@ -9,9 +9,11 @@ drift of a shared machine hits all of them alike.
     python benchmarks/decode.py --group-size 16 --max-new-tokens 128 --variants autocast copy
 
 Variants: fp32-generic (fp32 through the model's own forward and a growing cache), fp32 (the fused
-decode over a static cache), autocast (bf16 autocast over the fp32 weights: rlft before this
-issue), copy-generic (the bf16 decode copy through the model's forward), copy (the bf16 copy with
-the fused decode: the default with model.dtype bf16).
+decode over a static cache, PyTorch ops between the matmuls), fp32-native (the same with rlft's
+native CPU kernels between the matmuls and for sampling: the default in fp32), autocast (bf16
+autocast over the fp32 weights: rlft before issue 12), copy-generic (the bf16 decode copy through
+the model's forward), copy (bf16 weights with the fused decode, PyTorch ops between the matmuls),
+copy-native (the same with the native kernels: the default with bf16).
 """
 
 from __future__ import annotations
@@ -26,9 +28,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import workload  # noqa: E402
 
-# name -> (autocast dtype, bf16 decode copy, fused decode)
-VARIANTS = {"fp32-generic": (None, False, False), "fp32": (None, False, True), "autocast": ("bf16", False, False),
-            "copy-generic": ("bf16", True, False), "copy": ("bf16", True, True)}
+# name -> (autocast dtype, bf16 decode copy, fused decode, native kernels)
+VARIANTS = {"fp32-generic": (None, False, False, False), "fp32": (None, False, True, False),
+            "fp32-native": (None, False, True, True), "autocast": ("bf16", False, False, False),
+            "copy-generic": ("bf16", True, False, False), "copy": ("bf16", True, True, False),
+            "copy-native": ("bf16", True, True, True)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,10 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     engines = {v: NativeEngine(model, tok, max_prompt_length=512,
                                autocast_dtype=torch.bfloat16 if VARIANTS[v][0] else None,
-                               decode_copy=VARIANTS[v][1], fused_decode=VARIANTS[v][2]) for v in a.variants}
+                               decode_copy=VARIANTS[v][1], fused_decode=VARIANTS[v][2],
+                               native_kernels=VARIANTS[v][3]) for v in a.variants}
     prompts = workload.prompts(tok, a.prompts)
     T = a.max_new_tokens
-    sampling = SamplingParams(max_new_tokens=T, min_new_tokens=T, n=a.group_size)
+    sampling = SamplingParams(max_new_tokens=T, min_new_tokens=T, n=a.group_size, seed=0)  # as the trainer draws
     weights, _, _ = workload.matmul_params(model_dir)
     bandwidth = workload.memory_bandwidth_gbs()
     print(f"machine: measured read bandwidth {bandwidth:.1f} GB/s; {weights / 1e6:.0f}M matmul weights")

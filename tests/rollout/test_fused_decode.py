@@ -35,8 +35,8 @@ def _scripted_eos(eos: int, stop_at: dict[int, int]):
     state = {"t": 0, "alive": None}
     real = native_engine.sample_next
 
-    def sample(logits, sampling, suppress=None, u=None):
-        tok, _ = real(logits, sampling, suppress, u)
+    def sample(logits, sampling, suppress=None, u=None, kernels=None):
+        tok, _ = real(logits, sampling, suppress, u, kernels)
         t = state["t"]
         alive = state["alive"] if state["alive"] is not None else list(range(logits.shape[0]))
         for b, row in enumerate(alive):
@@ -190,3 +190,44 @@ def test_a_lora_policy_decodes_from_a_merged_copy_that_follows_its_adapters(tiny
     with torch.no_grad(), model.disable_adapter():
         base = model(input_ids=ids).logits
     assert not torch.allclose(copy.current()(input_ids=ids).logits, base, atol=1e-3)
+
+
+@pytest.fixture(scope="module")
+def wide_head_model_dir(tmp_path_factory):
+    from rlft.models.tiny import build_tiny_model_dir
+
+    # four heads of 64: the native kernels' vector path (the default tiny model's heads of 8 take their scalar one)
+    return build_tiny_model_dir(tmp_path_factory.mktemp("wide-heads") / "model", hidden_size=256)
+
+
+def test_the_native_kernels_decode_what_the_pytorch_ops_decode(wide_head_model_dir, monkeypatch):
+    model, tok = _policy(wide_head_model_dir)
+    out, engines = {}, {}
+    for native in (True, False):
+        engines[native] = NativeEngine(model, tok, max_prompt_length=64, autocast_dtype=None, native_kernels=native)
+        eos = engines[native].eos_ids[0]
+        # rows leave at different steps (the cache is compacted), 40 tokens grow it by blocks
+        monkeypatch.setattr(native_engine, "sample_next", _scripted_eos(eos, {0: 1, 4: 3, 5: 20}))
+        out[native] = engines[native].generate(PROMPTS, SamplingParams(max_new_tokens=40, n=3, temperature=0.9, seed=3))
+    assert engines[True]._fused[1].kernels is not None and engines[False]._fused[1].kernels is None
+    assert torch.equal(out[True].completion_ids, out[False].completion_ids)
+    lengths = out[True].completion_mask.sum(-1).tolist()
+    assert lengths[0] == 2 and lengths[4] == 4 and len(set(lengths)) >= 4, lengths
+    m = out[True].completion_mask.bool()
+    torch.testing.assert_close(out[True].logprobs[m], out[False].logprobs[m], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[True].logprobs[m], _forward_logprobs(model, out[True], False, 0.9)[m],
+                               atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not cpu_has_native_bf16(), reason="bf16 numerics are checked where bf16 matmuls are native")
+def test_the_native_kernels_in_bf16_stay_as_close_to_the_forward_as_the_pytorch_ops(wide_head_model_dir):
+    model, tok = _policy(wide_head_model_dir)
+    diffs = {}
+    for native in (True, False):
+        engine = NativeEngine(model, tok, max_prompt_length=64, autocast_dtype=torch.bfloat16, decode_copy=True,
+                              native_kernels=native)
+        r = engine.generate(PROMPTS, SamplingParams(max_new_tokens=24, n=2, seed=1))
+        m = r.completion_mask.bool()
+        diffs[native] = (r.logprobs - _forward_logprobs(model, r, True))[m].abs()
+    assert diffs[True].max() < 2e-2 and diffs[True].mean() < 3e-3, (diffs[True].max(), diffs[True].mean())
+    assert diffs[True].mean() < 1.5 * diffs[False].mean() + 1e-4, (diffs[True].mean(), diffs[False].mean())

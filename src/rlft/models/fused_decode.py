@@ -161,7 +161,7 @@ class FusedDecoder:
     of the weights as they are (fp32 policy, or the bf16 decode copy). Keys and values are cached
     in the matmul dtype."""
 
-    def __init__(self, model: nn.Module, pack_dtype: torch.dtype | None = None):
+    def __init__(self, model: nn.Module, pack_dtype: torch.dtype | None = None, kernels=None):
         base, config = model.model, model.config
         self.embed = base.embed_tokens.weight
         self.rotary = base.rotary_emb
@@ -175,6 +175,16 @@ class FusedDecoder:
         self.scale = self.head_dim ** -0.5
         self._matmuls = [self.head] + [m for la in self.layers for m in (la.qkv, la.o, la.gate_up, la.down)]
         self._watch = ChangeWatch([m.sources for m in self._matmuls], start_changed=True) if pack_dtype else None
+        self.kernels = kernels if kernels is not None and self._kernels_apply() else None
+
+    def _kernels_apply(self) -> bool:
+        """Whether the native kernels (:mod:`rlft.models.kernels`) can run this model's decode step."""
+        from rlft.models.kernels import supports
+
+        norms = [self.norm] + [w for la in self.layers for w in (la.ln1, la.ln2)]
+        return (self.device.type == "cpu" and self.cache_dtype in (torch.float32, torch.bfloat16)
+                and supports(self.heads, self.kv_heads, self.head_dim)
+                and all(w.dtype == torch.float32 and w.is_contiguous() for w in norms))
 
     @staticmethod
     def _layer(layer: nn.Module, pack_dtype: torch.dtype | None) -> _Layer:
@@ -271,16 +281,26 @@ class FusedDecoder:
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, kv: StaticKV) -> torch.Tensor:
         """tokens, positions: [B]; writes the tokens' keys/values at column ``kv.length``."""
-        B, H, KVH, D = tokens.shape[0], self.heads, self.kv_heads, self.head_dim
         col = kv.length
         kv.reserve(col + 1)
         kv.valid[:, col] = True
-        # [B, 1, 1, A]: 0 where a row attends, -inf on its left padding and on columns not written yet
-        bias = torch.zeros(kv.valid.shape, dtype=torch.float32, device=tokens.device)
-        bias = bias.masked_fill_(~kv.valid, float("-inf"))[:, None, None]
         x = self.embed.index_select(0, tokens).float()  # a new tensor: the residual is updated in place
         cos, sin = (t[:, 0] for t in self._rotary(x, positions[:, None]))  # [B, H + KVH, D]
-        qk = torch.empty(B, H + KVH, D, dtype=self.cache_dtype, device=tokens.device)
+        layers = self._layers_native if self.kernels is not None else self._layers_torch
+        hidden = layers(x, cos, sin, kv, col)
+        kv.length = col + 1
+        # the usual orientation for the head: sampling reads its [B, V] output row by row
+        return self.head(hidden).to(torch.float32, memory_format=torch.contiguous_format)
+
+    def _layers_torch(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: StaticKV,
+                      col: int) -> torch.Tensor:
+        """Every layer on the residual x [B, hidden] (fp32, updated in place) with PyTorch ops; returns the
+        final norm's output."""
+        B, H, KVH, D = x.shape[0], self.heads, self.kv_heads, self.head_dim
+        # [B, 1, 1, A]: 0 where a row attends, -inf on its left padding and on columns not written yet
+        bias = torch.zeros(kv.valid.shape, dtype=torch.float32, device=x.device)
+        bias = bias.masked_fill_(~kv.valid, float("-inf"))[:, None, None]
+        qk = torch.empty(B, H + KVH, D, dtype=self.cache_dtype, device=x.device)
         for i, layer in enumerate(self.layers):
             qkv = layer.qkv(self._rms(x, layer.ln1))
             _rotate(qkv[:, : (H + KVH) * D].view(B, H + KVH, D), cos, sin, out=qk)  # q and k at once
@@ -290,10 +310,26 @@ class FusedDecoder:
             x.add_(layer.o(attn))  # fp32 residual += the bf16 output, promoted
             gate, up = layer.gate_up(self._rms(x, layer.ln2)).chunk(2, dim=-1)
             x.add_(layer.down(F.silu(gate) * up))
-        kv.length = col + 1
-        # the usual orientation for the head: sampling reads its [B, V] output row by row
-        logits = self.head(self._rms(x, self.norm))
-        return logits.to(torch.float32, memory_format=torch.contiguous_format)
+        return self._rms(x, self.norm)
+
+    def _layers_native(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: StaticKV,
+                       col: int) -> torch.Tensor:
+        """:meth:`_layers_torch` with the work between the matmuls in four native calls a layer: the
+        residual add is fused with the next norm, and rotary, cache write and attention are one call.
+        Returns the final norm's output in the compute dtype."""
+        k, B, dtype = self.kernels, x.shape[0], self.cache_dtype
+        hidden = k.rms_norm(x, self.layers[0].ln1, self.eps, torch.empty(x.shape, dtype=dtype))
+        attn = torch.empty(B, self.heads * self.head_dim, dtype=dtype)
+        act = None
+        for i, layer in enumerate(self.layers):
+            k.decode_attention(layer.qkv(hidden).contiguous(), cos, sin, kv.k[i], kv.v[i], kv.valid, col, self.heads,
+                               attn)
+            k.add_rms_norm(x, layer.o(attn).contiguous(), layer.ln2, self.eps, hidden)
+            gate_up = layer.gate_up(hidden).contiguous()
+            act = torch.empty(B, gate_up.shape[1] // 2, dtype=dtype) if act is None else act
+            after = self.layers[i + 1].ln1 if i + 1 < len(self.layers) else self.norm
+            k.add_rms_norm(x, layer.down(k.silu_mul(gate_up, act)).contiguous(), after, self.eps, hidden)
+        return hidden
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

@@ -164,11 +164,12 @@ class EpisodeRunner:
 
     def _sample(self, logits: torch.Tensor, sampling: SamplingParams, rows: list[Episode]):
         """Tokens [B] and their log-probs [B] for the running rows (tests script this)."""
+        kernels = self.engine.kernels()
         if sampling.seed is None:
-            return sample_next(logits, sampling)
+            return sample_next(logits, sampling, kernels=kernels)
         rows_at = torch.tensor([sampling.row_offset + ep.index for ep in rows])
         positions = torch.tensor([len(ep.tokens) for ep in rows])
-        return sample_next(logits, sampling, u=row_uniforms(sampling.seed, rows_at, positions))
+        return sample_next(logits, sampling, u=row_uniforms(sampling.seed, rows_at, positions), kernels=kernels)
 
     def _append(self, rows: list[Episode], tokens: list[int], logprobs: list[float], max_turn_tokens: int
                 ) -> list[int]:

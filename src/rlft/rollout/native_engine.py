@@ -21,6 +21,10 @@ from rlft.rollout.sampling import row_uniforms, sample_next
 class NativeEngine(HFGenerateEngine):
     """Same interface and tokenisation as :class:`HFGenerateEngine`; a faster decode loop."""
 
+    def __init__(self, model, tokenizer, *, native_kernels: bool = True, **kwargs):
+        super().__init__(model, tokenizer, **kwargs)
+        self.native_kernels = native_kernels  # the fused decode's glue in rlft's C kernels where they build
+
     # inference_mode skips autograd's per-op bookkeeping (version counters, views), which adds up
     # over ~200 small ops per decode step; its tensors are cloned before leaving generate().
     grad_mode = staticmethod(torch.inference_mode)
@@ -61,10 +65,11 @@ class NativeEngine(HFGenerateEngine):
         lengths = torch.full((N,), T, dtype=torch.long, device=device)
         ended = torch.zeros(N, dtype=torch.bool, device=device)
         eos = torch.tensor(self.eos_ids, device=device)
+        kernels = self.kernels()
         with phase("decode"):
             for t in range(T):
                 u = None if sampling.seed is None else row_uniforms(sampling.seed, sampling.row_offset + alive, t)
-                tok, lp = sample_next(logits, sampling, eos if t < sampling.min_new_tokens else None, u)
+                tok, lp = sample_next(logits, sampling, eos if t < sampling.min_new_tokens else None, u, kernels)
                 tokens[alive, t], logprobs[alive, t] = tok, lp
                 done = torch.isin(tok, eos)
                 lengths[alive[done]], ended[alive[done]] = t + 1, True
@@ -101,9 +106,17 @@ class NativeEngine(HFGenerateEngine):
         if reason is not None:
             return None
         if self._fused is None or self._fused[0] is not source:
-            self._fused = (source, FusedDecoder(source, pack_dtype=pack))
+            self._fused = (source, FusedDecoder(source, pack_dtype=pack, kernels=self.kernels()))
         self._fused[1].refresh()
         return self._fused
+
+    def kernels(self):
+        """rlft's native CPU kernels for the fused decode, or None (off, not a CPU, or they do not build here)."""
+        if not self.native_kernels or self.device.type != "cpu":
+            return None
+        from rlft.models.kernels import cpu_kernels
+
+        return cpu_kernels()
 
     _fused: tuple | None = None  # (the module it reads, FusedDecoder)
 

@@ -84,15 +84,22 @@ def sample_categorical(probs: torch.Tensor, u: torch.Tensor | None = None) -> to
     return torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
 
 
-def sample_next(logits: torch.Tensor, sampling: SamplingParams,
-                suppress: torch.Tensor | None = None, u: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_next(logits: torch.Tensor, sampling: SamplingParams, suppress: torch.Tensor | None = None,
+                u: torch.Tensor | None = None, kernels=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row; returns tokens [N] and their log-probs [N] under the tempered,
     unfiltered distribution (the one the trainer's log-prob computation sees).
 
     suppress: optional token ids [K] that may not be picked (end-of-sequence before ``min_new_tokens``).
     u: optional uniforms [N] (counter-based, see :class:`SamplingParams.seed`).
+    kernels: rlft's native CPU kernels (:mod:`rlft.models.kernels`), which draw plain tempered samples
+    in one pass over the logits (top-k, top-p and greedy stay here); the same draw up to float rounding.
     """
     logits = logits.float()
+    plain = not sampling.greedy and not sampling.top_k and sampling.top_p >= 1.0
+    if kernels is not None and plain and logits.device.type == "cpu":
+        if u is None:  # the same stream as sample_categorical draws from
+            u = torch.rand(logits.shape[0], 1, dtype=logits.dtype)[:, 0]
+        return kernels.sample(logits.contiguous(), sampling.temperature, u, suppress)
     if sampling.greedy:
         pick = logits if suppress is None else logits.index_fill(-1, suppress, float("-inf"))
         tokens = pick.argmax(-1)

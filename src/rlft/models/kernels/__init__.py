@@ -1,0 +1,150 @@
+"""rlft's native CPU kernels for the one-token decode step (``cpu.c``), and where they apply.
+
+Between its matmuls, a decode step of a Llama-family model runs two dozen small PyTorch ops a
+layer (norms, casts, SiLU, the rotary embedding, the cache write, the attention's matmuls and
+softmax) on a few rows each; at 16 rows their dispatch costs more than their arithmetic. These
+kernels do that work in four calls a layer. They are compiled with the system C compiler the first
+time a process needs them (about a second, then cached per machine: :mod:`.build`); where that is
+not possible, or with ``RLFT_NATIVE_KERNELS=0`` / ``rollout.native_kernels: false``, the decode
+runs its PyTorch ops as before and the log says why.
+
+Every function takes CPU tensors, contiguous, in the compute dtype named (bf16 or fp32) and
+checks that, because the kernels read raw memory.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+_DTYPES = {torch.bfloat16: 1, torch.float32: 0}
+
+
+class CpuKernels:
+    """The loaded library; methods fill ``out`` tensors in place."""
+
+    def __init__(self, lib, flags: list[str], threads_shared: bool):
+        self._lib = lib
+        self.flags = flags
+        # one OpenMP runtime in the process: the kernels take PyTorch's thread count; else one thread
+        self.threads_shared = threads_shared and "-fopenmp" in flags
+
+    def describe(self) -> str:
+        threads = "PyTorch's OpenMP threads" if self.threads_shared else "one thread"
+        return f"native CPU kernels ({' '.join(self.flags) or 'portable build'}; attention on {threads})"
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor) -> torch.Tensor:
+        """out [rows, dim] = RMSNorm(x [rows, dim] fp32) * weight [dim] fp32, in out's dtype."""
+        _check(x, torch.float32, weight, torch.float32, out, None)
+        self._lib.rlft_rms_norm(x.data_ptr(), weight.data_ptr(), eps, x.shape[0], x.shape[1], out.data_ptr(),
+                                _DTYPES[out.dtype])
+        return out
+
+    def add_rms_norm(self, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float,
+                     out: torch.Tensor) -> torch.Tensor:
+        """x += y (x the fp32 residual [rows, dim], y in out's dtype), then out = RMSNorm(x) * weight."""
+        _check(x, torch.float32, weight, torch.float32, out, None, y, out.dtype)
+        self._lib.rlft_add_rms_norm(x.data_ptr(), y.data_ptr(), weight.data_ptr(), eps, x.shape[0], x.shape[1],
+                                    out.data_ptr(), _DTYPES[out.dtype])
+        return out
+
+    def silu_mul(self, gate_up: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """out [rows, I] = SiLU(gate) * up for gate_up [rows, 2I] (gate first)."""
+        _check(gate_up, out.dtype, out, None)
+        if gate_up.shape != (out.shape[0], 2 * out.shape[1]):
+            raise ValueError(f"silu_mul: gate_up {tuple(gate_up.shape)} does not fit out {tuple(out.shape)}")
+        self._lib.rlft_silu_mul(gate_up.data_ptr(), out.shape[0], out.shape[1], out.data_ptr(), _DTYPES[out.dtype])
+        return out
+
+    def decode_attention(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor,
+                         values: torch.Tensor, valid: torch.Tensor, col: int, heads: int, out: torch.Tensor) -> torch.Tensor:
+        """One new token per row: rotate its query and key heads, write its key and value at column
+        ``col`` of the cache, attend over the row's valid columns.
+
+        qkv [B, (H + 2 KVH) D] (queries, keys, values), cos/sin [B, H + KVH, D] fp32 (rotate_half's
+        sign folded into sin, 1/sqrt(D) into the query heads' rows), keys/values [B, KVH, A, D],
+        valid [B, A] bool (col included); out [B, H D]."""
+        dtype = out.dtype
+        _check(qkv, dtype, cos, torch.float32, sin, torch.float32, keys, dtype, values, dtype, valid, torch.bool, out,
+               None)
+        B, kv_heads, A, D = keys.shape
+        if (values.shape != keys.shape or qkv.shape != (B, (heads + 2 * kv_heads) * D) or valid.shape != (B, A)
+                or cos.shape != (B, heads + kv_heads, D) or sin.shape != cos.shape or out.shape != (B, heads * D)
+                or heads % kv_heads or D % 2 or not 0 <= col < A):
+            raise ValueError("decode_attention: shapes do not agree: "
+                             f"qkv {tuple(qkv.shape)}, cos {tuple(cos.shape)}, keys {tuple(keys.shape)}, "
+                             f"valid {tuple(valid.shape)}, out {tuple(out.shape)}, heads {heads}, col {col}")
+        threads = torch.get_num_threads() if self.threads_shared else 1
+        self._lib.rlft_decode_attention(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), keys.data_ptr(),
+                                        values.data_ptr(), valid.data_ptr(), B, heads, kv_heads, D, A, col,
+                                        out.data_ptr(), _DTYPES[dtype], threads)
+        return out
+
+
+    def sample(self, logits: torch.Tensor, temperature: float, u: torch.Tensor,
+               suppress: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One token per row of ``logits`` [N, V] fp32 from softmax(logits / temperature), drawn by
+        inverting the distribution at ``u`` [N] in [0, 1); ``suppress``: token ids never drawn. Returns
+        tokens [N] int64 and their log-probs [N] fp32 before suppression (as
+        :func:`rlft.rollout.sampling.sample_next` defines them)."""
+        u = u.to(torch.float64).contiguous()
+        _check(logits, torch.float32, u, torch.float64)
+        rows, vocab = logits.shape
+        if u.shape != (rows,) or temperature <= 0:
+            raise ValueError(f"sample: u {tuple(u.shape)} for {rows} rows, temperature {temperature}")
+        banned = (torch.empty(0, dtype=torch.int64) if suppress is None
+                  else torch.unique(suppress.to(torch.int64).cpu()))  # sorted, distinct
+        tokens, logprobs = torch.empty(rows, dtype=torch.int64), torch.empty(rows, dtype=torch.float32)
+        threads = torch.get_num_threads() if self.threads_shared else 1
+        self._lib.rlft_sample(logits.data_ptr(), rows, vocab, temperature, banned.data_ptr(), banned.numel(),
+                              u.data_ptr(), tokens.data_ptr(), logprobs.data_ptr(), threads)
+        return tokens, logprobs
+
+
+def _check(*pairs) -> None:
+    """(tensor, dtype or None) pairs: each a contiguous CPU tensor of that dtype (None: bf16 or fp32)."""
+    for t, dtype in zip(pairs[::2], pairs[1::2]):
+        if t.device.type != "cpu" or not t.is_contiguous():
+            raise ValueError(f"native kernels take contiguous CPU tensors, got {t.device} {tuple(t.stride())}")
+        if t.dtype != (dtype or t.dtype) or (dtype is None and t.dtype not in _DTYPES):
+            raise ValueError(f"native kernels: expected {dtype or 'bf16 or fp32'}, got {t.dtype}")
+
+
+_STATE: dict[str, object] = {}
+
+
+def cpu_kernels() -> CpuKernels | None:
+    """The kernels for this process, built on first call; None where they are unavailable
+    (:func:`unavailable_reason` says why)."""
+    if "kernels" not in _STATE:
+        _STATE["kernels"], _STATE["reason"] = _load()
+    return _STATE["kernels"]  # type: ignore[return-value]
+
+
+def unavailable_reason() -> str | None:
+    """Why :func:`cpu_kernels` is None (None when the kernels are there)."""
+    cpu_kernels()
+    return _STATE["reason"]  # type: ignore[return-value]
+
+
+def _load() -> tuple[CpuKernels | None, str | None]:
+    if os.environ.get("RLFT_NATIVE_KERNELS", "1") == "0":
+        return None, "RLFT_NATIVE_KERNELS=0"
+    from rlft.models.cache import cache_root
+    from rlft.models.kernels.build import BuildError, build, load, openmp_runtimes
+
+    try:
+        path, flags = build(cache_root() / "kernels")
+        before = openmp_runtimes()
+        lib = load(path)
+    except BuildError as e:
+        return None, str(e)
+    return CpuKernels(lib, flags, threads_shared=len(openmp_runtimes()) <= max(len(before), 1)), None
+
+
+@functools.lru_cache(maxsize=None)
+def supports(heads: int, kv_heads: int, head_dim: int) -> bool:
+    """True for attention shapes the kernels take (grouped heads, an even head size)."""
+    return heads % kv_heads == 0 and head_dim % 2 == 0 and head_dim <= 512
