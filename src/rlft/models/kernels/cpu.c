@@ -310,7 +310,8 @@ void rlft_decode_attention(const void *qkv, const float *cos, const float *sin, 
 
 /* exp(z[i] / t - top) over a block, written to e [n]; returns their sum (in double: the draw compares
  * running sums over the whole vocabulary) */
-static double exp_block(const float *restrict z, float t, float top, int n, float *restrict e) {
+__attribute__((noinline)) static double exp_block(const float *restrict z, float t, float top, int n,
+                                                   float *restrict e) {
     double sum = 0.0;
 #pragma omp simd reduction(+ : sum)
     for (int i = 0; i < n; i++) {
@@ -318,6 +319,13 @@ static double exp_block(const float *restrict z, float t, float top, int n, floa
         sum += e[i];
     }
     return sum;
+}
+
+__attribute__((noinline)) static float max_of(const float *restrict z, int n) {
+    float top = -FLT_MAX;
+#pragma omp simd reduction(max : top)
+    for (int i = 0; i < n; i++) top = z[i] > top ? z[i] : top;
+    return top;
 }
 
 #define SAMPLE_BLOCK 256
@@ -332,8 +340,7 @@ void rlft_sample(const float *logits, int rows, int vocab, float temperature, co
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && rows > 1)
     for (int r = 0; r < rows; r++) {
         const float *z = logits + (int64_t)r * vocab;
-        float top = -FLT_MAX, e[SAMPLE_BLOCK];
-        for (int i = 0; i < vocab; i++) top = z[i] / temperature > top ? z[i] / temperature : top;
+        float top = max_of(z, vocab) / temperature, e[SAMPLE_BLOCK]; /* division is monotone: the max of z / t */
         double total = 0.0, kept;
         for (int j0 = 0; j0 < vocab; j0 += SAMPLE_BLOCK)
             total += exp_block(z + j0, temperature, top, vocab - j0 < SAMPLE_BLOCK ? vocab - j0 : SAMPLE_BLOCK, e);
