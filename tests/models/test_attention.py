@@ -7,8 +7,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import rlft.models.attention as attention
+import rlft.models.kernels as kernels_module
 from rlft.models.attention import attention_forward, use_rlft_attention
 from rlft.models.logprobs import grouped_completion_logprobs
+from rlft.models.precision import cpu_has_native_bf16
 
 
 class _Module(torch.nn.Module):
@@ -34,8 +36,18 @@ def _sdpa(q, k, v, mask, groups):
     return out.transpose(1, 2)
 
 
+@pytest.fixture(params=["native", "pytorch"])
+def attention_path(request, monkeypatch):
+    """Each test once with the softmax in rlft's native kernels (where they build), once in PyTorch ops."""
+    native = request.param == "native"
+    monkeypatch.setattr(kernels_module, "_SWITCH", {"enabled": native})
+    if native and kernels_module.cpu_kernels() is None:
+        pytest.skip(f"native kernels unavailable: {kernels_module.unavailable_reason()}")
+    return request.param
+
+
 @pytest.mark.parametrize("with_mask", [True, False])
-def test_grouped_matmul_attention_matches_sdpa_with_gradients(with_mask):
+def test_grouped_matmul_attention_matches_sdpa_with_gradients(with_mask, attention_path):
     q, k, v, mask = _inputs(L=5, S=9 if with_mask else 5)
     mask = mask if with_mask else None
     ours, none = attention_forward(_Module(3), q, k, v, mask)
@@ -50,6 +62,7 @@ def test_grouped_matmul_attention_matches_sdpa_with_gradients(with_mask):
 
 
 def test_large_blocks_and_unsupported_options_go_to_sdpa(monkeypatch):
+    monkeypatch.setattr(kernels_module, "_SWITCH", {"enabled": False})  # the PyTorch path's own threshold
     calls = []
     import transformers.integrations.sdpa_attention as sdpa
 
@@ -66,7 +79,7 @@ def test_large_blocks_and_unsupported_options_go_to_sdpa(monkeypatch):
     torch.testing.assert_close(ours, _sdpa(q, k, v, mask, 3), rtol=1e-5, atol=1e-6)
 
 
-def test_a_model_on_rlft_attention_gives_sdpa_logprobs_and_gradients(tiny_model_dir):
+def test_a_model_on_rlft_attention_gives_sdpa_logprobs_and_gradients(tiny_model_dir, attention_path):
     """The update's shape: a shared left-padded prompt cache, then right-padded completions."""
     models = [AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa")
               for _ in range(2)]
@@ -85,3 +98,30 @@ def test_a_model_on_rlft_attention_gives_sdpa_logprobs_and_gradients(tiny_model_
         out.append((lp, grad))
     torch.testing.assert_close(out[1][0], out[0][0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out[1][1], out[0][1], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(not cpu_has_native_bf16(), reason="bf16 numerics are checked where bf16 matmuls are native")
+def test_under_bf16_the_native_softmax_is_as_close_to_fp32_as_the_pytorch_ops(monkeypatch):
+    if kernels_module.cpu_kernels() is None:
+        pytest.skip(f"native kernels unavailable: {kernels_module.unavailable_reason()}")
+    q, k, v, mask = _inputs(B=2, H=6, KVH=2, L=40, S=50, D=64)
+    ref = _sdpa(q, k, v, mask, 3)
+    ref_grads = torch.autograd.grad(ref.square().sum(), (q, k, v))
+    errors = {}
+    for native in (True, False):
+        monkeypatch.setattr(kernels_module, "_SWITCH", {"enabled": native})
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out, _ = attention_forward(_Module(3), q, k, v, mask)
+        grads = torch.autograd.grad(out.float().square().sum(), (q, k, v))
+        assert out.dtype == torch.bfloat16 and all(g.dtype == torch.float32 for g in grads)
+        errors[native] = [((a.float() - b).norm() / b.norm()).item() for a, b in zip((out, *grads), (ref, *ref_grads))]
+    for ours, theirs in zip(errors[True], errors[False]):
+        assert ours < 1.5 * theirs + 1e-3, errors  # bf16 rounding, no worse than the PyTorch ops'
+
+
+def test_a_single_query_without_a_mask_attends_to_every_key(attention_path):
+    """A decode step through the model's own forward (Hugging Face generate): one query, no mask."""
+    q, k, v, _ = _inputs(L=1, S=9)
+    ours, _ = attention_forward(_Module(3), q, k, v, None)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1))
+    torch.testing.assert_close(ours, ref.transpose(1, 2), rtol=1e-5, atol=1e-6)

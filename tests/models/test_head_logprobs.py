@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import rlft.models.head_logprobs as head_module
+import rlft.models.kernels as kernels_module
 import rlft.models.logprobs as logprobs
 from rlft.models.head_logprobs import head_logprobs
 from rlft.models.logprobs import grouped_completion_logprobs, token_logprobs
@@ -33,8 +34,19 @@ def _both(n=37, V=101, D=16, temperature=0.7, autocast=False, seed=0, keep_probs
     return out
 
 
+@pytest.fixture(params=["native", "pytorch"])
+def head_path(request, monkeypatch):
+    """Each test once with rlft's native kernels doing the softmax and its gradient (where they build), once
+    with PyTorch ops."""
+    native = request.param == "native"
+    monkeypatch.setattr(kernels_module, "_SWITCH", {"enabled": native})
+    if native and kernels_module.cpu_kernels() is None:
+        pytest.skip(f"native kernels unavailable: {kernels_module.unavailable_reason()}")
+    return request.param
+
+
 @pytest.mark.parametrize("keep_probs", [True, False])
-def test_values_entropy_and_gradients_match_the_plain_head(monkeypatch, keep_probs):
+def test_values_entropy_and_gradients_match_the_plain_head(monkeypatch, keep_probs, head_path):
     monkeypatch.setattr(head_module, "_CHUNK_ELEMENTS", 101 * 5)  # 5 rows a chunk: 8 chunks
     plain, chunked = _both(keep_probs=keep_probs)
     for a, b in zip(plain, chunked):
@@ -44,7 +56,7 @@ def test_values_entropy_and_gradients_match_the_plain_head(monkeypatch, keep_pro
 
 @pytest.mark.skipif(not cpu_has_native_bf16(), reason="bf16 numerics are checked where bf16 matmuls are native")
 @pytest.mark.parametrize("keep_probs", [True, False])
-def test_under_bf16_autocast_it_rounds_like_the_plain_head(monkeypatch, keep_probs):
+def test_under_bf16_autocast_it_rounds_like_the_plain_head(monkeypatch, keep_probs, head_path):
     monkeypatch.setattr(head_module, "_CHUNK_ELEMENTS", 101 * 8)
     plain, chunked = _both(autocast=True, keep_probs=keep_probs)
     # the same bf16 matmul; the fp32 reductions are ordered differently

@@ -23,11 +23,11 @@ def test_slow_settings_are_named(tiny_config):
 def test_the_defaults_are_quiet(tiny_config):
     log = _log(Trainer(config=tiny_config))
     for phrase in ("rollout.fused_decode is false", "rollout.decode_copy is false", "gradient_checkpointing is true",
-                   "gradient_checkpointing auto: on", "rollout.native_kernels"):
+                   "gradient_checkpointing auto: on", "train.native_kernels"):
         assert phrase not in log
     from rlft.models.kernels.build import compiler
 
-    assert ("rollout: fused decode with native CPU kernels" in log) == (compiler() is not None)
+    assert ("native CPU kernels (" in log) == (compiler() is not None)
 
 
 def test_native_kernels_that_do_not_build_are_named_with_the_reason(tiny_config, monkeypatch, tmp_path):
@@ -37,8 +37,8 @@ def test_native_kernels_that_do_not_build_are_named_with_the_reason(tiny_config,
     monkeypatch.setenv("RLFT_CACHE_DIR", str(tmp_path / "cache"))  # nothing built there yet
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     log = _log(Trainer(config=tiny_config))
-    assert "rollout.native_kernels: not available here (C compiler" in log
-    assert "the fused decode runs its PyTorch ops between the matmuls" in log
+    assert "train.native_kernels: not available here (C compiler" in log
+    assert "the decode step, sampling and the LM head's softmax run as PyTorch ops" in log
 
 
 def test_a_fixed_micro_batch_is_named_only_when_its_passes_are_too_small_for_full_speed(tiny_config):

@@ -119,11 +119,6 @@ class RolloutConfig(Section):
         True, description="Decode Llama-family models (llama, mistral, qwen2) with rlft's one-token forward over a "
         "preallocated KV cache (fused q/k/v and gate/up matmuls; under bf16, oneDNN-packed bf16 weights), single-turn "
         "and multi-turn episodes alike; False: the model's own forward.")
-    native_kernels: bool = Field(
-        True, description="In the fused decode on a CPU, run what sits between the matmuls (norms, SiLU, rotary "
-        "embedding, KV-cache write, attention) in rlft's C kernels: compiled once per machine with the system C "
-        "compiler ($CC, cc, gcc or clang) and cached; where none compiles, the PyTorch ops, with one log line "
-        "saying why. False (or RLFT_NATIVE_KERNELS=0): always the PyTorch ops.")
     vllm_gpu_memory_utilization: float = Field(
         0.3, gt=0, lt=1, description="engine vllm: the share of the GPU's memory vLLM takes for its bf16 weights and "
         "KV cache; the rest stays with training (the policy, its gradients and optimizer state, the reference).")
@@ -132,9 +127,7 @@ class RolloutConfig(Section):
         "mode, level 2), so training has that memory; the weights are pushed again at wake-up.")
 
     def engine_options(self) -> dict[str, Any]:
-        """Keyword arguments of the chosen engine beyond the common ones (none for hf)."""
-        if self.engine == "native":
-            return {"native_kernels": self.native_kernels}
+        """Keyword arguments of the chosen engine beyond the common ones (none for native and hf)."""
         if self.engine != "vllm":
             return {}
         return {"gpu_memory_utilization": self.vllm_gpu_memory_utilization,

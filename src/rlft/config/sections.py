@@ -129,6 +129,12 @@ class TrainConfig(Section):
     num_threads: int | None = Field(
         None, gt=0, description="CPU compute threads (default: OMP_NUM_THREADS if set, else one per physical core "
         "this process may use; hyperthreads and cores outside its CPU quota only slow the matmuls down).")
+    native_kernels: bool = Field(
+        True, description="On a CPU, run the hot spots between the matmuls in rlft's C kernels: the decode step's "
+        "norms, SiLU, rotary embedding, KV-cache write and attention, sampling, and the LM head's softmax and its "
+        "gradient in the update. Compiled once per machine with the system C compiler ($CC, cc, gcc or clang) and "
+        "cached; where none compiles, the same work runs as PyTorch ops, with one log line saying why. False (or "
+        "RLFT_NATIVE_KERNELS=0): always the PyTorch ops.")
     report_to: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
         default_factory=list, description="Experiment trackers that also receive the metrics and the config: "
         "tensorboard, wandb, mlflow (a tracker that fails is disabled with a warning; training goes on).")

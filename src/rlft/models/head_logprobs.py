@@ -11,6 +11,11 @@ chunk's logits (a third more head arithmetic) and turns them into the gradients 
 
 Under autocast the matmuls run in the autocast dtype as ``nn.Linear`` would (inputs and weight
 rounded, fp32 softmax), so the numbers match the plain head up to summation order.
+
+On a CPU with rlft's native kernels (:mod:`rlft.models.kernels`) the softmax and the gradient are
+done a row at a time over the matmul's own output: one read and one write of each row, where the
+PyTorch ops below make six passes over fp32 copies of the logits (at 256-token completions they
+were a third of the update's time). With the probabilities kept, that output is the kept buffer.
 """
 
 from __future__ import annotations
@@ -54,6 +59,50 @@ def _grad_logits(probs: torch.Tensor, targets: torch.Tensor, target_lp: torch.Te
     return out.scatter_(-1, targets[:, None], at_target.to(dtype)[:, None])
 
 
+def _kernels(h: torch.Tensor):
+    """rlft's native kernels where they run this head (a CPU, bf16 or fp32), else None."""
+    if h.device.type != "cpu" or h.dtype not in (torch.bfloat16, torch.float32):
+        return None
+    from rlft.models.kernels import cpu_kernels
+
+    return cpu_kernels()
+
+
+def _forward_native(kernels, h, w, targets, temperature, lp, lse, entropy, keep_probs: bool):
+    """The forward with the native kernels: the head matmul's output [c, V] in the compute dtype becomes
+    the statistics (and, kept, the probabilities over it). Returns the kept buffer or None."""
+    n, V = h.shape[0], w.shape[0]
+    rows = n if keep_probs else max(1, _CHUNK_ELEMENTS // V)
+    targets = targets.contiguous()
+    for s in range(0, n, rows):
+        logits = h[s:s + rows] @ w.t()
+        part = slice(s, s + rows)
+        kernels.head_softmax(logits, targets[part], temperature, lp[part], lse[part],
+                             None if entropy is None else entropy[part], keep_probs)
+        if keep_probs:
+            return logits
+    return None
+
+
+def _forward_torch(_, h, w, targets, temperature, lp, lse, entropy, keep_probs: bool):
+    """The forward with PyTorch ops: fp32 logits a chunk at a time. Returns the kept probabilities
+    (in the compute dtype: the gradient is rounded to it anyway; bf16: 50 MB, not 100, for 512 tokens
+    of a 49k vocabulary) or None."""
+    n, V = h.shape[0], w.shape[0]
+    rows = max(1, _CHUNK_ELEMENTS // V)
+    kept = torch.empty(n, V, dtype=h.dtype, device=h.device) if keep_probs else None
+    for s in range(0, n, rows):
+        logits = (h[s:s + rows] @ w.t()).float()
+        if temperature != 1.0:
+            logits /= temperature
+        lp[s:s + rows], lse[s:s + rows], ent, probs = _softmax_stats(logits, targets[s:s + rows], entropy is not None)
+        if ent is not None:
+            entropy[s:s + rows] = ent
+        if kept is not None:
+            kept[s:s + rows] = probs
+    return kept
+
+
 class _HeadLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature: float, with_entropy: bool, keep_probs: bool):
@@ -63,19 +112,10 @@ class _HeadLogprobs(torch.autograd.Function):
         rows = max(1, _CHUNK_ELEMENTS // weight.shape[0])  # fp32 logits are made a chunk at a time either way
         lp = torch.empty(n, dtype=torch.float32, device=h.device)
         lse, entropy = torch.empty_like(lp), (torch.empty_like(lp) if with_entropy else None)
-        # kept in the compute dtype: the gradient is rounded to it anyway (bf16: 50 MB, not 100, for 512
-        # tokens of a 49k vocabulary)
-        kept = torch.empty(n, weight.shape[0], dtype=dtype, device=h.device) if keep_probs else None
+        kernels = _kernels(h)
         with torch.autocast(h.device.type, enabled=False):
-            for s in range(0, n, rows):
-                logits = (h[s:s + rows] @ w.t()).float()
-                if temperature != 1.0:
-                    logits /= temperature
-                lp[s:s + rows], lse[s:s + rows], ent, probs = _softmax_stats(logits, targets[s:s + rows], with_entropy)
-                if ent is not None:
-                    entropy[s:s + rows] = ent
-                if kept is not None:
-                    kept[s:s + rows] = probs
+            forward = _forward_native if kernels is not None else _forward_torch
+            kept = forward(kernels, h, w, targets, temperature, lp, lse, entropy, keep_probs)
         ctx.save_for_backward(h, w, targets, lse, lp, *(() if kept is None else (kept,)))
         # with the probabilities kept, the backward's two matmuls run once over all n rows: chunked,
         # the [V, D] weight gradient would be written and summed once per chunk
@@ -93,20 +133,25 @@ class _HeadLogprobs(torch.autograd.Function):
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_h = torch.empty_like(h) if need_h else None
         grad_w = None
+        kernels = _kernels(h)
         with torch.autocast(h.device.type, enabled=False):
             for s in range(0, h.shape[0], rows):
                 hc, g = h[s:s + rows], grad_lp[s:s + rows].float()
-                if kept:
-                    probs = kept[0][s:s + rows]
+                part = slice(s, s + rows)
+                if kernels is not None:  # over the kept probabilities, or this chunk's logits made again
+                    buf = kept[0][part] if kept else hc @ w.t()
+                    grad_logits = kernels.head_grad(buf, targets[part].contiguous(), T, lp[part], lse[part],
+                                                    g.contiguous(), from_logits=not kept)
+                elif kept:
+                    # kept probabilities become their gradient in place: one [n, V] buffer, not two (a second
+                    # backward through this graph then fails on the saved tensor's version, as it should)
+                    grad_logits = _grad_logits(kept[0][part], targets[part], lp[part], g, T, h.dtype, in_place=True)
                 else:  # recompute this chunk's probabilities from the saved log-sum-exp
                     logits = (hc @ w.t()).float()
                     if T != 1.0:
                         logits /= T
                     probs = torch.exp_(logits.sub_(lse[s:s + rows, None]))
-                # kept probabilities become their gradient in place: one [n, V] buffer, not two (a second
-                # backward through this graph then fails on the saved tensor's version, as it should)
-                grad_logits = _grad_logits(probs, targets[s:s + rows], lp[s:s + rows], g, T, h.dtype,
-                                           in_place=bool(kept))
+                    grad_logits = _grad_logits(probs, targets[part], lp[part], g, T, h.dtype)
                 if need_h:
                     grad_h[s:s + rows] = grad_logits @ w
                 if need_w:

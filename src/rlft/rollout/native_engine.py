@@ -23,7 +23,7 @@ class NativeEngine(HFGenerateEngine):
 
     def __init__(self, model, tokenizer, *, native_kernels: bool = True, **kwargs):
         super().__init__(model, tokenizer, **kwargs)
-        self.native_kernels = native_kernels  # the fused decode's glue in rlft's C kernels where they build
+        self.native_kernels = native_kernels  # rlft's C kernels (decode glue, sampling) where they build and are on
 
     # inference_mode skips autograd's per-op bookkeeping (version counters, views), which adds up
     # over ~200 small ops per decode step; its tensors are cloned before leaving generate().

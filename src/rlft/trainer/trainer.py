@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from rlft.allocator import keep_freed_memory
+from rlft.models.kernels import set_enabled as set_native_kernels
 from rlft.checkpoint import prune_checkpoints, save_checkpoint
 from rlft.checkpoint.continuity import file_fingerprint
 from rlft.config.loader import config_to_yaml, load_config
@@ -123,6 +124,7 @@ class Trainer:
             self.log.info("--resume auto: no checkpoint of this run to continue from; starting it afresh")
         keep_freed_memory()  # large tensors are reused warm, not faulted in again every step
         self._set_threads()
+        set_native_kernels(self.cfg.train.native_kernels)
         try:
             self._build()
         except BaseException as exc:

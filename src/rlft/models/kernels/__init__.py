@@ -1,12 +1,13 @@
-"""rlft's native CPU kernels for the one-token decode step (``cpu.c``), and where they apply.
+"""rlft's native CPU kernels (``cpu.c``): the decode step's glue, sampling, the LM head's softmax.
 
 Between its matmuls, a decode step of a Llama-family model runs two dozen small PyTorch ops a
 layer (norms, casts, SiLU, the rotary embedding, the cache write, the attention's matmuls and
 softmax) on a few rows each; at 16 rows their dispatch costs more than their arithmetic. These
 kernels do that work in four calls a layer. They are compiled with the system C compiler the first
 time a process needs them (about a second, then cached per machine: :mod:`.build`); where that is
-not possible, or with ``RLFT_NATIVE_KERNELS=0`` / ``rollout.native_kernels: false``, the decode
-runs its PyTorch ops as before and the log says why.
+not possible, or with ``RLFT_NATIVE_KERNELS=0`` / ``train.native_kernels: false``, the same work
+runs as PyTorch ops and the log says why. They also draw plain samples in one pass over the
+logits, and do the LM head's softmax and its gradient a row at a time (:mod:`rlft.models.head_logprobs`).
 
 Every function takes CPU tensors, contiguous, in the compute dtype named (bf16 or fp32) and
 checks that, because the kernels read raw memory.
@@ -18,6 +19,7 @@ import functools
 import os
 
 import torch
+from torch.autograd.graph import increment_version
 
 _DTYPES = {torch.bfloat16: 1, torch.float32: 0}
 
@@ -76,7 +78,7 @@ class CpuKernels:
             raise ValueError("decode_attention: shapes do not agree: "
                              f"qkv {tuple(qkv.shape)}, cos {tuple(cos.shape)}, keys {tuple(keys.shape)}, "
                              f"valid {tuple(valid.shape)}, out {tuple(out.shape)}, heads {heads}, col {col}")
-        threads = torch.get_num_threads() if self.threads_shared else 1
+        threads = self._threads()
         self._lib.rlft_decode_attention(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), keys.data_ptr(),
                                         values.data_ptr(), valid.data_ptr(), B, heads, kv_heads, D, A, col,
                                         out.data_ptr(), _DTYPES[dtype], threads)
@@ -97,10 +99,84 @@ class CpuKernels:
         banned = (torch.empty(0, dtype=torch.int64) if suppress is None
                   else torch.unique(suppress.to(torch.int64).cpu()))  # sorted, distinct
         tokens, logprobs = torch.empty(rows, dtype=torch.int64), torch.empty(rows, dtype=torch.float32)
-        threads = torch.get_num_threads() if self.threads_shared else 1
+        threads = self._threads()
         self._lib.rlft_sample(logits.data_ptr(), rows, vocab, temperature, banned.data_ptr(), banned.numel(),
                               u.data_ptr(), tokens.data_ptr(), logprobs.data_ptr(), threads)
         return tokens, logprobs
+
+
+    def head_softmax(self, logits: torch.Tensor, targets: torch.Tensor, temperature: float, logprob: torch.Tensor,
+                     lse: torch.Tensor, entropy: torch.Tensor | None, keep: bool) -> None:
+        """The LM head's softmax over logits [n, V] (bf16 or fp32, the head matmul's output) at
+        ``temperature``: fills logprob [n] of ``targets`` [n], lse [n] and (if given) entropy [n], all
+        fp32; with ``keep`` the probabilities are written over the logits."""
+        n, vocab = logits.shape
+        _check(logits, None, targets, torch.int64, logprob, torch.float32, lse, torch.float32,
+               *((entropy, torch.float32) if entropy is not None else ()))
+        if not (targets.shape == logprob.shape == lse.shape == (n,)) or (entropy is not None and entropy.shape != (n,)):
+            raise ValueError(f"head_softmax: {n} rows of logits, targets {tuple(targets.shape)}")
+        self._lib.rlft_head_softmax(logits.data_ptr(), n, vocab, _DTYPES[logits.dtype], temperature, targets.data_ptr(),
+                                    logprob.data_ptr(), lse.data_ptr(), 0 if entropy is None else entropy.data_ptr(),
+                                    int(keep), self._threads())
+        if keep:
+            increment_version(logits)
+
+    def head_grad(self, buf: torch.Tensor, targets: torch.Tensor, temperature: float, logprob: torch.Tensor,
+                  lse: torch.Tensor, grad: torch.Tensor, from_logits: bool) -> torch.Tensor:
+        """The gradient of sum(grad * logprob) with respect to the logits, written over ``buf`` [n, V]:
+        (grad / temperature) (onehot(targets) - p), where buf holds the probabilities p or, with
+        ``from_logits``, the logits (p = exp(logits / temperature - lse)). Returns buf."""
+        n, vocab = buf.shape
+        _check(buf, None, targets, torch.int64, logprob, torch.float32, lse, torch.float32, grad, torch.float32)
+        if not (targets.shape == logprob.shape == lse.shape == grad.shape == (n,)):
+            raise ValueError(f"head_grad: {n} rows, targets {tuple(targets.shape)}, grad {tuple(grad.shape)}")
+        self._lib.rlft_head_grad(buf.data_ptr(), n, vocab, _DTYPES[buf.dtype], temperature, targets.data_ptr(),
+                                 logprob.data_ptr(), lse.data_ptr(), grad.data_ptr(), int(from_logits), self._threads())
+        # written in place behind autograd's back: a saved tensor overwritten here must fail a second backward
+        increment_version(buf)
+        return buf
+
+    def attention_softmax(self, scores: torch.Tensor, mask: torch.Tensor | None, queries: int, scale: float,
+                          lse: torch.Tensor) -> None:
+        """Grouped-query attention's softmax, in place: scores [B, KVH, G * L, S] (q k^T in the compute
+        dtype, G query heads of L queries a kv head) become softmax(scale * scores) over the keys
+        ``mask`` [B, L, S] (bool) lets each query see (None: causal, key j <= query i, and every key for
+        a single query); lse
+        [B, KVH, G * L] fp32 gets the log-sum-exp for :meth:`attention_softmax_backward`."""
+        B, kv_heads, rows, S = scores.shape
+        self._check_attention(scores, mask, queries, lse)
+        self._lib.rlft_attention_softmax(scores.data_ptr(), 0 if mask is None else mask.data_ptr(), B, kv_heads,
+                                         rows // queries, queries, S, scale, lse.data_ptr(), _DTYPES[scores.dtype],
+                                         self._threads())
+        increment_version(scores)
+
+    def attention_softmax_backward(self, scores: torch.Tensor, dp: torch.Tensor, lse: torch.Tensor,
+                                   delta: torch.Tensor, mask: torch.Tensor | None, queries: int, scale: float) -> None:
+        """The backward of :meth:`attention_softmax` from the recomputed scores and dp = dO v^T (both
+        [B, KVH, G * L, S], compute dtype) and delta = rowsum(dO * O) [B, KVH, G * L] fp32: dp becomes the
+        scores' gradient, the scores become the probabilities (for dV)."""
+        self._check_attention(scores, mask, queries, lse)
+        _check(dp, scores.dtype, delta, torch.float32)
+        if dp.shape != scores.shape or delta.shape != lse.shape:
+            raise ValueError(f"attention_softmax_backward: dp {tuple(dp.shape)}, delta {tuple(delta.shape)}")
+        B, kv_heads, rows, S = scores.shape
+        self._lib.rlft_attention_softmax_backward(scores.data_ptr(), dp.data_ptr(), lse.data_ptr(), delta.data_ptr(),
+                                                  0 if mask is None else mask.data_ptr(), B, kv_heads, rows // queries,
+                                                  queries, S, scale, _DTYPES[scores.dtype], self._threads())
+        increment_version(scores)
+        increment_version(dp)
+
+    @staticmethod
+    def _check_attention(scores, mask, queries, lse) -> None:
+        _check(scores, None, lse, torch.float32, *((mask, torch.bool) if mask is not None else ()))
+        B, kv_heads, rows, S = scores.shape
+        if (rows % queries or lse.shape != (B, kv_heads, rows)
+                or (mask is not None and mask.shape != (B, queries, S))):
+            raise ValueError(f"attention softmax: scores {tuple(scores.shape)} for {queries} queries, lse "
+                             f"{tuple(lse.shape)}, mask {None if mask is None else tuple(mask.shape)}")
+
+    def _threads(self) -> int:
+        return torch.get_num_threads() if self.threads_shared else 1
 
 
 def _check(*pairs) -> None:
@@ -113,11 +189,20 @@ def _check(*pairs) -> None:
 
 
 _STATE: dict[str, object] = {}
+_SWITCH = {"enabled": True}
+
+
+def set_enabled(enabled: bool) -> None:
+    """Turn the kernels on or off for this process (``train.native_kernels``; the trainer applies it at
+    start, as it applies its thread count)."""
+    _SWITCH["enabled"] = enabled
 
 
 def cpu_kernels() -> CpuKernels | None:
-    """The kernels for this process, built on first call; None where they are unavailable
-    (:func:`unavailable_reason` says why)."""
+    """The kernels for this process, built on first call; None where they are unavailable or turned
+    off (:func:`unavailable_reason` says why)."""
+    if not _SWITCH["enabled"]:
+        return None
     if "kernels" not in _STATE:
         _STATE["kernels"], _STATE["reason"] = _load()
     return _STATE["kernels"]  # type: ignore[return-value]
@@ -125,6 +210,8 @@ def cpu_kernels() -> CpuKernels | None:
 
 def unavailable_reason() -> str | None:
     """Why :func:`cpu_kernels` is None (None when the kernels are there)."""
+    if not _SWITCH["enabled"]:
+        return "train.native_kernels is false"
     cpu_kernels()
     return _STATE["reason"]  # type: ignore[return-value]
 

@@ -105,6 +105,10 @@ def load(path: Path) -> ctypes.CDLL:
         "rlft_silu_mul": [p, i, i, p, i],
         "rlft_decode_attention": [p, p, p, p, p, p, i, i, i, i, i, i, p, i, i],
         "rlft_sample": [p, i, i, f, p, i, p, p, p, i],
+        "rlft_head_softmax": [p, i, i, i, f, p, p, p, p, i, i],
+        "rlft_head_grad": [p, i, i, i, f, p, p, p, p, i, i],
+        "rlft_attention_softmax": [p, p, i, i, i, i, i, f, p, i, i],
+        "rlft_attention_softmax_backward": [p, p, p, p, p, i, i, i, i, i, f, i, i],
     }
     for name, args in signatures.items():
         fn = getattr(lib, name)

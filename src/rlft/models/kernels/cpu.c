@@ -1,9 +1,10 @@
-/* rlft's CPU kernels for the rollout's one-token decode step.
+/* rlft's CPU kernels: the rollout's one-token decode step, sampling, and the LM head's softmax.
  *
  * A decode step multiplies a few rows by every weight of the model; the matmuls stay with
  * PyTorch (oneDNN), and these kernels do what sits between them in one call each instead of a
  * dozen small PyTorch ops: RMSNorm (with the residual add before it), SiLU(gate) * up, and the
- * rotary embedding + KV-cache write + attention of one query token per row.
+ * rotary embedding + KV-cache write + attention of one query token per row. Sampling and the
+ * LM head's softmax and gradient read each row of the vocabulary once instead of once an op.
  *
  * Tensors of the compute dtype are bf16 (bf = 1) or fp32 (bf = 0); the residual stream, norms,
  * scores and softmax are fp32, and a value is rounded to bf16 where the PyTorch path rounds it
@@ -164,7 +165,11 @@ __attribute__((noinline)) static float exp_shifted(float *restrict s, const uint
 
 __attribute__((noinline)) static float masked_max(const float *restrict s, const uint8_t *restrict valid, float top,
                                                   int n) {
-    for (int j = 0; j < n; j++) top = (valid[j] && s[j] > top) ? s[j] : top;
+#pragma omp simd reduction(max : top)
+    for (int j = 0; j < n; j++) {
+        float v = valid[j] ? s[j] : -FLT_MAX;
+        top = v > top ? v : top;
+    }
     return top;
 }
 
@@ -369,5 +374,142 @@ void rlft_sample(const float *logits, int rows, int vocab, float temperature, co
         if (pick < 0) pick = last >= 0 ? last : vocab - 1; /* rounding left the draw past the end */
         token[r] = pick;
         logprob[r] = (float)(z[pick] / temperature - top - log(total));
+    }
+}
+
+/* The LM head's softmax over each row of logits [n, V] in the compute dtype (the head matmul's
+ * output), with z = logits / temperature:
+ *   lse[r] = log sum_j exp(z_j);  logprob[r] = z[target[r]] - lse[r];
+ *   entropy[r] = lse[r] - sum_j p_j z_j (when entropy is not NULL);
+ * and with keep, the probabilities p_j = exp(z_j - lse) written over the logits. One read of the row
+ * into fp32 scratch, the passes over it in cache, one write: where PyTorch makes six passes over
+ * fp32 copies of the logits. */
+void rlft_head_softmax(void *logits, int n, int vocab, int bf, float temperature, const int64_t *targets,
+                       float *logprob, float *lse, float *entropy, int keep, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && n > 1)
+    for (int r = 0; r < n; r++) {
+        float z[vocab];
+        load(logits, bf, (int64_t)r * vocab, vocab, z);
+        if (temperature != 1.0f)
+            for (int j = 0; j < vocab; j++) z[j] /= temperature;
+        float top = max_of(z, vocab);
+        double total = 0.0, weighted = 0.0;
+#pragma omp simd reduction(+ : total, weighted)
+        for (int j = 0; j < vocab; j++) {
+            float e = fast_exp(z[j] - top);
+            total += e;
+            weighted += e * (z[j] - top);
+        }
+        float log_total = (float)log(total), l = top + log_total;
+        int64_t t = targets[r] >= 0 && targets[r] < vocab ? targets[r] : 0;
+        lse[r] = l;
+        logprob[r] = z[t] - l;
+        if (entropy) entropy[r] = log_total - (float)(weighted / total);
+        if (keep) {
+            for (int j = 0; j < vocab; j++) z[j] = fast_exp(z[j] - l);
+            store(z, bf, logits, (int64_t)r * vocab, vocab);
+        }
+    }
+}
+
+/* d(sum_r g[r] logprob[r]) / d logits, written over buf [n, V] (the compute dtype):
+ * (g[r] / temperature) (onehot(target) - p). buf holds the probabilities, or (from_logits) the
+ * logits, p = exp(logits / temperature - lse). The target entry comes from the fp32 log-prob,
+ * (g / t) * -expm1(logprob), which keeps its precision where p is near 1. */
+void rlft_head_grad(void *buf, int n, int vocab, int bf, float temperature, const int64_t *targets,
+                    const float *logprob, const float *lse, const float *g, int from_logits, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && n > 1)
+    for (int r = 0; r < n; r++) {
+        float p[vocab], scale = g[r] / temperature;
+        load(buf, bf, (int64_t)r * vocab, vocab, p);
+        if (from_logits)
+            for (int j = 0; j < vocab; j++) p[j] = fast_exp(p[j] / temperature - lse[r]);
+        for (int j = 0; j < vocab; j++) p[j] *= -scale;
+        int64_t t = targets[r];
+        if (t >= 0 && t < vocab) p[t] = scale * -expm1f(logprob[r]);
+        store(p, bf, buf, (int64_t)r * vocab, vocab);
+    }
+}
+
+/* Attention in the update, as matmuls around these two kernels (grouped heads: a kv head's G query
+ * heads are one block of G * L rows, query i = row % L). scores [B, KVH, G * L, S] in the compute
+ * dtype; mask [B, L, S] (1: attend) or NULL: causal from the first key (key j <= query i; a longer
+ * key block is a static cache's empty tail, as PyTorch's SDPA takes it), and every key for a single
+ * query (a decode step). A query with no key to attend to (left padding) attends to every key
+ * uniformly: finite, and its output is never used. */
+
+/* which keys query i of L attends to; returns how many */
+static int attended(const uint8_t *mask, int i, int L, int S, uint8_t *restrict on) {
+    int count = 0;
+    for (int j = 0; j < S; j++) {
+        on[j] = mask ? mask[j] != 0 : (L == 1 || j <= i);
+        count += on[j];
+    }
+    return count;
+}
+
+__attribute__((noinline)) static void scale_row(float *restrict s, float scale, int n) {
+    for (int j = 0; j < n; j++) s[j] *= scale;
+}
+
+/* p = exp(scale * s - lse) where attended, else 0 (written over s); g = scale * p * (g - delta) where
+ * attended, else 0 */
+__attribute__((noinline)) static void softmax_grad_row(float *restrict s, float *restrict g,
+                                                       const uint8_t *restrict on, float scale, float lse,
+                                                       float delta, int n) {
+    for (int j = 0; j < n; j++) {
+        float p = fast_exp(scale * s[j] - lse);
+        p = on[j] ? p : 0.0f;
+        float d = scale * p * (g[j] - delta);
+        s[j] = p;
+        g[j] = on[j] ? d : 0.0f;
+    }
+}
+
+/* Forward: the softmax of scale * scores over the attended keys, written over the scores, and its
+ * log-sum-exp lse [B, KVH, G * L] (fp32) for the backward. */
+void rlft_attention_softmax(void *scores, const uint8_t *mask, int B, int KVH, int G, int L, int S, float scale,
+                            float *lse, int bf, int threads) {
+    int64_t rows = (int64_t)B * KVH * G * L;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && rows * S >= (1 << 15))
+    for (int64_t r = 0; r < rows; r++) {
+        int i = (int)(r % L), b = (int)(r / ((int64_t)KVH * G * L));
+        float s[S];
+        uint8_t on[S];
+        load(scores, bf, r * S, S, s);
+        if (attended(mask ? mask + ((int64_t)b * L + i) * S : NULL, i, L, S, on) == 0) { /* uniform over every key */
+            for (int j = 0; j < S; j++) s[j] = 1.0f / (float)S;
+            lse[r] = 0.0f;
+        } else {
+            scale_row(s, scale, S);
+            float top = masked_max(s, on, -FLT_MAX, S), total = exp_shifted(s, on, top, S);
+            scale_row(s, 1.0f / total, S);
+            lse[r] = top + logf(total);
+        }
+        store(s, bf, scores, r * S, S);
+    }
+}
+
+/* Backward, flash-style from the recomputed scores (q k^T again, [B, KVH, G * L, S]) and dp = dO v^T:
+ * p = exp(scale * scores - lse) over the attended keys, delta [B, KVH, G * L] = rowsum(dO * O) (fp32),
+ * and the gradient of the scores dS = scale * p * (dp - delta), 0 where masked, written over dp; p
+ * itself written over the scores (for dV = p^T dO). */
+void rlft_attention_softmax_backward(void *scores, void *dp, const float *lse, const float *delta, const uint8_t *mask,
+                                     int B, int KVH, int G, int L, int S, float scale, int bf, int threads) {
+    int64_t rows = (int64_t)B * KVH * G * L;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && rows * S >= (1 << 15))
+    for (int64_t r = 0; r < rows; r++) {
+        int i = (int)(r % L), b = (int)(r / ((int64_t)KVH * G * L));
+        float s[S], g[S];
+        uint8_t on[S];
+        load(scores, bf, r * S, S, s);
+        load(dp, bf, r * S, S, g);
+        if (attended(mask ? mask + ((int64_t)b * L + i) * S : NULL, i, L, S, on) == 0) {
+            for (int j = 0; j < S; j++) s[j] = 1.0f / (float)S, g[j] = 0.0f;
+        } else {
+            softmax_grad_row(s, g, on, scale, lse[r], delta[r], S);
+        }
+        store(s, bf, scores, r * S, S);
+        store(g, bf, dp, r * S, S);
     }
 }
