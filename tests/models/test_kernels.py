@@ -111,7 +111,7 @@ def test_a_build_is_cached_per_source_and_flags(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left behind
 
 
-def test_no_compiler_gives_a_reason_and_the_pytorch_path(tmp_path, monkeypatch):
+def test_no_compiler_or_no_cache_gives_a_reason_and_the_pytorch_path(tmp_path, monkeypatch):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     with pytest.raises(kbuild.BuildError, match="does not run"):
         kbuild.build(tmp_path / "cache")
@@ -119,6 +119,10 @@ def test_no_compiler_gives_a_reason_and_the_pytorch_path(tmp_path, monkeypatch):
     monkeypatch.setenv("RLFT_CACHE_DIR", str(tmp_path / "cache"))
     assert kernels_module.cpu_kernels() is None
     assert "does not run" in kernels_module.unavailable_reason()
+    monkeypatch.delenv("CC")
+    monkeypatch.setattr(kernels_module, "_STATE", {})
+    (tmp_path / "cache").write_text("a file where the cache directory should be")
+    assert kernels_module.cpu_kernels() is None and "could not build in" in kernels_module.unavailable_reason()
     monkeypatch.setattr(kernels_module, "_STATE", {})
     monkeypatch.setenv("RLFT_NATIVE_KERNELS", "0")
     assert kernels_module.cpu_kernels() is None and kernels_module.unavailable_reason() == "RLFT_NATIVE_KERNELS=0"

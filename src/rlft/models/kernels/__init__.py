@@ -228,6 +228,8 @@ def _load() -> tuple[CpuKernels | None, str | None]:
         lib = load(path)
     except BuildError as e:
         return None, str(e)
+    except OSError as e:  # a cache directory that cannot be written, a full disk
+        return None, f"could not build in {cache_root() / 'kernels'}: {e}"
     return CpuKernels(lib, flags, threads_shared=len(openmp_runtimes()) <= max(len(before), 1)), None
 
 
