@@ -38,7 +38,7 @@ def test_native_kernels_that_do_not_build_are_named_with_the_reason(tiny_config,
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     log = _log(Trainer(config=tiny_config))
     assert "train.native_kernels: not available here (C compiler" in log
-    assert "the decode step, sampling and the LM head's softmax run as PyTorch ops" in log
+    assert "the decode step, sampling and the softmaxes of the LM head and attention run as PyTorch ops" in log
 
 
 def test_a_fixed_micro_batch_is_named_only_when_its_passes_are_too_small_for_full_speed(tiny_config):

@@ -119,15 +119,6 @@ def warn_slow_rollout(cfg: RLConfig, parts: ModelParts) -> None:
     if parts.autocast_dtype is not None and not rollout.decode_copy:
         log.warning("rollout.decode_copy is false under bf16: every decode step casts all fp32 weights to bf16, "
                     "which makes generation slower than in fp32")
-    if cfg.train.native_kernels and parts.device.type == "cpu":
-        from rlft.models.kernels import cpu_kernels, unavailable_reason
-
-        kernels = cpu_kernels()
-        if kernels is None:
-            log.warning(f"train.native_kernels: not available here ({unavailable_reason()}); the decode step, "
-                        f"sampling and the LM head's softmax run as PyTorch ops, 1.4x slower a bf16 decode step")
-        else:
-            log.info(f"{kernels.describe()}: decode step, sampling, LM head softmax")
 
 
 def build_critic(cfg: RLConfig, parts: ModelParts, dist=None):

@@ -1,6 +1,7 @@
 """What a training process tells the outside world while it runs: it stops cleanly when asked
 (SIGTERM, Ctrl-C), it keeps a heartbeat in run.json so a job service can tell a live run
-from one whose process is gone, and under torchrun it joins the run's other processes."""
+from one whose process is gone, and under torchrun it joins the run's other processes. Also the
+process-level compute settings a run applies once at start (memory, threads, native kernels)."""
 
 from __future__ import annotations
 
@@ -105,3 +106,29 @@ def leave_process_group() -> None:
     from rlft.distributed import shutdown_distributed
 
     shutdown_distributed()
+
+
+def configure_compute(cfg, log) -> None:
+    """The process-level settings a run's config asks for, applied once at setup, each with its log line:
+    freed memory kept mapped, the compute thread count (``train.num_threads``) and rlft's native
+    kernels (``train.native_kernels``; on a CPU the log says whether they built, and if not, why)."""
+    from rlft.allocator import keep_freed_memory
+    from rlft.models.kernels import cpu_kernels, set_enabled, unavailable_reason
+    from rlft.models.loading import resolve_device
+    from rlft.threads import configure_threads
+
+    keep_freed_memory()  # large tensors are reused warm, not faulted in again every step
+    threads, warning = configure_threads(cfg.train.num_threads)
+    if warning:
+        log.warning(warning)
+    log.info(f"cpu threads: {threads}")
+    set_enabled(cfg.train.native_kernels)
+    if not cfg.train.native_kernels or resolve_device(cfg.model.device).type != "cpu":
+        return
+    kernels = cpu_kernels()
+    if kernels is None:
+        log.warning(f"train.native_kernels: not available here ({unavailable_reason()}); the decode step, sampling "
+                    f"and the softmaxes of the LM head and attention run as PyTorch ops (a bf16 decode step 1.4x "
+                    f"slower)")
+    else:
+        log.info(f"{kernels.describe()}: decode step, sampling, LM head and attention softmax")

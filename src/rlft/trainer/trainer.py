@@ -17,8 +17,6 @@ from typing import Any
 
 import yaml
 
-from rlft.allocator import keep_freed_memory
-from rlft.models.kernels import set_enabled as set_native_kernels
 from rlft.checkpoint import prune_checkpoints, save_checkpoint
 from rlft.checkpoint.continuity import file_fingerprint
 from rlft.config.loader import config_to_yaml, load_config
@@ -33,7 +31,7 @@ from rlft.logging.trackers import Trackers, open_trackers
 from rlft.trainer.job import EvalRecord, Job, job_class
 from rlft.trainer.metrics import MetricWindow
 from rlft.trainer.parts import seed_everything
-from rlft.trainer.process import Heartbeat, StopRequest, join_process_group, leave_process_group
+from rlft.trainer.process import Heartbeat, StopRequest, configure_compute, join_process_group, leave_process_group
 
 
 @dataclass
@@ -122,23 +120,13 @@ class Trainer:
             self._prepare_resume(changes)
         elif self.resume_from == "auto":
             self.log.info("--resume auto: no checkpoint of this run to continue from; starting it afresh")
-        keep_freed_memory()  # large tensors are reused warm, not faulted in again every step
-        self._set_threads()
-        set_native_kernels(self.cfg.train.native_kernels)
+        configure_compute(self.cfg, self.log)
         try:
             self._build()
         except BaseException as exc:
             self._close(**self._ended_by(exc))
             raise
         self._ready = True
-
-    def _set_threads(self) -> None:
-        from rlft.threads import configure_threads
-
-        threads, warning = configure_threads(self.cfg.train.num_threads)
-        if warning:
-            self.log.warning(warning)
-        self.log.info(f"cpu threads: {threads}")
 
     def _find_resume_point(self):
         """The checkpoint to continue from and the harmless config changes, or (None, []).
