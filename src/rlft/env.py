@@ -32,6 +32,10 @@ def check_env(verbose: bool = False) -> dict:
         "bf16_cpu_speedup": bf16_matmul_speedup(),  # bf16 over fp32 matmul throughput, measured; None: emulated
         "cpu_model": cpu_model(),
     }
+    from rlft.models.kernels import cpu_kernels, unavailable_reason
+
+    kernels = cpu_kernels()  # built here on first use (about a second), then cached for the machine
+    info["native_kernels"] = kernels.describe() if kernels is not None else f"unavailable: {unavailable_reason()}"
     cores = physical_cores()
     info["physical_cores"] = cores
     # rlft's trainer sets one thread per physical core (rlft.threads); this says what torch does unset
@@ -50,6 +54,7 @@ def check_env(verbose: bool = False) -> dict:
               f"({_bf16_verdict(info['bf16_cpu_speedup'])})")
         if info["thread_warning"]:
             print("WARNING: " + info["thread_warning"])
+        print(f"CPU kernels: {info['native_kernels']}")
         print("required packages: " + ("all present" if info["ok"] else "MISSING " + ", ".join(info["missing_required"])))
         print("optional: " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in info["optional"].items()))
         print(f"CPU: {info['cpu_model']}; disk, the service port and a run's memory plan: rlft doctor [--config X]")

@@ -243,6 +243,10 @@ def test_check_env(tmp_path):
     assert_ok(proc)
     assert "CUDA available" in proc.stdout and "torch" in proc.stdout, proc.stdout
     assert "required packages: all present" in proc.stdout, proc.stdout
+    from rlft.models.kernels.build import compiler
+
+    # the C kernels build on a machine with a compiler; check-env says so, or why not
+    assert ("CPU kernels: native CPU kernels (" in proc.stdout) == (compiler() is not None), proc.stdout
 
 
 def test_check_env_warns_about_oversubscribed_threads():
