@@ -96,6 +96,8 @@ def test_bad_tensors_are_refused_with_a_message_not_read(kernels):
         kernels.rms_norm(x.t().contiguous().t(), w, 1e-5, torch.empty(4, 32))
     with pytest.raises(ValueError, match="expected torch.float32"):
         kernels.rms_norm(x.bfloat16(), w, 1e-5, torch.empty(4, 32))
+    with pytest.raises(ValueError, match="norm: x"):
+        kernels.add_rms_norm(x, torch.randn(4, 16), w, 1e-5, torch.empty(4, 32))
     with pytest.raises(ValueError, match="does not fit"):
         kernels.silu_mul(torch.randn(4, 30), torch.empty(4, 16))
     keys = torch.zeros(1, 1, 8, 16)

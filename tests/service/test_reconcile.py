@@ -97,7 +97,11 @@ def test_cancel_escalates_to_sigkill_after_the_grace_period(workspace):
     store.create(job_id, NewJob("rl", "x: 1", None, str(workspace / ".rlft" / "jobs" / job_id),
                                 str(workspace / "outputs" / "stubborn")))
     store.claim_next("w")
-    proc = subprocess.Popen(["bash", "-c", "trap '' TERM; sleep 60 & wait"], start_new_session=True)
+    proc = subprocess.Popen(["bash", "-c", "trap '' TERM; echo ready; sleep 60 & wait"], start_new_session=True,
+                            stdout=subprocess.PIPE, text=True)
+    # the SIGTERM must come after bash has set its trap: sent during bash's start-up it ends the
+    # process at once (seen in a CI run: -15 where the grace period was still running)
+    assert proc.stdout.readline().strip() == "ready"
     runner = Runner(store, workspace, grace_seconds=0.5)
     runner._tracked[job_id] = _Tracked(job_id, proc.pid, popen=proc)
     store.request_cancel(job_id)
@@ -109,6 +113,7 @@ def test_cancel_escalates_to_sigkill_after_the_grace_period(workspace):
     time.sleep(0.5)
     runner.tick()
     proc.wait(timeout=10)
+    proc.stdout.close()
     runner.tick()
     job = store.get(job_id)
     assert job.status == "cancelled" and job.exit_code == 137, job.as_dict()

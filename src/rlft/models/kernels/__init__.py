@@ -40,6 +40,7 @@ class CpuKernels:
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor) -> torch.Tensor:
         """out [rows, dim] = RMSNorm(x [rows, dim] fp32) * weight [dim] fp32, in out's dtype."""
         _check(x, torch.float32, weight, torch.float32, out, None)
+        _check_rows(x, weight, out)
         self._lib.rlft_rms_norm(x.data_ptr(), weight.data_ptr(), eps, x.shape[0], x.shape[1], out.data_ptr(),
                                 _DTYPES[out.dtype])
         return out
@@ -48,6 +49,7 @@ class CpuKernels:
                      out: torch.Tensor) -> torch.Tensor:
         """x += y (x the fp32 residual [rows, dim], y in out's dtype), then out = RMSNorm(x) * weight."""
         _check(x, torch.float32, weight, torch.float32, out, None, y, out.dtype)
+        _check_rows(x, weight, out, y)
         self._lib.rlft_add_rms_norm(x.data_ptr(), y.data_ptr(), weight.data_ptr(), eps, x.shape[0], x.shape[1],
                                     out.data_ptr(), _DTYPES[out.dtype])
         return out
@@ -177,6 +179,13 @@ class CpuKernels:
 
     def _threads(self) -> int:
         return torch.get_num_threads() if self.threads_shared else 1
+
+
+def _check_rows(x: torch.Tensor, weight: torch.Tensor, *like_x: torch.Tensor) -> None:
+    """x [rows, dim], weight [dim], and every other tensor x's shape."""
+    if x.dim() != 2 or weight.shape != (x.shape[1],) or any(t.shape != x.shape for t in like_x):
+        raise ValueError(f"norm: x {tuple(x.shape)}, weight {tuple(weight.shape)}, "
+                         f"others {[tuple(t.shape) for t in like_x]}")
 
 
 def _check(*pairs) -> None:
