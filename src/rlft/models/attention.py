@@ -72,17 +72,13 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     return out.transpose(1, 2).contiguous(), None
 
 
-def _native(*tensors: torch.Tensor):
+def _native(query: torch.Tensor, *others: torch.Tensor):
     """(rlft's native kernels, the compute dtype) where they run this attention (CPU, bf16 or fp32), else (None, None)."""
-    device = tensors[0].device
-    if device.type != "cpu":
-        return None, None
-    dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else tensors[0].dtype
-    if dtype not in (torch.bfloat16, torch.float32) or any(t.dtype not in (torch.bfloat16, torch.float32) for t in tensors):
-        return None, None
-    from rlft.models.kernels import cpu_kernels
+    from rlft.models.kernels import kernels_for
 
-    kernels = cpu_kernels()
+    autocast = query.device.type == "cpu" and torch.is_autocast_enabled("cpu")
+    dtype = torch.get_autocast_dtype("cpu") if autocast else query.dtype
+    kernels = kernels_for(query, *others) if dtype in (torch.bfloat16, torch.float32) else None
     return (kernels, dtype) if kernels is not None else (None, None)
 
 

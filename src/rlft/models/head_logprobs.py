@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import torch
 
+from rlft.models.kernels import kernels_for
+
 _CHUNK_ELEMENTS = 1 << 24  # logits computed at a time: 64 MB of fp32
 
 
@@ -57,15 +59,6 @@ def _grad_logits(probs: torch.Tensor, targets: torch.Tensor, target_lp: torch.Te
     torch.mul(probs, -scale[:, None], out=out)
     at_target = scale * -torch.expm1(target_lp)
     return out.scatter_(-1, targets[:, None], at_target.to(dtype)[:, None])
-
-
-def _kernels(h: torch.Tensor):
-    """rlft's native kernels where they run this head (a CPU, bf16 or fp32), else None."""
-    if h.device.type != "cpu" or h.dtype not in (torch.bfloat16, torch.float32):
-        return None
-    from rlft.models.kernels import cpu_kernels
-
-    return cpu_kernels()
 
 
 def _forward_native(kernels, h, w, targets, temperature, lp, lse, entropy, keep_probs: bool):
@@ -112,7 +105,7 @@ class _HeadLogprobs(torch.autograd.Function):
         rows = max(1, _CHUNK_ELEMENTS // weight.shape[0])  # fp32 logits are made a chunk at a time either way
         lp = torch.empty(n, dtype=torch.float32, device=h.device)
         lse, entropy = torch.empty_like(lp), (torch.empty_like(lp) if with_entropy else None)
-        kernels = _kernels(h)
+        kernels = kernels_for(h)
         with torch.autocast(h.device.type, enabled=False):
             forward = _forward_native if kernels is not None else _forward_torch
             kept = forward(kernels, h, w, targets, temperature, lp, lse, entropy, keep_probs)
@@ -133,7 +126,7 @@ class _HeadLogprobs(torch.autograd.Function):
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_h = torch.empty_like(h) if need_h else None
         grad_w = None
-        kernels = _kernels(h)
+        kernels = kernels_for(h)
         with torch.autocast(h.device.type, enabled=False):
             for s in range(0, h.shape[0], rows):
                 hc, g = h[s:s + rows], grad_lp[s:s + rows].float()

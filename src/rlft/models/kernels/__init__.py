@@ -15,7 +15,6 @@ checks that, because the kernels read raw memory.
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -217,6 +216,13 @@ def cpu_kernels() -> CpuKernels | None:
     return _STATE["kernels"]  # type: ignore[return-value]
 
 
+def kernels_for(*tensors: torch.Tensor) -> CpuKernels | None:
+    """:func:`cpu_kernels` where they can take these tensors (on the CPU, bf16 or fp32), else None."""
+    if any(t.device.type != "cpu" or t.dtype not in _DTYPES for t in tensors):
+        return None
+    return cpu_kernels()
+
+
 def unavailable_reason() -> str | None:
     """Why :func:`cpu_kernels` is None (None when the kernels are there)."""
     if not _SWITCH["enabled"]:
@@ -242,7 +248,6 @@ def _load() -> tuple[CpuKernels | None, str | None]:
     return CpuKernels(lib, flags, threads_shared=len(openmp_runtimes()) <= max(len(before), 1)), None
 
 
-@functools.lru_cache(maxsize=None)
 def supports(heads: int, kv_heads: int, head_dim: int) -> bool:
     """True for attention shapes the kernels take (grouped heads, an even head size)."""
     return heads % kv_heads == 0 and head_dim % 2 == 0 and head_dim <= 512
