@@ -106,6 +106,31 @@ def test_bad_tensors_are_refused_with_a_message_not_read(kernels):
                                  torch.ones(1, 8, dtype=torch.bool), 8, 1, torch.empty(1, 16))  # col past the cache
 
 
+@pytest.mark.parametrize("rows", [1, 5, 16, 37])
+@pytest.mark.parametrize("out_features, in_features", [(16, 2), (48, 64), (80, 96), (960, 576)])
+def test_the_thin_bf16_matmul_is_a_rounded_float_matmul(kernels, rows, out_features, in_features):
+    if not kernels.thin_bf16_matmul:
+        pytest.skip("this CPU has AMX or no AVX512-BF16: oneDNN keeps the decode matmuls")
+    g = torch.Generator().manual_seed(rows)
+    w = torch.randn(out_features, in_features, generator=g).bfloat16()
+    x = torch.randn(rows, in_features, generator=g).bfloat16()
+    out = kernels.matmul_bf16(x, kernels.pack_bf16(w))
+    exact = x.double() @ w.double().T
+    assert out.dtype == torch.bfloat16 and out.shape == (rows, out_features)
+    # fp32 sums in another order than float64's, rounded once: at most a bf16 step apart
+    torch.testing.assert_close(out.double(), exact, atol=1e-4, rtol=2 ** -7)
+
+
+def test_the_thin_matmul_refuses_weights_it_cannot_pack(kernels):
+    with pytest.raises(ValueError, match="multiple of 16"):
+        kernels.pack_bf16(torch.zeros(20, 8))
+    if kernels.thin_bf16_matmul:
+        with pytest.raises(ValueError, match="packed weight"):
+            kernels.matmul_bf16(torch.zeros(2, 6, dtype=torch.bfloat16), kernels.pack_bf16(torch.zeros(16, 8)))
+    # with AMX, oneDNN's tile kernels are the faster ones: the thin matmul stands aside
+    assert not kernels_module.CpuKernels(kernels._lib, kernels.flags, True, amx=True).thin_bf16_matmul
+
+
 def test_a_build_is_cached_per_source_and_flags(tmp_path):
     path, flags = kbuild.build(tmp_path)
     stamp = path.stat().st_mtime_ns

@@ -227,6 +227,11 @@ def test_the_native_kernels_in_bf16_stay_as_close_to_the_forward_as_the_pytorch_
         engine = NativeEngine(model, tok, max_prompt_length=64, autocast_dtype=torch.bfloat16, decode_copy=True,
                               native_kernels=native)
         r = engine.generate(PROMPTS, SamplingParams(max_new_tokens=24, n=2, seed=1))
+        kernels = engine.kernels()
+        # where rlft's AVX512-BF16 matmul runs the decode (no AMX), it is what is checked here
+        thin = native and kernels is not None and kernels.thin_bf16_matmul
+        layers = engine._fused[1].layers  # (the tiny vocabulary is no multiple of 16: its head stays with oneDNN)
+        assert all((m.thin is not None) == thin for la in layers for m in (la.qkv, la.o, la.gate_up, la.down))
         m = r.completion_mask.bool()
         diffs[native] = (r.logprobs - _forward_logprobs(model, r, True))[m].abs()
     assert diffs[True].max() < 2e-2 and diffs[True].mean() < 3e-3, (diffs[True].max(), diffs[True].mean())

@@ -102,18 +102,22 @@ def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
 class _Matmul:
     """``x [M, K] -> x @ W.T (+ b) [M, N]`` for W the row-concatenation of ``weights`` (b of ``biases``).
 
-    With ``pack_dtype`` the product runs on a private copy of W in that dtype, in oneDNN's blocked
-    layout, made by :meth:`repack` (the decoder calls it when the weights changed); otherwise on the
-    weights as they are, small inputs through the weight-first product (CPU GEMMs stream a cold
-    weight faster as ``W @ x.T``)."""
+    With ``pack_dtype`` the product runs on a private copy of W in that dtype, made by :meth:`repack`
+    (the decoder calls it when the weights changed): in oneDNN's blocked layout, or, in bf16 with
+    ``thin`` (the native kernels where their AVX512-BF16 matmul is the faster one), in that
+    kernel's layout. Otherwise on the weights as they are, small inputs through the weight-first
+    product (CPU GEMMs stream a cold weight faster as ``W @ x.T``)."""
 
     def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor] | None,
-                 pack_dtype: torch.dtype | None):
+                 pack_dtype: torch.dtype | None, thin=None):
         self.weights, self.biases = weights, biases
         self.pack_dtype = pack_dtype
         self.dtype = pack_dtype or weights[0].dtype
         self._packed: torch.Tensor | None = None
         self.bias = None if biases is None or pack_dtype else _cat(biases)
+        rows, cols = sum(w.shape[0] for w in weights), weights[0].shape[1]
+        fits = thin is not None and thin.thin_bf16_matmul and rows % 16 == 0 and cols % 2 == 0
+        self.thin = thin if fits and pack_dtype == torch.bfloat16 else None
 
     @property
     def sources(self) -> list[torch.Tensor]:
@@ -122,13 +126,16 @@ class _Matmul:
     def repack(self) -> None:
         with torch.no_grad():
             weight = _cat(self.weights).to(self.pack_dtype)
-            # the batch-size hint only picks a blocking; any row count is computed correctly
-            self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, 16)
+            # oneDNN: the batch-size hint only picks a blocking; any row count is computed correctly
+            self._packed = (self.thin.pack_bf16(weight) if self.thin is not None
+                            else torch.ops.mkldnn._reorder_linear_weight(weight, 16))
             self.bias = None if self.biases is None else _cat(self.biases).to(self.pack_dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         x = x.to(self.dtype)
-        if self.pack_dtype is not None:
+        if self.thin is not None:
+            out = self.thin.matmul_bf16(x, self._packed)
+        elif self.pack_dtype is not None:
             out = torch.ops.mkldnn._linear_pointwise(x, self._packed, None, "none", [], "")
         elif len(self.weights) == 1:
             out = matmul_weight_t(x, self.weights[0])
@@ -166,11 +173,12 @@ class FusedDecoder:
         self.embed = base.embed_tokens.weight
         self.rotary = base.rotary_emb
         self.norm, self.eps = base.norm.weight, base.norm.variance_epsilon
-        self.head = _Matmul([model.lm_head.weight], None, pack_dtype)
+        thin = kernels if kernels is not None and self._on_cpu(model) else None
+        self.head = _Matmul([model.lm_head.weight], None, pack_dtype, thin)
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
-        self.layers = [self._layer(layer, pack_dtype) for layer in base.layers]
+        self.layers = [self._layer(layer, pack_dtype, thin) for layer in base.layers]
         self.cache_dtype, self.device = self.head.dtype, self.embed.device
         self.scale = self.head_dim ** -0.5
         self._matmuls = [self.head] + [m for la in self.layers for m in (la.qkv, la.o, la.gate_up, la.down)]
@@ -187,13 +195,17 @@ class FusedDecoder:
                 and all(w.dtype == torch.float32 and w.is_contiguous() for w in norms))
 
     @staticmethod
-    def _layer(layer: nn.Module, pack_dtype: torch.dtype | None) -> _Layer:
+    def _on_cpu(model: nn.Module) -> bool:
+        return model.model.embed_tokens.weight.device.type == "cpu"
+
+    @staticmethod
+    def _layer(layer: nn.Module, pack_dtype: torch.dtype | None, thin) -> _Layer:
         attn, mlp = layer.self_attn, layer.mlp
         qkv, qkv_bias = _weights(attn, "fused_qkv", [attn.q_proj, attn.k_proj, attn.v_proj])
         gate_up, _ = _weights(mlp, "fused_gate_up", [mlp.gate_proj, mlp.up_proj])
         return _Layer(layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
-                      _Matmul(qkv, qkv_bias, pack_dtype), _Matmul([attn.o_proj.weight], None, pack_dtype),
-                      _Matmul(gate_up, None, pack_dtype), _Matmul([mlp.down_proj.weight], None, pack_dtype))
+                      _Matmul(qkv, qkv_bias, pack_dtype, thin), _Matmul([attn.o_proj.weight], None, pack_dtype, thin),
+                      _Matmul(gate_up, None, pack_dtype, thin), _Matmul([mlp.down_proj.weight], None, pack_dtype, thin))
 
     def refresh(self) -> None:
         """Remake the packed copy of every weight that changed since the last rollout."""

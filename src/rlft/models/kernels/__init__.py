@@ -26,22 +26,48 @@ _DTYPES = {torch.bfloat16: 1, torch.float32: 0}
 class CpuKernels:
     """The loaded library; methods fill ``out`` tensors in place."""
 
-    def __init__(self, lib, flags: list[str], threads_shared: bool):
+    def __init__(self, lib, flags: list[str], threads_shared: bool, amx: bool = False):
         self._lib = lib
         self.flags = flags
         # one OpenMP runtime in the process: the kernels take PyTorch's thread count; else one thread
         self.threads_shared = threads_shared and "-fopenmp" in flags
+        # gemm.c's thin bf16 matmul: built for AVX512-BF16, and used only without AMX, where oneDNN's
+        # tile kernels are the faster ones
+        self.thin_bf16_matmul = bool(lib.rlft_gemm_bf16_native()) and not amx
 
     def describe(self) -> str:
         threads = "PyTorch's OpenMP threads" if self.threads_shared else "one thread"
-        return f"native CPU kernels ({' '.join(self.flags) or 'portable build'}; attention on {threads})"
+        matmul = "; decode matmuls: rlft's AVX512-BF16 kernel" if self.thin_bf16_matmul else ""
+        return f"native CPU kernels ({' '.join(self.flags) or 'portable build'}; attention on {threads}{matmul})"
+
+    @staticmethod
+    def pack_bf16(weight: torch.Tensor) -> torch.Tensor:
+        """weight [N, K] (N a multiple of 16, K even) in bf16, laid out for :meth:`matmul_bf16`:
+        [N / 16, K / 2, 16, 2] (see gemm.c)."""
+        N, K = weight.shape
+        if N % 16 or K % 2:
+            raise ValueError(f"pack_bf16: weight {tuple(weight.shape)} needs rows a multiple of 16 and even columns")
+        return weight.detach().to(torch.bfloat16).view(N // 16, 16, K // 2, 2).transpose(1, 2).contiguous()
+
+    def matmul_bf16(self, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+        """x [M, K] bf16 @ W.T -> [M, N] bf16 for W packed by :meth:`pack_bf16`."""
+        if not self.thin_bf16_matmul:
+            raise RuntimeError("matmul_bf16: this build has no AVX512-BF16 matmul")
+        x = x.contiguous()
+        _check(x, torch.bfloat16, packed, torch.bfloat16)
+        N, K = packed.shape[0] * 16, packed.shape[1] * 2
+        if x.dim() != 2 or x.shape[1] != K or packed.shape[2:] != (16, 2):
+            raise ValueError(f"matmul_bf16: x {tuple(x.shape)} against a packed weight {tuple(packed.shape)}")
+        out = torch.empty(x.shape[0], N, dtype=torch.bfloat16)
+        self._lib.rlft_gemm_bf16(x.data_ptr(), x.shape[0], K, packed.data_ptr(), N, out.data_ptr(), self._threads())
+        return out
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor) -> torch.Tensor:
         """out [rows, dim] = RMSNorm(x [rows, dim] fp32) * weight [dim] fp32, in out's dtype."""
         _check(x, torch.float32, weight, torch.float32, out, None)
         _check_rows(x, weight, out)
         self._lib.rlft_rms_norm(x.data_ptr(), weight.data_ptr(), eps, x.shape[0], x.shape[1], out.data_ptr(),
-                                _DTYPES[out.dtype])
+                                _DTYPES[out.dtype], self._threads())
         return out
 
     def add_rms_norm(self, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -50,7 +76,7 @@ class CpuKernels:
         _check(x, torch.float32, weight, torch.float32, out, None, y, out.dtype)
         _check_rows(x, weight, out, y)
         self._lib.rlft_add_rms_norm(x.data_ptr(), y.data_ptr(), weight.data_ptr(), eps, x.shape[0], x.shape[1],
-                                    out.data_ptr(), _DTYPES[out.dtype])
+                                    out.data_ptr(), _DTYPES[out.dtype], self._threads())
         return out
 
     def silu_mul(self, gate_up: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -58,7 +84,8 @@ class CpuKernels:
         _check(gate_up, out.dtype, out, None)
         if gate_up.shape != (out.shape[0], 2 * out.shape[1]):
             raise ValueError(f"silu_mul: gate_up {tuple(gate_up.shape)} does not fit out {tuple(out.shape)}")
-        self._lib.rlft_silu_mul(gate_up.data_ptr(), out.shape[0], out.shape[1], out.data_ptr(), _DTYPES[out.dtype])
+        self._lib.rlft_silu_mul(gate_up.data_ptr(), out.shape[0], out.shape[1], out.data_ptr(), _DTYPES[out.dtype],
+                                self._threads())
         return out
 
     def decode_attention(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor,
@@ -235,7 +262,7 @@ def _load() -> tuple[CpuKernels | None, str | None]:
     if os.environ.get("RLFT_NATIVE_KERNELS", "1") == "0":
         return None, "RLFT_NATIVE_KERNELS=0"
     from rlft.models.cache import cache_root
-    from rlft.models.kernels.build import BuildError, build, load, openmp_runtimes
+    from rlft.models.kernels.build import BuildError, build, cpu_has, load, openmp_runtimes
 
     try:
         path, flags = build(cache_root() / "kernels")
@@ -245,7 +272,8 @@ def _load() -> tuple[CpuKernels | None, str | None]:
         return None, str(e)
     except OSError as e:  # a cache directory that cannot be written, a full disk
         return None, f"could not build in {cache_root() / 'kernels'}: {e}"
-    return CpuKernels(lib, flags, threads_shared=len(openmp_runtimes()) <= max(len(before), 1)), None
+    return CpuKernels(lib, flags, threads_shared=len(openmp_runtimes()) <= max(len(before), 1),
+                      amx=cpu_has("amx_bf16")), None
 
 
 def supports(heads: int, kv_heads: int, head_dim: int) -> bool:

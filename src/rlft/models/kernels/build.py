@@ -23,7 +23,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-SOURCE = Path(__file__).with_name("cpu.c")
+# the decode glue, sampling and softmax kernels; the thin bf16 matmul
+SOURCES = [Path(__file__).with_name(name) for name in ("cpu.c", "gemm.c")]
 # -fno-trapping-math lets the compiler turn the kernels' selects into vector blends; nothing in
 # them reads floating-point exception flags
 BASE_FLAGS = ["-O3", "-fPIC", "-shared", "-fno-trapping-math", "-fno-math-errno", "-std=gnu11"]
@@ -50,6 +51,11 @@ def _cpu_flags() -> str:
         return platform.processor()
 
 
+def cpu_has(flag: str) -> bool:
+    """True when /proc/cpuinfo lists ``flag`` (e.g. ``amx_bf16``) for this CPU."""
+    return flag in _cpu_flags().split()
+
+
 def _version(cc: str) -> str:
     try:
         return subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
@@ -62,7 +68,7 @@ def build(cache_dir: Path) -> tuple[Path, list[str]]:
     cc = compiler()
     if cc is None:
         raise BuildError("no C compiler found (set CC, or install gcc or clang)")
-    source = SOURCE.read_bytes()
+    source = b"\0".join(path.read_bytes() for path in SOURCES)
     version = _version(cc)
     errors = []
     for extra in OPTIONAL_FLAGS:
@@ -76,7 +82,7 @@ def build(cache_dir: Path) -> tuple[Path, list[str]]:
         fd, tmp = tempfile.mkstemp(prefix=".cpu-", suffix=".so", dir=cache_dir)
         os.close(fd)
         try:
-            proc = subprocess.run([cc, *flags, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True,
+            proc = subprocess.run([cc, *flags, "-o", tmp, *map(str, SOURCES), "-lm"], capture_output=True, text=True,
                                   timeout=300)
             if proc.returncode == 0:
                 os.replace(tmp, target)
@@ -87,7 +93,7 @@ def build(cache_dir: Path) -> tuple[Path, list[str]]:
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
-    raise BuildError(f"{cc} could not compile {SOURCE.name}: " + " | ".join(errors))
+    raise BuildError(f"{cc} could not compile {', '.join(p.name for p in SOURCES)}: " + " | ".join(errors))
 
 
 def load(path: Path) -> ctypes.CDLL:
@@ -100,19 +106,21 @@ def load(path: Path) -> ctypes.CDLL:
         raise BuildError(f"could not load {path}: {e}") from e
     p, i, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
     signatures = {
-        "rlft_rms_norm": [p, p, f, i, i, p, i],
-        "rlft_add_rms_norm": [p, p, p, f, i, i, p, i],
-        "rlft_silu_mul": [p, i, i, p, i],
+        "rlft_rms_norm": [p, p, f, i, i, p, i, i],
+        "rlft_add_rms_norm": [p, p, p, f, i, i, p, i, i],
+        "rlft_silu_mul": [p, i, i, p, i, i],
         "rlft_decode_attention": [p, p, p, p, p, p, i, i, i, i, i, i, p, i, i],
         "rlft_sample": [p, i, i, f, p, i, p, p, p, i],
         "rlft_head_softmax": [p, i, i, i, f, p, p, p, p, i, i],
         "rlft_head_grad": [p, i, i, i, f, p, p, p, p, i, i],
         "rlft_attention_softmax": [p, p, i, i, i, i, i, f, p, i, i],
         "rlft_attention_softmax_backward": [p, p, p, p, p, i, i, i, i, i, f, i, i],
+        "rlft_gemm_bf16": [p, i, i, p, i, p, i],
     }
     for name, args in signatures.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, None
+    lib.rlft_gemm_bf16_native.argtypes, lib.rlft_gemm_bf16_native.restype = [], ctypes.c_int
     return lib
 
 

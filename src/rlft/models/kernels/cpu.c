@@ -87,17 +87,24 @@ static void rms_row(const float *restrict x, const float *restrict w, float eps,
     store(scratch, bf, out, offset, dim);
 }
 
+/* rows split over threads once a call has enough work to pay for waking them */
+#define ROWS_PARALLEL(rows, dim) if (threads > 1 && (rows) > 1 && (int64_t)(rows) * (dim) >= (1 << 13))
+
 /* out [rows, dim] = RMSNorm(x [rows, dim] fp32) * w, in the compute dtype */
-void rlft_rms_norm(const float *x, const float *w, float eps, int rows, int dim, void *out, int bf) {
-    float scratch[dim];
-    for (int r = 0; r < rows; r++) rms_row(x + (int64_t)r * dim, w, eps, dim, bf, out, (int64_t)r * dim, scratch);
+void rlft_rms_norm(const float *x, const float *w, float eps, int rows, int dim, void *out, int bf, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) ROWS_PARALLEL(rows, dim)
+    for (int r = 0; r < rows; r++) {
+        float scratch[dim];
+        rms_row(x + (int64_t)r * dim, w, eps, dim, bf, out, (int64_t)r * dim, scratch);
+    }
 }
 
 /* x += y (y in the compute dtype, x the fp32 residual), then out = RMSNorm(x) * w */
-void rlft_add_rms_norm(float *x, const void *y, const float *w, float eps, int rows, int dim, void *out, int bf) {
-    float scratch[dim];
+void rlft_add_rms_norm(float *x, const void *y, const float *w, float eps, int rows, int dim, void *out, int bf,
+                       int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) ROWS_PARALLEL(rows, dim)
     for (int r = 0; r < rows; r++) {
-        float *xr = x + (int64_t)r * dim;
+        float scratch[dim], *xr = x + (int64_t)r * dim;
         load(y, bf, (int64_t)r * dim, dim, scratch);
         for (int i = 0; i < dim; i++) xr[i] += scratch[i];
         rms_row(xr, w, eps, dim, bf, out, (int64_t)r * dim, scratch);
@@ -106,9 +113,10 @@ void rlft_add_rms_norm(float *x, const void *y, const float *w, float eps, int r
 
 /* out [rows, inter] = SiLU(gate) * up for gate_up [rows, 2 * inter] (gate first); in bf16 the SiLU is
  * rounded before the product, as two PyTorch ops round it */
-void rlft_silu_mul(const void *gate_up, int rows, int inter, void *out, int bf) {
-    float g[inter], u[inter];
+void rlft_silu_mul(const void *gate_up, int rows, int inter, void *out, int bf, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) ROWS_PARALLEL(rows, inter)
     for (int r = 0; r < rows; r++) {
+        float g[inter], u[inter];
         load(gate_up, bf, (int64_t)r * 2 * inter, inter, g);
         load(gate_up, bf, (int64_t)r * 2 * inter + inter, inter, u);
         if (bf) {

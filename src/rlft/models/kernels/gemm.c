@@ -1,0 +1,91 @@
+/* A bf16 matmul for the decode step's few rows, on CPUs with AVX512-BF16 and no AMX.
+ *
+ * A decode step multiplies 1-16 rows by every weight of the model. On a CPU whose bf16 dot product
+ * is VDPBF16PS (AVX512-BF16) and has no AMX tiles, oneDNN's kernel for such thin products reached
+ * ~45 % of the machine's bf16 peak on SmolLM2's shapes; this one keeps 4 rows x 64 columns of fp32
+ * sums in 16 registers and streams the weight once per 4 rows, 1.1-1.3x faster at 16 rows and up
+ * to 2x at one (benchmarks in docs/performance.md). With AMX, oneDNN's tile kernels are faster and
+ * rlft keeps them (:mod:`rlft.models.kernels`); without AVX512-BF16 this file builds to a stub that
+ * says so.
+ *
+ * The weight W [N, K] is packed by the caller as [N / 16][K / 2][16][2] (16 output columns, then
+ * pairs of the reduction dimension: the operand layout of VDPBF16PS), K even and N a multiple of
+ * 16. Sums are fp32 and rounded to bf16 once, at the end, to nearest even (as oneDNN rounds).
+ */
+#include <stdint.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#include <immintrin.h>
+
+#define RB 4 /* rows of x a micro-kernel takes */
+#define CB 4 /* blocks of 16 output columns it takes: RB x CB accumulators, half the vector registers */
+
+int rlft_gemm_bf16_native(void) { return 1; }
+
+/* y [rows, cb * 16] (ldy apart) = x [RB, K] (ldx apart; rows beyond `rows` are read, not written)
+ * times the cb packed column blocks at `blocks` (bstride elements apart) */
+static inline __attribute__((always_inline)) void micro(const uint16_t *x, int64_t ldx, int rows,
+                                                        const uint16_t *blocks, int64_t bstride, int kpairs,
+                                                        const int cb, uint16_t *y, int64_t ldy) {
+    __m512 acc[RB][CB];
+    for (int r = 0; r < RB; r++)
+        for (int c = 0; c < cb; c++) acc[r][c] = _mm512_setzero_ps();
+    for (int kp = 0; kp < kpairs; kp++) {
+        __m512bh w[CB];
+        for (int c = 0; c < cb; c++) w[c] = (__m512bh)_mm512_loadu_si512(blocks + c * bstride + kp * 32);
+        for (int r = 0; r < RB; r++) {
+            int32_t pair;
+            memcpy(&pair, x + r * ldx + 2 * kp, 4);
+            __m512bh b = (__m512bh)_mm512_set1_epi32(pair);
+            for (int c = 0; c < cb; c++) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], b, w[c]);
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cb; c++)
+            _mm256_storeu_si256((__m256i *)(y + r * ldy + c * 16), (__m256i)_mm512_cvtneps_pbh(acc[r][c]));
+}
+
+/* y [M, N] = x [M, K] @ W.T, all bf16, W packed as above; the column blocks split over threads */
+void rlft_gemm_bf16(const uint16_t *x, int M, int K, const uint16_t *packed, int N, uint16_t *y, int threads) {
+    int nb = N / 16, kpairs = K / 2, full = M / RB * RB;
+    int64_t bstride = (int64_t)kpairs * 32;
+    uint16_t tail[RB * K]; /* the last M % RB rows, zero-padded to RB: the micro-kernel reads RB rows */
+    if (M > full) {
+        memset(tail, 0, sizeof tail);
+        memcpy(tail, x + (int64_t)full * K, (size_t)(M - full) * K * 2);
+    }
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+#ifdef _OPENMP
+        int t = omp_get_thread_num(), T = omp_get_num_threads();
+#else
+        int t = 0, T = 1;
+#endif
+        int b0 = (int)((int64_t)nb * t / T), b1 = (int)((int64_t)nb * (t + 1) / T);
+        for (int b = b0; b < b1; b += CB) {
+            int cb = b1 - b < CB ? b1 - b : CB;
+            const uint16_t *blocks = packed + (int64_t)b * bstride;
+            for (int m = 0; m < M; m += RB) {
+                const uint16_t *xs = m < full ? x + (int64_t)m * K : tail;
+                int rows = M - m < RB ? M - m : RB;
+                uint16_t *ys = y + (int64_t)m * N + b * 16;
+                /* the column count as a constant, so each micro-kernel's loops unroll into registers */
+                if (cb == CB) micro(xs, K, rows, blocks, bstride, kpairs, CB, ys, N);
+                else if (cb == 3) micro(xs, K, rows, blocks, bstride, kpairs, 3, ys, N);
+                else if (cb == 2) micro(xs, K, rows, blocks, bstride, kpairs, 2, ys, N);
+                else micro(xs, K, rows, blocks, bstride, kpairs, 1, ys, N);
+            }
+        }
+    }
+}
+#else
+int rlft_gemm_bf16_native(void) { return 0; }
+
+void rlft_gemm_bf16(const uint16_t *x, int M, int K, const uint16_t *packed, int N, uint16_t *y, int threads) {
+    (void)x, (void)M, (void)K, (void)packed, (void)N, (void)y, (void)threads;
+}
+#endif
