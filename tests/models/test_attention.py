@@ -61,6 +61,33 @@ def test_grouped_matmul_attention_matches_sdpa_with_gradients(with_mask, attenti
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("with_mask", [True, False])
+def test_long_rows_attend_a_block_of_queries_at_a_time_and_match_sdpa(with_mask, monkeypatch):
+    if kernels_module.cpu_kernels() is None:
+        pytest.skip(f"native kernels unavailable: {kernels_module.unavailable_reason()}")
+    monkeypatch.setattr(attention, "QUERY_BLOCK", 4)  # 22 queries: six blocks, the last one short
+    q, k, v, mask = _inputs(L=22, S=30 if with_mask else 22, seed=1)
+    mask = mask if with_mask else None
+    blocks = attention._query_blocks(None if mask is None else mask[:, 0], 22, q.shape[2] if mask is None else 30)
+    assert len(blocks) == 6 and blocks[0][2] < blocks[-1][2], blocks  # the early blocks read fewer keys
+    ours, _ = attention_forward(_Module(3), q, k, v, mask)
+    ref = _sdpa(q, k, v, mask, 3) if with_mask else torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), is_causal=True).transpose(1, 2)
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
+    grads = torch.autograd.grad(ours.square().sum(), (q, k, v))
+    ref_grads = torch.autograd.grad(ref.square().sum(), (q, k, v))
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_blocks_that_would_skip_few_scores_stay_one_call():
+    full = torch.ones(2, 200, 210, dtype=torch.bool)  # every query sees every key: nothing to skip
+    assert attention._query_blocks(full, 200, 210) == [(0, 200, 210)]
+    assert attention._query_blocks(None, 100, 100) == [(0, 100, 100)]  # too short to split
+    causal = torch.ones(200, 240, dtype=torch.bool).tril(40).expand(2, 200, 240)
+    assert [e for _, _, e in attention._query_blocks(causal, 200, 240)] == [104, 168, 232, 240]
+
+
 def test_large_blocks_and_unsupported_options_go_to_sdpa(monkeypatch):
     monkeypatch.setattr(kernels_module, "_SWITCH", {"enabled": False})  # the PyTorch path's own threshold
     calls = []
