@@ -13,12 +13,15 @@ decode over a static cache, PyTorch ops between the matmuls), fp32-native (the s
 native CPU kernels between the matmuls and for sampling: the default in fp32), autocast (bf16
 autocast over the fp32 weights: rlft before issue 12), copy-generic (the bf16 decode copy through
 the model's forward), copy (bf16 weights with the fused decode, PyTorch ops between the matmuls),
-copy-native (the same with the native kernels: the default with bf16).
+copy-native (the same with the native kernels: the default with bf16; where the CPU has AVX512-BF16
+and no AMX its matmuls are rlft's thin bf16 kernel), copy-native-onednn (the same with oneDNN's
+matmuls instead of that kernel).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import sys
 import time
@@ -32,7 +35,7 @@ import workload  # noqa: E402
 VARIANTS = {"fp32-generic": (None, False, False, False), "fp32": (None, False, True, False),
             "fp32-native": (None, False, True, True), "autocast": ("bf16", False, False, False),
             "copy-generic": ("bf16", True, False, False), "copy": ("bf16", True, True, False),
-            "copy-native": ("bf16", True, True, True)}
+            "copy-native": ("bf16", True, True, True), "copy-native-onednn": ("bf16", True, True, True)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,6 +63,10 @@ def main(argv: list[str] | None = None) -> int:
                                autocast_dtype=torch.bfloat16 if VARIANTS[v][0] else None,
                                decode_copy=VARIANTS[v][1], fused_decode=VARIANTS[v][2],
                                native_kernels=VARIANTS[v][3]) for v in a.variants}
+    if "copy-native-onednn" in engines and engines["copy-native-onednn"].kernels() is not None:
+        onednn = copy.copy(engines["copy-native-onednn"].kernels())
+        onednn.thin_bf16_matmul = False  # this engine's decoder multiplies oneDNN-packed weights
+        engines["copy-native-onednn"].kernels = lambda: onednn
     prompts = workload.prompts(tok, a.prompts)
     T = a.max_new_tokens
     sampling = SamplingParams(max_new_tokens=T, min_new_tokens=T, n=a.group_size, seed=0)  # as the trainer draws

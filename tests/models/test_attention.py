@@ -80,6 +80,23 @@ def test_long_rows_attend_a_block_of_queries_at_a_time_and_match_sdpa(with_mask,
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
+def test_rows_too_long_for_one_native_call_go_in_blocks_not_to_sdpa(monkeypatch):
+    if kernels_module.cpu_kernels() is None:
+        pytest.skip(f"native kernels unavailable: {kernels_module.unavailable_reason()}")
+    import transformers.integrations.sdpa_attention as sdpa
+
+    monkeypatch.setattr(sdpa, "sdpa_attention_forward", lambda *a, **kw: pytest.fail("went to SDPA"))
+    monkeypatch.setattr(attention, "QUERY_BLOCK", 4)
+    q, k, v, mask = _inputs(L=16, S=16, seed=2)
+    mask = torch.ones_like(mask)  # every query sees every key: blocks save nothing, only memory
+    # one call of 16 queries is over the limit, a block of 4 is not
+    monkeypatch.setattr(attention, "NATIVE_ELEMENTS", 3 * 6 * 4 * 16)
+    ours, _ = attention_forward(_Module(3), q, k, v, mask)
+    torch.testing.assert_close(ours, _sdpa(q, k, v, mask, 3), rtol=1e-5, atol=1e-6)
+    assert attention._query_blocks(mask[:, 0], 16, 16, whole_fits=False) == [(0, 4, 16), (4, 8, 16), (8, 12, 16),
+                                                                             (12, 16, 16)]
+
+
 def test_blocks_that_would_skip_few_scores_stay_one_call():
     full = torch.ones(2, 200, 210, dtype=torch.bool)  # every query sees every key: nothing to skip
     assert attention._query_blocks(full, 200, 210) == [(0, 200, 210)]

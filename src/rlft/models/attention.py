@@ -15,8 +15,10 @@ take the same two grouped matmuls with the softmax (and in the backward, its gra
 kernel call instead of a dozen fp32 ops, and the backward recomputes the scores from q and k as
 flash attention does, keeping only a log-sum-exp a query: forward + backward of 8 rows x 9 heads of
 255 queries over 295 keys took less than half of SDPA's 58 ms a layer. Rows of 128 queries or more
-go a block of 64 queries at a time over only the keys the block reaches (causal rows skip ~40 % of
-the scores of a 256-token completion): 10-13 % off that call's forward + backward.
+go a block of 64 queries at a time over only the keys the block reaches (causal rows skip ~30-40 %
+of the scores of a 256-token completion: 19 % off that call's forward + backward), and the 2^24
+limit is a block's, so 512-token completions stay off SDPA too (2x faster there;
+``benchmarks/attention.py``).
 
 Registered with transformers' attention and mask interfaces as ``rlft``; :func:`use_rlft_attention`
 switches a loaded model to it. It falls back to SDPA for anything it does not implement (dropout,
@@ -51,10 +53,13 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
               and (attention_mask is None or (attention_mask.dtype == torch.bool and attention_mask.shape[1] == 1))
               and H % KVH == 0 and getattr(module, "is_causal", True))
     scale = D ** -0.5 if scaling is None else scaling
-    kernels, dtype = _native(query, key, value) if simple and B * H * L * S <= NATIVE_ELEMENTS else (None, None)
+    # the native path's limit is a block's: long rows split into query blocks take it too
+    fits = B * H * (L if L < 2 * QUERY_BLOCK else QUERY_BLOCK) * S <= NATIVE_ELEMENTS
+    kernels, dtype = _native(query, key, value) if simple and fits else (None, None)
     if kernels is not None:
         mask = None if attention_mask is None else attention_mask.expand(B, 1, L, S)[:, 0].contiguous()
-        return _NativeAttention.apply(query, key, value, mask, scale, kernels, dtype), None
+        blocks = _query_blocks(mask, L, S, whole_fits=B * H * L * S <= NATIVE_ELEMENTS)
+        return _NativeAttention.apply(query, key, value, mask, scale, kernels, dtype, blocks), None
     if not simple or B * H * L * S > MATMUL_ELEMENTS:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
@@ -89,9 +94,9 @@ def _native(query: torch.Tensor, *others: torch.Tensor):
 QUERY_BLOCK = 64
 
 
-def _query_blocks(mask: torch.Tensor | None, L: int, S: int) -> list[tuple[int, int, int]]:
+def _query_blocks(mask: torch.Tensor | None, L: int, S: int, whole_fits: bool = True) -> list[tuple[int, int, int]]:
     """(first query, end query, end key) of each block of queries, each block's keys cut at the last
-    key any of its queries attends to.
+    key any of its queries attends to (``whole_fits``: one call of all L queries is allowed).
 
     Causal rows attend to a prefix that grows with the query: over one block of all L queries, a
     completion of 256 tokens after a 40-token prompt spends ~40 % of its scores (and of both their
@@ -106,7 +111,7 @@ def _query_blocks(mask: torch.Tensor | None, L: int, S: int) -> list[tuple[int, 
         reach = torch.where(seen.any(-1), S - seen.flip(-1).to(torch.uint8).argmax(-1), 0)
     blocks = [(a, min(a + QUERY_BLOCK, L)) for a in range(0, L, QUERY_BLOCK)]
     blocks = [(a, b, max(int(reach[a:b].max()), 1)) for a, b in blocks]
-    if sum((b - a) * e for a, b, e in blocks) > 0.85 * L * S:
+    if whole_fits and sum((b - a) * e for a, b, e in blocks) > 0.85 * L * S:
         return [(0, L, S)]
     return blocks
 
@@ -122,7 +127,8 @@ def _block_mask(mask: torch.Tensor | None, B: int, a: int, b: int, e: int) -> to
 
 class _NativeAttention(torch.autograd.Function):
     """Causal grouped-query attention as two matmuls around the native softmax: query [B, H, L, D], key and
-    value [B, KVH, S, D], mask [B, L, S] bool or None (causal) -> [B, L, H, D] in the compute dtype.
+    value [B, KVH, S, D], mask [B, L, S] bool or None (causal), the query blocks of :func:`_query_blocks`
+    -> [B, L, H, D] in the compute dtype.
 
     The H query heads are viewed as KVH blocks of G * L rows (query head h reads kv head h // G, as
     Hugging Face's repeat_kv lays them out), so keys and values are never expanded. Long rows are
@@ -131,12 +137,11 @@ class _NativeAttention(torch.autograd.Function):
     and rowsum(dO * O), as flash attention does; gradients come back in the inputs' dtypes."""
 
     @staticmethod
-    def forward(ctx, query, key, value, mask, scale: float, kernels, dtype: torch.dtype):
+    def forward(ctx, query, key, value, mask, scale: float, kernels, dtype: torch.dtype, blocks):
         B, H, L, D = query.shape
-        KVH, S = key.shape[1], key.shape[2]
+        KVH = key.shape[1]
         G = H // KVH
         q, k, v = query.to(dtype).reshape(B, KVH, G * L, D), key.to(dtype), value.to(dtype)
-        blocks = _query_blocks(mask, L, S)
         out = None if len(blocks) == 1 else q.new_empty(B, KVH, G, L, D)
         lse = torch.empty(B, KVH, G, L, dtype=torch.float32)
         with torch.autocast("cpu", enabled=False):
@@ -186,7 +191,7 @@ class _NativeAttention(torch.autograd.Function):
                     dk[:, :, :e] += dk_b
                     dv[:, :, :e] += dv_b
         dtq, dtk, dtv = ctx.dtypes
-        return dq.view(B, KVH * G, L, D).to(dtq), dk.to(dtk), dv.to(dtv), None, None, None, None
+        return dq.view(B, KVH * G, L, D).to(dtq), dk.to(dtk), dv.to(dtv), None, None, None, None, None
 
 
 def _rows(x: torch.Tensor, G: int, L: int, a: int, b: int) -> torch.Tensor:
