@@ -36,6 +36,17 @@ def _sdpa(q, k, v, mask, groups):
     return out.transpose(1, 2)
 
 
+def _assert_matches_sdpa(ours, q, k, v, mask) -> None:
+    """``ours`` and its gradients against SDPA's with ``mask`` (None: causal), 3 query heads a kv head."""
+    ref = _sdpa(q, k, v, mask, 3) if mask is not None else torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), is_causal=True).transpose(1, 2)
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
+    grads = torch.autograd.grad(ours.square().sum(), (q, k, v))
+    ref_grads = torch.autograd.grad(ref.square().sum(), (q, k, v))
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
 @pytest.fixture(params=["native", "pytorch"])
 def attention_path(request, monkeypatch):
     """Each test once with the softmax in rlft's native kernels (where they build), once in PyTorch ops."""
@@ -52,13 +63,7 @@ def test_grouped_matmul_attention_matches_sdpa_with_gradients(with_mask, attenti
     mask = mask if with_mask else None
     ours, none = attention_forward(_Module(3), q, k, v, mask)
     assert none is None and ours.shape == (3, 5, 6, 8)
-    ref = _sdpa(q, k, v, mask, 3) if with_mask else torch.nn.functional.scaled_dot_product_attention(
-        q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), is_causal=True).transpose(1, 2)
-    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
-    grads = torch.autograd.grad(ours.square().sum(), (q, k, v))
-    ref_grads = torch.autograd.grad(ref.square().sum(), (q, k, v))
-    for a, b in zip(grads, ref_grads):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    _assert_matches_sdpa(ours, q, k, v, mask)
 
 
 @pytest.mark.parametrize("with_mask", [True, False])
@@ -71,13 +76,7 @@ def test_long_rows_attend_a_block_of_queries_at_a_time_and_match_sdpa(with_mask,
     blocks = attention._query_blocks(None if mask is None else mask[:, 0], 22, q.shape[2] if mask is None else 30)
     assert len(blocks) == 6 and blocks[0][2] < blocks[-1][2], blocks  # the early blocks read fewer keys
     ours, _ = attention_forward(_Module(3), q, k, v, mask)
-    ref = _sdpa(q, k, v, mask, 3) if with_mask else torch.nn.functional.scaled_dot_product_attention(
-        q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), is_causal=True).transpose(1, 2)
-    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
-    grads = torch.autograd.grad(ours.square().sum(), (q, k, v))
-    ref_grads = torch.autograd.grad(ref.square().sum(), (q, k, v))
-    for a, b in zip(grads, ref_grads):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    _assert_matches_sdpa(ours, q, k, v, mask)
 
 
 def test_rows_too_long_for_one_native_call_go_in_blocks_not_to_sdpa(monkeypatch):
