@@ -173,7 +173,7 @@ class FusedDecoder:
         self.embed = base.embed_tokens.weight
         self.rotary = base.rotary_emb
         self.norm, self.eps = base.norm.weight, base.norm.variance_epsilon
-        thin = kernels if kernels is not None and self._on_cpu(model) else None
+        thin = kernels if kernels is not None and self.embed.device.type == "cpu" else None
         self.head = _Matmul([model.lm_head.weight], None, pack_dtype, thin)
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
@@ -193,10 +193,6 @@ class FusedDecoder:
         return (self.device.type == "cpu" and self.cache_dtype in (torch.float32, torch.bfloat16)
                 and supports(self.heads, self.kv_heads, self.head_dim)
                 and all(w.dtype == torch.float32 and w.is_contiguous() for w in norms))
-
-    @staticmethod
-    def _on_cpu(model: nn.Module) -> bool:
-        return model.model.embed_tokens.weight.device.type == "cpu"
 
     @staticmethod
     def _layer(layer: nn.Module, pack_dtype: torch.dtype | None, thin) -> _Layer:
