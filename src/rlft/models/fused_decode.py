@@ -115,8 +115,7 @@ class _Matmul:
         self.dtype = pack_dtype or weights[0].dtype
         self._packed: torch.Tensor | None = None
         self.bias = None if biases is None or pack_dtype else _cat(biases)
-        rows, cols = sum(w.shape[0] for w in weights), weights[0].shape[1]
-        fits = thin is not None and thin.thin_bf16_matmul and rows % 16 == 0 and cols % 2 == 0
+        fits = thin is not None and thin.thin_matmul_takes(sum(w.shape[0] for w in weights), weights[0].shape[1])
         self.thin = thin if fits and pack_dtype == torch.bfloat16 else None
 
     @property

@@ -25,12 +25,9 @@ _BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 @functools.lru_cache(maxsize=None)
 def cpu_has_native_bf16() -> bool:
     """True if /proc/cpuinfo lists a bf16 matmul extension (Linux x86); False elsewhere."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-    except OSError:
-        return False
-    return any(flag in flags for flag in _BF16_CPU_FLAGS)
+    from rlft.models.kernels.build import cpu_has
+
+    return any(cpu_has(flag) for flag in _BF16_CPU_FLAGS)
 
 
 # bf16 over fp32 matmul throughput below which ``auto`` computes in fp32 (and an explicit bf16 is

@@ -40,12 +40,17 @@ class CpuKernels:
         matmul = "; decode matmuls: rlft's AVX512-BF16 kernel" if self.thin_bf16_matmul else ""
         return f"native CPU kernels ({' '.join(self.flags) or 'portable build'}; attention on {threads}{matmul})"
 
+    def thin_matmul_takes(self, rows: int, cols: int) -> bool:
+        """True when :meth:`matmul_bf16` runs here and can take a weight [rows, cols] (rows a multiple of
+        16, cols even)."""
+        return self.thin_bf16_matmul and _thin_shape(rows, cols)
+
     @staticmethod
     def pack_bf16(weight: torch.Tensor) -> torch.Tensor:
         """weight [N, K] (N a multiple of 16, K even) in bf16, laid out for :meth:`matmul_bf16`:
         [N / 16, K / 2, 16, 2] (see gemm.c)."""
         N, K = weight.shape
-        if N % 16 or K % 2:
+        if not _thin_shape(N, K):
             raise ValueError(f"pack_bf16: weight {tuple(weight.shape)} needs rows a multiple of 16 and even columns")
         return weight.detach().to(torch.bfloat16).view(N // 16, 16, K // 2, 2).transpose(1, 2).contiguous()
 
@@ -205,6 +210,10 @@ class CpuKernels:
 
     def _threads(self) -> int:
         return torch.get_num_threads() if self.threads_shared else 1
+
+
+def _thin_shape(rows: int, cols: int) -> bool:
+    return rows % 16 == 0 and cols % 2 == 0
 
 
 def _check_rows(x: torch.Tensor, weight: torch.Tensor, *like_x: torch.Tensor) -> None:
