@@ -171,49 +171,52 @@ def _recv(conn) -> dict:
 # ---------------------------------------------------------------------------- coordinator
 
 
-def _run_case(opts: dict, frameworks: list[str], warmup: int, steps: int) -> dict:
+def _run_workers(cases: list[tuple[str, dict]], warmup: int, steps: int) -> list[dict]:
+    """Step one worker per (framework, options) case in turn, ``warmup + steps`` rounds; one result per case."""
     ctx = mp.get_context("spawn")
-    procs, conns = {}, {}
-    for name in frameworks:
+    procs, conns = [], []
+    for name, opts in cases:
         parent, child = ctx.Pipe()
-        procs[name] = ctx.Process(target=_worker, args=(child, name, opts), daemon=True)
-        procs[name].start()
+        procs.append(ctx.Process(target=_worker, args=(child, name, opts), daemon=True))
+        procs[-1].start()
         child.close()  # so a crashed worker shows up as EOFError here instead of a hang
-        conns[name] = parent
-        _recv(conns[name])  # ready: loaded one at a time so loading does not contend either
-    times = {n: [] for n in frameworks}
-    tokens = {n: [] for n in frameworks}
-    cpu = {n: [0.0, 0.0] for n in frameworks}
-    gen, phases = [], []
+        conns.append(parent)
+        _recv(parent)  # ready: loaded one at a time so loading does not contend either
+    times = [[] for _ in cases]
+    tokens = [[] for _ in cases]
+    cpu = [[0.0, 0.0] for _ in cases]
+    gen = [[] for _ in cases]
+    phases = [[] for _ in cases]
     for i in range(warmup + steps):
-        for name in frameworks:
-            conns[name].send("step")
-            r = _recv(conns[name])
+        for c, (name, opts) in enumerate(cases):
+            conns[c].send("step")
+            r = _recv(conns[c])
             if i >= warmup:
-                times[name].append(r["seconds"])
-                tokens[name].append(r["tokens"])
-                cpu[name] = [c + x for c, x in zip(cpu[name], r["cpu"])]
+                times[c].append(r["seconds"])
+                tokens[c].append(r["tokens"])
+                cpu[c] = [a + x for a, x in zip(cpu[c], r["cpu"])]
                 if "generation_seconds" in r:
-                    gen.append(r["generation_seconds"])
+                    gen[c].append(r["generation_seconds"])
                 if "phases" in r:
-                    phases.append(r["phases"])
+                    phases[c].append(r["phases"])
             print(f"  [{opts['dtype']}] {name} step {i + 1}{' (warm-up)' if i < warmup else ''}: "
                   f"{r['seconds']:.2f}s", file=sys.stderr, flush=True)
-    out = {}
-    for name in frameworks:
-        conns[name].send("stop")
-        peak = _recv(conns[name])["peak_rss_mb"]
-        procs[name].join(timeout=60)
-        toks = [t for t in tokens[name] if t is not None]
-        out[name] = {"step_seconds": statistics.median(times[name]), "all_step_seconds": times[name],
-                     "peak_rss_mb": peak, "cpu_user_s_per_step": cpu[name][0] / steps,
-                     "cpu_system_s_per_step": cpu[name][1] / steps,
-                     "tokens_per_s": (sum(toks) / sum(times[name][:len(toks)])) if toks else None}
-    if gen:
-        out["rlft"]["generation_seconds"] = statistics.median(gen)
-    if phases:
-        out["rlft"]["phases"] = {k: statistics.median(p.get(k, 0.0) for p in phases)
-                                 for k in sorted({k for p in phases for k in p})}
+    out = []
+    for c in range(len(cases)):
+        conns[c].send("stop")
+        peak = _recv(conns[c])["peak_rss_mb"]
+        procs[c].join(timeout=60)
+        toks = [t for t in tokens[c] if t is not None]
+        r = {"step_seconds": statistics.median(times[c]), "all_step_seconds": times[c],
+             "peak_rss_mb": peak, "cpu_user_s_per_step": cpu[c][0] / steps,
+             "cpu_system_s_per_step": cpu[c][1] / steps,
+             "tokens_per_s": (sum(toks) / sum(times[c][:len(toks)])) if toks else None}
+        if gen[c]:
+            r["generation_seconds"] = statistics.median(gen[c])
+        if phases[c]:
+            r["phases"] = {k: statistics.median(p.get(k, 0.0) for p in phases[c])
+                           for k in sorted({k for p in phases[c] for k in p})}
+        out.append(r)
     return out
 
 
@@ -259,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--interleave", action="store_true",
+                    help="with several --dtype: keep a worker per dtype and framework alive and step all of them in "
+                         "turn, so drift of the machine hits every dtype alike (needs all their memory at once)")
     ap.add_argument("--json", help="also write the results here")
     a = ap.parse_args(argv)
     import torch
@@ -286,14 +292,24 @@ def main(argv: list[str] | None = None) -> int:
     if "bf16" in a.dtype and not cpu_has_native_bf16():
         print("WARNING: this CPU has no native bf16 matmul: TRL's bf16=True runs emulated bf16 (see the peak above) "
               "while rlft falls back to fp32, so the bf16 rows do not compare like with like")
+    options = {dtype: dict(model_dir=model_dir, dtype=dtype, prompts=a.prompts, group_size=a.group_size,
+                           max_new_tokens=a.max_new_tokens, beta=a.beta, fixed_length=not a.natural_eos,
+                           engine=a.engine, threads=a.threads, gradient_checkpointing=a.rlft_gradient_checkpointing,
+                           defaults=a.defaults, trl_keep_memory=a.trl_keep_memory, micro_batch=a.rlft_micro_batch)
+               for dtype in a.dtype}
+    # --interleave: every (dtype, framework) worker alive at once and stepped in turn; else one dtype after another
+    groups = [a.dtype] if a.interleave else [[d] for d in a.dtype]
+    for dtypes in groups:
+        cases = [(name, options[d]) for d in dtypes for name in a.frameworks]
+        for (name, opts), res in zip(cases, _run_workers(cases, a.warmup, a.steps)):
+            results["results"].setdefault(opts["dtype"], {})[name] = res
     for dtype in a.dtype:
-        opts = dict(model_dir=model_dir, dtype=dtype, prompts=a.prompts, group_size=a.group_size,
-                    max_new_tokens=a.max_new_tokens, beta=a.beta, fixed_length=not a.natural_eos,
-                    engine=a.engine, threads=a.threads, gradient_checkpointing=a.rlft_gradient_checkpointing,
-                    defaults=a.defaults, trl_keep_memory=a.trl_keep_memory, micro_batch=a.rlft_micro_batch)
-        res = _run_case(opts, a.frameworks, a.warmup, a.steps)
-        results["results"][dtype] = res
-        _print_case(dtype, res, flops[True], peaks, sizes)
+        _print_case(dtype, results["results"][dtype], flops[True], peaks, sizes)
+    if {"bf16", "fp32"} <= set(a.dtype) and "rlft" in a.frameworks:
+        r = results["results"]
+        how = "stepped in turn" if a.interleave else "one dtype after the other; --interleave alternates them"
+        print(f"\nrlft bf16 vs rlft fp32: {r['fp32']['rlft']['step_seconds'] / r['bf16']['rlft']['step_seconds']:.2f}x "
+              f"({how})")
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=2))
     return 0
@@ -329,6 +345,8 @@ def print_phases(ph: dict, dtype: str, peaks: dict, weights: float, params: floa
         "decode": (w * wbytes * ph.get("work/decode_steps", 0) / 1e9, "GB", bw),
         "reference": (2 * w * ph.get("work/reference_tokens", 0) / 1e12, "TFLOP", peak),
         "policy": (6 * w * ph.get("work/policy_tokens", 0) / 1e12, "TFLOP", peak),
+        # the decode's bf16 copy of the changed weights: read in fp32, written in bf16 (upper bound: all of them)
+        "weight_sync": (params * 6 / 1e9, "GB", bw) if dtype == "bf16" else (0.0, "", 0.0),
         # fused AdamW reads parameter, gradient and two moments (fp32) and writes three of them back
         "optimizer": (params * 4 * 7 / 1e9, "GB", bw),
     }

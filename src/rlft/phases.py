@@ -19,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 
 #: The phases a step is split into, in the order the per-phase table prints them.
-PHASES = ("prefill", "decode", "environment", "reward", "reference", "old_logprobs", "critic", "policy",
+PHASES = ("weight_sync", "prefill", "decode", "environment", "reward", "reference", "old_logprobs", "critic", "policy",
           "optimizer")
 
 

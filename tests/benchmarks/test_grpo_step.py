@@ -38,13 +38,19 @@ def test_rlft_only_run_reports_step_times(tmp_path, capsys):
     bench = _load("grpo_step")
     out = tmp_path / "bench.json"
     rc = bench.main(["--model", "tiny", "--frameworks", "rlft", "--warmup", "1", "--steps", "2",
-                     "--max-new-tokens", "8", "--json", str(out)])
+                     "--max-new-tokens", "8", "--dtype", "fp32", "bf16", "--interleave", "--json", str(out)])
     assert rc == 0
-    res = json.loads(out.read_text())["results"]["fp32"]["rlft"]
-    assert len(res["all_step_seconds"]) == 2 and res["step_seconds"] > 0
-    assert res["peak_rss_mb"] > 50
-    assert res["tokens_per_s"] == pytest.approx(16 * 8 * 2 / sum(res["all_step_seconds"]), rel=1e-6)
-    assert "rlft achieved" in capsys.readouterr().out
+    results = json.loads(out.read_text())["results"]
+    for dtype in ("fp32", "bf16"):  # one worker each, stepped in turn
+        res = results[dtype]["rlft"]
+        assert len(res["all_step_seconds"]) == 2 and res["step_seconds"] > 0
+        assert res["peak_rss_mb"] > 50
+        assert res["tokens_per_s"] == pytest.approx(16 * 8 * 2 / sum(res["all_step_seconds"]), rel=1e-6)
+        assert res["phases"]["time/decode"] > 0
+    printed = capsys.readouterr().out
+    assert "rlft achieved" in printed
+    ratio = results["fp32"]["rlft"]["step_seconds"] / results["bf16"]["rlft"]["step_seconds"]
+    assert f"rlft bf16 vs rlft fp32: {ratio:.2f}x (stepped in turn)" in printed
 
 
 def test_update_passes_reports_activations_that_fall_with_more_passes(capsys):

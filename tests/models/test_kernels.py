@@ -115,15 +115,48 @@ def test_the_thin_bf16_matmul_is_a_rounded_float_matmul(kernels, rows, out_featu
     w = torch.randn(out_features, in_features, generator=g).bfloat16()
     x = torch.randn(rows, in_features, generator=g).bfloat16()
     out = kernels.matmul_bf16(x, kernels.pack_bf16(w))
+    assert torch.equal(kernels.pack_bf16(w), _reference_pack(w))
     exact = x.double() @ w.double().T
     assert out.dtype == torch.bfloat16 and out.shape == (rows, out_features)
     # fp32 sums in another order than float64's, rounded once: at most a bf16 step apart
     torch.testing.assert_close(out.double(), exact, atol=1e-4, rtol=2 ** -7)
 
 
+def _reference_pack(w: torch.Tensor) -> torch.Tensor:
+    """The layout gemm.c reads, by PyTorch ops: [N / 16, K / 2, 16, 2]."""
+    N, K = w.shape
+    return w.to(torch.bfloat16).view(N // 16, 16, K // 2, 2).transpose(1, 2).contiguous()
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit for bit, except that a NaN's payload may differ (PyTorch's own casts disagree on it)."""
+    nan = a.isnan()
+    return (a.shape == b.shape and torch.equal(nan, b.isnan())
+            and torch.equal(a.masked_fill(nan, 0).view(torch.int16), b.masked_fill(nan, 0).view(torch.int16)))
+
+
+def test_packing_rounds_like_pytorch_and_lays_out_the_rows_of_every_source(kernels):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(n, 96, generator=g) for n in (48, 8, 8))  # sources need not be multiples of 16
+    # ties at the bf16 rounding point (both directions), a NaN, infinities, a subnormal
+    q[0, :6] = torch.tensor([1 + 2 ** -8, 1 + 3 * 2 ** -8, float("nan"), float("inf"), -float("inf"), 1e-40])
+    whole = torch.cat([q, k, v])
+    packed = kernels.pack_bf16([q, k, v])
+    ref = _reference_pack(whole)
+    assert ref.isnan().sum() == 1 and _same_bits(packed, ref)
+    # a bf16 source is copied as it is; a refresh writes into the previous buffer
+    again = kernels.pack_bf16(whole.bfloat16() * 2, out=packed)
+    assert again.data_ptr() == packed.data_ptr()
+    assert _same_bits(again, _reference_pack(whole.bfloat16() * 2))
+    with pytest.raises(ValueError, match="is not"):
+        kernels.pack_bf16(whole, out=torch.empty(2, 48, 16, 2, dtype=torch.bfloat16))
+
+
 def test_the_thin_matmul_refuses_weights_it_cannot_pack(kernels):
     with pytest.raises(ValueError, match="multiple of 16"):
         kernels.pack_bf16(torch.zeros(20, 8))
+    with pytest.raises(ValueError, match="8 columns each"):
+        kernels.pack_bf16([torch.zeros(8, 8), torch.zeros(8, 6)])
     if kernels.thin_bf16_matmul:
         with pytest.raises(ValueError, match="packed weight"):
             kernels.matmul_bf16(torch.zeros(2, 6, dtype=torch.bfloat16), kernels.pack_bf16(torch.zeros(16, 8)))

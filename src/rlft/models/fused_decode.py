@@ -124,10 +124,10 @@ class _Matmul:
 
     def repack(self) -> None:
         with torch.no_grad():
-            weight = _cat(self.weights).to(self.pack_dtype)
-            # oneDNN: the batch-size hint only picks a blocking; any row count is computed correctly
-            self._packed = (self.thin.pack_bf16(weight) if self.thin is not None
-                            else torch.ops.mkldnn._reorder_linear_weight(weight, 16))
+            if self.thin is not None:  # one pass from the sources, into the last refresh's buffer
+                self._packed = self.thin.pack_bf16(self.weights, self._packed)
+            else:  # oneDNN: the batch-size hint only picks a blocking; any row count is computed correctly
+                self._packed = torch.ops.mkldnn._reorder_linear_weight(_cat(self.weights).to(self.pack_dtype), 16)
             self.bias = None if self.biases is None else _cat(self.biases).to(self.pack_dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

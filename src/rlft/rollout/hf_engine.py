@@ -77,7 +77,8 @@ class HFGenerateEngine:
             from rlft.models.decode_weights import DecodeWeights
 
             self._copy = DecodeWeights(self.model, self.autocast_dtype)
-        return self._copy.current()
+        with phase("weight_sync"):
+            return self._copy.current()
 
     @contextlib.contextmanager
     def generating(self, model: torch.nn.Module | None = None):

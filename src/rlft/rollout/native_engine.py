@@ -107,7 +107,8 @@ class NativeEngine(HFGenerateEngine):
             return None
         if self._fused is None or self._fused[0] is not source:
             self._fused = (source, FusedDecoder(source, pack_dtype=pack, kernels=self.kernels()))
-        self._fused[1].refresh()
+        with phase("weight_sync"):
+            self._fused[1].refresh()
         return self._fused
 
     def kernels(self):

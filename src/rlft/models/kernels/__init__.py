@@ -45,14 +45,33 @@ class CpuKernels:
         16, cols even)."""
         return self.thin_bf16_matmul and _thin_shape(rows, cols)
 
-    @staticmethod
-    def pack_bf16(weight: torch.Tensor) -> torch.Tensor:
-        """weight [N, K] (N a multiple of 16, K even) in bf16, laid out for :meth:`matmul_bf16`:
-        [N / 16, K / 2, 16, 2] (see gemm.c)."""
-        N, K = weight.shape
-        if not _thin_shape(N, K):
-            raise ValueError(f"pack_bf16: weight {tuple(weight.shape)} needs rows a multiple of 16 and even columns")
-        return weight.detach().to(torch.bfloat16).view(N // 16, 16, K // 2, 2).transpose(1, 2).contiguous()
+    def pack_bf16(self, weights: torch.Tensor | list[torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
+        """W [N, K] (N a multiple of 16, K even), the row-concatenation of ``weights`` (fp32 or bf16),
+        in bf16 laid out for :meth:`matmul_bf16`: [N / 16, K / 2, 16, 2] (see gemm.c). Written in one
+        pass into ``out`` when given (the previous refresh's buffer), else into a new tensor; rounded
+        as ``W.to(torch.bfloat16)`` rounds."""
+        weights = [weights] if isinstance(weights, torch.Tensor) else weights
+        N, K = sum(w.shape[0] for w in weights), weights[0].shape[1]
+        if not _thin_shape(N, K) or any(w.dim() != 2 or w.shape[1] != K for w in weights):
+            raise ValueError(f"pack_bf16: weights {[tuple(w.shape) for w in weights]} need {K} columns each "
+                             "(even) and rows adding up to a multiple of 16")
+        shape = (N // 16, K // 2, 16, 2)
+        if out is None:
+            out = torch.empty(shape, dtype=torch.bfloat16)
+        _check(out, torch.bfloat16)
+        if out.shape != shape:
+            raise ValueError(f"pack_bf16: out {tuple(out.shape)} is not {shape}")
+        row0 = 0
+        for w in weights:
+            w = w.detach()
+            if w.dtype not in (torch.float32, torch.bfloat16):
+                w = w.to(torch.bfloat16)
+            w = w.contiguous()
+            _check(w, None)
+            self._lib.rlft_pack_bf16(w.data_ptr(), int(w.dtype == torch.bfloat16), w.shape[0], K, row0,
+                                     out.data_ptr(), self._threads())
+            row0 += w.shape[0]
+        return out
 
     def matmul_bf16(self, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
         """x [M, K] bf16 @ W.T -> [M, N] bf16 for W packed by :meth:`pack_bf16`."""

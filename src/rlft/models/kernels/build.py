@@ -1,4 +1,4 @@
-"""Compile ``cpu.c`` once per machine and load it.
+"""Compile ``cpu.c`` and ``gemm.c`` once per machine and load them.
 
 The library is built with the system C compiler (``$CC``, else ``cc``, ``gcc`` or ``clang``) for
 this CPU (``-march=native``) and kept in the rlft cache, named by a hash of everything that
@@ -25,6 +25,7 @@ from pathlib import Path
 
 # the decode glue, sampling and softmax kernels; the thin bf16 matmul
 SOURCES = [Path(__file__).with_name(name) for name in ("cpu.c", "gemm.c")]
+HEADERS = [Path(__file__).with_name("bf16.h")]
 # -fno-trapping-math lets the compiler turn the kernels' selects into vector blends; nothing in
 # them reads floating-point exception flags
 BASE_FLAGS = ["-O3", "-fPIC", "-shared", "-fno-trapping-math", "-fno-math-errno", "-std=gnu11"]
@@ -68,7 +69,7 @@ def build(cache_dir: Path) -> tuple[Path, list[str]]:
     cc = compiler()
     if cc is None:
         raise BuildError("no C compiler found (set CC, or install gcc or clang)")
-    source = b"\0".join(path.read_bytes() for path in SOURCES)
+    source = b"\0".join(path.read_bytes() for path in SOURCES + HEADERS)
     version = _version(cc)
     errors = []
     for extra in OPTIONAL_FLAGS:
@@ -116,6 +117,7 @@ def load(path: Path) -> ctypes.CDLL:
         "rlft_attention_softmax": [p, p, i, i, i, i, i, f, p, i, i],
         "rlft_attention_softmax_backward": [p, p, p, p, p, i, i, i, i, i, f, i, i],
         "rlft_gemm_bf16": [p, i, i, p, i, p, i],
+        "rlft_pack_bf16": [p, i, i, i, i, p, i],
     }
     for name, args in signatures.items():
         fn = getattr(lib, name)

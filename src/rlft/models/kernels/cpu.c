@@ -17,21 +17,9 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "bf16.h"
+
 #define KEY_BLOCK 64 /* keys at a time: converted to fp32 once (16 KB at D = 64, in L1) for every query head */
-
-static inline float bf_to_f(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline uint16_t f_to_bf(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    return (uint16_t)(((u & 0x7fffffffu) > 0x7f800000u) ? ((u >> 16) | 0x40u) : rounded); /* NaN stays NaN */
-}
 
 static inline float round_bf(float f) { return bf_to_f(f_to_bf(f)); }
 

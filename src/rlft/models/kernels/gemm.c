@@ -11,12 +11,40 @@
  * The weight W [N, K] is packed by the caller as [N / 16][K / 2][16][2] (16 output columns, then
  * pairs of the reduction dimension: the operand layout of VDPBF16PS), K even and N a multiple of
  * 16. Sums are fp32 and rounded to bf16 once, at the end, to nearest even (as oneDNN rounds).
+ * rlft_pack_bf16 writes that layout straight from the fp32 master weights, in one pass and into
+ * the buffer of the previous step: a weight refresh reads each weight once and allocates nothing.
  */
 #include <stdint.h>
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+
+#include "bf16.h"
+
+/* rows row0 .. row0 + rows - 1 of W [N, K] into `packed` (the layout above), from src [rows, K]:
+ * fp32 rounded to bf16 like PyTorch's cast, or bf16 (src_bf) copied; any architecture */
+void rlft_pack_bf16(const void *src, int src_bf, int rows, int K, int row0, uint16_t *packed, int threads) {
+    int kpairs = K / 2;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && (int64_t)rows * K >= (1 << 16))
+    for (int r = 0; r < rows; r++) {
+        int n = row0 + r;
+        uint16_t *dst = packed + (int64_t)(n / 16) * kpairs * 32 + (n % 16) * 2;
+        if (src_bf) {
+            const uint16_t *s = (const uint16_t *)src + (int64_t)r * K;
+            for (int kp = 0; kp < kpairs; kp++) {
+                dst[kp * 32] = s[2 * kp];
+                dst[kp * 32 + 1] = s[2 * kp + 1];
+            }
+        } else {
+            const float *s = (const float *)src + (int64_t)r * K;
+            for (int kp = 0; kp < kpairs; kp++) {
+                dst[kp * 32] = f_to_bf(s[2 * kp]);
+                dst[kp * 32 + 1] = f_to_bf(s[2 * kp + 1]);
+            }
+        }
+    }
+}
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #include <immintrin.h>
