@@ -2,7 +2,9 @@
 
 Each framework runs in its own worker process (so its peak memory is its own) and the two
 take turns: after a warm-up, step i of TRL, then step i of rlft, and so on, so that any drift
-of the machine hits both alike.  Only one worker computes at a time.
+of the machine hits both alike.  Only one worker computes at a time.  With ``--interleave`` the
+dtypes take turns too (a worker per framework and dtype, all loaded at once): the way to compare
+rlft bf16 with rlft fp32, which the last line of the report does.
 
 Workload (the defaults): SmolLM2-135M-Instruct, 2 prompts x 8 completions, exactly 32 new
 tokens (EOS is suppressed until then, so both do the same arithmetic), temperature 1.0,
@@ -10,7 +12,8 @@ KL beta 0.04 (reference forward included), one optimizer step per rollout batch.
 
     pip install -e .[bench]
     python benchmarks/grpo_step.py                      # the acceptance workload
-    python benchmarks/grpo_step.py --dtype fp32 bf16    # both precisions
+    python benchmarks/grpo_step.py --dtype fp32 bf16    # both precisions, one after the other
+    python benchmarks/grpo_step.py --dtype bf16 fp32 --interleave   # both at once, stepped in turn
     python benchmarks/grpo_step.py --json out.json --group-size 16 --max-new-tokens 128
 
 A step is timed from the moment the worker is told to go until its optimizer step is done,
