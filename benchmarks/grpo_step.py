@@ -185,40 +185,36 @@ def _run_workers(cases: list[tuple[str, dict]], warmup: int, steps: int) -> list
         child.close()  # so a crashed worker shows up as EOFError here instead of a hang
         conns.append(parent)
         _recv(parent)  # ready: loaded one at a time so loading does not contend either
-    times = [[] for _ in cases]
-    tokens = [[] for _ in cases]
-    cpu = [[0.0, 0.0] for _ in cases]
-    gen = [[] for _ in cases]
-    phases = [[] for _ in cases]
+    runs = [{"times": [], "tokens": [], "cpu": [0.0, 0.0], "gen": [], "phases": []} for _ in cases]
     for i in range(warmup + steps):
-        for c, (name, opts) in enumerate(cases):
-            conns[c].send("step")
-            r = _recv(conns[c])
+        for (name, opts), conn, run in zip(cases, conns, runs):
+            conn.send("step")
+            r = _recv(conn)
             if i >= warmup:
-                times[c].append(r["seconds"])
-                tokens[c].append(r["tokens"])
-                cpu[c] = [a + x for a, x in zip(cpu[c], r["cpu"])]
+                run["times"].append(r["seconds"])
+                run["tokens"].append(r["tokens"])
+                run["cpu"] = [a + x for a, x in zip(run["cpu"], r["cpu"])]
                 if "generation_seconds" in r:
-                    gen[c].append(r["generation_seconds"])
+                    run["gen"].append(r["generation_seconds"])
                 if "phases" in r:
-                    phases[c].append(r["phases"])
+                    run["phases"].append(r["phases"])
             print(f"  [{opts['dtype']}] {name} step {i + 1}{' (warm-up)' if i < warmup else ''}: "
                   f"{r['seconds']:.2f}s", file=sys.stderr, flush=True)
     out = []
-    for c in range(len(cases)):
-        conns[c].send("stop")
-        peak = _recv(conns[c])["peak_rss_mb"]
-        procs[c].join(timeout=60)
-        toks = [t for t in tokens[c] if t is not None]
-        r = {"step_seconds": statistics.median(times[c]), "all_step_seconds": times[c],
-             "peak_rss_mb": peak, "cpu_user_s_per_step": cpu[c][0] / steps,
-             "cpu_system_s_per_step": cpu[c][1] / steps,
-             "tokens_per_s": (sum(toks) / sum(times[c][:len(toks)])) if toks else None}
-        if gen[c]:
-            r["generation_seconds"] = statistics.median(gen[c])
-        if phases[c]:
-            r["phases"] = {k: statistics.median(p.get(k, 0.0) for p in phases[c])
-                           for k in sorted({k for p in phases[c] for k in p})}
+    for proc, conn, run in zip(procs, conns, runs):
+        conn.send("stop")
+        peak = _recv(conn)["peak_rss_mb"]
+        proc.join(timeout=60)
+        times, toks = run["times"], [t for t in run["tokens"] if t is not None]
+        r = {"step_seconds": statistics.median(times), "all_step_seconds": times,
+             "peak_rss_mb": peak, "cpu_user_s_per_step": run["cpu"][0] / steps,
+             "cpu_system_s_per_step": run["cpu"][1] / steps,
+             "tokens_per_s": (sum(toks) / sum(times[:len(toks)])) if toks else None}
+        if run["gen"]:
+            r["generation_seconds"] = statistics.median(run["gen"])
+        if run["phases"]:
+            r["phases"] = {k: statistics.median(p.get(k, 0.0) for p in run["phases"])
+                           for k in sorted({k for p in run["phases"] for k in p})}
         out.append(r)
     return out
 
