@@ -82,7 +82,7 @@ static inline __attribute__((always_inline)) void micro(const uint16_t *x, int64
 
 /* y [M, N] = x [M, K] @ W.T, all bf16, W packed as above; the column blocks split over threads */
 void rlft_gemm_bf16(const uint16_t *x, int M, int K, const uint16_t *packed, int N, uint16_t *y, int threads) {
-    int nb = N / 16, kpairs = K / 2, full = M / RB * RB;
+    int nb = N / 16, kpairs = K / 2, full = M / RB * RB, passes = (M + RB - 1) / RB;
     int64_t bstride = (int64_t)kpairs * 32;
     uint16_t tail[RB * K]; /* the last M % RB rows, zero-padded to RB: the micro-kernel reads RB rows */
     if (M > full) {
@@ -100,18 +100,17 @@ void rlft_gemm_bf16(const uint16_t *x, int M, int K, const uint16_t *packed, int
         for (int b = b0; b < b1; b += CB) {
             int cb = b1 - b < CB ? b1 - b : CB;
             const uint16_t *blocks = packed + (int64_t)b * bstride;
+            /* The first pass over a column group would wait on memory for its weights, the others
+             * compute from L2. Each pass fetches a share of the next group's weights meanwhile
+             * (pass p of P its blocks p, p + P, ... below pfn), so memory and arithmetic
+             * overlap in every pass. Against fetching it all in the last pass, SmolLM2's matmuls for
+             * a token took 13.3 ms against 16.4 at 16 rows, 10.2 against 11.2 at 8, the same at 1
+             * (2-core EPYC, the two builds in turns in one process). */
+            const uint16_t *next = blocks + (int64_t)CB * bstride;
+            int pfn = b + CB < b1 ? (b1 - b - CB < CB ? b1 - b - CB : CB) : 0;
             for (int m = 0; m < M; m += RB) {
                 const uint16_t *xs = m < full ? x + (int64_t)m * K : tail;
-                int rows = M - m < RB ? M - m : RB;
-                /* The first pass over a column group would wait on memory for its weights, the others
-                 * compute from L2. Each pass fetches a share of the next group's weights meanwhile
-                 * (pass p of P its blocks p, p + P, ...), so memory and arithmetic overlap in every
-                 * pass. Against fetching it all in the last pass, SmolLM2's matmuls for a token took
-                 * 13.3 ms against 16.4 at 16 rows, 10.2 against 11.2 at 8, the same at 1 (2-core EPYC,
-                 * the two builds in turns in one process). */
-                int passes = (M + RB - 1) / RB, p = m / RB;
-                int pfn = b + CB < b1 ? (b1 - b - CB < CB ? b1 - b - CB : CB) : 0;
-                const uint16_t *next = blocks + (int64_t)CB * bstride;
+                int rows = M - m < RB ? M - m : RB, p = m / RB;
                 uint16_t *ys = y + (int64_t)m * N + b * 16;
                 /* the column count as a constant, so each micro-kernel's loops unroll into registers */
                 if (cb == CB) micro(xs, K, rows, blocks, bstride, kpairs, CB, ys, N, next, p, passes, pfn);
