@@ -58,6 +58,18 @@ def run_update(model, batch: dict, rows_per_pass: int, dtype: str, count: bool =
     return peak
 
 
+def make_batch(vocab: int, prompts: int, group_size: int, prompt_tokens: int, new_tokens: int) -> dict:
+    """A GRPO batch of random tokens: ``prompts`` prompts, ``group_size`` completions each, no padding."""
+    g = torch.Generator().manual_seed(0)
+    n = prompts * group_size
+    return {"prompt_ids": torch.randint(0, vocab, (prompts, prompt_tokens), generator=g),
+            "prompt_mask": torch.ones(prompts, prompt_tokens, dtype=torch.long),
+            "row_prompt": torch.arange(prompts).repeat_interleave(group_size),
+            "completion_ids": torch.randint(0, vocab, (n, new_tokens), generator=g),
+            "completion_mask": torch.ones(n, new_tokens, dtype=torch.long),
+            "advantages": torch.randn(n, 1, generator=g)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m-instruct", help="built-in name, HF directory, or 'tiny'")
@@ -75,14 +87,8 @@ def main(argv: list[str] | None = None) -> int:
 
     keep_freed_memory()  # as the trainer does: freed tensors are reused warm
     model = AutoModelForCausalLM.from_pretrained(_resolve_model(a.model), dtype=torch.float32).train()
-    g = torch.Generator().manual_seed(0)
-    n, vocab = a.prompts * a.group_size, model.config.vocab_size
-    batch = {"prompt_ids": torch.randint(0, vocab, (a.prompts, a.prompt_tokens), generator=g),
-             "prompt_mask": torch.ones(a.prompts, a.prompt_tokens, dtype=torch.long),
-             "row_prompt": torch.arange(a.prompts).repeat_interleave(a.group_size),
-             "completion_ids": torch.randint(0, vocab, (n, a.max_new_tokens), generator=g),
-             "completion_mask": torch.ones(n, a.max_new_tokens, dtype=torch.long),
-             "advantages": torch.randn(n, 1, generator=g)}
+    n = a.prompts * a.group_size
+    batch = make_batch(model.config.vocab_size, a.prompts, a.group_size, a.prompt_tokens, a.max_new_tokens)
     kept = {k: run_update(model, batch, k, a.dtype, count=True) for k in a.rows}
     times: dict[int, list[float]] = {k: [] for k in a.rows}
     for _ in range(a.rounds):

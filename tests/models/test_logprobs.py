@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from rlft.config.schema import ModelConfig
@@ -20,7 +21,22 @@ def _batch():
     return prompt_ids, prompt_mask, row_prompt, completion_ids, completion_mask
 
 
-def test_grouped_matches_full_forward(tiny_model_dir):
+@pytest.fixture(params=["packed", "cache"])
+def grouped_path(request, monkeypatch):
+    """Both forms of the grouped forward: one packed row (rlft's attention) and prompt-then-cache (any other);
+    the test fails if the named form is not the one that ran."""
+    from rlft.models import attention
+
+    calls = []
+    attend = attention.PromptGroups.attend
+    monkeypatch.setattr(attention.PromptGroups, "attend", lambda self, *a, **k: calls.append(1) or attend(self, *a, **k))
+    if request.param == "cache":
+        monkeypatch.setattr("rlft.models.logprobs.packs_prompt_groups", lambda model: False)
+    yield request.param
+    assert bool(calls) == (request.param == "packed")
+
+
+def test_grouped_matches_full_forward(tiny_model_dir, grouped_path):
     model = load_policy(ModelConfig(path=str(tiny_model_dir), dtype="fp32"), torch.device("cpu"),
                         model_dir=tiny_model_dir)
     prompt_ids, prompt_mask, row_prompt, comp_ids, comp_mask = _batch()
@@ -37,7 +53,7 @@ def test_grouped_matches_full_forward(tiny_model_dir):
     torch.testing.assert_close(grad, ref_grad, atol=1e-5, rtol=1e-4)
 
 
-def test_grouped_under_gradient_checkpointing_matches_plain(tiny_model_dir):
+def test_grouped_under_gradient_checkpointing_matches_plain(tiny_model_dir, grouped_path):
     """Checkpointed layers drop the KV cache in a training forward; the grouped forward must notice
     and still give every completion its prompt (it once returned log-probs off by up to 15 nats)."""
     plain = load_policy(ModelConfig(path=str(tiny_model_dir)), torch.device("cpu"), model_dir=tiny_model_dir)
@@ -54,7 +70,7 @@ def test_grouped_under_gradient_checkpointing_matches_plain(tiny_model_dir):
     torch.testing.assert_close(results[1][1], results[0][1], atol=1e-5, rtol=1e-4)
 
 
-def test_grouped_gradients_are_bitwise_repeatable(tmp_path):
+def test_grouped_gradients_are_bitwise_repeatable(tmp_path, grouped_path):
     """One prompt shared by many completions: the cache expansion's backward must sum in a fixed
     order. Advanced indexing's CPU backward uses parallel atomic adds and differed run to run."""
     from rlft.models.tiny import build_tiny_model_dir
@@ -74,3 +90,28 @@ def test_grouped_gradients_are_bitwise_repeatable(tmp_path):
         grads.append(torch.autograd.grad((lp * torch.linspace(-1, 1, 16)[:, None]).sum(), params))
     for other in grads[1:]:
         assert all(torch.equal(a, b) for a, b in zip(grads[0], other))
+
+
+def test_packed_and_cached_forms_give_a_critic_the_same_values(tiny_model_dir, monkeypatch):
+    """A value model over the policy's backbone takes the packed form too (its positions picked by index)."""
+    from rlft.models.attention import packs_prompt_groups
+    from rlft.models.logprobs import grouped_forward
+    from rlft.models.value import build_value_model
+
+    policy = load_policy(ModelConfig(path=str(tiny_model_dir)), torch.device("cpu"), model_dir=tiny_model_dir)
+    critic = build_value_model("separate", policy, tiny_model_dir)
+    torch.nn.init.normal_(critic.head.weight, generator=torch.Generator().manual_seed(1))
+    assert packs_prompt_groups(critic)
+    prompt_ids, prompt_mask, row_prompt, comp_ids, comp_mask = _batch()
+    results = []
+    for packed in (True, False):
+        if not packed:
+            monkeypatch.setattr("rlft.models.logprobs.packs_prompt_groups", lambda model: False)
+        (values,) = grouped_forward(critic, prompt_ids, prompt_mask, row_prompt, comp_ids, comp_mask,
+                                    lambda out, _: (out.squeeze(-1).float(),))
+        (grad,) = torch.autograd.grad((values * comp_mask).sum(), critic.head.weight)
+        results.append((values.detach(), grad))
+    m = comp_mask.bool()
+    assert results[0][0][m].abs().max() > 0
+    torch.testing.assert_close(results[0][0][m], results[1][0][m], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(results[0][1], results[1][1], atol=1e-5, rtol=1e-4)

@@ -28,6 +28,7 @@ soft-capping, sliding windows, attention sinks, position biases, non-boolean mas
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 
@@ -47,6 +48,9 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     (causal) -> ([B, L, H, D], None), the contract of transformers' attention functions."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    groups = kwargs.pop(GROUPS_KWARG, None)
+    if groups is not None:
+        return groups.attend(module, query, key, value, dropout=dropout, scaling=scaling, **kwargs), None
     B, H, L, D = query.shape
     KVH, S = key.shape[1], key.shape[2]
     simple = (dropout == 0.0 and not any(kwargs.get(k) is not None for k in _UNSUPPORTED_KWARGS)
@@ -77,6 +81,76 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     probs = torch.softmax(scores, dim=-1).to(value.dtype).view(B, KVH, G * L, S)
     out = torch.matmul(probs, value).view(B, H, L, D)
     return out.transpose(1, 2).contiguous(), None
+
+
+# the keyword a packed forward passes its PromptGroups under (transformers hands a model's extra keyword
+# arguments down to every layer's attention function)
+GROUPS_KWARG = "rlft_prompt_groups"
+
+
+@dataclass
+class PromptGroups:
+    """The layout of one packed row holding U prompts of P positions, then B completions of C positions each
+    continuing one of the prompts: the batch of a group-relative update as a single sequence, so every
+    linear layer multiplies all its tokens at once (:func:`rlft.models.logprobs.grouped_forward`).
+
+    row_prompt: [B] long, each completion's prompt. prompt_mask: [U, 1, P, P] bool, causal over each prompt's
+    real tokens. completion_mask: [B, 1, C, P + C] bool, the prompt's real tokens then the completion's own,
+    causally. Attention splits the packed queries, keys and values into the two blocks and gives each
+    completion its prompt's keys and values by ``index_select`` (its backward sums the prompt's gradients
+    over the group in a fixed order), so the numbers are those of a prompt-once forward with a shared cache.
+    """
+
+    row_prompt: torch.Tensor
+    prompt_mask: torch.Tensor
+    completion_mask: torch.Tensor
+
+    @classmethod
+    def build(cls, prompt_mask: torch.Tensor, row_prompt: torch.Tensor, completion_mask: torch.Tensor) -> PromptGroups:
+        """From the padding masks: prompt_mask [U, P] (left-padded), completion_mask [B, C] (right-padded)."""
+        U, P = prompt_mask.shape
+        C = completion_mask.shape[1]
+        dev = prompt_mask.device
+        real_p, real_c = prompt_mask.bool(), completion_mask.bool()
+        causal_p = torch.ones(P, P, dtype=torch.bool, device=dev).tril()
+        causal_c = torch.ones(C, C, dtype=torch.bool, device=dev).tril()
+        # a prompt's left-padding query sees every key: its output is never used, and a query that attends to
+        # nothing is NaN under SDPA, which its (masked) key and value would then spread as 0 * NaN
+        pm = (causal_p[None] & real_p[:, None, :]) | ~real_p[:, :, None]
+        cm = torch.cat([real_p.index_select(0, row_prompt)[:, None, :].expand(-1, C, P),
+                        causal_c[None] & real_c[:, None, :]], dim=-1)
+        return cls(row_prompt, pm[:, None], cm[:, None])
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """(U, P, B, C)."""
+        U, _, P, _ = self.prompt_mask.shape
+        B, _, C, _ = self.completion_mask.shape
+        return U, P, B, C
+
+    def attend(self, module, query, key, value, **kwargs) -> torch.Tensor:
+        """query [1, H, U * P + B * C, D], key/value [1, KVH, same, D] -> [1, U * P + B * C, H, D]."""
+        U, P, B, C = self.shape
+
+        def split(x: torch.Tensor, rows: int, cols: int, start: int) -> torch.Tensor:  # -> [rows, heads, cols, D]
+            return x[0, :, start:start + rows * cols].unflatten(1, (rows, cols)).transpose(0, 1)
+
+        qp, kp, vp = (split(t, U, P, 0) for t in (query, key, value))
+        qc, kc, vc = (split(t, B, C, U * P) for t in (query, key, value))
+        kc = torch.cat([kp.index_select(0, self.row_prompt), kc], dim=2)
+        vc = torch.cat([vp.index_select(0, self.row_prompt), vc], dim=2)
+        out_p, _ = attention_forward(module, qp, kp, vp, self.prompt_mask, **kwargs)  # [U, P, H, D]
+        out_c, _ = attention_forward(module, qc, kc, vc, self.completion_mask, **kwargs)  # [B, C, H, D]
+        return torch.cat([out_p.flatten(0, 1), out_c.flatten(0, 1)])[None]
+
+
+def packs_prompt_groups(model: torch.nn.Module) -> bool:
+    """True when ``model`` (a transformers model, PEFT-wrapped or not, or a value model over one) attends
+    with rlft's attention, which alone reads :class:`PromptGroups`."""
+    config = getattr(model, "config", None)
+    if config is None and hasattr(model, "body"):  # rlft.models.value.ValueModel
+        config = getattr(model.body, "config", None)
+    return getattr(config, "_attn_implementation", None) == NAME
 
 
 def _native(query: torch.Tensor, *others: torch.Tensor):

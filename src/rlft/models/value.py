@@ -53,13 +53,17 @@ class ValueModel(nn.Module):
     def body(self) -> nn.Module:
         return self.backbone if self.train_backbone else self._shared[0]
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, logits_to_keep: int = 0, **kwargs):
+    def forward(self, input_ids, attention_mask=None, position_ids=None, logits_to_keep: int | torch.Tensor = 0,
+                **kwargs):
+        """Values [B, L, 1]; ``logits_to_keep`` as in transformers: the last n positions, or a [n] index of them."""
         # A shared backbone belongs to the policy: the critic's loss must not move it.
         ctx = contextlib.nullcontext() if self.train_backbone else torch.no_grad()
         with ctx:
             hidden = self.body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                **kwargs).last_hidden_state
-        if logits_to_keep:
+        if isinstance(logits_to_keep, torch.Tensor):
+            hidden = hidden.index_select(1, logits_to_keep)
+        elif logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
         return ValueOutput(self.head(hidden))
 
