@@ -236,3 +236,33 @@ def test_the_native_kernels_in_bf16_stay_as_close_to_the_forward_as_the_pytorch_
         diffs[native] = (r.logprobs - _forward_logprobs(model, r, True))[m].abs()
     assert diffs[True].max() < 2e-2 and diffs[True].mean() < 3e-3, (diffs[True].max(), diffs[True].mean())
     assert diffs[True].mean() < 1.5 * diffs[False].mean() + 1e-4, (diffs[True].mean(), diffs[False].mean())
+
+
+def _thin_kernels():
+    from rlft.models.kernels import cpu_kernels
+
+    kernels = cpu_kernels()
+    return kernels if kernels is not None and kernels.thin_bf16_matmul else None
+
+
+@pytest.mark.skipif(_thin_kernels() is None, reason="the one-call layer loop runs on rlft's AVX512-BF16 matmul")
+def test_the_one_call_layer_loop_decodes_bit_for_bit_what_the_per_layer_calls_decode(wide_head_model_dir, monkeypatch):
+    model, tok = _policy(wide_head_model_dir)
+    calls = []
+    kernels = _thin_kernels()
+    loop = type(kernels).decode_layers_bf16
+    monkeypatch.setattr(type(kernels), "decode_layers_bf16", lambda self, *a, **k: calls.append(1) or loop(self, *a, **k))
+    out, real_sampler = {}, native_engine.sample_next
+    for one_call in (True, False):
+        calls.clear()
+        monkeypatch.setattr(native_engine, "sample_next", real_sampler)
+        if not one_call:
+            monkeypatch.setattr(FusedDecoder, "_layer_loop", lambda self: None)
+        engine = NativeEngine(model, tok, max_prompt_length=64, autocast_dtype=torch.bfloat16, decode_copy=True)
+        # rows leave at different steps (the cache is compacted), 40 tokens grow it by blocks
+        monkeypatch.setattr(native_engine, "sample_next", _scripted_eos(engine.eos_ids[0], {0: 1, 4: 3, 5: 20}))
+        out[one_call] = engine.generate(PROMPTS, SamplingParams(max_new_tokens=40, n=3, temperature=0.9, seed=3))
+        assert bool(calls) == one_call
+    assert torch.equal(out[True].completion_ids, out[False].completion_ids)
+    assert torch.equal(out[True].logprobs, out[False].logprobs)
+    assert len(set(out[True].completion_mask.sum(-1).tolist())) >= 4

@@ -183,6 +183,7 @@ class FusedDecoder:
         self._matmuls = [self.head] + [m for la in self.layers for m in (la.qkv, la.o, la.gate_up, la.down)]
         self._watch = ChangeWatch([m.sources for m in self._matmuls], start_changed=True) if pack_dtype else None
         self.kernels = kernels if kernels is not None and self._kernels_apply() else None
+        self._loop = None  # the layer weights for the one-call layer loop, made after a refresh
 
     def _kernels_apply(self) -> bool:
         """Whether the native kernels (:mod:`rlft.models.kernels`) can run this model's decode step."""
@@ -207,6 +208,23 @@ class FusedDecoder:
         if self._watch is not None:
             for i in self._watch.changed():
                 self._matmuls[i].repack()
+                self._loop = None
+
+    def _layer_loop(self):
+        """The layer weights for :meth:`CpuKernels.decode_layers_bf16`, or None where a layer's matmul is not
+        the thin bf16 kernel or a projection has a bias (those take the per-layer calls)."""
+        from rlft.models.kernels import LayerWeights
+
+        matmuls = [m for la in self.layers for m in (la.qkv, la.o, la.gate_up, la.down)]
+        if any(m.thin is None or m.bias is not None or m._packed is None for m in matmuls):
+            return None
+        if self._loop is None:
+            ls = self.layers
+            self._loop = LayerWeights.of([la.qkv._packed for la in ls], [la.o._packed for la in ls],
+                                         [la.gate_up._packed for la in ls], [la.down._packed for la in ls],
+                                         [la.ln1 for la in ls], [la.ln2 for la in ls], self.heads, self.kv_heads,
+                                         self.head_dim)
+        return self._loop
 
     def new_cache(self, rows: int, capacity: int) -> StaticKV:
         return StaticKV(len(self.layers), rows, self.kv_heads, capacity, self.head_dim, self.cache_dtype,
@@ -325,6 +343,10 @@ class FusedDecoder:
         residual add is fused with the next norm, and rotary, cache write and attention are one call.
         Returns the final norm's output in the compute dtype."""
         k, B, dtype = self.kernels, x.shape[0], self.cache_dtype
+        loop = self._layer_loop()
+        if loop is not None:
+            return k.decode_layers_bf16(x, loop, self.norm, self.eps, cos, sin, kv.k, kv.v, kv.valid, col,
+                                        torch.empty(x.shape, dtype=dtype))
         hidden = k.rms_norm(x, self.layers[0].ln1, self.eps, torch.empty(x.shape, dtype=dtype))
         attn = torch.empty(B, self.heads * self.head_dim, dtype=dtype)
         act = None

@@ -23,8 +23,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-# the decode glue, sampling and softmax kernels; the thin bf16 matmul
-SOURCES = [Path(__file__).with_name(name) for name in ("cpu.c", "gemm.c")]
+# the decode glue, sampling and softmax kernels; the thin bf16 matmul; a decode token's layer loop
+SOURCES = [Path(__file__).with_name(name) for name in ("cpu.c", "gemm.c", "decode.c")]
 HEADERS = [Path(__file__).with_name("bf16.h")]
 # -fno-trapping-math lets the compiler turn the kernels' selects into vector blends; nothing in
 # them reads floating-point exception flags
@@ -118,11 +118,14 @@ def load(path: Path) -> ctypes.CDLL:
         "rlft_attention_softmax_backward": [p, p, p, p, p, i, i, i, i, i, f, i, i],
         "rlft_gemm_bf16": [p, i, i, p, i, p, i],
         "rlft_pack_bf16": [p, i, i, i, i, p, i],
+        "rlft_decode_layers_bf16": [p, i, i, i, p, p, p, p, p, p, p, f, p, p, p, p, p, i, i, i, i, i, i, p, p, i],
     }
     for name, args in signatures.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, None
     lib.rlft_gemm_bf16_native.argtypes, lib.rlft_gemm_bf16_native.restype = [], ctypes.c_int
+    lib.rlft_decode_scratch_elements.argtypes = [i] * 6
+    lib.rlft_decode_scratch_elements.restype = ctypes.c_int64
     return lib
 
 
