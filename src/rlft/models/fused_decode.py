@@ -215,16 +215,15 @@ class FusedDecoder:
         the thin bf16 kernel or a projection has a bias (those take the per-layer calls)."""
         from rlft.models.kernels import LayerWeights
 
-        matmuls = [m for la in self.layers for m in (la.qkv, la.o, la.gate_up, la.down)]
-        if any(m.thin is None or m.bias is not None or m._packed is None for m in matmuls):
-            return None
-        if self._loop is None:
+        if self._loop is None:  # decided once per refresh (False: the per-layer calls), not once per token
             ls = self.layers
-            self._loop = LayerWeights.of([la.qkv._packed for la in ls], [la.o._packed for la in ls],
-                                         [la.gate_up._packed for la in ls], [la.down._packed for la in ls],
-                                         [la.ln1 for la in ls], [la.ln2 for la in ls], self.heads, self.kv_heads,
-                                         self.head_dim)
-        return self._loop
+            matmuls = [m for la in ls for m in (la.qkv, la.o, la.gate_up, la.down)]
+            applies = all(m.thin is not None and m.bias is None and m._packed is not None for m in matmuls)
+            self._loop = applies and LayerWeights.of(
+                [la.qkv._packed for la in ls], [la.o._packed for la in ls], [la.gate_up._packed for la in ls],
+                [la.down._packed for la in ls], [la.ln1 for la in ls], [la.ln2 for la in ls], self.heads,
+                self.kv_heads, self.head_dim)
+        return self._loop or None
 
     def new_cache(self, rows: int, capacity: int) -> StaticKV:
         return StaticKV(len(self.layers), rows, self.kv_heads, capacity, self.head_dim, self.cache_dtype,
