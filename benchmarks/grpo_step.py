@@ -15,6 +15,7 @@ KL beta 0.04 (reference forward included), one optimizer step per rollout batch.
     python benchmarks/grpo_step.py --dtype fp32 bf16    # both precisions, one after the other
     python benchmarks/grpo_step.py --dtype bf16 fp32 --interleave   # both at once, stepped in turn
     python benchmarks/grpo_step.py --json out.json --group-size 16 --max-new-tokens 128
+    python benchmarks/grpo_step.py --device cuda --dtype bf16          # on a GPU: peaks, memory, tok/s are the GPU's
 
 A step is timed from the moment the worker is told to go until its optimizer step is done,
 including data loading, reward and logging; model loading and the warm-up are not timed.
@@ -43,6 +44,16 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _peaks(opts: dict) -> dict:
+    """The worker's peak memory: resident set, and on a GPU the most the framework allocated there."""
+    out = {"peak_rss_mb": _peak_rss_mb()}
+    if opts["device"] == "cuda":
+        import torch
+
+        out["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    return out
+
+
 def _cpu_seconds() -> tuple[float, float]:
     """(user, system) CPU seconds of this process, all threads; a large system share means oversubscribed threads."""
     r = resource.getrusage(resource.RUSAGE_SELF)
@@ -61,7 +72,7 @@ def rlft_config(opts: dict, workdir: Path) -> dict:
             f.write(json.dumps({"prompt": t}) + "\n")
     T = opts["max_new_tokens"]
     return {
-        "model": {"path": opts["model_dir"], "dtype": opts["dtype"],
+        "model": {"path": opts["model_dir"], "dtype": opts["dtype"], "device": opts["device"],
                   # --defaults: rlft's own "auto" (on only if memory requires it); else off unless asked
                   "gradient_checkpointing": opts.get("gradient_checkpointing") or
                   ("auto" if opts.get("defaults") else False)},
@@ -98,7 +109,7 @@ def _rlft_worker(conn, opts: dict) -> None:
                    opts["prompts"] * opts["group_size"], "generation_seconds": m["generation_seconds"],
                    "cpu": [b - a for a, b in zip(cpu0, _cpu_seconds())],
                    "phases": {k: v for k, v in m.items() if k.startswith(("time/", "work/"))}})
-    conn.send({"peak_rss_mb": _peak_rss_mb()})
+    conn.send(_peaks(opts))
 
 
 def _trl_worker(conn, opts: dict) -> None:
@@ -141,7 +152,7 @@ def _trl_worker(conn, opts: dict) -> None:
         output_dir=tempfile.mkdtemp(prefix="trl-bench-"), per_device_train_batch_size=opts["prompts"] * opts["group_size"],
         num_generations=opts["group_size"], max_completion_length=T, temperature=1.0, beta=opts["beta"],
         learning_rate=1e-6, num_iterations=1, gradient_accumulation_steps=1, max_steps=100000, logging_steps=1,
-        report_to="none", save_strategy="no", use_cpu=True, bf16=opts["dtype"] == "bf16",
+        report_to="none", save_strategy="no", use_cpu=opts["device"] == "cpu", bf16=opts["dtype"] == "bf16",
         disable_tqdm=True, seed=0, dataloader_num_workers=0,
         generation_kwargs={"min_new_tokens": T} if opts["fixed_length"] else None,
         model_init_kwargs={"dtype": torch.float32},
@@ -149,7 +160,7 @@ def _trl_worker(conn, opts: dict) -> None:
     trainer = GRPOTrainer(model=opts["model_dir"], reward_funcs=workload.e_density, args=args, train_dataset=data,
                           processing_class=tokenizer, callbacks=[Turns()])
     trainer.train()
-    conn.send({"peak_rss_mb": _peak_rss_mb()})
+    conn.send(_peaks(opts))
 
 
 WORKERS = {"rlft": _rlft_worker, "trl": _trl_worker}
@@ -203,11 +214,11 @@ def _run_workers(cases: list[tuple[str, dict]], warmup: int, steps: int) -> list
     out = []
     for proc, conn, run in zip(procs, conns, runs):
         conn.send("stop")
-        peak = _recv(conn)["peak_rss_mb"]
+        peaks = _recv(conn)
         proc.join(timeout=60)
         times, toks = run["times"], [t for t in run["tokens"] if t is not None]
         r = {"step_seconds": statistics.median(times), "all_step_seconds": times,
-             "peak_rss_mb": peak, "cpu_user_s_per_step": run["cpu"][0] / steps,
+             **peaks, "cpu_user_s_per_step": run["cpu"][0] / steps,
              "cpu_system_s_per_step": run["cpu"][1] / steps,
              "tokens_per_s": (sum(toks) / sum(times[:len(toks)])) if toks else None}
         if run["gen"]:
@@ -227,19 +238,45 @@ def _prompt_tokens(model_dir: str) -> int:
     return round(statistics.mean(len(tok(t, add_special_tokens=False)["input_ids"]) for t in texts))
 
 
-def _resolve_model(name: str) -> str:
+def _resolve_model(name: str, random_weights: bool = False) -> str:
     if name == "tiny":
         from rlft.models.tiny import build_tiny_model_dir
 
         return str(build_tiny_model_dir(Path(tempfile.mkdtemp(prefix="tiny-")) / "tiny", hidden_size=64))
+    if random_weights:
+        return str(_with_random_weights(Path(name)))
     from rlft.models.sources import resolve_model_dir
 
     return str(resolve_model_dir(name))
 
 
+def _with_random_weights(src: Path) -> Path:
+    """A copy of model directory ``src`` (config and tokenizer; its weights need not be there) with
+    seeded random weights: for a machine the weights cannot reach.  With fixed-length completions both
+    frameworks do the same arithmetic as with the trained weights; with natural EOS they do not."""
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    out = Path(tempfile.mkdtemp(prefix="random-weights-")) / src.name
+    out.mkdir()
+    for f in src.iterdir():
+        if f.is_file() and not f.name.endswith((".safetensors", ".bin", ".json.index")):
+            shutil.copy(f, out / f.name)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(src), dtype=torch.float32).save_pretrained(out)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m-instruct", help="built-in name, HF directory, or 'tiny'")
+    ap.add_argument("--random-weights", action="store_true",
+                    help="--model is a directory whose config and tokenizer are used with seeded random weights "
+                         "(for a machine the weights can't reach; only fixed-length work is then the same)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="where both frameworks train; cuda reports the GPU's matmul peak, bandwidth and memory")
     ap.add_argument("--dtype", nargs="+", default=["fp32"], choices=["fp32", "bf16"])
     ap.add_argument("--prompts", type=int, default=2)
     ap.add_argument("--group-size", type=int, default=8)
@@ -271,29 +308,37 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(a.threads)
     if a.defaults:
         a.natural_eos = True
-    model_dir = _resolve_model(a.model)
-    peaks = {d: workload.matmul_peak_tflops(torch.float32 if d == "fp32" else torch.bfloat16) for d in ("fp32", "bf16")}
-    peaks["bandwidth_gbs"] = workload.memory_bandwidth_gbs()
+    if a.random_weights and a.natural_eos:
+        ap.error("--random-weights needs fixed-length completions: a random model's EOS comes at random")
+    model_dir = _resolve_model(a.model, a.random_weights)
+    peaks = {d: workload.matmul_peak_tflops(torch.float32 if d == "fp32" else torch.bfloat16, device=a.device)
+             for d in ("fp32", "bf16")}
+    peaks["bandwidth_gbs"] = workload.memory_bandwidth_gbs(device=a.device)
+    if a.device == "cuda":
+        torch.cuda.empty_cache()  # the coordinator's measuring buffers: give them back before the workers load
     sizes = (workload.matmul_params(model_dir)[0], workload.parameter_count(model_dir))
     p_tok = _prompt_tokens(model_dir)
     flops = {s: workload.step_flops(model_dir, p_tok, a.prompts, a.group_size, a.max_new_tokens, shared_prefill=s,
                                     with_reference=a.beta > 0) for s in (True, False)}
-    print(f"machine: {os.cpu_count()} CPUs, {a.threads} threads; measured matmul peak fp32 {peaks['fp32']:.3f} "
+    gpu = f", {torch.cuda.get_device_name()}" if a.device == "cuda" else ""
+    print(f"machine: {os.cpu_count()} CPUs, {a.threads} threads{gpu}; measured matmul peak fp32 {peaks['fp32']:.3f} "
           f"TFLOP/s, bf16 {peaks['bf16']:.3f} TFLOP/s; read bandwidth {peaks['bandwidth_gbs']:.1f} GB/s")
-    print(f"workload: {a.model}, {a.prompts} prompts x {a.group_size} completions, {a.max_new_tokens} new tokens "
+    print(f"workload: {a.model}{' (random weights)' if a.random_weights else ''}, {a.prompts} prompts x {a.group_size} completions, {a.max_new_tokens} new tokens "
           f"({'natural EOS' if a.natural_eos else 'fixed length'}), prompt ~{p_tok} tokens, beta {a.beta}; "
           f"{flops[False] / 1e12:.2f} TFLOP per step computed per row, {flops[True] / 1e12:.2f} with shared prefill")
-    results = {"machine": {"cpus": os.cpu_count(), "threads": a.threads, "matmul_peak_tflops": peaks},
+    results = {"machine": {"cpus": os.cpu_count(), "threads": a.threads, "device": a.device + gpu,
+                           "matmul_peak_tflops": peaks},
                "workload": {**vars(a), "prompt_tokens": p_tok, "step_tflop_per_row": flops[False] / 1e12,
                             "step_tflop_shared_prefill": flops[True] / 1e12}, "results": {}}
     from rlft.models.precision import cpu_has_native_bf16
 
-    if "bf16" in a.dtype and not cpu_has_native_bf16():
+    if a.device == "cpu" and "bf16" in a.dtype and not cpu_has_native_bf16():
         print("WARNING: this CPU has no native bf16 matmul: TRL's bf16=True runs emulated bf16 (see the peak above) "
               "while rlft falls back to fp32, so the bf16 rows do not compare like with like")
     options = {dtype: dict(model_dir=model_dir, dtype=dtype, prompts=a.prompts, group_size=a.group_size,
                            max_new_tokens=a.max_new_tokens, beta=a.beta, fixed_length=not a.natural_eos,
-                           engine=a.engine, threads=a.threads, gradient_checkpointing=a.rlft_gradient_checkpointing,
+                           engine=a.engine, threads=a.threads, device=a.device,
+                           gradient_checkpointing=a.rlft_gradient_checkpointing,
                            defaults=a.defaults, trl_keep_memory=a.trl_keep_memory, micro_batch=a.rlft_micro_batch)
                for dtype in a.dtype}
     # --interleave: every (dtype, framework) worker alive at once and stepped in turn; else one dtype after another
@@ -318,7 +363,8 @@ def _print_case(dtype: str, res: dict, rlft_flops: float, peaks: dict, sizes: tu
     print(f"\n== {dtype} (median of timed steps)")
     for name, r in res.items():
         tps = f"{r['tokens_per_s']:.0f} generated tok/s" if r["tokens_per_s"] else "tok/s n/a"
-        print(f"  {name:5s} {r['step_seconds']:7.2f} s/step  {tps:>24s}  peak RSS {r['peak_rss_mb']:7.0f} MB  "
+        gpu = f"  peak GPU {r['peak_gpu_mb']:7.0f} MB" if "peak_gpu_mb" in r else ""
+        print(f"  {name:5s} {r['step_seconds']:7.2f} s/step  {tps:>24s}  peak RSS {r['peak_rss_mb']:7.0f} MB{gpu}  "
               f"CPU/step user {r['cpu_user_s_per_step']:.1f} s, system {r['cpu_system_s_per_step']:.1f} s")
     if "rlft" in res:
         r = res["rlft"]
@@ -352,8 +398,9 @@ def print_phases(ph: dict, dtype: str, peaks: dict, weights: float, params: floa
     total = sum(v for k, v in ph.items() if k.startswith("time/"))
     print(f"  rlft per phase ({dtype}, median of timed steps; floors: matmul {peak:.3f} TFLOP/s, "
           f"read bandwidth {bw:.1f} GB/s)")
-    print("  | phase | seconds | share | work | achieved | of floor |")
-    print("  |---|---|---|---|---|---|")
+    tokens = {name: ph.get(f"work/{name}_tokens", 0) for name in ("prefill", "decode", "reference", "policy")}
+    print("  | phase | seconds | share | tokens/s | work | achieved | of floor |")
+    print("  |---|---|---|---|---|---|---|")
     names = [k[5:] for k in ph if k.startswith("time/")]
     for name in sorted(names, key=lambda n: (n == "other", -ph[f"time/{n}"])):
         sec = ph[f"time/{name}"]
@@ -361,7 +408,8 @@ def print_phases(ph: dict, dtype: str, peaks: dict, weights: float, params: floa
         rate = amount / sec if sec > 0 and amount else 0.0
         cells = (f"{amount:.3f} {unit}", f"{rate:.3f} {unit}/s", f"{rate / floor:.0%}") if rate and floor else \
             ("", "", "")
-        print(f"  | {name} | {sec:.2f} | {sec / total:.0%} | " + " | ".join(cells) + " |")
+        tps = f"{tokens[name] / sec:,.0f}" if tokens.get(name) and sec > 0 else ""
+        print(f"  | {name} | {sec:.2f} | {sec / total:.0%} | {tps} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -30,15 +30,24 @@ def e_density(prompts, completions, **kwargs) -> list[float]:
     return [c.count("e") / max(len(c), 1) for c in completions]
 
 
-def matmul_peak_tflops(dtype: torch.dtype, size: int = 1024, seconds: float = 1.5) -> float:
-    """Measured matrix-multiply throughput of this machine for ``dtype`` (TFLOP/s)."""
-    a = torch.randn(size, size, dtype=dtype)
-    b = torch.randn(size, size, dtype=dtype)
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def matmul_peak_tflops(dtype: torch.dtype, size: int | None = None, seconds: float = 1.5, device: str = "cpu") -> float:
+    """Measured matrix-multiply throughput of this machine for ``dtype`` (TFLOP/s): 1024-square
+    products on a CPU, 8192-square on a GPU (smaller ones leave a GPU's tensor cores half idle)."""
+    size = size or (8192 if device.startswith("cuda") else 1024)
+    a = torch.randn(size, size, dtype=dtype, device=device)
+    b = torch.randn(size, size, dtype=dtype, device=device)
     a @ b
+    _sync(device)
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         a @ b
         n += 1
+        _sync(device)
     return 2 * size ** 3 * n / (time.perf_counter() - t0) / 1e12
 
 
@@ -89,13 +98,16 @@ def step_flops(model_dir, prompt_tokens: int, num_prompts: int, group: int, new_
     return passes * forward
 
 
-def memory_bandwidth_gbs(megabytes: int = 512, seconds: float = 1.0) -> float:
+def memory_bandwidth_gbs(megabytes: int | None = None, seconds: float = 1.0, device: str = "cpu") -> float:
     """Measured memory read bandwidth (GB/s): summing a buffer far larger than any cache, as a decode
-    step reads its weights."""
-    x = torch.ones(megabytes * 2**20 // 2, dtype=torch.bfloat16)
+    step reads its weights (512 MB on a CPU, 4 GB on a GPU, whose L2 alone holds tens of MB)."""
+    megabytes = megabytes or (4096 if device.startswith("cuda") else 512)
+    x = torch.ones(megabytes * 2**20 // 2, dtype=torch.bfloat16, device=device)
     x.sum()
+    _sync(device)
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         x.sum()
         n += 1
+        _sync(device)
     return x.numel() * 2 * n / (time.perf_counter() - t0) / 1e9

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The GRPO speed benchmark on one CUDA GPU in bf16: rlft against TRL's GRPOTrainer, each in its own
+# process, stepped in turn (benchmarks/grpo_step.py --device cuda). About 4-6 minutes:
+#   1. rlft check-env (what torch sees);
+#   2. issue 3's workload: 2 prompts x 8 completions, exactly 32 new tokens (the acceptance row);
+#   3. the same at 256 new tokens;
+#   4. a wider batch, 8 prompts x 8 completions of 128 tokens, if the budget has room.
+# Each row prints the per-phase table (seconds, tokens/s, achieved TFLOP/s or GB/s against the GPU's
+# measured matmul peak and read bandwidth) and peak GPU memory. Logs and JSON go to $OUT when it is
+# set, else ./gpu-speed-out.
+#   bash scripts/gpu_speed.sh
+#   RLFT_BENCH_MODEL_ARGS="--model DIR --random-weights" bash scripts/gpu_speed.sh   # weights can't reach it
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+OUT="${OUT:-$ROOT/gpu-speed-out}"
+mkdir -p "$OUT"
+PY="${RLFT_GPU_PYTHON:-python3}"
+DEVICE="${RLFT_BENCH_DEVICE:-cuda}"  # cpu only checks this script's plumbing
+read -r -a MODEL_ARGS <<<"${RLFT_BENCH_MODEL_ARGS:-}"
+BUDGET="${RLFT_GPU_SPEED_SECONDS:-330}"
+export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+
+log() { echo "[gpu_speed $(printf '%3d' "$SECONDS")s] $*"; }
+left() { local rest=$((BUDGET - SECONDS)); if [ "$rest" -lt "$1" ]; then echo "$rest"; else echo "$1"; fi; }
+
+bench() {  # bench NAME SECONDS ARGS...: one benchmark run; its log and JSON under $OUT
+  local name=$1 limit
+  limit=$(left "$2")
+  shift 2
+  if [ "$limit" -lt 45 ]; then log "SKIP $name: ${limit}s of the budget left"; return 1; fi
+  log "$name: grpo_step.py $* (at most ${limit}s)"
+  # TRL prints a dict of metrics per step on stdout: kept in the log, left out of the console
+  timeout "$limit" "$PY" benchmarks/grpo_step.py --device "$DEVICE" --dtype bf16 "${MODEL_ARGS[@]}" \
+    --json "$OUT/$name.json" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  grep -v -E "^\{'| INFO |Warning|warnings.warn|Loading weights|Writing model" "$OUT/$name.log" | tail -40
+  [ "$rc" -ne 0 ] && log "FAIL: $name (exit $rc)"
+  return "$rc"
+}
+
+log "rlft check-env"
+timeout "$(left 60)" "$PY" -m rlft.cli.main check-env >"$OUT/check_env.txt" 2>&1
+grep -i -E "torch|cuda|gpu|bf16" "$OUT/check_env.txt" | head -12
+status=0
+if bench s32 150 --warmup 1 --steps 4; then
+  bench s256 150 --warmup 1 --steps 2 --max-new-tokens 256 || status=1
+  bench wide 120 --warmup 1 --steps 2 --prompts 8 --max-new-tokens 128 || true
+else
+  status=1
+fi
+log "done (exit $status); results in $OUT"
+exit "$status"
