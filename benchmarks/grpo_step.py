@@ -84,7 +84,7 @@ def rlft_config(opts: dict, workdir: Path) -> dict:
                       # rlft's own default unless pinned: 'auto' runs the whole batch in one pass except on a
                       # CPU, where a long batch goes in passes that are as fast and take less memory
                       "micro_batch_size": opts.get("micro_batch") or "auto"},
-        "rollout": {"engine": opts["engine"]},
+        "rollout": {"engine": opts["engine"], "cuda_graphs": opts.get("cuda_graphs", True)},
         "reward": {"functions": [{"type": "custom", "function": f"{HERE / 'workload.py'}:e_density"}]},
         "train": {"epochs": 100000, "max_steps": 100000, "logging_interval": 1, "samples_per_log": 0,
                   "progress_bar": "off", "output_dir": str(workdir / "out"), "seed": 0},
@@ -163,7 +163,12 @@ def _trl_worker(conn, opts: dict) -> None:
     conn.send(_peaks(opts))
 
 
-WORKERS = {"rlft": _rlft_worker, "trl": _trl_worker}
+def _rlft_eager_worker(conn, opts: dict) -> None:
+    """rlft with its GPU decode launched kernel by kernel (rollout.cuda_graphs: false), for the A/B."""
+    _rlft_worker(conn, {**opts, "cuda_graphs": False})
+
+
+WORKERS = {"rlft": _rlft_worker, "trl": _trl_worker, "rlft-eager": _rlft_eager_worker}
 
 
 def _worker(conn, name: str, opts: dict) -> None:
@@ -323,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     gpu = f", {torch.cuda.get_device_name()}" if a.device == "cuda" else ""
     print(f"machine: {os.cpu_count()} CPUs, {a.threads} threads{gpu}; measured matmul peak fp32 {peaks['fp32']:.3f} "
           f"TFLOP/s, bf16 {peaks['bf16']:.3f} TFLOP/s; read bandwidth {peaks['bandwidth_gbs']:.1f} GB/s")
-    print(f"workload: {a.model}{' (random weights)' if a.random_weights else ''}, {a.prompts} prompts x {a.group_size} completions, {a.max_new_tokens} new tokens "
+    weights = " (random weights)" if a.random_weights else ""
+    print(f"workload: {a.model}{weights}, {a.prompts} prompts x {a.group_size} completions, {a.max_new_tokens} new tokens "
           f"({'natural EOS' if a.natural_eos else 'fixed length'}), prompt ~{p_tok} tokens, beta {a.beta}; "
           f"{flops[False] / 1e12:.2f} TFLOP per step computed per row, {flops[True] / 1e12:.2f} with shared prefill")
     results = {"machine": {"cpus": os.cpu_count(), "threads": a.threads, "device": a.device + gpu,
@@ -363,9 +369,10 @@ def _print_case(dtype: str, res: dict, rlft_flops: float, peaks: dict, sizes: tu
     print(f"\n== {dtype} (median of timed steps)")
     for name, r in res.items():
         tps = f"{r['tokens_per_s']:.0f} generated tok/s" if r["tokens_per_s"] else "tok/s n/a"
+        gen = f", rollout {r['generation_seconds']:.2f} s" if "generation_seconds" in r else ""
         gpu = f"  peak GPU {r['peak_gpu_mb']:7.0f} MB" if "peak_gpu_mb" in r else ""
-        print(f"  {name:5s} {r['step_seconds']:7.2f} s/step  {tps:>24s}  peak RSS {r['peak_rss_mb']:7.0f} MB{gpu}  "
-              f"CPU/step user {r['cpu_user_s_per_step']:.1f} s, system {r['cpu_system_s_per_step']:.1f} s")
+        print(f"  {name:10s} {r['step_seconds']:7.2f} s/step  {tps:>24s}{gen}  peak RSS {r['peak_rss_mb']:7.0f} MB{gpu}"
+              f"  CPU/step user {r['cpu_user_s_per_step']:.1f} s, system {r['cpu_system_s_per_step']:.1f} s")
     if "rlft" in res:
         r = res["rlft"]
         achieved = rlft_flops / r["step_seconds"] / 1e12
@@ -374,6 +381,9 @@ def _print_case(dtype: str, res: dict, rlft_flops: float, peaks: dict, sizes: tu
               f"{achieved / peaks['bf16']:.0%} of the bf16 peak")
     if "rlft" in res and "trl" in res:
         print(f"  speed-up rlft vs TRL: {res['trl']['step_seconds'] / res['rlft']['step_seconds']:.2f}x")
+    if "rlft" in res and "rlft-eager" in res:
+        print(f"  rlft vs rlft-eager (CUDA graphs off): "
+              f"{res['rlft-eager']['step_seconds'] / res['rlft']['step_seconds']:.2f}x")
     if "rlft" in res and "phases" in res["rlft"]:
         print_phases(res["rlft"]["phases"], dtype, peaks, *sizes)
 

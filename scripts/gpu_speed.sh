@@ -2,7 +2,8 @@
 # The GRPO speed benchmark on one CUDA GPU in bf16: rlft against TRL's GRPOTrainer, each in its own
 # process, stepped in turn (benchmarks/grpo_step.py --device cuda). About 4-6 minutes:
 #   1. rlft check-env (what torch sees);
-#   2. issue 3's workload: 2 prompts x 8 completions, exactly 32 new tokens (the acceptance row);
+#   2. issue 3's workload: 2 prompts x 8 completions, exactly 32 new tokens (the acceptance row),
+#      with a third worker, rlft-eager (rollout.cuda_graphs: false), for the CUDA graphs' A/B;
 #   3. the same at 256 new tokens;
 #   4. a wider batch, 8 prompts x 8 completions of 128 tokens, if the budget has room.
 # Each row prints the per-phase table (seconds, tokens/s, achieved TFLOP/s or GB/s against the GPU's
@@ -18,8 +19,9 @@ mkdir -p "$OUT"
 PY="${RLFT_GPU_PYTHON:-python3}"
 DEVICE="${RLFT_BENCH_DEVICE:-cuda}"  # cpu only checks this script's plumbing
 read -r -a MODEL_ARGS <<<"${RLFT_BENCH_MODEL_ARGS:-}"
-BUDGET="${RLFT_GPU_SPEED_SECONDS:-330}"
-export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+BUDGET="${RLFT_GPU_SPEED_SECONDS:-420}"
+export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 log() { echo "[gpu_speed $(printf '%3d' "$SECONDS")s] $*"; }
 left() { local rest=$((BUDGET - SECONDS)); if [ "$rest" -lt "$1" ]; then echo "$rest"; else echo "$1"; fi; }
@@ -43,8 +45,9 @@ log "rlft check-env"
 timeout "$(left 60)" "$PY" -m rlft.cli.main check-env >"$OUT/check_env.txt" 2>&1
 grep -i -E "torch|cuda|gpu|bf16" "$OUT/check_env.txt" | head -12
 status=0
-if bench s32 150 --warmup 1 --steps 4; then
-  bench s256 150 --warmup 1 --steps 2 --max-new-tokens 256 || status=1
+# rlft-eager: rlft with rollout.cuda_graphs false, stepped in the same turns (the graphs' A/B)
+if bench s32 150 --warmup 1 --steps 3 --frameworks trl rlft rlft-eager; then
+  bench s256 190 --warmup 1 --steps 2 --max-new-tokens 256 --frameworks trl rlft rlft-eager || status=1
   bench wide 120 --warmup 1 --steps 2 --prompts 8 --max-new-tokens 128 || true
 else
   status=1

@@ -119,6 +119,10 @@ class RolloutConfig(Section):
         True, description="Decode Llama-family models (llama, mistral, qwen2) with rlft's one-token forward over a "
         "preallocated KV cache (fused q/k/v and gate/up matmuls; under bf16, oneDNN-packed bf16 weights), single-turn "
         "and multi-turn episodes alike; False: the model's own forward.")
+    cuda_graphs: bool = Field(
+        True, description="engine native on a CUDA GPU: capture the fused decode step as a CUDA graph once per rollout "
+        "and replay it for every token (one launch instead of hundreds; finished rows stay in the batch, masked). "
+        "False: launch the step's kernels one by one.")
     vllm_gpu_memory_utilization: float = Field(
         0.3, gt=0, lt=1, description="engine vllm: the share of the GPU's memory vLLM takes for its bf16 weights and "
         "KV cache; the rest stays with training (the policy, its gradients and optimizer state, the reference).")
@@ -127,7 +131,9 @@ class RolloutConfig(Section):
         "mode, level 2), so training has that memory; the weights are pushed again at wake-up.")
 
     def engine_options(self) -> dict[str, Any]:
-        """Keyword arguments of the chosen engine beyond the common ones (none for native and hf)."""
+        """Keyword arguments of the chosen engine beyond the common ones (none for hf)."""
+        if self.engine == "native":
+            return {"cuda_graphs": self.cuda_graphs}
         if self.engine != "vllm":
             return {}
         return {"gpu_memory_utilization": self.vllm_gpu_memory_utilization,

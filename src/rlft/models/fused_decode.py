@@ -308,18 +308,37 @@ class FusedDecoder:
         col = kv.length
         kv.reserve(col + 1)
         kv.valid[:, col] = True
-        x = self.embed.index_select(0, tokens).float()  # a new tensor: the residual is updated in place
-        cos, sin = (t[:, 0] for t in self._rotary(x, positions[:, None]))  # [B, H + KVH, D]
+        x, cos, sin = self._embed(tokens, positions)
         layers = self._layers_native if self.kernels is not None else self._layers_torch
         hidden = layers(x, cos, sin, kv, col)
         kv.length = col + 1
         # the usual orientation for the head: sampling reads its [B, V] output row by row
         return self.head(hidden).to(torch.float32, memory_format=torch.contiguous_format)
 
+    def step_at(self, tokens: torch.Tensor, positions: torch.Tensor, kv: StaticKV,
+                column: torch.Tensor) -> torch.Tensor:
+        """:meth:`step` at the cache column held in ``column`` (a [1] long tensor on the device) rather
+        than ``kv.length``, with PyTorch ops only and no value read back to the host: every shape and
+        address is fixed, so a CUDA graph can capture it (:mod:`rlft.rollout.graphed_rows`). ``kv`` must
+        be allocated to its capacity (attention reads every column, masked by ``kv.valid``); advancing
+        ``column`` and ``kv.length`` is the caller's."""
+        kv.valid.index_fill_(1, column, True)
+        x, cos, sin = self._embed(tokens, positions)
+        hidden = self._layers_torch(x, cos, sin, kv, column)
+        return self.head(hidden).to(torch.float32, memory_format=torch.contiguous_format)
+
+    def _embed(self, tokens: torch.Tensor, positions: torch.Tensor):
+        """The residual x [B, hidden] (fp32, a new tensor: it is updated in place) and the rotary
+        tables [B, H + KVH, D] of one decode step."""
+        x = self.embed.index_select(0, tokens).float()
+        cos, sin = (t[:, 0] for t in self._rotary(x, positions[:, None]))
+        return x, cos, sin
+
     def _layers_torch(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: StaticKV,
-                      col: int) -> torch.Tensor:
-        """Every layer on the residual x [B, hidden] (fp32, updated in place) with PyTorch ops; returns the
-        final norm's output."""
+                      col: int | torch.Tensor) -> torch.Tensor:
+        """Every layer on the residual x [B, hidden] (fp32, updated in place) with PyTorch ops, writing
+        keys and values at cache column ``col`` (an int, or a [1] device tensor); returns the final
+        norm's output."""
         B, H, KVH, D = x.shape[0], self.heads, self.kv_heads, self.head_dim
         # [B, 1, 1, A]: 0 where a row attends, -inf on its left padding and on columns not written yet
         bias = torch.zeros(kv.valid.shape, dtype=torch.float32, device=x.device)
@@ -328,8 +347,8 @@ class FusedDecoder:
         for i, layer in enumerate(self.layers):
             qkv = layer.qkv(self._rms(x, layer.ln1))
             _rotate(qkv[:, : (H + KVH) * D].view(B, H + KVH, D), cos, sin, out=qk)  # q and k at once
-            kv.k[i, :, :, col] = qk[:, H:]
-            kv.v[i, :, :, col] = qkv[:, (H + KVH) * D:].view(B, KVH, D)
+            _put_column(kv.k[i], col, qk[:, H:])
+            _put_column(kv.v[i], col, qkv[:, (H + KVH) * D:].view(B, KVH, D))
             attn = self._attend(qk[:, :H], kv.k[i], kv.v[i], bias)
             x.add_(layer.o(attn))  # fp32 residual += the bf16 output, promoted
             gate, up = layer.gate_up(self._rms(x, layer.ln2)).chunk(2, dim=-1)
@@ -358,6 +377,15 @@ class FusedDecoder:
             after = self.layers[i + 1].ln1 if i + 1 < len(self.layers) else self.norm
             k.add_rms_norm(x, layer.down(k.silu_mul(gate_up, act)).contiguous(), after, self.eps, hidden)
         return hidden
+
+
+def _put_column(cache: torch.Tensor, col: int | torch.Tensor, value: torch.Tensor) -> None:
+    """``cache`` [B, KVH, A, D] at column ``col`` = ``value`` [B, KVH, D]. A tensor ``col`` ([1], on the
+    device) is written by ``index_copy_``, which never reads it back to the host (graph capture)."""
+    if isinstance(col, int):
+        cache[:, :, col] = value
+    else:
+        cache.index_copy_(2, col, value.unsqueeze(2).to(cache.dtype))
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,7 @@ from rlft.models.fast_linear import weight_first_linears
 from rlft.models.logprobs import cache_kwargs, position_ids_from_mask
 from rlft.phases import count, phase
 from rlft.rollout.base import RolloutBatch, SamplingParams
+from rlft.rollout.graphed_rows import GraphedRows, graphs_apply
 from rlft.rollout.hf_engine import HFGenerateEngine
 from rlft.rollout.sampling import row_uniforms, sample_next
 
@@ -21,9 +22,10 @@ from rlft.rollout.sampling import row_uniforms, sample_next
 class NativeEngine(HFGenerateEngine):
     """Same interface and tokenisation as :class:`HFGenerateEngine`; a faster decode loop."""
 
-    def __init__(self, model, tokenizer, *, native_kernels: bool = True, **kwargs):
+    def __init__(self, model, tokenizer, *, native_kernels: bool = True, cuda_graphs: bool = True, **kwargs):
         super().__init__(model, tokenizer, **kwargs)
         self.native_kernels = native_kernels  # rlft's C kernels (decode glue, sampling) where they build and are on
+        self.cuda_graphs = cuda_graphs  # on a CUDA GPU, the fused decode step replayed as one graph
 
     # inference_mode skips autograd's per-op bookkeeping (version counters, views), which adds up
     # over ~200 small ops per decode step; its tensors are cloned before leaving generate().
@@ -35,7 +37,7 @@ class NativeEngine(HFGenerateEngine):
         fused = self.fused_decoder()
         with self.generating(fused[0] if fused else None) as model:
             n, capacity = sampling.n, prompt_ids.shape[1] + sampling.max_new_tokens
-            rows = (_StaticRows(fused[1], n, prompt_ids.shape[0] * n, capacity) if fused
+            rows = (self._static_rows(fused[1], n, prompt_ids.shape[0] * n, capacity) if fused
                     else _DynamicRows(model, n))
             decoded = self._decode(rows, prompt_ids, prompt_mask, sampling)
         tokens, logprobs, lengths, ended = (t.clone() for t in decoded)  # normal tensors again
@@ -83,6 +85,12 @@ class NativeEngine(HFGenerateEngine):
                 count("decode_tokens", tok.shape[0])
                 count("decode_steps", 1)
         return tokens, logprobs, lengths, ended
+
+    def _static_rows(self, fused, n: int, rows: int, capacity: int):
+        """The fused decoder's rows: replayed as a CUDA graph on a GPU, else finished rows leave the batch."""
+        if self.cuda_graphs and graphs_apply(fused.device):
+            return GraphedRows(fused, n, rows, capacity)
+        return _StaticRows(fused, n, rows, capacity)
 
     def fused_decoder(self):
         """(the module it reads, :class:`FusedDecoder`) when the fused decode applies, else None.
