@@ -11,21 +11,12 @@
 # Results (logs, engines.json) go to $OUT when it is set, else ./gpu-check-out.
 #   bash scripts/gpu_check.sh
 set -uo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$ROOT"
-OUT="${OUT:-$ROOT/gpu-check-out}"
-mkdir -p "$OUT"
+SCRIPT_NAME=gpu-check BUDGET="${RLFT_GPU_CHECK_SECONDS:-470}"
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_common.sh"
 GPU_VENV="${RLFT_GPU_VENV:-$ROOT/.venv-gpu}"
-BUDGET="${RLFT_GPU_CHECK_SECONDS:-470}"
-export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
 export VLLM_ENABLE_V1_MULTIPROCESSING=0 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 status=0
 
-log() { echo "[gpu_check $(printf '%3d' "$SECONDS")s] $*"; }
-left() {  # seconds for the next step: at most $1, and what the budget has left
-  local rest=$((BUDGET - SECONDS))
-  if [ "$rest" -lt "$1" ]; then echo "$rest"; else echo "$1"; fi
-}
 cuda_torch() { "$1" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; }
 has() { "$1" -c "import $2" >/dev/null 2>&1; }
 

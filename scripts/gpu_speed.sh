@@ -12,19 +12,12 @@
 #   bash scripts/gpu_speed.sh
 #   RLFT_BENCH_MODEL_ARGS="--model DIR --random-weights" bash scripts/gpu_speed.sh   # weights can't reach it
 set -uo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$ROOT"
-OUT="${OUT:-$ROOT/gpu-speed-out}"
-mkdir -p "$OUT"
+SCRIPT_NAME=gpu-speed BUDGET="${RLFT_GPU_SPEED_SECONDS:-420}"
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_common.sh"
 PY="${RLFT_GPU_PYTHON:-python3}"
 DEVICE="${RLFT_BENCH_DEVICE:-cuda}"  # cpu only checks this script's plumbing
 read -r -a MODEL_ARGS <<<"${RLFT_BENCH_MODEL_ARGS:-}"
-BUDGET="${RLFT_GPU_SPEED_SECONDS:-420}"
-export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-
-log() { echo "[gpu_speed $(printf '%3d' "$SECONDS")s] $*"; }
-left() { local rest=$((BUDGET - SECONDS)); if [ "$rest" -lt "$1" ]; then echo "$rest"; else echo "$1"; fi; }
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 bench() {  # bench NAME SECONDS ARGS...: one benchmark run; its log and JSON under $OUT
   local name=$1 limit
