@@ -267,7 +267,8 @@ def _with_random_weights(src: Path) -> Path:
     out = Path(tempfile.mkdtemp(prefix="random-weights-")) / src.name
     out.mkdir()
     for f in src.iterdir():
-        if f.is_file() and not f.name.endswith((".safetensors", ".bin", ".json.index")):
+        # weights and their shard indexes (model.safetensors.index.json) stay behind: save_pretrained writes new ones
+        if f.is_file() and ".safetensors" not in f.name and ".bin" not in f.name:
             shutil.copy(f, out / f.name)
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(src), dtype=torch.float32).save_pretrained(out)

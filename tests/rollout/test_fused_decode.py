@@ -192,14 +192,6 @@ def test_a_lora_policy_decodes_from_a_merged_copy_that_follows_its_adapters(tiny
     assert not torch.allclose(copy.current()(input_ids=ids).logits, base, atol=1e-3)
 
 
-@pytest.fixture(scope="module")
-def wide_head_model_dir(tmp_path_factory):
-    from rlft.models.tiny import build_tiny_model_dir
-
-    # four heads of 64: the native kernels' vector path (the default tiny model's heads of 8 take their scalar one)
-    return build_tiny_model_dir(tmp_path_factory.mktemp("wide-heads") / "model", hidden_size=256)
-
-
 def test_the_native_kernels_decode_what_the_pytorch_ops_decode(wide_head_model_dir, monkeypatch):
     model, tok = _policy(wide_head_model_dir)
     out, engines = {}, {}

@@ -8,7 +8,9 @@ import torch
 
 import rlft.rollout.native_engine as native_engine
 from rlft.config.algorithm import RolloutConfig
+from rlft.config.schema import ModelConfig
 from rlft.models.fused_decode import FusedDecoder
+from rlft.models.loading import load_policy, load_tokenizer
 from rlft.rollout import NativeEngine, SamplingParams
 from rlft.rollout.graphed_rows import GraphedRows
 
@@ -81,9 +83,6 @@ def test_cuda_graphs_is_a_native_engine_option():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_the_captured_graph_decodes_what_the_eager_static_step_decodes(wide_head_model_dir, monkeypatch, dtype):
-    from rlft.config.schema import ModelConfig
-    from rlft.models.loading import load_policy, load_tokenizer
-
     cuda = torch.device("cuda")
     model = load_policy(ModelConfig(path=str(wide_head_model_dir), dtype=dtype, device="cuda"), cuda,
                         model_dir=wide_head_model_dir)
@@ -100,10 +99,3 @@ def test_the_captured_graph_decodes_what_the_eager_static_step_decodes(wide_head
     assert torch.equal(out[True].completion_ids, out[False].completion_ids)
     m = out[True].completion_mask.bool()
     torch.testing.assert_close(out[True].logprobs[m], out[False].logprobs[m], atol=1e-5, rtol=1e-5)
-
-
-@pytest.fixture(scope="module")
-def wide_head_model_dir(tmp_path_factory):
-    from rlft.models.tiny import build_tiny_model_dir
-
-    return build_tiny_model_dir(tmp_path_factory.mktemp("wide-heads") / "model", hidden_size=256)
