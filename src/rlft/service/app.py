@@ -20,7 +20,7 @@ from rlft.service.backends import make_placement
 from rlft.service.routes import Service, router
 from rlft.service.runner import Runner
 from rlft.service.schemas import Problem
-from rlft.service.security import RateLimiter, Settings, host_of, limit_body
+from rlft.service.security import RateLimiter, Settings, host_of, limit_body, origin_allowed
 from rlft.service.store import JobStore, default_url
 from rlft.service.submit import Refused
 from rlft.service.workspace import Workspace
@@ -69,8 +69,9 @@ def _guard(app: FastAPI, settings: Settings) -> None:
             return JSONResponse({"detail": f"Host {host!r} is not a name this service answers to"}, status_code=421)
         if request.method == "POST":
             origin = request.headers.get("origin")
-            if origin and host_of(origin.partition("://")[2].rstrip("/")) != host:
-                return JSONResponse({"detail": "cross-origin requests are refused"}, status_code=403)
+            if origin and not origin_allowed(settings, origin, request.headers.get("host", "")):
+                return JSONResponse({"detail": f"cross-origin requests are refused (Origin {origin!r} is not this "
+                                               f"service's own page)"}, status_code=403)
             kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
             has_body = request.headers.get("content-length", "0") != "0" or "transfer-encoding" in request.headers
             if has_body and kind != "application/json":

@@ -94,14 +94,15 @@ def get_job(job: Job = Depends(job_of_path)) -> JobDetail:
 
 @router.get("/api/jobs/{job_id}/logs", response_model=Logs, responses=_ERRORS, tags=["jobs"])
 def logs(stream: Literal["stdout", "stderr"] = "stdout", tail: int = Query(200, ge=1, le=10000),
-         job: Job = Depends(job_of_path)) -> Logs:
+         job: Job = Depends(job_of_path), svc: Service = Depends(service)) -> Logs:
     path = job.stdout_log if stream == "stdout" else job.stderr_log
-    return Logs(stream=stream, text=_read(lambda: files.log_tail(path, job.job_dir, tail)))
+    return Logs(stream=stream, text=_read(lambda: files.log_tail(path, job.job_dir, tail, _ws(svc))))
 
 @router.get("/api/jobs/{job_id}/metrics", response_model=Metrics, responses=_ERRORS, tags=["jobs"])
-def metrics(offset: int = Query(0, ge=0), job: Job = Depends(job_of_path)) -> Metrics:
+def metrics(offset: int = Query(0, ge=0), job: Job = Depends(job_of_path),
+            svc: Service = Depends(service)) -> Metrics:
     records, end, reset = _read(lambda: files.read_jsonl_from(Path(job.run_dir) / "metrics.jsonl",
-                                                               (job.run_dir,), offset))
+                                                               (job.run_dir,), offset, workspace=_ws(svc)))
     return Metrics(records=records, offset=end, reset=reset)
 
 @router.get("/api/jobs/{job_id}/metrics/stream", responses={200: {"content": {"text/event-stream": {}}}, **_ERRORS},
@@ -112,16 +113,18 @@ async def metrics_stream(request: Request, offset: int = Query(0, ge=0), job: Jo
     so a reconnect (``Last-Event-ID``) resumes where it stopped; ``end`` once the job has ended."""
     last = request.headers.get("last-event-id", "")
     start = int(last) if last.isdigit() else offset
-    return StreamingResponse(_sse(svc.store, job, start, request), media_type="text/event-stream",
+    _read(lambda: files.checked(Path(job.run_dir) / "metrics.jsonl", (job.run_dir,), _ws(svc)))  # 403 up front
+    return StreamingResponse(_sse(svc, job, start, request), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache"})
 
 @router.get("/api/jobs/{job_id}/samples", response_model=Samples, responses=_ERRORS, tags=["jobs"])
-def get_samples(steps: int = Query(3, ge=1, le=1000), job: Job = Depends(job_of_path)) -> Samples:
-    return Samples(groups=_read(lambda: files.samples(job.run_dir, steps)))
+def get_samples(steps: int = Query(3, ge=1, le=1000), job: Job = Depends(job_of_path),
+                svc: Service = Depends(service)) -> Samples:
+    return Samples(groups=_read(lambda: files.samples(job.run_dir, steps, workspace=_ws(svc))))
 
 @router.get("/api/jobs/{job_id}/eval", response_model=Evaluations, responses=_ERRORS, tags=["jobs"])
-def get_eval(job: Job = Depends(job_of_path)) -> Evaluations:
-    return Evaluations(results=files.evaluations(job.run_dir))
+def get_eval(job: Job = Depends(job_of_path), svc: Service = Depends(service)) -> Evaluations:
+    return Evaluations(results=_read(lambda: files.evaluations(job.run_dir, _ws(svc))))
 
 @router.post("/api/jobs/{job_id}/cancel", response_model=JobInfo, responses=_ERRORS, tags=["jobs"])
 def cancel(job: Job = Depends(job_of_path), svc: Service = Depends(service)) -> JobInfo:
@@ -142,6 +145,10 @@ def dashboard():
 @router.get("/static/{name}", include_in_schema=False)
 def static(name: str):
     return _static_file(name)
+
+def _ws(svc: Service) -> str:
+    return str(svc.workspace.root)
+
 
 def _read(read):
     try:
@@ -168,10 +175,16 @@ def _static_file(name: str):
     return FileResponse(path)
 
 
-async def _sse(store: JobStore, job: Job, offset: int, request: Request):
-    path, roots = Path(job.run_dir) / "metrics.jsonl", (job.run_dir,)
+async def _sse(svc: Service, job: Job, offset: int, request: Request):
+    """The events of :func:`metrics_stream`. A file refused mid-stream (a link planted after the stream
+    began) ends it with an ``error`` event saying why, never a server traceback."""
+    path, roots, store = Path(job.run_dir) / "metrics.jsonl", (job.run_dir,), svc.store
     while True:
-        records, end, reset = files.read_jsonl_from(path, roots, offset)
+        try:
+            records, end, reset = files.read_jsonl_from(path, roots, offset, workspace=_ws(svc))
+        except files.OutsideJob as exc:
+            yield f"event: error\ndata: {json.dumps({'status': 403, 'detail': str(exc)})}\n\n"
+            return
         if reset:  # the file was rewritten (a resume): the client starts over
             yield "id: 0\nevent: reset\ndata: {}\n\n"
         if records:

@@ -9,10 +9,12 @@ never accepts a command line, only configs; it never reads or writes a file outs
 from __future__ import annotations
 
 import ipaddress
+import json
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
@@ -59,6 +61,42 @@ class Settings:
         return names | {self.host.lower()}
 
 
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _host_and_port(header: str) -> tuple[str, int | None]:
+    """A Host header's name and port (None when it names none): '[::1]:8000' -> ('::1', 8000)."""
+    parts = urlsplit("//" + header.strip())
+    try:
+        return (parts.hostname or "").lower(), parts.port
+    except ValueError:
+        return (parts.hostname or "").lower(), -1  # a port that is no number matches nothing
+
+
+def origin_allowed(settings: Settings, origin: str, host_header: str) -> bool:
+    """Whether a browser page at ``origin`` (scheme://name[:port]) is this service's own page.
+
+    The port counts: a page served by any other program on the same machine (``http://127.0.0.1:1``)
+    is another origin. Allowed: plain http on the port the service is bound to, under a name it answers
+    to; or, for an extra name given with ``allowed_hosts`` (a proxy in front, which may speak https on
+    its own port), exactly the scheme, name and port the request itself was sent to (its Host)."""
+    parts = urlsplit(origin.strip())
+    if parts.scheme not in DEFAULT_PORTS or not parts.hostname or parts.path not in ("", "/"):
+        return False
+    try:
+        port = parts.port or DEFAULT_PORTS[parts.scheme]
+    except ValueError:
+        return False
+    name = parts.hostname.lower()
+    sent_name, sent_port = _host_and_port(host_header)
+    names = settings.host_names()
+    own = names if names is not None else {sent_name}
+    if parts.scheme == "http" and port == settings.port and name in own:
+        return True
+    proxies = {h.lower() for h in settings.allowed_hosts}
+    return name in proxies and name == sent_name and port == (sent_port or DEFAULT_PORTS[parts.scheme])
+
+
 def host_of(header: str) -> str:
     """The name in a Host header, without the port ('[::1]:8000' -> '::1')."""
     header = header.strip().lower()
@@ -88,41 +126,57 @@ class RateLimiter:
             return None
 
 
-class BodyTooLarge(Exception):
-    pass
-
-
 def limit_body(app, max_bytes: int):
-    """ASGI middleware: a request body over ``max_bytes`` (declared or streamed) is answered 413
-    before the application reads it."""
+    """ASGI middleware: a request body over ``max_bytes`` is answered 413 before the application sees it.
+
+    A declared length is checked at once; a body sent without one (``Transfer-Encoding: chunked``) is
+    read here, counting, up to the limit, and handed on whole only if it fits. (Raising from inside the
+    application's own read would not do: FastAPI turns any error while reading a body into a 400.)"""
 
     async def middleware(scope, receive, send):
         if scope["type"] != "http":
             return await app(scope, receive, send)
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > max_bytes):
-            return await _too_large(send, max_bytes)
-        seen = 0
-
-        async def counted():
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > max_bytes:
-                    raise BodyTooLarge
-            return message
-
-        try:
-            await app(scope, counted, send)
-        except BodyTooLarge:
-            await _too_large(send, max_bytes)
+            return await _too_large(send, max_bytes, "")
+        first = await _read_body(receive, max_bytes)
+        if first is None:
+            return await _too_large(send, max_bytes, " (sent in chunks, without a Content-Length)")
+        await app(scope, _replay(first, receive), send)
 
     return middleware
 
 
-async def _too_large(send, max_bytes: int) -> None:
-    body = f'{{"detail": "request body over the limit of {max_bytes} bytes"}}'.encode()
+async def _read_body(receive, max_bytes: int) -> dict | None:
+    """The whole request body as one ``http.request`` message (or the disconnect that ended it); None
+    as soon as more than ``max_bytes`` arrived."""
+    chunks, seen = [], 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return message
+        chunk = message.get("body", b"")
+        seen += len(chunk)
+        if seen > max_bytes:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+
+
+def _replay(first: dict, receive):
+    """The application's ``receive``: the body read already, then the connection's own messages
+    (a streaming response waits on them to learn that the client went away)."""
+    pending = [first]
+
+    async def replayed():
+        return pending.pop() if pending else await receive()
+
+    return replayed
+
+
+async def _too_large(send, max_bytes: int, how: str) -> None:
+    body = json.dumps({"detail": f"request body over the limit of {max_bytes} bytes{how}"}).encode()
     await send({"type": "http.response.start", "status": 413,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
