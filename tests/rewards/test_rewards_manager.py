@@ -184,7 +184,7 @@ def test_batch_only_failure_reported_without_index(tmp_path):
     [
         ("return [1.0, float('nan'), 1.0, 1.0]", r"returned a non-finite value \(nan\) for sample 1 of 4"),
         ("return [1.0, 1.0, 1.0, float('inf')]", r"returned a non-finite value \(inf\) for sample 3 of 4"),
-        ("return [1.0, None, 1.0, 1.0]", r"returned a non-finite value \(None\) for sample 1 of 4"),
+        ("return [1.0, float('-inf'), None, 1.0]", r"returned a non-finite value \(-inf\) for sample 1 of 4"),
         ("return [1.0, '1', 1.0, 1.0]", r"returned a non-numeric value \('1'\) for sample 1 of 4"),
         ("return [1.0, [1], 1.0, 1.0]", r"returned a non-numeric value \(list\) for sample 1 of 4"),
         ("return [1.0] * 3", r"returned 3 values; expected 4"),

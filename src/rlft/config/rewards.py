@@ -74,6 +74,10 @@ class CustomReward(_Reward):
         "f(prompts, completions, **columns) -> list[float].",
     )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments passed on every call.")
+    timeout: float | None = Field(
+        300.0, gt=0, description="Seconds one call (one batch) may take: a slower or hung call fails the run with a "
+        "reward error naming the function; a call over half of it is warned about. null: no limit, and the "
+        "function runs on the calling thread (for code that needs the main thread, e.g. signal-based timeouts).")
 
 
 class HttpReward(_Reward):

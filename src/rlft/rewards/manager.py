@@ -2,14 +2,20 @@
 
 Every reward is called TRL-style with keyword arguments only:
 ``fn(prompts=..., completions=..., **columns, **spec_kwargs)``.  Anything that
-goes wrong (a raise, a wrong-length result, a NaN) becomes a
-:class:`~rlft.errors.RewardError` that names the reward and the sample.
+goes wrong (a raise, a wrong-length result, a NaN, a custom function slower than its
+``timeout``) becomes a :class:`~rlft.errors.RewardError` that names the reward and the sample.
+
+A reward may return None for a sample, as in TRL: that reward does not apply to it. It adds
+nothing to the sample's weighted total and is NaN in ``per_reward`` (so a mean over the samples it
+applied to is a nanmean); a sample no reward applies to gets a total of 0 and a warning.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import re
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -21,13 +27,17 @@ from rlft.config.rewards import default_reward_name
 from rlft.errors import RewardError
 from rlft.rewards.builtin import ANSWER_COLUMN_PARAM, BUILTIN_REWARDS
 from rlft.plugins import load_custom_reward
+from rlft.rewards.timed import RewardTimeout, call_with_timeout
+
+log = logging.getLogger("rlft")
 
 
 @dataclass
 class RewardResult:
     """``total``: the weighted sum, float32 ``[N]``; ``per_reward``: each reward's
-    unweighted float32 ``[N]`` values by name; ``names``: the rewards in config order; ``extra``:
-    metrics a reward reports about itself (``reward/<name>/raw_mean`` of a model reward ...)."""
+    unweighted float32 ``[N]`` values by name, NaN where the reward returned None (does not apply);
+    ``names``: the rewards in config order; ``extra``: metrics a reward reports about itself
+    (``reward/<name>/raw_mean`` of a model reward, ``reward/<name>/applied`` of one that skips samples ...)."""
 
     total: torch.Tensor
     per_reward: dict[str, torch.Tensor]
@@ -38,13 +48,18 @@ class RewardResult:
 @dataclass
 class NamedReward:
     """One configured reward: the callable, its weight, the extra keyword
-    arguments it is called with and the columns it cannot do without."""
+    arguments it is called with, the columns it cannot do without and the seconds one call may take
+    (None: no limit, called on the caller's thread). ``skips`` turns on once it has returned None for
+    a sample, so its ``applied`` share is logged on every step from then on, not only on some."""
 
     name: str
     fn: Callable[..., Any]
     weight: float = 1.0
     kwargs: dict[str, Any] = field(default_factory=dict)
     required_columns: tuple[str, ...] = ()
+    timeout: float | None = None
+    skips: bool = field(default=False, compare=False)
+    warned_slow: bool = field(default=False, compare=False)
 
 
 class RewardManager:
@@ -59,6 +74,7 @@ class RewardManager:
         if dupes:
             raise RewardError(f"duplicate reward names {dupes}; give each a distinct 'name'")
         self.rewards = list(rewards)
+        self._warned_unscored = False
 
     @classmethod
     def from_specs(cls, specs: Sequence[Any]) -> "RewardManager":
@@ -88,13 +104,32 @@ class RewardManager:
         per_reward: dict[str, torch.Tensor] = {}
         extra: dict[str, float] = {}
         total = torch.zeros(n, dtype=torch.float64)
+        scored = torch.zeros(n, dtype=torch.bool)  # some reward applies to the sample
         for reward in self.rewards:
             values = torch.tensor(_call(reward, list(prompts), list(completions), columns), dtype=torch.float64)
+            applies = ~values.isnan()  # NaN: the reward returned None (does not apply); never a NaN score
             per_reward[reward.name] = values.to(torch.float32)
-            total += reward.weight * values
+            total += reward.weight * values.nan_to_num(nan=0.0)
+            scored |= applies
+            reward.skips = reward.skips or not bool(applies.all())
+            if reward.skips:
+                extra[f"reward/{reward.name}/applied"] = applies.double().mean().item() if n else 1.0
             # a reward may say more about its last call (a model reward: its raw scores before the transform)
             extra.update({f"reward/{reward.name}/{k}": v for k, v in getattr(reward.fn, "last_metrics", {}).items()})
+        self._warn_unscored(scored, completions)
         return RewardResult(total=total.to(torch.float32), per_reward=per_reward, names=self.names, extra=extra)
+
+    def _warn_unscored(self, scored: torch.Tensor, completions: Sequence[str]) -> None:
+        """A sample every reward returned None for gets a total of 0 (TRL's nansum over the rewards, where
+        it warns too): logged the first time, naming the sample, as the data or the rewards may be wrong."""
+        missing = (~scored).nonzero().flatten().tolist()
+        if not missing or self._warned_unscored:
+            return
+        self._warned_unscored = True
+        i = missing[0]
+        log.warning(f"no reward applies to sample {i} of {len(completions)} (every reward returned None: "
+                    f"{', '.join(self.names)}); its total reward is 0. {len(missing)} such samples in this batch; "
+                    f"not reported again.\n  completion: {_preview(completions[i])}")
 
 
 def named_rewards(specs: Sequence[Any]) -> list[NamedReward]:
@@ -139,7 +174,9 @@ def _from_spec(spec: Any) -> NamedReward:
     weight = float(spec.weight)
     if spec.type in REWARD_BUILDERS:
         fn, kwargs = REWARD_BUILDERS[spec.type](name, spec)
-        return NamedReward(name, fn, weight, kwargs)
+        # only a local function gets a time limit here: http and judge rewards time their own requests
+        timeout = spec.timeout if spec.type == "custom" else None
+        return NamedReward(name, fn, weight, kwargs, timeout=timeout)
     if spec.type not in BUILTIN_REWARDS:
         known = ", ".join([*BUILTIN_REWARDS, *REWARD_BUILDERS])
         raise RewardError(f"reward '{name}': unknown type '{spec.type}' (known: {known})")
@@ -179,19 +216,42 @@ def _call(reward: NamedReward, prompts: list[str], completions: list[str], colum
             f"reward '{reward.name}' needs column '{missing[0]}', which the data does not have "
             f"(available columns: {available})"
         )
+    start = time.perf_counter()
     try:
         out = _invoke(reward, prompts, completions, {k: list(v) for k, v in columns.items()})
     except RewardError:
         raise  # it already says which reward and what went wrong (a scoring service that failed)
+    except RewardTimeout as exc:  # not re-run sample by sample: each could hang as long again
+        raise _timed_out(reward, exc, completions) from None
     except Exception as exc:
         raise _locate_failure(reward, prompts, completions, columns, exc) from exc
+    _warn_if_slow(reward, time.perf_counter() - start, n)
     return _check_values(reward.name, out, n)
 
 
 def _invoke(reward: NamedReward, prompts: list[str], completions: list[str], columns: dict[str, list]) -> Any:
     # spec kwargs win over same-named columns; prompts/completions win over both.
     kwargs = {**columns, **reward.kwargs, "prompts": prompts, "completions": completions}
-    return reward.fn(**kwargs)
+    return call_with_timeout(reward.fn, kwargs, reward.timeout, reward.name)
+
+
+def _timed_out(reward: NamedReward, exc: RewardTimeout, completions: list[str]) -> RewardError:
+    first = f"\n  first completion of the batch: {_preview(completions[0])}" if completions else ""
+    return RewardError(
+        f"reward '{reward.name}' {exc} on a batch of {len(completions)} completions, so the run "
+        f"stops instead of waiting on a slow or hung function; raise its 'timeout' in reward.functions if it "
+        f"needs longer (null: no limit){first}")
+
+
+def _warn_if_slow(reward: NamedReward, seconds: float, n: int) -> None:
+    """Once per reward: a call that took over half its timeout, before one that takes all of it stops the
+    run (a reward that slows down as completions grow longer, a service it calls that backs up)."""
+    if reward.timeout is None or reward.warned_slow or seconds <= reward.timeout / 2:
+        return
+    reward.warned_slow = True
+    log.warning(f"reward '{reward.name}' took {seconds:.1f} s on a batch of {n} completions, over half its "
+                f"timeout of {reward.timeout:g} s (a call that takes longer stops the run); raise its 'timeout' "
+                f"in reward.functions if that is expected. Not reported again.")
 
 
 def _locate_failure(reward: NamedReward, prompts: list[str], completions: list[str],
@@ -201,18 +261,27 @@ def _locate_failure(reward: NamedReward, prompts: list[str], completions: list[s
     for i in range(n):
         try:
             _invoke(reward, [prompts[i]], [completions[i]], {k: [v[i]] for k, v in columns.items()})
+        except RewardTimeout as exc:
+            return RewardError(
+                f"reward '{reward.name}' raised {type(batch_exc).__name__}: {batch_exc}{_origin(batch_exc)} "
+                f"(on the batch of {n}); scored alone, sample {i} {exc}"
+                f"\n  completion: {_preview(completions[i])}"
+            )
         except Exception as exc:
             return RewardError(
                 f"reward '{reward.name}' raised {type(exc).__name__} on sample {i} of {n}: {exc}{_origin(exc)}"
+                f"{_thread_hint(reward, exc)}"
                 f"\n  completion: {_preview(completions[i])}"
             )
     return RewardError(
         f"reward '{reward.name}' raised {type(batch_exc).__name__}: {batch_exc}{_origin(batch_exc)} "
-        f"(on the batch of {n}; every sample passed when scored alone)"
+        f"(on the batch of {n}; every sample passed when scored alone){_thread_hint(reward, batch_exc)}"
     )
 
 
 def _check_values(name: str, out: Any, n: int) -> list[float]:
+    """The ``n`` values as floats, math.nan for a None (the reward does not apply to that sample); a
+    RewardError for anything else that is not a finite number."""
     if hasattr(out, "tolist") and not isinstance(out, (list, tuple)):  # numpy array / torch tensor
         out = out.tolist()
     if not isinstance(out, (list, tuple)):
@@ -221,9 +290,11 @@ def _check_values(name: str, out: Any, n: int) -> list[float]:
         raise RewardError(f"reward '{name}' returned {len(out)} values; expected {n} (one per completion)")
     values = []
     for i, v in enumerate(out):
-        if v is None or isinstance(v, (str, bytes)):
-            kind = "non-finite" if v is None else "non-numeric"
-            raise RewardError(f"reward '{name}' returned a {kind} value ({v!r}) for sample {i} of {n}")
+        if v is None:  # TRL's "this reward does not apply to this sample"
+            values.append(math.nan)
+            continue
+        if isinstance(v, (str, bytes)):
+            raise RewardError(f"reward '{name}' returned a non-numeric value ({v!r}) for sample {i} of {n}")
         try:
             x = float(v)
         except (TypeError, ValueError):
@@ -234,6 +305,15 @@ def _check_values(name: str, out: Any, n: int) -> list[float]:
             raise RewardError(f"reward '{name}' returned a non-finite value ({x}) for sample {i} of {n}")
         values.append(x)
     return values
+
+
+def _thread_hint(reward: NamedReward, exc: BaseException) -> str:
+    """Why code that installs signal handlers (math_verify's parse/verify timeouts, ``signal.alarm``) fails
+    here though it works when called directly: with a timeout the reward runs on a worker thread."""
+    if reward.timeout is None or "main thread" not in str(exc):
+        return ""
+    return (f" (with a timeout, reward '{reward.name}' runs on a worker thread, where signal handlers cannot be "
+            f"set; give it 'timeout: null' to call it on the main thread, or turn off the library's own timeout)")
 
 
 def _origin(exc: BaseException) -> str:

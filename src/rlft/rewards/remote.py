@@ -5,6 +5,9 @@ The wire format (what ``rlft serve-reward`` speaks; OpenRLHF-style remote reward
     POST <url>   {"prompts": [...], "completions": [...], "columns": {"answer": [...], ...}}
     200          {"rewards": [0.5, 1.0, ...]}        (or just the list)
 
+A ``null`` score means, as a None from a TRL reward function does, that the reward does not apply to
+that completion: it adds nothing to its total (see :mod:`rlft.rewards.manager`).
+
 Only transient failures are retried, with exponential backoff: a connection that fails or resets,
 a timeout, a 5xx or a 429 (its ``Retry-After`` is honoured). Anything else — a 4xx, a body that is
 not JSON, the wrong number of scores, a score that is not a finite number — is a RewardError at
@@ -27,7 +30,7 @@ _TRANSIENT_STATUS = {429, 500, 502, 503, 504}
 
 
 class HttpReward:
-    """``f(prompts, completions, **columns) -> list[float]`` backed by a scoring service."""
+    """``f(prompts, completions, **columns) -> list[float | None]`` backed by a scoring service."""
 
     def __init__(self, name: str, url: str, *, timeout: float = 30.0, retries: int = 3, backoff: float = 0.5,
                  batch_size: int = 64, max_concurrency: int = 4, headers: dict[str, str] | None = None,
@@ -45,12 +48,12 @@ class HttpReward:
                    batch_size=spec.batch_size, max_concurrency=spec.max_concurrency, headers=spec.headers,
                    send_columns=spec.send_columns)
 
-    def __call__(self, prompts: Sequence[str], completions: Sequence[str], **columns) -> list[float]:
+    def __call__(self, prompts: Sequence[str], completions: Sequence[str], **columns) -> list[float | None]:
         n = len(completions)
         starts = list(range(0, n, self.batch_size))
         cols = columns if self.send_columns else {}
 
-        def one(start: int) -> list[float]:
+        def one(start: int) -> list[float | None]:
             end = min(n, start + self.batch_size)
             body = {"prompts": list(prompts[start:end]), "completions": list(completions[start:end]),
                     "columns": {k: list(v[start:end]) for k, v in cols.items()}}
@@ -61,7 +64,7 @@ class HttpReward:
         with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(starts))) as pool:
             return [x for batch in pool.map(one, starts) for x in batch]
 
-    def _post(self, body: str, expected: int, start: int) -> list[float]:
+    def _post(self, body: str, expected: int, start: int) -> list[float | None]:
         where = f"reward '{self.name}' ({self.url}, completions {start}..{start + expected - 1})"
         response = post_with_retries(self._http, self.url, body, self.retries, self.backoff, where, self._count)
         return _scores(where, response, expected)
@@ -108,7 +111,7 @@ def _retry_after(response: httpx.Response) -> float:
         return 0.0
 
 
-def _scores(where: str, response: httpx.Response, expected: int) -> list[float]:
+def _scores(where: str, response: httpx.Response, expected: int) -> list[float | None]:
     try:
         data = response.json()
     except ValueError:
@@ -118,8 +121,11 @@ def _scores(where: str, response: httpx.Response, expected: int) -> list[float]:
         raise RewardError(f"{where}: expected {{\"rewards\": [...]}} or a list, got {json.dumps(data)[:200]}")
     if len(scores) != expected:
         raise RewardError(f"{where}: {len(scores)} scores for {expected} completions")
-    out = []
+    out: list[float | None] = []
     for i, v in enumerate(scores):
+        if v is None:  # this reward does not apply to the completion
+            out.append(None)
+            continue
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise RewardError(f"{where}: score {i} is {v!r}, not a number")
         if not math.isfinite(v):

@@ -5,7 +5,8 @@ training run uses it as ``type: http``.
     rlft serve-reward --reward-config rewards.yaml [--host 127.0.0.1] [--port 8001] [--token T]
 
 ``rewards.yaml`` is a ``reward:`` section (or a whole run config; its reward section is used).
-``POST /score`` answers ``{"rewards": [weighted total per completion], "per_reward": {name: [...]}}``;
+``POST /score`` answers ``{"rewards": [weighted total per completion], "per_reward": {name: [...]}}``
+(``null`` in ``per_reward`` where a reward returned None: it does not apply to that completion);
 a reward that fails is a 422 whose ``detail`` is the RewardError's message (which reward, which
 sample). Loopback by default; any other address needs ``--token`` (sent as a bearer token).
 """
@@ -46,7 +47,7 @@ class ScoreRequest(BaseModel):
 
 class ScoreResponse(BaseModel):
     rewards: list[float]
-    per_reward: dict[str, list[float]]
+    per_reward: dict[str, list[float | None]]
 
 
 def create_reward_app(reward: RewardConfig, token: str | None = None):
@@ -76,6 +77,11 @@ def create_reward_app(reward: RewardConfig, token: str | None = None):
         except RewardError as exc:
             raise HTTPException(422, str(exc)) from None
         return ScoreResponse(rewards=result.total.tolist(),
-                             per_reward={k: v.tolist() for k, v in result.per_reward.items()})
+                             per_reward={k: _nulls(v.tolist()) for k, v in result.per_reward.items()})
 
     return app
+
+
+def _nulls(values: list[float]) -> list[float | None]:
+    """NaN (a reward that does not apply to the completion) as JSON null: JSON has no NaN."""
+    return [None if v != v else v for v in values]
