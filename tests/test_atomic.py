@@ -72,3 +72,30 @@ def test_write_text_atomic_replaces_whole_file(tmp_path):
     write_text_atomic(path, "first")
     write_text_atomic(path, "second")
     assert path.read_text() == "second" and sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]
+
+
+def test_a_full_disk_keeps_the_last_complete_file_and_leaves_no_temporary(tmp_path, monkeypatch):
+    from rlft.errors import DiskFullError
+    from tests.logging.full_disk import fill_disk
+
+    target = tmp_path / "run.json"
+    write_text_atomic(target, '{"status": "running"}')
+    fill_disk(monkeypatch, lambda path: path.name == "run.json.tmp")
+    with pytest.raises(DiskFullError) as caught:
+        write_text_atomic(target, '{"status": "failed", "error": "a long message"}')
+    assert str(caught.value).startswith(f"could not write {target}: the disk is full (5 MB free)")
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__  # one error, no chain
+    assert target.read_text() == '{"status": "running"}'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]
+
+
+def test_check_writable_refuses_before_any_work(tmp_path):
+    from rlft.atomic import check_writable
+    from rlft.errors import UsageError
+
+    assert check_writable(tmp_path / "new" / "deep", "--out") == tmp_path / "new" / "deep"
+    assert list((tmp_path / "new" / "deep").iterdir()) == []  # the probe is gone
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(UsageError) as caught:
+        check_writable(tmp_path / "a-file" / "out", "--out")
+    assert "--out" in str(caught.value) and "is not writable" in str(caught.value) and caught.value.exit_code == 2

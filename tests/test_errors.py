@@ -42,7 +42,7 @@ def test_each_kind(exc, kind):
 
 
 def test_a_full_disk_is_not_transient():
-    assert error_type(OSError(errno.ENOSPC, "No space left on device")) == "unknown"
+    assert error_type(OSError(errno.ENOSPC, "No space left on device")) == "disk_full"  # its own kind, never retried
     assert not is_transient(OSError(errno.ENOSPC, "No space left on device"))
 
 

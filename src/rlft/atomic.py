@@ -6,6 +6,11 @@ to disk, and only then is it renamed into place. A process killed half-way leave
 temporary, never a directory that looks complete. A file is written next to its target and
 renamed over it.
 
+A full disk (ENOSPC) while writing any of them is one :class:`~rlft.errors.DiskFullError` naming the
+file and the free space, with the temporary removed: the last complete version stays, never a
+truncated one, and no ``.tmp`` is left behind. :func:`check_writable` tells before any work is done
+that an output folder cannot be written at all.
+
 Why the permissions step: libraries that write through ``mkstemp`` (transformers' safetensors
 shards among them) create files with mode 0600 whatever the umask, so an exported
 ``model.safetensors`` in a shared model folder would be unreadable to everyone else.
@@ -13,8 +18,10 @@ shards among them) create files with mode 0600 whatever the umask, so an exporte
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -85,7 +92,80 @@ def atomic_directory(target: Path) -> Iterator[Path]:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file renamed over it."""
+    """Write ``text`` to ``path`` through a temporary file renamed over it. On any failure the
+    temporary is removed and ``path`` keeps its last complete version."""
+    path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        with reporting_disk_full(path):
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(tmp, path)
+    except BaseException:
+        _discard(tmp)
+        raise
+
+
+def _discard(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def free_bytes(path: Path) -> int | None:
+    """The free space of the file system holding ``path`` (its nearest existing folder), or None."""
+    path = Path(path)
+    for folder in (path, *path.parents):
+        if folder.is_dir():
+            try:
+                return shutil.disk_usage(folder).free
+            except OSError:
+                return None
+    return None
+
+
+def disk_full_error(path: Path, exc: OSError | None = None):
+    """The one error a full disk gives: which file, how much space is left, what to do."""
+    from rlft.errors import DiskFullError
+
+    free = free_bytes(Path(path).parent)
+    room = f"{free / 2**20:.0f} MB free" if free is not None else "free space unknown"
+    quota = " (over the disk quota)" if exc is not None and exc.errno == errno.EDQUOT else ""
+    return DiskFullError(f"could not write {path}: the disk is full{quota} ({room}). Free some space; a training "
+                         f"run continues from its last checkpoint with --resume auto.", path=str(path), free=free)
+
+
+@contextmanager
+def reporting_disk_full(path: Path) -> Iterator[None]:
+    """Turn an ENOSPC while writing ``path`` into :func:`disk_full_error` (no chained traceback:
+    the OSError says only 'No space left on device', without the file when it came from a write)."""
+    try:
+        yield
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        raise disk_full_error(path, exc) from None
+
+
+def check_writable(folder: Path, what: str) -> Path:
+    """Create ``folder`` (and its parents) and prove a file can be written in it, before any work is
+    done; a :class:`~rlft.errors.UsageError` (exit 2) naming ``what`` and the reason if not. (A
+    permission check alone would miss a read-only file system, and is always true for root.)"""
+    from rlft.errors import UsageError
+
+    folder = Path(folder).expanduser()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".rlft-write-probe-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise UsageError(f"{what} {folder} is not writable ({reason}); choose a folder this user can write "
+                         f"to. Nothing was done.") from None
+    return folder

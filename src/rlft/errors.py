@@ -70,9 +70,21 @@ class CheckpointError(RlftError):
     exit_code = 1
 
 
+class DiskFullError(RlftError):
+    """A file could not be written because its disk is full (ENOSPC). The message names the file and
+    the free space; what was written before it (checkpoints, the last complete run.json) is intact.
+    Not transient: a disk stays full until someone frees space."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, path: str | None = None, free: int | None = None):
+        super().__init__(message)
+        self.path, self.free = path, free
+
+
 # What a failed run's ``error_type`` in run.json (and a job's in the job service) can be.
 ERROR_TYPES = ("config_invalid", "data", "reward", "environment", "oom", "killed", "transient", "service_lost",
-               "unknown")
+               "disk_full", "unknown")
 
 # Network and infrastructure failures: the same run may well succeed when started again a little
 # later (a reward server restarting, a dropped connection, a timeout). Third-party classes are told
@@ -97,6 +109,8 @@ def error_type(exc: BaseException) -> str:
         return "config_invalid"
     if isinstance(exc, DataError):
         return "data"
+    if _in_chain(exc, _disk_full_itself):
+        return "disk_full"
     if is_transient(exc):
         return "transient"
     if isinstance(exc, ModelError):
@@ -114,6 +128,15 @@ def error_type(exc: BaseException) -> str:
 
 def is_transient(exc: BaseException) -> bool:
     """Whether ``exc`` or anything in its cause/context chain is a network or infrastructure failure."""
+    return _in_chain(exc, _transient_itself)
+
+
+def _disk_full_itself(exc: BaseException) -> bool:
+    return isinstance(exc, DiskFullError) or (isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT))
+
+
+def _in_chain(exc: BaseException, test) -> bool:
+    """Whether ``test`` holds for ``exc`` or anything in its cause/context chain."""
     seen: set[int] = set()
     todo: list[BaseException] = [exc]
     while todo:
@@ -121,7 +144,7 @@ def is_transient(exc: BaseException) -> bool:
         if id(e) in seen:
             continue
         seen.add(id(e))
-        if _transient_itself(e):
+        if test(e):
             return True
         todo += [c for c in (e.__cause__, e.__context__) if c is not None]
     return False

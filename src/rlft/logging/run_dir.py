@@ -11,7 +11,12 @@
 
 run.json's ``status`` is ``starting``, ``running``, then one of ``completed``, ``failed`` (with
 ``error`` and ``error_type``) or ``cancelled`` (a stop request: SIGTERM or Ctrl-C, after a final
-checkpoint). ``heartbeat`` is refreshed every few seconds while the process lives.
+checkpoint). ``heartbeat`` is refreshed every few seconds while the process lives; ``progress`` is
+the time the last step completed (or the current phase began), which a hung step stops advancing
+(the job service reports such a run as stalled: :mod:`rlft.service.stall`).
+
+Every write here reports a full disk as one :class:`~rlft.errors.DiskFullError` naming the file;
+run.json is replaced atomically, so a failed write leaves its last complete version.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlft.atomic import write_text_atomic
+from rlft.atomic import check_writable, reporting_disk_full, write_text_atomic
 
 _INFO_LOCK = threading.Lock()  # run.json is read-modify-written by the loop and the heartbeat thread
 
@@ -37,6 +42,7 @@ class RunDirectory:
         """A new run directory. If ``<output_dir>/<run_name>`` already holds a run, ``-2``, ``-3`` ... is
         appended instead: a fresh run never mixes its files with another's (continuing one is --resume)."""
         name = run_name or time.strftime("%Y%m%d-%H%M%S") + f"-{algorithm}"
+        check_writable(Path(output_dir).expanduser(), "train.output_dir")  # before any model is loaded
         base = Path(output_dir).expanduser().resolve() / name
         root, n = base, 1
         while cls(root).holds_run():
@@ -54,7 +60,7 @@ class RunDirectory:
 
             raise UsageError(f"--run-dir {run.root} already holds a run; continue it with --resume auto, or "
                              f"choose another directory")
-        run.root.mkdir(parents=True, exist_ok=True)
+        check_writable(run.root, "the run directory")
         (run.root / "checkpoints").mkdir(exist_ok=True)
         (run.root / "eval").mkdir(exist_ok=True)
         return run
@@ -73,6 +79,14 @@ class RunDirectory:
     def checkpoint(self, step: int) -> Path:
         return self.checkpoints / f"checkpoint-{step}"
 
+    def write_config(self, text: str) -> None:
+        """config.yaml: the config in effect."""
+        write_text_atomic(self.config, text)
+
+    def write_eval_report(self, step: int, report: dict) -> None:
+        """eval/step-<step>.json, written whole or not at all."""
+        write_text_atomic(self.eval_dir / f"step-{step}.json", json.dumps(report, indent=2, ensure_ascii=False))
+
     def write_run_info(self, **fields) -> None:
         """Merge ``fields`` into run.json atomically (a reader never sees half a file)."""
         with _INFO_LOCK:
@@ -90,8 +104,9 @@ class RunDirectory:
 
 
 def append_jsonl(path: Path, record: dict) -> None:
-    """Append one JSON object as a line and flush, so a crash loses at most the current line."""
-    with open(path, "a", encoding="utf-8") as f:
+    """Append one JSON object as a line and flush, so a crash loses at most the current line. A full
+    disk is a :class:`~rlft.errors.DiskFullError` naming ``path``."""
+    with reporting_disk_full(path), open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
@@ -122,6 +137,14 @@ def _step_of(line: str) -> int | None:
 class FollowerRunDirectory(RunDirectory):
     """The run directory as a process other than rank 0 of a data-parallel run sees it: the same
     paths, to read checkpoints from, but run.json is rank 0's to write."""
+
+    def write_config(self, text: str) -> None:
+        """config.yaml: the config in effect."""
+        write_text_atomic(self.config, text)
+
+    def write_eval_report(self, step: int, report: dict) -> None:
+        """eval/step-<step>.json, written whole or not at all."""
+        write_text_atomic(self.eval_dir / f"step-{step}.json", json.dumps(report, indent=2, ensure_ascii=False))
 
     def write_run_info(self, **fields) -> None:
         pass
