@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import os
 import signal
+import statistics
 import threading
 import time
+from collections import deque
 
+from rlft.errors import RlftError
 from rlft.logging.run_dir import RunDirectory
 
 HEARTBEAT_SECONDS = float(os.environ.get("RLFT_HEARTBEAT_SECONDS", "5"))
@@ -55,24 +58,53 @@ class StopRequest:
 
 class Heartbeat:
     """Writes ``heartbeat`` (unix time) into run.json every :data:`HEARTBEAT_SECONDS` from a daemon
-    thread, beside the process's ``pid`` written once at start."""
+    thread, beside the process's ``pid`` written once at start.
+
+    A fresh heartbeat only says the process lives: a step that hangs (a reward that never returns)
+    keeps it beating. So each beat also carries the run's progress, noted by the loop through
+    :meth:`progress`: ``progress`` (the time the last step completed, or the current phase began),
+    ``progress_step`` and ``step_seconds`` (the median time between completed steps so far). The job
+    service compares them with the clock to say a run is stalled (:mod:`rlft.service.stall`). Noting
+    progress costs no write: the next beat records it."""
 
     def __init__(self, run_dir: RunDirectory, seconds: float = HEARTBEAT_SECONDS):
         self.run_dir, self.seconds = run_dir, seconds
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._progress: dict = {"progress": time.time(), "progress_step": None}
+        self._last_step_at: float | None = None
+        self._durations: deque[float] = deque(maxlen=1000)
 
     def __enter__(self) -> "Heartbeat":
-        self.run_dir.write_run_info(pid=os.getpid(), heartbeat=time.time())
+        self.run_dir.write_run_info(pid=os.getpid(), heartbeat=time.time(), **self.progress_fields())
         self._thread = threading.Thread(target=self._beat, name="rlft-heartbeat", daemon=True)
         self._thread.start()
         return self
 
+    def progress(self, step: int | None = None) -> None:
+        """Note that the run advanced: ``step`` completed now, or (no step) a phase began now."""
+        now = time.time()
+        with self._lock:
+            if step is not None and self._last_step_at is not None:
+                self._durations.append(now - self._last_step_at)
+            self._last_step_at = now
+            self._progress = {"progress": now, "progress_step": step if step is not None
+                              else self._progress.get("progress_step")}
+
+    def progress_fields(self) -> dict:
+        """run.json's progress fields as of now."""
+        with self._lock:
+            fields = dict(self._progress)
+            if self._durations:
+                fields["step_seconds"] = round(statistics.median(self._durations), 3)
+        return fields
+
     def _beat(self) -> None:
         while not self._stop.wait(self.seconds):
             try:
-                self.run_dir.write_run_info(heartbeat=time.time())
-            except OSError:  # a full disk must not kill training; the loop reports it at its next write
+                self.run_dir.write_run_info(heartbeat=time.time(), **self.progress_fields())
+            except (OSError, RlftError):  # a full disk must not kill training; the loop reports it at its next write
                 pass
 
     def __exit__(self, *exc) -> None:

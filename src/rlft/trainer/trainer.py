@@ -7,7 +7,6 @@ their evaluations) is a :class:`~rlft.trainer.job.Job` picked by the config's ``
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -103,7 +102,7 @@ class Trainer:
                                          first_knob=(memory.if_out_of_memory or [None])[0] if memory else None,
                                          log=get_logger()).__enter__()
         if self.dist.is_main:
-            self.run_dir.config.write_text(config_to_yaml(cfg))  # the config in effect; each checkpoint keeps its own
+            self.run_dir.write_config(config_to_yaml(cfg))  # the config in effect; each checkpoint keeps its own
         resume_step = int(self._resume_point.state["step"]) if self._resume_point is not None else None
         self.trackers = Trackers() if not self.dist.is_main else open_trackers(cfg.train.report_to, self.run_dir.root, yaml.safe_load(config_to_yaml(cfg)),
                                       self.run_dir.root.name, self.run_dir.read_run_info().get("trackers"),
@@ -251,6 +250,7 @@ class Trainer:
     def _run(self, stop: StopRequest) -> TrainResult:
         result = TrainResult(run_dir=self.run_dir.root, steps=0, final_checkpoint=None)
         self.run_dir.write_run_info(status="running", total_steps=self.total_steps)
+        self._heartbeat.progress()  # the training phase begins: a stall is counted from here
         start_step = self.step
         before = after = None
         if self.cfg.eval.before_training and self.step == 0 and not stop.requested:
@@ -296,6 +296,7 @@ class Trainer:
         t0 = time.perf_counter()
         metrics = self.job.train_step(self.step + 1)
         self.step += 1
+        self._heartbeat.progress(self.step)  # run.json's progress: the service tells a hung step by it
         self.train_seconds += time.perf_counter() - t0
         return metrics
 
@@ -330,7 +331,7 @@ class Trainer:
         self.log.info(f"eval ({tag}, step {self.step}): {record.line}")
         out = {"step": self.step, "tag": tag, **record.payload}
         if self.dist.is_main:
-            (self.run_dir.eval_dir / f"step-{self.step}.json").write_text(json.dumps(out, indent=2, ensure_ascii=False))
+            self.run_dir.write_eval_report(self.step, out)  # a full disk: DiskFullError naming the file
         self.trackers.log(self.step, record.payload, prefix="eval/")
         return record
 
