@@ -3,8 +3,9 @@
 Each row is validated (the prompt column, or the chat column when
 ``data.messages_field`` is set) and formatted: with the tokenizer's chat
 template when ``data.use_chat_template`` is on and the tokenizer has one,
-otherwise as plain text.  The tokenizer is duck-typed: only ``chat_template``
-and ``apply_chat_template`` are used.
+otherwise as plain text.  The tokenizer is duck-typed: ``chat_template`` and
+``apply_chat_template`` format; calling it (a Hugging Face tokenizer) measures the
+prompts, so those over ``data.max_prompt_length`` tokens are counted and reported.
 """
 
 from __future__ import annotations
@@ -41,9 +42,42 @@ class PromptSet:
     skipped: list[tuple[int, str]]
     path: str
     chat_template: str | None = None  # which template formatted the prompts (for the log)
+    truncated: "Truncation | None" = None  # the prompts the rollout will left-truncate (for the log)
 
     def __len__(self) -> int:
         return len(self.examples)
+
+
+@dataclass
+class Truncation:
+    """The prompts longer than ``data.max_prompt_length`` tokens, which the rollout engines left-truncate
+    to their last ``limit`` tokens: how many, the longest (in tokens, or in characters for one too long
+    to tokenize whole) and where the first is (``"data/train.jsonl line 3"``)."""
+
+    count: int
+    total: int
+    limit: int
+    first: str
+    longest_tokens: int
+    longest_chars: int | None = None  # set when the longest was cut before tokenizing (its tokens unknown)
+
+    def message(self, path: str) -> str:
+        longest = (f"{self.longest_chars:,} characters" if self.longest_chars is not None
+                   else f"{self.longest_tokens:,} tokens")
+        return (f"{path}: {self.count} of {self.total} prompts are longer than data.max_prompt_length "
+                f"({self.limit} tokens) and keep only their last {self.limit} tokens (the longest has {longest}; "
+                f"the first is {self.first}); raise data.max_prompt_length or shorten them")
+
+
+# A prompt is left-truncated to its last max_prompt_length tokens, so only its end matters. One of
+# megabytes would still be tokenized whole on every rollout that samples it (seconds per MB, and
+# memory for millions of ids), so it is cut to its last max_prompt_length * CHARS_PER_TOKEN
+# characters first: more than enough text for those tokens (a token averages 3-5 characters), so the
+# tokens kept are the same. Should the cut still hold too few tokens (long runs of whitespace or
+# symbols that merge into long tokens) it is widened until it has them, plus a margin, so the cut's
+# ragged first token is never one of those kept.
+CHARS_PER_TOKEN = 32
+_CUT_MARGIN = 16
 
 
 class BadRow(DataError):
@@ -191,7 +225,46 @@ def load_prompts(
     template = configure_chat_template(data_cfg, tokenizer, tools is not None or rows_use_tools(result.rows, data_cfg),
                                        check_prefixes=tools is not None)
     examples, skipped = build_examples(result, path, data_cfg, tokenizer, tools)
-    return PromptSet(examples=examples, skipped=skipped, path=str(path), chat_template=template)
+    truncated = measure_prompts(examples, data_cfg, tokenizer, result.unit)
+    return PromptSet(examples=examples, skipped=skipped, path=str(path), chat_template=template, truncated=truncated)
+
+
+def measure_prompts(examples: list[PromptExample], data_cfg: DataConfig, tokenizer: Any,
+                    unit: str = "line") -> Truncation | None:
+    """Cut every prompt far longer than ``data.max_prompt_length`` to its end (see CHARS_PER_TOKEN) and
+    count those the rollout will left-truncate, tokenized as the engines do; None when none is (or
+    there is no tokenizer to measure with)."""
+    if not callable(tokenizer):
+        return None
+    limit, special = data_cfg.max_prompt_length, not data_cfg.use_chat_template
+    cut_chars = {i: len(ex.text) for i, ex in enumerate(examples) if len(ex.text) > limit * CHARS_PER_TOKEN}
+    for i in cut_chars:
+        examples[i].text = _cut(examples[i].text, limit, tokenizer, special)
+    lengths = _token_counts([ex.text for ex in examples], tokenizer, special)
+    over = [i for i, n in enumerate(lengths) if n > limit]
+    if not over:
+        return None
+    longest = max(over, key=lambda i: (cut_chars.get(i, 0), lengths[i]))
+    path, _, number = examples[over[0]].source.rpartition(":")
+    return Truncation(count=len(over), total=len(examples), limit=limit, first=where(path, unit, number),
+                      longest_tokens=lengths[longest], longest_chars=cut_chars.get(longest))
+
+
+def _cut(text: str, limit: int, tokenizer: Any, special: bool) -> str:
+    """The end of ``text`` holding more than ``limit`` tokens (plus a margin), or all of it."""
+    chars = limit * CHARS_PER_TOKEN
+    while True:
+        cut = text[-chars:]
+        if len(cut) == len(text) or _token_counts([cut], tokenizer, special)[0] >= limit + _CUT_MARGIN:
+            return cut
+        chars *= 4
+
+
+def _token_counts(texts: list[str], tokenizer: Any, special: bool) -> list[int]:
+    if not texts:
+        return []
+    # verbose=False: no "sequence length is longer than the specified maximum" per long prompt
+    return [len(ids) for ids in tokenizer(texts, add_special_tokens=special, verbose=False)["input_ids"]]
 
 
 def read_split(data_cfg: DataConfig, split: Literal["train", "eval"], seed: int) -> tuple[str, ReadResult] | None:
@@ -247,6 +320,8 @@ def log_loaded(log, train, evalset, unit: str) -> None:
     for ps in sets:
         if ps.skipped:
             log.warning(f"{ps.path}: skipped {len(ps.skipped)} bad rows, e.g. {ps.skipped[0][1]}")
+        if getattr(ps, "truncated", None) is not None:
+            log.warning(ps.truncated.message(ps.path))
     if train.chat_template:
         log.info(f"chat template: {train.chat_template}")
     n_eval = len(evalset.examples) if evalset is not None else 0
