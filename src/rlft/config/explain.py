@@ -8,6 +8,7 @@ what was expected and what was given, unions report the member the value was mea
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from typing import Any, Literal, get_args, get_origin
 
@@ -54,10 +55,21 @@ def _merge_union(items: list) -> list[str]:
     deep = [f"{d}: {m}" for d, m in entries if d != at]
     if deep:  # the value had the shape of one member: that member's inner errors are the useful ones
         return deep
-    if not all(m.startswith("expected ") for _, m in entries):
+    messages = [_as_expected(m) for _, m in entries]
+    if not all(m.startswith("expected ") for m in messages):
         return [f"{at}: {' or '.join(m for _, m in entries)}"]
-    expects = [m.removeprefix("expected ").rpartition(", got ")[0] for _, m in entries]
-    return [f"{at}: expected {' or '.join(expects)}, got {entries[0][1].rpartition(', got ')[2]}"]
+    expects = [m.removeprefix("expected ").rpartition(", got ")[0] for m in messages]
+    return [f"{at}: expected {' or '.join(expects)}, got {messages[0].rpartition(', got ')[2]}"]
+
+
+def _as_expected(message: str) -> str:
+    """A literal's "X is not one of: a, b" as "expected one of: a, b, got X", to merge with a union's
+    other members (``gradient_checkpointing: 1`` is neither true/false nor 'auto')."""
+    match = re.fullmatch(r"(.+) is not one of: (.+?)(?: \(did you mean .*\))?", message)
+    if not match:
+        return message
+    allowed = match[2].split(", ")
+    return f"expected {repr(allowed[0]) if len(allowed) == 1 else 'one of: ' + match[2]}, got {match[1]}"
 
 
 def _walk(loc: tuple, root: type[RunConfig]) -> tuple[list, list[type[BaseModel]], tuple | None]:
@@ -117,6 +129,10 @@ def _explain(err: dict, path: list, cands: list[type[BaseModel]], root: type[Run
         return f"{show(got)} is not one of: {', '.join(allowed)}{_suggest(str(got), allowed)}"
     if kind in _COMPARE:
         return f"must be {_COMPARE[kind]} {next(iter(ctx.values()), '?'):g}, got {show(got)}"
+    if kind == "finite_number":
+        return f"expected a finite number, got {show(got)}"
+    if kind == "too_long" and "max_length" in ctx:
+        return f"must have at most {ctx['max_length']} items, got {show(got)}"
     if kind in ("too_short", "string_too_short"):
         n = ctx.get("min_length")
         return "must not be empty" if n == 1 else f"must have at least {n} items, got {show(got)}"
@@ -158,5 +174,7 @@ def show(value: Any) -> str:
     """A short rendering of a config value for an error message."""
     if isinstance(value, bool) or value is None:
         return {True: "true", False: "false", None: "null"}[value]
+    if isinstance(value, float) and not math.isfinite(value):  # as YAML spells them
+        return ".nan" if math.isnan(value) else ".inf" if value > 0 else "-.inf"
     text = "a mapping" if isinstance(value, dict) else repr(value)
     return text if len(text) <= 60 else text[:57] + "..."

@@ -17,11 +17,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from rlft.config.explain import show, validate
 from rlft.config.schema import BUILTIN_MODELS, CHAT_TEMPLATE_NAMES, JOB_KINDS, SECTION_ORDER, RunConfig
-from rlft.config.yamlio import merge, parse_overrides, parse_overrides_tree, read_yaml
+from rlft.config.yamlio import check_tree, dump_yaml, merge, parse_overrides, parse_overrides_tree, read_yaml
 from rlft.errors import ConfigError
 
 __all__ = ["config_to_yaml", "load_config", "parse_overrides"]
@@ -38,6 +36,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     file's own ``kind:`` (default ``rl``). ``base_dir``: where relative paths are looked up first
     (default the working directory; the job service passes its workspace)."""
     source = str(path) if path is not None else None
+    if data is not None:  # parsed elsewhere (JSON, another YAML reader): the bounds read_yaml keeps, checked
+        check_tree(data, source)
     raw = copy.deepcopy(data) if data is not None else read_yaml(Path(path)) if path is not None else {}
     raw = {} if raw is None else raw
     if not isinstance(raw, dict):
@@ -82,12 +82,14 @@ def _kind(raw: dict, wanted: str | None, source: str | None) -> tuple[str, list[
 
 def config_to_yaml(cfg: RunConfig) -> str:
     """The resolved configuration as YAML: sections in :data:`SECTION_ORDER`, keys in schema order,
-    a reward's ``type`` first."""
+    a reward's ``type`` first. Values shared inside free-form ``kwargs`` are written out in full, so
+    the tree is checked before it is expanded."""
+    check_tree(cfg)
     dumped = cfg.model_dump(mode="json", by_alias=True)
     data = {s: dumped[s] for s in SECTION_ORDER if s in dumped}
     if data.get("reward"):
         data["reward"]["functions"] = [{"type": f.pop("type"), **f} for f in data["reward"]["functions"]]
-    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+    return dump_yaml(data)
 
 
 def _order(problem: str) -> tuple:

@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Field, model_validator
 
+from rlft.config.optimizer import FloatPair
 from rlft.config.sections import Section
 
 class _Reward(Section):
@@ -144,7 +145,7 @@ class JudgeReward(_Reward):
                                                  "{prompt}, {n} and {completions} ('group'). Default: a 0-10 rubric.")
     score_pattern: str = Field(r"(?i)score\s*[:=]?\s*(-?\d+(?:\.\d+)?)",
                                description="'single': a regex whose first group is the score.")
-    scale: tuple[float, float] = Field((0.0, 10.0), description="The rubric's range; scores are mapped to [0, 1] "
+    scale: FloatPair = Field((0.0, 10.0), description="The rubric's range; scores are mapped to [0, 1] "
                                                                 "and a score outside it counts as unparsable.")
     fallback: float = Field(0.0, description="The reward of a completion whose judgement has no usable score.")
     max_new_tokens: int = Field(64, ge=1, description="Most tokens of one judgement.")

@@ -6,19 +6,44 @@ typo never silently falls back to a default.  No torch import: validation stays 
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import re
+import types
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 BUILTIN_MODELS = ("smollm2-135m-instruct",)
+# A finite number as text, as YAML 1.2 spells one (Section._float_from_text).
+_FLOAT_TEXT = re.compile(r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?")
 # data.chat_template values that name a template rather than a .jinja file (rlft.chat.templates has them).
 CHAT_TEMPLATE_NAMES = ("auto", "tokenizer", "hermes")
 
 
 class Section(BaseModel):
-    """Base for every config section: unknown keys are errors, values are re-validated on assignment."""
+    """Base for every config section: unknown keys are errors, values are re-validated on assignment.
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    Types are strict, because a lax reading hides mistakes: ``max_steps: true`` is not 1, ``save_optimizer: 1``
+    or ``"yes"`` is not a boolean, an integer field takes no float. A float field takes an integer
+    (``learning_rate: 1``) but never ``.inf`` or ``.nan``: those train to non-finite weights and the run
+    still ends "completed"."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _floats_from_text(cls, data: Any) -> Any:
+        """A float field takes a number written as text (``'2e-6'``): yaml.safe_load (YAML 1.1) reads an
+        exponent without a dot as a string, and configs parsed by it reach the loader (the job service's)."""
+        if not isinstance(data, dict):
+            return data
+        floats = {f.alias or name for name, f in cls.model_fields.items() if _takes_float(f.annotation)}
+        return {key: float(value) if key in floats and isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip())
+                else value for key, value in data.items()}
+
+
+def _takes_float(annotation: Any) -> bool:
+    """Whether a field's type is ``float`` or a union with it (``float | None``)."""
+    return annotation is float or (get_origin(annotation) in (Union, types.UnionType) and float in get_args(annotation))
 
 
 # --------------------------------------------------------------------------- model
