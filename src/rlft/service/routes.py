@@ -20,6 +20,7 @@ from rlft.service.runner import Runner, read_run_info
 from rlft.service.schemas import (Evaluations, Health, JobDetail, JobInfo, JobList, Logs, Metrics, Problem,
                                   ResumeRequest, Samples, Status, Submitted, TrainRequest)
 from rlft.service.security import RateLimiter, Settings, is_loopback
+from rlft.service.stall import stalled
 from rlft.service.store import STATUSES, Job, JobStore
 from rlft.service.submit import Submission, resume_job, submit
 from rlft.service.workspace import Workspace
@@ -165,7 +166,10 @@ def _submitted(job: Job) -> Submitted:
 def _info(job: Job) -> JobInfo:
     fields = {k: v for k, v in job.as_dict().items() if k in JobInfo.model_fields}
     run = read_run_info(job.run_dir)
-    return JobInfo(**fields, step=run.get("step"), total_steps=run.get("total_steps"))
+    progress = run.get("progress")
+    return JobInfo(**fields, step=run.get("step"), total_steps=run.get("total_steps"),
+                   last_progress=progress if isinstance(progress, (int, float)) else None,
+                   stalled=stalled(run) if job.status == "running" else None)
 
 
 def _static_file(name: str):

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from rlft.config.schema import JOB_KINDS
 from rlft.service.placement import JobHandle, LaunchRefused, LocalHandle, LocalPlacement, Placement, alive
+from rlft.service.stall import stalled
 from rlft.service.store import Job, JobStore
 
 SUMMARY_LINES = 20
@@ -46,6 +47,7 @@ class _Tracked:
     handle: JobHandle | None = None  # the placement's handle (built from popen/process when not given)
     term_sent: float | None = None
     killed: bool = False
+    stall_noted: bool = False  # the service log said once that it stalled (again after it recovers)
 
     def __post_init__(self):
         if self.handle is None:
@@ -184,6 +186,17 @@ class Runner:
             return
         if job.cancel_requested:
             self._cancel(job, tracked)
+        self._note_stall(job, tracked)
+
+    def _note_stall(self, job: Job, tracked: _Tracked) -> None:
+        """Say once in the service log that a job stopped making progress (and once that it recovered);
+        the job keeps running: a hung step is for the user to judge (:mod:`rlft.service.stall`)."""
+        verdict = stalled(read_run_info(job.run_dir))
+        if verdict and not tracked.stall_noted:
+            self._note(f"job {job.id}: {verdict}")
+        elif tracked.stall_noted and not verdict:
+            self._note(f"job {job.id}: progressing again")
+        tracked.stall_noted = bool(verdict)
 
     def _cancel(self, job: Job, tracked: _Tracked) -> None:
         """SIGTERM once (the run saves a checkpoint and records ``cancelled``), SIGKILL to the group after the grace."""

@@ -60,6 +60,11 @@ class JobInfo(BaseModel):
     submitted_by: str | None = None
     step: int | None = Field(None, description="The last step the run logged (from its run.json).")
     total_steps: int | None = None
+    last_progress: float | None = Field(None, description="When the run last completed a step, or began "
+                                                          "training (unix time, from its heartbeat).")
+    stalled: str | None = Field(None, description="Set while a running job has completed no step for max(10 min, "
+                                                  "5 x its median step time): 'stalled: no step for X min ...'. "
+                                                  "The job is not stopped.")
 
 
 class JobDetail(JobInfo):

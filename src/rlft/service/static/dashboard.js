@@ -175,7 +175,8 @@
       const row = el("div", { class: `job-row${j.id === state.selected ? " selected" : ""}`, "data-job-id": j.id,
                               "data-status": j.status, role: "listitem", tabIndex: 0 },
         box,
-        el("span", { class: `badge status-${j.status}`, text: j.status }),
+        el("span", { class: `badge status-${j.stalled ? "stalled" : j.status}`, text: j.stalled ? `${j.status}, stalled` : j.status,
+                     title: j.stalled || null }),
         el("div", { class: "job-main" }, el("code", { text: j.id }), el("span", { class: "src", text: j.config_source || "inline config", title: j.run_dir })),
         el("div", { class: "job-meta" }, el("span", { text: progress }), el("span", { text: ago(j.created_at) })));
       row.addEventListener("click", () => select(j.id));
@@ -216,6 +217,7 @@
     $("job-title").textContent = `Job ${job.id}`;
     const rows = [
       ["status", el("span", { class: `badge status-${job.status}`, text: job.cancel_requested && LIVE.has(job.status) ? `${job.status} (cancel requested)` : job.status })],
+      ["stalled", job.stalled ? el("span", { class: "badge status-stalled", role: "alert", text: job.stalled }) : null],
       ["kind", job.kind], ["config", job.config_source || "inline config"],
       ["progress", isNum(job.step) ? `step ${job.step}${isNum(job.total_steps) ? ` of ${job.total_steps}` : ""}` : "–"],
       ["error type", job.error_type], ["exit code", job.exit_code], ["summary", job.summary],
