@@ -169,3 +169,17 @@ def check_writable(folder: Path, what: str) -> Path:
         raise UsageError(f"{what} {folder} is not writable ({reason}); choose a folder this user can write "
                          f"to. Nothing was done.") from None
     return folder
+
+
+def check_writable_file(path: Path, what: str) -> Path:
+    """:func:`check_writable` for a file about to be written: its folder, and the file itself if it exists
+    (not a directory, not read-only)."""
+    from rlft.errors import UsageError
+
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise UsageError(f"{what} {path} is a directory; give a file path. Nothing was done.")
+    check_writable(path.parent, f"{what} {path}: the folder")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise UsageError(f"{what} {path} is not writable (read-only file); choose another path. Nothing was done.")
+    return path

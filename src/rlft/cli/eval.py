@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from rlft.atomic import check_writable, reporting_disk_full
 from rlft.errors import UsageError
 
 
@@ -123,7 +124,8 @@ def _evaluate_one(cfg, path: str, rewards, device, autocast):
 
 
 def _write_json(path: Path, data) -> None:
-    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    with reporting_disk_full(path):
+        path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def run_watch_flags(path: str) -> list[str]:
@@ -183,7 +185,7 @@ def run(args) -> int:
     if args.base:  # load_config already checked it and made a local path absolute
         paths, kinds = [cfg.model.path, *paths], ["base model", *kinds]
     labels = model_labels(list(args.checkpoints), args.base)
-    out = _out_dir(args.out, cfg.train.output_dir)
+    out = check_writable(_out_dir(args.out, cfg.train.output_dir), "--out")  # before any model is loaded
 
     if not sys.stderr.isatty():
         quiet_library_progress_bars()
@@ -213,5 +215,6 @@ def run(args) -> int:
         print(f"[{i}/{len(paths)}] {label}: {result.metrics_line()} ({result.seconds:.0f}s)", file=sys.stderr,
               flush=True)
 
-    _write_outputs(out, models, columns, cfg, args, settings, paths)
+    with reporting_disk_full(out / "report.*"):
+        _write_outputs(out, models, columns, cfg, args, settings, paths)
     return 0

@@ -12,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+from rlft.atomic import check_writable
 from rlft.errors import UsageError
 
 
@@ -85,6 +86,8 @@ def check_out(path: str, force: bool, protected: list[Path]) -> Path:
     if out.is_dir() and any(out.iterdir()) and not force:
         raise UsageError(f"--out {path} already exists and is not empty; choose another directory "
                          f"or pass --force to replace it.")
+    # the model is built beside --out and renamed into place (rlft.atomic): its folder must take a write
+    check_writable(out.parent, f"--out {path}: the folder")
     return out
 
 

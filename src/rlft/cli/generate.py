@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from rlft.atomic import check_writable_file, reporting_disk_full
 from rlft.errors import UsageError
 
 
@@ -43,6 +44,8 @@ def run(args) -> int:
 
     if args.max_new_tokens <= 0:
         raise UsageError("--max_new_tokens must be positive")
+    if args.output:  # checked before the model loads, not found out after the generation
+        check_writable_file(Path(args.output), "--output")
     torch.manual_seed(args.seed)
     if not sys.stderr.isatty():
         from rlft.logging.console import quiet_library_progress_bars
@@ -65,7 +68,7 @@ def run(args) -> int:
         print(results[0]["completion"])
         return 0
     sink = open(args.output, "w", encoding="utf-8") if args.output else contextlib.nullcontext(sys.stdout)
-    with sink as f:
+    with reporting_disk_full(args.output or "stdout"), sink as f:
         for r in results:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
     if args.output:
