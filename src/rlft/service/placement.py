@@ -80,7 +80,9 @@ def alive(pid: int | None, started: float | None, job_id: str | None = None) -> 
 
     The job's own environment names it (``RLFT_JOB_ID``, set at launch), which is proof against a wall clock
     that stepped since the launch (a VM resumed, NTP): ``create_time`` is boot time plus ticks, and boot time
-    is derived from the wall clock.  Only where the environment cannot be read is the start time compared."""
+    is derived from the wall clock.  Only where the environment cannot be read is the start time compared:
+    that includes a process that is exiting (it has released its memory, so its environment reads empty) —
+    it still runs, and taking it for gone would record the job's end before its process has ended."""
     if not pid:
         return None
     try:
@@ -89,9 +91,11 @@ def alive(pid: int | None, started: float | None, job_id: str | None = None) -> 
             return None
         if job_id is not None:
             try:
-                return proc if proc.environ().get("RLFT_JOB_ID") == job_id else None
+                named = proc.environ().get("RLFT_JOB_ID")
             except psutil.AccessDenied:
-                pass
+                named = None
+            if named is not None:
+                return proc if named == job_id else None
         if started is not None and abs(proc.create_time() - started) > 2.0:
             return None
         return proc

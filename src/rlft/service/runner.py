@@ -35,7 +35,7 @@ from rlft.service.store import Job, JobStore
 SUMMARY_LINES = 20
 LOST = ("the job's process ended while the service was not watching it, without recording an outcome")
 
-__all__ = ["Runner", "alive", "read_run_info", "record_oom_kill", "tail_lines"]
+__all__ = ["Runner", "alive", "read_run_info", "record_oom_kill", "recorded_exit_code", "tail_lines"]
 
 
 @dataclass
@@ -78,6 +78,26 @@ def record_oom_kill(run_dir: str) -> str | None:
         return None
     RunDirectory(Path(run_dir)).write_run_info(status="failed", ended=time.time(), **verdict)
     return verdict["error"]
+
+
+def recorded_exit_code(info: dict) -> int | None:
+    """The exit code an rlft process ends with, as its run.json's final record implies it (None while the
+    record is not final): 0 completed; 128 + the signal for a cancelled run (SIGTERM: 143); 2 for a config
+    or data error (rlft.errors' exit codes), 1 for any other failure. An explicit ``exit_code`` wins."""
+    explicit = info.get("exit_code")
+    if isinstance(explicit, int) and not isinstance(explicit, bool):
+        return explicit
+    status = info.get("status")
+    if status == "completed":
+        return 0
+    if status == "cancelled":
+        try:
+            return 128 + signal.Signals[info.get("signal") or "SIGTERM"].value
+        except KeyError:
+            return 128 + signal.SIGTERM
+    if status == "failed":
+        return 2 if info.get("error_type") in ("config_invalid", "data") else 1
+    return None
 
 
 def read_run_info(run_dir: str) -> dict:
@@ -252,6 +272,11 @@ class Runner:
         recorded = info.get("status")
         summary = tail_lines(job.stderr_log, SUMMARY_LINES) or None
         code = exit_code if exit_code is None or exit_code >= 0 else 128 - exit_code  # -9 -> 137, as a shell says
+        inferred = None
+        if code is None and (code := recorded_exit_code(info)) is not None:
+            inferred = (f"exit code {code} read from run.json's final status ({recorded}): the process was not this "
+                        f"service's child (re-attached after a restart, or ended while it was down), so its exit "
+                        f"code could not be waited on")
         if recorded == "completed" and code in (None, 0):
             status, error, summary = "success", None, None  # stderr's warnings are no summary of a success
         elif recorded == "cancelled" or job.cancel_requested:
@@ -272,6 +297,8 @@ class Runner:
                 error = "killed"
             else:
                 error = "unknown"
+        if inferred:
+            summary = (summary + "\n" if summary else "") + inferred
         if self.store.finish(job.id, status, exit_code=code, error_type=error, summary=summary):
             self._note(f"job {job.id}: {status}" + (f" ({error})" if error else "") +
                        (f", exit code {code}" if code is not None else ""))
