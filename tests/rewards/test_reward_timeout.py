@@ -113,6 +113,19 @@ def test_signal_handlers_on_the_worker_thread_get_a_hint_and_timeout_null_runs_t
     assert manager(tmp_path, "needs_main_thread", timeout=None).score(["p"], ["a"], {}).total.tolist() == [1.0]
 
 
+def test_the_worker_runs_in_the_callers_grad_and_inference_mode():
+    import torch
+
+    def modes():
+        return torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+
+    assert call_with_timeout(modes, {}, 5.0) == (True, False)
+    with torch.no_grad():
+        assert call_with_timeout(modes, {}, 5.0) == (False, False)
+    with torch.inference_mode():
+        assert call_with_timeout(modes, {}, 5.0) == (False, True)
+
+
 def test_call_with_timeout_passes_results_and_errors_through():
     assert call_with_timeout(lambda x: x + 1, {"x": 1}, 5.0) == 2
     with pytest.raises(KeyError, match="nope"):
@@ -150,3 +163,16 @@ def test_the_process_exits_though_the_hung_call_never_returns(tmp_path):
     assert 1.0 <= out["seconds"] < 5
     # the whole process (start-up and imports included) ends long before the hung call would
     assert time.perf_counter() - start < 100
+
+
+def test_a_training_run_with_a_hung_reward_fails_as_a_reward_error(tmp_path, tiny_config):
+    from tests.cli.test_cli import assert_user_error, quick, run_cli, write_config
+
+    (tmp_path / "slow_rewards.py").write_text(SLOW, encoding="utf-8")
+    cfg = quick(tiny_config)
+    cfg["reward"]["functions"] = [{"type": "custom", "function": "slow_rewards.py:hangs", "timeout": 1}]
+    proc = run_cli(["train", "--config", str(write_config(tmp_path, cfg))], tmp_path, timeout=170)
+    stderr = assert_user_error(proc, code=None)
+    assert "reward 'hangs' exceeded its timeout of 1 s on a batch of 4 completions" in stderr, stderr
+    info = json.loads((tmp_path / "outputs" / "run" / "run.json").read_text())
+    assert info["status"] == "failed" and info["error_type"] == "reward", info

@@ -11,6 +11,8 @@ results that do not pickle.
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -35,10 +37,12 @@ def call_with_timeout(fn: Callable[..., Any], kwargs: dict[str, Any], timeout: f
         return fn(**kwargs)
     outcome: dict[str, Any] = {}
     done = threading.Event()
+    as_caller = _caller_torch_state()
 
     def run() -> None:
         try:
-            outcome["value"] = fn(**kwargs)
+            with as_caller():
+                outcome["value"] = fn(**kwargs)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread as it is
             outcome["error"] = exc
         finally:
@@ -50,3 +54,24 @@ def call_with_timeout(fn: Callable[..., Any], kwargs: dict[str, Any], timeout: f
     if "error" in outcome:
         raise outcome.pop("error")
     return outcome["value"]
+
+
+def _caller_torch_state() -> Callable[[], contextlib.AbstractContextManager]:
+    """What torch keeps per thread, to re-enter on the worker: the caller's CUDA device (a process of a
+    multi-GPU run scores on its own GPU, not on GPU 0), and its grad / inference mode (a reward model
+    called under no_grad builds no autograd graph). Nothing when torch is not loaded."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return contextlib.nullcontext
+    grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+    device = torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+
+    @contextlib.contextmanager
+    def enter():
+        if device is not None:
+            torch.cuda.set_device(device)
+        # inference_mode(False) would turn grad mode on, so grad mode is set inside it
+        with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+            yield
+
+    return enter
