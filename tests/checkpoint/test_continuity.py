@@ -77,7 +77,7 @@ def test_harmless_changes_are_logged_and_the_run_continues(tiny_config):
     assert result.run_dir == first.run_dir
 
 
-def test_records_after_the_resumed_checkpoint_are_dropped(tiny_config):
+def test_records_after_the_resumed_checkpoint_are_moved_aside(tiny_config):
     first = _first_run(tiny_config, steps=3)
     ck2 = first.run_dir / "checkpoints" / "checkpoint-2"
     # As after a crash between step 3's log line and its checkpoint: resume from step 2.
@@ -86,7 +86,9 @@ def test_records_after_the_resumed_checkpoint_are_dropped(tiny_config):
     assert [r["step"] for r in read_jsonl(result.run_dir / "metrics.jsonl")] == [1, 2, 3]
     steps = [r["step"] for r in read_jsonl(result.run_dir / "samples.jsonl")]
     assert steps == sorted(steps) and steps.count(3) == 4  # samples_per_log default
-    assert "dropped" in (result.run_dir / "train_log.log").read_text()
+    assert "metrics.jsonl: 1 records from after step 2 moved to" in (result.run_dir / "train_log.log").read_text()
+    aside = list(result.run_dir.glob("superseded-*/metrics.jsonl"))  # kept, not deleted
+    assert len(aside) == 1 and [r["step"] for r in read_jsonl(aside[0])] == [3]
 
 
 def test_keep_last_prunes_to_exactly_n(tiny_config):

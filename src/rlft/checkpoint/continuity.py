@@ -3,7 +3,9 @@
 A change breaks continuity when the saved state would no longer mean what the new config says:
 other weights or adapter shapes, another data order, another batch geometry or algorithm.  Any
 other change (logging, checkpoint cadence, max_steps, learning rate, evaluation ...) is allowed
-and logged.  The rules every kind of job shares are here; each kind adds its own.
+and logged; the optimizer settings among them (learning rate, weight decay, betas, eps, schedule)
+take effect from the resumed step (:func:`rlft.checkpoint.resume.apply_optimizer_settings`).
+The rules every kind of job shares are here; each kind adds its own.
 """
 
 from __future__ import annotations
@@ -29,6 +31,20 @@ COMMON_RULES: dict[str, str] = {
     "data.shuffle": "the data order would differ",
     "train.seed": "the data order and sampling would differ",
 }
+
+
+def schedule_rules(kind: str, config: dict) -> dict[str, str]:
+    """Rules that hold only while the learning rate varies over the run (a warm-up, a decay).
+
+    An RL scheduler counts optimizer steps: ppo_epochs x mini-batches per training step. A resume
+    restores that count, so changing either would put the new schedule at another point than the
+    step the run is at (a warm-up replayed or skipped). A constant rate without warm-up does not care."""
+    alg = config.get("algorithm") or {}
+    if kind != "rl" or (alg.get("lr_scheduler", "constant") == "constant" and not alg.get("warmup_steps")):
+        return {}
+    why = ("the learning-rate schedule counts optimizer steps, ppo_epochs x mini-batches per step; with "
+           "lr_scheduler constant and no warm-up it may change")
+    return {"algorithm.ppo_epochs": why, "algorithm.mini_batch_size": why}
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
     checkpoint-<N>/
         config.json, model.safetensors, tokenizer files   (or adapter_config.json + adapter_model.safetensors)
+        manifest.json          every other file's size and sha256, and whether the optimizer was saved
         trainer_state.json     step, epoch, data position, metrics at save time
         optimizer.pt, scheduler.pt, rng_state.pt
         critic/                PPO only: value_model.pt, optimizer.pt
@@ -10,7 +11,8 @@
 A checkpoint is written into a hidden temporary directory, fsynced and then
 renamed into place (:func:`rlft.atomic.atomic_directory`), so a process killed
 mid-write never leaves a directory that looks complete; ``trainer_state.json``
-is written last as the completion mark.
+is written last as the completion mark, just after ``manifest.json``
+(:mod:`rlft.checkpoint.manifest`), which lets a resume tell damage that came later.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import torch
 from rlft.atomic import atomic_directory
 from rlft.distributed.context import Dist
 from rlft.checkpoint.layout import STATE_FILE, is_complete, list_checkpoints  # noqa: F401 (re-exported)
+from rlft.checkpoint.aside import set_aside_incomplete
+from rlft.checkpoint.manifest import write_manifest
 from rlft.errors import CheckpointError
 
 
@@ -65,6 +69,8 @@ def save_checkpoint(target: Path, *, model, tokenizer, optimizer, scheduler, tra
     from rlft.models.save import save_pretrained_dir
 
     dist = dist or Dist()
+    if dist.is_main:
+        set_aside_incomplete(target)
     try:
         with _shared_directory(target, dist) as tmp:
             if save_optimizer and dist.enabled:
@@ -80,6 +86,7 @@ def save_checkpoint(target: Path, *, model, tokenizer, optimizer, scheduler, tra
                 (tmp / "config.yaml").write_text(config_yaml)
                 for name, part in (components or {}).items():
                     part.save(tmp / name)
+                write_manifest(tmp, save_optimizer=save_optimizer)  # lists the optimizer shards too
                 (tmp / STATE_FILE).write_text(json.dumps(trainer_state, indent=2))
     except (OSError, RuntimeError) as exc:  # torch.save reports a full disk as a RuntimeError
         raise CheckpointError(_not_written(target, exc)) from exc

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import yaml
 
+from rlft.checkpoint.aside import checkpoint_dirs
 from rlft.checkpoint.continuity import compare_configs, file_fingerprint
 from rlft.checkpoint.io import set_rng_state
-from rlft.checkpoint.layout import STATE_FILE, has_optimizer_state, is_complete, list_checkpoints
+from rlft.checkpoint.layout import STATE_FILE, has_optimizer_state
+from rlft.checkpoint.manifest import checkpoint_problems, optimizer_saved
 from rlft.distributed.context import Dist
 from rlft.errors import UsageError
-from rlft.logging.run_dir import RunDirectory
 
 
 @dataclass(frozen=True)
@@ -22,35 +24,76 @@ class ResumePoint:
     checkpoint: Path
     run_root: Path
     state: dict
+    # Newer checkpoints ``--resume auto`` passed over because they are damaged: path -> what is wrong.
+    damaged: dict = field(default_factory=dict)
+
+    @property
+    def step(self) -> int:
+        return int(self.state["step"])
 
 
 def find_checkpoint(resume: str, run_root: Path | None) -> ResumePoint | None:
-    """``resume`` is a checkpoint directory or 'auto': the latest complete checkpoint of ``run_root``.
+    """``resume`` is a checkpoint directory or 'auto': the newest intact checkpoint of ``run_root``.
 
-    'auto' gives None when there is no run at ``run_root`` yet (the first launch of a job that is
-    relaunched with --resume auto starts afresh), and refuses a run there that has no complete
-    checkpoint (a restart from scratch would hide that the run was lost)."""
+    'auto' passes over damaged checkpoints (recorded in ``ResumePoint.damaged``, for the log and to be
+    set aside), and gives None when ``run_root`` holds no checkpoint at all: no run there yet, or one
+    stopped before its first save; either starts afresh, so a relaunch loop that always passes
+    --resume auto works from the first launch on. A run whose checkpoints are all damaged is refused
+    (starting again would hide the loss). An explicit directory that is damaged is refused, naming
+    the file."""
     if resume == "auto":
         if run_root is None:
             raise UsageError("--resume auto needs a run directory to look in")
-        found = list_checkpoints(run_root / "checkpoints")
-        if not found:
-            if not RunDirectory(run_root).holds_run():
-                return None
-            raise UsageError(f"--resume auto: no complete checkpoint under {run_root / 'checkpoints'}; the run "
-                             f"there stopped before its first save. Start it again without --resume")
-        path = found[-1]
+        path, damaged = _newest_intact(run_root / "checkpoints")
+        if path is None:
+            return None
     else:
-        path = Path(resume).expanduser().resolve()
-        if not is_complete(path):
-            raise UsageError(f"--resume {resume}: not a complete checkpoint directory (no {STATE_FILE}); "
-                             f"an interrupted save leaves only a hidden .tmp-checkpoint-N folder")
-    if not has_optimizer_state(path):
-        raise UsageError(f"--resume {path}: this checkpoint has no optimizer state (it was saved with "
-                         f"train.save_optimizer: false, an export-only checkpoint), so the run cannot continue "
-                         f"exactly. Start a new run from its weights with model.path: {path}")
+        path, damaged = Path(resume).expanduser().resolve(), {}
+        problems = checkpoint_problems(path)
+        if problems:
+            what = ("is not a complete checkpoint directory" if not (path / STATE_FILE).is_file()
+                    else "is a damaged checkpoint")
+            raise UsageError(f"--resume {resume}: {path} {what}: {'; '.join(problems)}. " + _intact_hint(path))
+    _check_optimizer_state(path)
     state = json.loads((path / STATE_FILE).read_text())
-    return ResumePoint(checkpoint=path, run_root=path.parent.parent, state=state)
+    return ResumePoint(checkpoint=path, run_root=path.parent.parent, state=state, damaged=damaged)
+
+
+def _newest_intact(checkpoints_dir: Path) -> tuple[Path | None, dict]:
+    """The newest checkpoint that passes :func:`checkpoint_problems`, and the damaged ones newer than it."""
+    damaged = {}
+    for _, path in reversed(checkpoint_dirs(checkpoints_dir)):
+        problems = checkpoint_problems(path)
+        if not problems:
+            return path, damaged
+        damaged[path] = "; ".join(problems)
+    if damaged:
+        lines = "\n".join(f"  - {p.name}: {why}" for p, why in damaged.items())
+        raise UsageError(f"--resume auto: no intact checkpoint under {checkpoints_dir}; every one is damaged:\n"
+                         f"{lines}\nRestore the files, or start the run again without --resume (another "
+                         f"train.run_name) so nothing here is overwritten")
+    return None, damaged
+
+
+def _intact_hint(path: Path) -> str:
+    intact = [p.name for _, p in checkpoint_dirs(path.parent) if p != path and not checkpoint_problems(p, hashes=False)]
+    return (f"Resume from an intact one ({', '.join(intact)}) or with --resume auto, which takes the newest "
+            f"intact checkpoint" if intact else "No other checkpoint of this run looks intact")
+
+
+def _check_optimizer_state(path: Path) -> None:
+    """Refuse a checkpoint without optimizer state, saying why: the manifest tells an export-only save
+    (``train.save_optimizer: false``) from a lost file; an older checkpoint cannot tell."""
+    if has_optimizer_state(path):
+        return
+    saved = optimizer_saved(path)
+    if saved:
+        raise UsageError(f"--resume {path}: checkpoint {path} is damaged: its optimizer state is missing")
+    how = ("it was saved with train.save_optimizer: false, an export-only checkpoint" if saved is False else
+           "optimizer.pt is missing; this checkpoint predates manifests, so whether it was saved with "
+           "train.save_optimizer: false (export-only) or the file was lost cannot be told")
+    raise UsageError(f"--resume {path}: this checkpoint has no optimizer state ({how}), so the run cannot "
+                     f"continue exactly. Start a new run from its weights with model.path: {path}")
 
 
 def check_continuity(point: ResumePoint, new_config: dict, train_file: str, rules: dict[str, str]) -> list[str]:
@@ -94,26 +137,107 @@ def load_weights(model, checkpoint: Path) -> None:
 
 
 def restore_training_state(point: ResumePoint, *, model, optimizer, scheduler, sampler,
-                           components: dict | None = None, dist: Dist | None = None) -> int:
+                           components: dict | None = None, dist: Dist | None = None,
+                           report: list[str] | None = None) -> int:
     """Weights, optimizer, scheduler, further components (each with ``load(directory)``), data position
     and RNG; returns the step to continue from. A checkpoint saved at any number of processes
-    resumes at any other (``dist``: this run's; :mod:`rlft.distributed.checkpoint`)."""
+    resumes at any other (``dist``: this run's; :mod:`rlft.distributed.checkpoint`).
+
+    The optimizer's settings (learning rate, weight decay, betas, eps) are this config's, not the
+    saved ones: loading a state dict brings back the old values, and a changed learning rate that
+    is logged must also be the one the steps use. ``report`` gets one line per setting that differs."""
     from rlft.distributed.checkpoint import load_optimizer, load_sharded_weights
 
     dist = dist or Dist()
     ck = point.checkpoint
-    if dist.strategy == "fsdp2":
-        load_sharded_weights(model, ck)
-    else:
-        load_weights(model, ck)
+    with _reading(ck, "model.safetensors" if not (ck / "adapter_model.safetensors").is_file()
+                  else "adapter_model.safetensors"):
+        load_sharded_weights(model, ck) if dist.strategy == "fsdp2" else load_weights(model, ck)
     for name, part in (components or {}).items():
         if not (ck / name).is_dir():
             raise UsageError(f"checkpoint {ck} has no {name}/ directory, but this run has a {name}; "
                              f"was it saved by a run with another algorithm?")
-        part.load(ck / name)
-    load_optimizer(model, optimizer, ck, dist)
-    scheduler.load_state_dict(torch.load(ck / "scheduler.pt", weights_only=False))
+        part_optimizer = getattr(part, "optimizer", None)
+        configured = optimizer_settings(part_optimizer) if part_optimizer is not None else None
+        with _reading(ck, f"{name}/"):
+            part.load(ck / name)
+        if configured is not None:
+            _note(report, f"{name}: ", apply_optimizer_settings(part_optimizer, configured))
+    configured, base_lrs = optimizer_settings(optimizer), list(getattr(scheduler, "base_lrs", []))
+    with _reading(ck, "optimizer state"):
+        load_optimizer(model, optimizer, ck, dist)
+    with _reading(ck, "scheduler.pt"):
+        scheduler.load_state_dict(torch.load(ck / "scheduler.pt", weights_only=False))
+    _note(report, "", apply_optimizer_settings(optimizer, configured, scheduler, base_lrs))
     sampler.load_state_dict(point.state["sampler"])
     # Last, so nothing built above consumes random numbers the continued run expects.
-    set_rng_state(torch.load(ck / "rng_state.pt", weights_only=False))
+    with _reading(ck, "rng_state.pt"):
+        set_rng_state(torch.load(ck / "rng_state.pt", weights_only=False))
     return int(point.state["step"])
+
+
+# The optimizer settings a config sets; a param group's "initial_lr" is the peak its schedule scales.
+SETTINGS = ("initial_lr", "weight_decay", "betas", "eps")
+
+
+def optimizer_settings(optimizer) -> list[dict]:
+    """Each param group's configured settings and learning rate, taken before a state dict overwrites them."""
+    return [{k: g[k] for k in (*SETTINGS, "lr") if k in g} for g in optimizer.param_groups]
+
+
+def apply_optimizer_settings(optimizer, configured: list[dict], scheduler=None, base_lrs=None) -> list[str]:
+    """Put ``configured`` (:func:`optimizer_settings` of the freshly built optimizer) back after loading
+    a checkpoint; returns ``name old -> new`` for each setting that differed.
+
+    With a LambdaLR ``scheduler``, its peaks (``base_lrs``) become this config's and the current
+    learning rate is recomputed from its (this config's) schedule at the restored position, so the
+    schedule continues with the new peak, warm-up and shape. Unchanged settings give the same numbers
+    bit for bit (the same product LambdaLR computes)."""
+    changed = []
+    for group, fresh in zip(optimizer.param_groups, configured):
+        for key in SETTINGS:
+            if key in fresh and group.get(key) != fresh[key]:
+                changed.append(f"{'peak lr' if key == 'initial_lr' else key} {group.get(key)} -> {fresh[key]}")
+                group[key] = fresh[key]
+    lambdas = getattr(scheduler, "lr_lambdas", None)
+    if lambdas is not None and base_lrs:
+        scheduler.base_lrs = list(base_lrs)
+        lrs = [base * fn(scheduler.last_epoch) for base, fn in zip(base_lrs, lambdas)]
+    else:
+        lrs = [fresh["lr"] for fresh in configured]  # no schedule: the configured rate itself
+    for group, lr in zip(optimizer.param_groups, lrs):
+        if group["lr"] != lr:
+            changed.append(f"lr {group['lr']:g} -> {lr:g}")
+            group["lr"] = lr
+    if scheduler is not None and hasattr(scheduler, "_last_lr"):
+        scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
+    return list(dict.fromkeys(changed))
+
+
+def _note(report: list[str] | None, prefix: str, changes: list[str]) -> None:
+    if report is not None and changes:
+        report.append(prefix + ", ".join(changes))
+
+
+@contextlib.contextmanager
+def _reading(checkpoint: Path, what: str):
+    """Turn a failure to read ``what`` of ``checkpoint`` (truncated, missing, not what torch or
+    safetensors expects) into a UsageError naming both, instead of a library traceback."""
+    try:
+        yield
+    except UsageError:
+        raise
+    except Exception as exc:  # SafetensorError, UnpicklingError, EOFError, OSError, RuntimeError ...
+        if not _is_read_failure(exc):
+            raise
+        raise UsageError(f"checkpoint {checkpoint} is damaged: reading {what} failed "
+                         f"({type(exc).__name__}: {str(exc)[:300]}). Resume from an earlier checkpoint, or with "
+                         f"--resume auto") from exc
+
+
+def _is_read_failure(exc: BaseException) -> bool:
+    import pickle
+
+    names = {"SafetensorError", "HeaderTooLarge", "InvalidHeaderDeserialization"}
+    return (isinstance(exc, (OSError, EOFError, pickle.UnpicklingError, RuntimeError, ValueError, KeyError))
+            or type(exc).__name__ in names)

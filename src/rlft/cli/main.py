@@ -98,8 +98,10 @@ def _cmd_train(args) -> int:
     result = Trainer(args.config, overrides=args.overrides, output_dir=args.output_dir, resume_from=args.resume,
                      kind=args.kind, run_dir=args.run_dir).train()
     if result.stopped_by is not None:
-        print(f"stopped at step {result.steps} by signal {result.stopped_by}; checkpoint kept in "
-              f"{result.run_dir / 'checkpoints'}; continue with --resume auto", file=sys.stderr)
+        from rlft.trainer.trainer import stop_note
+
+        print(f"stopped at step {result.steps} by signal {result.stopped_by}; {stop_note(result.final_checkpoint)}",
+              file=sys.stderr)
         return 128 + result.stopped_by
     return 0
 

@@ -25,7 +25,7 @@ from rlft.errors import error_type
 from rlft.logging.console import (ProgressBar, attach_file_log, get_logger, quiet_library_progress_bars,
                                   setup_console_logging)
 from rlft.logging.resources import ResourceMonitor
-from rlft.logging.run_dir import FollowerRunDirectory, RunDirectory, append_jsonl, truncate_jsonl
+from rlft.logging.run_dir import FollowerRunDirectory, RunDirectory, append_jsonl
 from rlft.logging.trackers import Trackers, open_trackers
 from rlft.trainer.job import EvalRecord, Job, job_class
 from rlft.trainer.metrics import MetricWindow
@@ -78,6 +78,7 @@ class Trainer:
         self.train_seconds = 0.0  # wall time inside train steps (excludes model load, evaluation, checkpoints)
         self.trackers = Trackers()  # train.report_to's experiment trackers, opened in setup()
         self.dist = Dist()  # this process's place in a data-parallel run; joined in setup()
+        self._restart_root: Path | None = None  # --resume auto found a run there without a checkpoint
         self._ready = False
 
     # ------------------------------------------------------------------ setup
@@ -117,6 +118,10 @@ class Trainer:
                           f"{memory.device_bytes / 2**30:.1f} GB on {memory.device}")
         if self._resume_point is not None:
             self._prepare_resume(changes)
+        elif self._restart_root is not None:
+            self.log.info(f"--resume auto: the run in {self._restart_root} stopped before its first checkpoint; "
+                          f"starting it afresh in the same directory")
+            self._set_aside_later_than(0)
         elif self.resume_from == "auto":
             self.log.info("--resume auto: no checkpoint of this run to continue from; starting it afresh")
         configure_compute(self.cfg, self.log)
@@ -133,17 +138,19 @@ class Trainer:
         Checked before anything is written: a refused resume leaves the run directory as it was."""
         if not self.resume_from:
             return None, []
-        from rlft.checkpoint.continuity import COMMON_RULES
+        from rlft.checkpoint.continuity import COMMON_RULES, schedule_rules
         from rlft.checkpoint.resume import check_continuity, find_checkpoint
 
         cfg = self.cfg
-        rules = {**COMMON_RULES, **self.job.CONTINUITY}
+        rules = {**COMMON_RULES, **self.job.CONTINUITY, **schedule_rules(cfg.kind, yaml.safe_load(config_to_yaml(cfg)))}
         if self.resume_from == "auto":
             root = self._auto_resume_root(rules)
             if self.dist.enabled:  # the run rank 0 found (a run of this config among several, ...)
                 root = self.dist.broadcast_object(root)
             point = find_checkpoint("auto", root) if root is not None else None
             if point is None:
+                # a run there that stopped before its first save starts afresh in its own directory
+                self._restart_root = root if root is not None and RunDirectory(root).holds_run() else None
                 return None, []
         else:
             point = find_checkpoint(self.resume_from, None)
@@ -164,6 +171,10 @@ class Trainer:
             return RunDirectory(root) if self.dist.is_main else FollowerRunDirectory(root)
         if not self.dist.is_main:
             run_dir = None
+        elif self._restart_root is not None:
+            run_dir = RunDirectory(self._restart_root)
+            run_dir.checkpoints.mkdir(parents=True, exist_ok=True)
+            run_dir.eval_dir.mkdir(exist_ok=True)
         elif self.run_dir_path is not None:
             run_dir = RunDirectory.at(self.run_dir_path)
         else:
@@ -187,14 +198,23 @@ class Trainer:
         return find_run_of_config(output_dir, yaml.safe_load(config_to_yaml(cfg)), self.config_source, rules)
 
     def _prepare_resume(self, changes: list[str]) -> None:
-        step = int(self._resume_point.state["step"])
+        point = self._resume_point
+        for path, why in point.damaged.items():
+            self.log.warning(f"--resume auto: checkpoint {path} is damaged ({why}); continuing from the newest "
+                             f"intact one, {point.checkpoint.name}")
         for change in changes:
             self.log.info(f"changed on resume: {change}")
+        self._set_aside_later_than(point.step, point.damaged)
+
+    def _set_aside_later_than(self, step: int, damaged: dict | None = None) -> None:
+        """One timeline: what the run directory holds from after ``step`` (newer checkpoints, log records
+        of a process that went further) is moved aside, kept, and logged (:mod:`rlft.checkpoint.aside`)."""
+        from rlft.checkpoint.aside import supersede_after
+
         if not self.dist.is_main:
             return
-        dropped = sum(truncate_jsonl(p, step) for p in (self.run_dir.metrics, self.run_dir.samples))
-        if dropped:
-            self.log.info(f"dropped {dropped} log records written after step {step} by the interrupted process")
+        for line in supersede_after(self.run_dir.root, step, damaged):
+            (self.log.warning if "damaged" in line else self.log.info)(line)
 
     def _build(self) -> None:
         if not ProgressBar.enabled_for(self.cfg.train.progress_bar):
@@ -207,13 +227,15 @@ class Trainer:
         if self._resume_point is not None:
             from rlft.checkpoint.resume import restore_training_state
 
-            state = self.job.state()
+            state, settings = self.job.state(), []
             self.step = restore_training_state(self._resume_point, model=state.model, optimizer=state.optimizer,
                                                scheduler=state.scheduler, sampler=state.sampler,
-                                               components=state.components, dist=self.dist)
+                                               components=state.components, dist=self.dist, report=settings)
             self.job.restore(self._resume_point.state)
             self.log.info(f"resumed from {self._resume_point.checkpoint} at step {self.step}; continuing to "
                           f"step {self.job.total_steps}")
+            for line in settings:
+                self.log.info(f"optimizer settings of this config apply from step {self.step + 1}: {line}")
 
     def _close(self, **run_info) -> None:
         """Record the final status, stop the heartbeat and detach this run's log file (API users may
@@ -264,8 +286,10 @@ class Trainer:
         if stop.requested:
             if self.step > start_step and not self.run_dir.checkpoint(self.step).exists():
                 result.final_checkpoint = self.save_checkpoint()
-            self.log.info(f"stopped by {signal.Signals(stop.signal).name} at step {self.step}; continue with "
-                          f"--resume auto")
+            elif self.run_dir.checkpoint(self.step).exists():
+                result.final_checkpoint = self.run_dir.checkpoint(self.step)
+            self.log.info(f"stopped by {signal.Signals(stop.signal).name} at step {self.step}; "
+                          f"{stop_note(result.final_checkpoint)}")
             self._close(status="cancelled", step=self.step, signal=signal.Signals(stop.signal).name)
             result.stopped_by = stop.signal
             return result
@@ -373,6 +397,14 @@ class Trainer:
             if advice:
                 out["error"] += f" | try --set {advice[0]} (rlft estimate --config ... for the whole list)"
         return out
+
+
+def stop_note(checkpoint: Path | None) -> str:
+    """What a stopped run kept, truthfully: its checkpoint, or none because no step had completed."""
+    if checkpoint is not None:
+        return f"checkpoint kept: {checkpoint}; continue with --resume auto"
+    return ("no checkpoint was written, as no step had completed; --resume auto starts the run afresh "
+            "in the same directory")
 
 
 def _on_cuda(device: str) -> bool:
