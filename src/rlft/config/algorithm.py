@@ -9,7 +9,7 @@ from pydantic import Field, PositiveInt, model_validator
 from rlft.config.optimizer import (AdamBetas, AdamEps, LrScheduler, MaxGradNorm, MinLrRatio, WarmupSteps,
                                    WeightDecay)
 from rlft.config.presets import apply_preset
-from rlft.config.sections import Section
+from rlft.config.sections import ModelPath, Section
 
 # The advantage estimators registered with the trait group_relative=True, spelled out here so that config
 # validation never imports torch (tests/algorithms/test_registry.py checks the two agree).
@@ -27,7 +27,8 @@ class CriticConfig(Section):
         description="'separate': a value model with its own backbone (initialised from model_path); "
         "'value_head': a linear head on the policy's own (detached) hidden states, no second backbone.",
     )
-    model_path: str | None = Field(None, description="Backbone of a separate critic (default: the policy's model).")
+    model_path: ModelPath | None = Field(
+        None, description="Backbone of a separate critic (default: the policy's model).")
     learning_rate: float = Field(1e-5, gt=0, description="Peak learning rate of the critic's AdamW.")
     value_loss: Literal["clipped_mse", "mse"] = Field("clipped_mse", description="Value loss.")
     value_clip: float = Field(0.2, gt=0, description="How far (in reward units) values may move from the rollout's.")

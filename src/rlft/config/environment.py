@@ -2,26 +2,34 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Iterator, Literal
 
 from pydantic import Field, model_validator
 
+from rlft.config.references import CodeRef, Reference
 from rlft.config.sections import Section
 
 # Built-in environment names (rlft.envs.builtin has the classes; kept here so validation stays torch-free).
 BUILTIN_ENVIRONMENT_NAMES = ("calculator", "search", "guess_number", "openenv")
+# The constructor arguments of a built-in environment that name a file or an endpoint (the built-in's code
+# opens them, so they are references like any path in the config; tests/envs check every parameter is here
+# or plain data).
+BUILTIN_KWARG_REFERENCES: dict[str, dict[str, Reference]] = {
+    "search": {"docs": Reference("file")},
+    "openenv": {"url": Reference("url")},
+}
 
 
 class EnvironmentConfig(Section):
     """Each data row becomes an episode: the model answers, calls tools, reads their results, and
     answers again, for at most ``max_turns`` turns. Only the tokens the model sampled are trained."""
 
-    class_: str | None = Field(
+    class_: Annotated[str, Reference("code", BUILTIN_ENVIRONMENT_NAMES)] | None = Field(
         None, alias="class",
         description="An environment class ('my_env.py:WordEnv', 'package.module:Class') or a built-in: "
                     + ", ".join(BUILTIN_ENVIRONMENT_NAMES) + ". One instance per episode; reset(**row), every "
                     "other public method is a tool, optional get_reward().")
-    tools: list[str] = Field(
+    tools: list[CodeRef] = Field(
         default_factory=list,
         description="Tool functions ('my_tools.py:calculator'): typed, with a Google-style docstring.")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the class's constructor.")
@@ -42,6 +50,12 @@ class EnvironmentConfig(Section):
                                "any tool); 'inline': in the trainer's process (for debuggers; no timeouts).")
 
     model_config = {**Section.model_config, "populate_by_name": True}
+
+    def extra_references(self) -> Iterator[tuple[str, Reference, str]]:
+        """(dotted path below ``environment.``, reference, value) of the built-in's path and URL arguments."""
+        for key, ref in BUILTIN_KWARG_REFERENCES.get(self.class_ or "", {}).items():
+            if isinstance(self.kwargs.get(key), str):
+                yield f"kwargs.{key}", ref, self.kwargs[key]
 
     @model_validator(mode="after")
     def _check(self) -> "EnvironmentConfig":

@@ -191,9 +191,20 @@ def _resolve(value: str, config_dir: Path | None, base: Path) -> tuple[Path | No
     """Find a path: absolute as is; relative against ``base`` (the cwd), then the config file's directory.
 
     Returns (the existing absolute path or None, the directories looked in)."""
-    path = Path(value).expanduser()
+    try:
+        path = Path(value).expanduser()
+    except RuntimeError:  # '~user' of a user this machine does not have
+        path = Path(value)
     if path.is_absolute():
-        return (path if path.exists() else None), []
+        return (path if _exists(path) else None), []
     looked = [base] + ([config_dir] if config_dir and config_dir != base else [])
-    found = next((base / path for base in looked if (base / path).exists()), None)
+    found = next((base / path for base in looked if _exists(base / path)), None)
     return (Path(os.path.normpath(found)) if found else None), looked
+
+
+def _exists(path: Path) -> bool:
+    """Whether ``path`` exists; a name no file system can hold (too long, a NUL byte) does not."""
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False

@@ -7,7 +7,8 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import Field, model_validator
 
 from rlft.config.optimizer import FloatPair
-from rlft.config.sections import Section
+from rlft.config.references import CodeRef, ModelDir, UrlRef
+from rlft.config.sections import ModelPath, Section
 
 class _Reward(Section):
     weight: float = Field(1.0, description="Weight of this reward in the total.")
@@ -69,7 +70,7 @@ class ToolCallReward(_Reward):
 
 class CustomReward(_Reward):
     type: Literal["custom"]
-    function: str = Field(
+    function: CodeRef = Field(
         ...,
         description="'package.module:function' or 'path/to/file.py:function' with the TRL signature "
         "f(prompts, completions, **columns) -> list[float].",
@@ -87,7 +88,7 @@ class HttpReward(_Reward):
     ``{"rewards": [one number per completion]}`` (a bare list is accepted too)."""
 
     type: Literal["http"]
-    url: str = Field(..., pattern=r"^https?://", description="The scoring endpoint, e.g. http://127.0.0.1:8001/score.")
+    url: UrlRef = Field(..., pattern=r"^https?://", description="The scoring endpoint, e.g. http://127.0.0.1:8001/score.")
     timeout: float = Field(30.0, gt=0, description="Seconds one request may take before it counts as failed.")
     retries: int = Field(3, ge=0, description="Retries of a request that failed transiently (connection error, "
                                               "timeout, 5xx, 429), with exponential backoff.")
@@ -104,7 +105,7 @@ class ModelReward(_Reward):
     exchange with the reward model's own chat template and scored in batches. Loaded once."""
 
     type: Literal["model"]
-    path: str = Field(..., description="The reward model's folder.")
+    path: ModelDir = Field(..., description="The reward model's folder.")
     batch_size: int = Field(16, ge=1, description="Sequences per scoring forward.")
     output: Literal["logit", "sigmoid", "standardized"] = Field(
         "logit", description="What the reward is: the raw score (a logit: unbounded, not a probability), "
@@ -131,9 +132,9 @@ class JudgeReward(_Reward):
     silent 0."""
 
     type: Literal["judge"]
-    model: str | None = Field(None, description="A model rlft can load (folder, .gguf or built-in name) as the "
+    model: ModelPath | None = Field(None, description="A model rlft can load (folder, .gguf or built-in name) as the "
                                                 "judge, run in this process.")
-    url: str | None = Field(None, pattern=r"^https?://",
+    url: UrlRef | None = Field(None, pattern=r"^https?://",
                             description="Or an OpenAI-compatible chat-completions endpoint "
                                         "(http://host:port/v1/chat/completions).")
     api_model: str | None = Field(None, description="The model name sent to that endpoint.")

@@ -8,15 +8,20 @@ from __future__ import annotations
 
 import re
 import types
+from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from rlft.config.references import FilePath, OutputDir, Reference, RunName, StoreUri
 
 BUILTIN_MODELS = ("smollm2-135m-instruct",)
 # A finite number as text, as YAML 1.2 spells one (Section._float_from_text).
 _FLOAT_TEXT = re.compile(r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?")
 # data.chat_template values that name a template rather than a .jinja file (rlft.chat.templates has them).
 CHAT_TEMPLATE_NAMES = ("auto", "tokenizer", "hermes")
+# A model folder, a .gguf file or a built-in model's name.
+ModelPath = Annotated[str, Reference("model", BUILTIN_MODELS)]
 
 
 class Section(BaseModel):
@@ -60,7 +65,7 @@ class LoraConfig(Section):
 
 
 class ModelConfig(Section):
-    path: str = Field(
+    path: ModelPath = Field(
         "smollm2-135m-instruct",
         description="A Hugging Face model directory, a .gguf file, or a built-in name "
         f"({', '.join(BUILTIN_MODELS)}).",
@@ -82,8 +87,8 @@ class ModelConfig(Section):
 
 
 class DataConfig(Section):
-    train_file: str = Field(..., description="Training prompts: .jsonl, .json, .csv or .parquet.")
-    eval_file: str | None = Field(None, description="Held-out prompts for evaluation (same format).")
+    train_file: FilePath = Field(..., description="Training prompts: .jsonl, .json, .csv or .parquet.")
+    eval_file: FilePath | None = Field(None, description="Held-out prompts for evaluation (same format).")
     eval_split: float = Field(
         0.0, ge=0, lt=1, description="Fraction of train_file held out for evaluation when eval_file is not set."
     )
@@ -99,7 +104,7 @@ class DataConfig(Section):
         "error", description="What to do with a malformed row: stop with an error, or skip it and count it."
     )
     shuffle: bool = Field(True, description="Shuffle the training rows every epoch (seeded).")
-    chat_template: str = Field(
+    chat_template: Annotated[str, Reference("file", CHAT_TEMPLATE_NAMES)] = Field(
         "auto", description="'auto': the tokenizer's own template, or the built-in Hermes tool template when tools "
         "appear and the tokenizer's cannot render them; 'tokenizer'; 'hermes'; or a path to a .jinja file.")
     tools_field: str = Field(
@@ -129,7 +134,7 @@ class TrackingConfig(Section):
     wandb_mode: Literal["offline", "online"] = Field(
         "offline", description="W&B: offline writes <run_dir>/wandb/ only (upload later with `wandb sync`); online "
         "streams to the W&B server (needs a login).")
-    mlflow_tracking_uri: str | None = Field(
+    mlflow_tracking_uri: StoreUri | None = Field(
         None, description="MLflow tracking server or store URI (default: sqlite:///<run_dir>/mlflow.db, no server).")
 
 
@@ -137,8 +142,10 @@ class TrainConfig(Section):
     epochs: int = Field(1, gt=0, description="Passes over the training prompts.")
     max_steps: int | None = Field(None, gt=0, description="Stop after this many steps even if epochs remain.")
     seed: int = Field(42, description="Seed for data order, sampling and initialisation.")
-    output_dir: str = Field("./outputs", description="Runs are written to <output_dir>/<run_name>/.")
-    run_name: str | None = Field(None, description="Run directory name (default: <date>-<time>-<algorithm>).")
+    output_dir: OutputDir = Field("./outputs", description="Runs are written to <output_dir>/<run_name>/.")
+    run_name: RunName | None = Field(
+        None, description="Run directory name under output_dir (default: <date>-<time>-<algorithm>); a relative "
+        "path that stays below output_dir.")
     logging_interval: int = Field(10, gt=0, description="Write metrics/log lines every N steps.")
     save_interval: int = Field(200, gt=0, description="Save a checkpoint every N steps (and always at the end).")
     watch: WatchConfig = Field(default_factory=WatchConfig, description="Reward-hacking watch thresholds.")
@@ -164,6 +171,16 @@ class TrainConfig(Section):
         default_factory=list, description="Experiment trackers that also receive the metrics and the config: "
         "tensorboard, wandb, mlflow (a tracker that fails is disabled with a warning; training goes on).")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="Experiment tracker settings.")
+
+    @field_validator("run_name")
+    @classmethod
+    def _run_name_stays_below_output_dir(cls, value: str | None) -> str | None:
+        # A run's folder is output_dir/run_name: an absolute name or a '..' would put it (and resume
+        # from) anywhere on the machine, which train.output_dir is there to say.
+        parts = PurePosixPath(value.replace("\\", "/")).parts if value is not None else ()
+        if value is not None and (not value.strip() or value.startswith(("/", "~")) or ".." in parts):
+            raise ValueError("must be a relative folder name below train.output_dir (no leading '/' or '~', no '..')")
+        return value
 
 
 class DistributedConfig(Section):

@@ -1,8 +1,10 @@
 """From a submission (a config file in the workspace, or an inline config) to a queued job.
 
-Everything is checked before anything is written: the config is validated as ``rlft validate``
-would (the same dotted-path problem list), every path it names must lie inside the workspace, and
-the run directory the job will write is fixed here, so the API can answer with it at once.
+Everything is checked before anything is read or written: the config is validated as ``rlft validate``
+would (the same dotted-path problem list), and :func:`admit`, which every route passes through (a new
+submission, its overrides, a resume with its overrides), checks every file, folder, code reference and
+URL the config names against the workspace. The run directory the job will write is fixed here and
+checked too, so the API can answer with it at once.
 """
 
 from __future__ import annotations
@@ -11,11 +13,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from rlft.checkpoint.layout import find_run_of_config, is_complete, list_checkpoints
 from rlft.checkpoint.continuity import COMMON_RULES
 from rlft.config.loader import config_to_yaml, load_config
+from rlft.config.yamlio import load_yaml_text
 from rlft.config.schema import JOB_KINDS
 from rlft.errors import ConfigError
 from rlft.logging.run_dir import RunDirectory
@@ -40,13 +41,19 @@ class Submission:
     resume_from: str | None = None
 
 
-def submit(store: JobStore, ws: Workspace, sub: Submission, submitted_by: str | None = None) -> Job:
-    cfg, source = _load(ws, sub)
-    resolved = yaml.safe_load(config_to_yaml(cfg))
-    problems = ws.check_config(resolved)
+def admit(ws: Workspace, cfg) -> None:
+    """The one gate of every route: refuse (422, one line per problem) a config that names anything
+    outside the workspace (:meth:`Workspace.check_config`)."""
+    problems = ws.check_config(cfg)
     if problems:
         raise Refused(422, "the config names paths outside the workspace", problems)
-    output_dir = ws.resolve(cfg.train.output_dir, "train.output_dir")
+
+
+def submit(store: JobStore, ws: Workspace, sub: Submission, submitted_by: str | None = None) -> Job:
+    cfg, source = _load(ws, sub)
+    admit(ws, cfg)
+    resolved = load_yaml_text(config_to_yaml(cfg), "the resolved config")
+    output_dir = _inside(ws, cfg.train.output_dir, "train.output_dir")
     job_id = store.new_id()
     run_dir, resume = _run_dir_and_resume(store, ws, cfg, resolved, source, output_dir, job_id, sub.resume_from)
     return _queue(store, ws, job_id, cfg, source, run_dir, resume, None, submitted_by)
@@ -63,9 +70,11 @@ def resume_job(store: JobStore, ws: Workspace, old: Job, overrides: list[str] | 
         raise Refused(409, f"job {old.id} left no complete checkpoint in {old.run_dir}; submit it again instead")
     _no_active_job_in(store, old.run_dir)
     try:
-        cfg = load_config(data=yaml.safe_load(old.config_yaml), overrides=overrides, base_dir=ws.root, kind=old.kind)
+        cfg = load_config(data=load_yaml_text(old.config_yaml, f"job {old.id}'s config"), overrides=overrides,
+                          base_dir=ws.root, kind=old.kind)
     except ConfigError as exc:
         raise Refused(422, str(exc).splitlines()[0], exc.problems) from None
+    admit(ws, cfg)
     return _queue(store, ws, store.new_id(), cfg, old.config_source, Path(old.run_dir), str(found[-1]), old.id,
                   submitted_by)
 
@@ -92,7 +101,7 @@ def _run_dir_and_resume(store, ws, cfg, resolved, source, output_dir: Path, job_
     """The run directory the job writes, and the checkpoint it continues from (None: a new run)."""
     if resume_from is None:
         name = cfg.train.run_name or f"{time.strftime('%Y%m%d-%H%M%S')}-{cfg.run_label()}-{job_id[:6]}"
-        run_dir = output_dir / name
+        run_dir = _inside(ws, str(output_dir / name), "train.run_name")
         if RunDirectory(run_dir).holds_run():
             raise Refused(409, f"train.run_name: {run_dir} already holds a run; resume it (resume_from: auto) or "
                                f"choose another run_name")
@@ -100,21 +109,26 @@ def _run_dir_and_resume(store, ws, cfg, resolved, source, output_dir: Path, job_
         return run_dir, None
     if resume_from == "auto":
         rules = {**COMMON_RULES, **JOB_KINDS[cfg.kind].continuity}
-        root = output_dir / cfg.train.run_name if cfg.train.run_name else find_run_of_config(
-            output_dir, resolved, source, rules)
+        root = _inside(ws, str(output_dir / cfg.train.run_name), "train.run_name") if cfg.train.run_name else \
+            find_run_of_config(output_dir, resolved, source, rules)
         found = list_checkpoints(root / "checkpoints") if root is not None else []
         if not found:
             return _run_dir_and_resume(store, ws, cfg, resolved, source, output_dir, job_id, None)
         checkpoint = found[-1]
     else:
-        try:
-            checkpoint = ws.resolve(resume_from, "resume_from")
-        except PathRefused as exc:
-            raise Refused(422, str(exc), [str(exc)]) from None
+        checkpoint = _inside(ws, resume_from, "resume_from")
         if not is_complete(checkpoint):
             raise Refused(422, f"resume_from: {resume_from} is not a complete checkpoint directory")
     _no_active_job_in(store, str(checkpoint.parent.parent))
     return checkpoint.parent.parent, str(checkpoint)
+
+
+def _inside(ws: Workspace, raw: str, field: str) -> Path:
+    """``raw`` resolved inside the workspace, or a 422 naming ``field``."""
+    try:
+        return ws.resolve(raw, field)
+    except PathRefused as exc:
+        raise Refused(422, str(exc), [str(exc)]) from None
 
 
 def _no_active_job_in(store: JobStore, run_dir: str) -> None:
@@ -125,6 +139,7 @@ def _no_active_job_in(store: JobStore, run_dir: str) -> None:
 
 def _queue(store, ws: Workspace, job_id: str, cfg, source, run_dir: Path, resume: str | None,
            resumed_job: str | None, submitted_by: str | None) -> Job:
+    _inside(ws, str(run_dir), "run directory")  # whatever route led here, the job writes only in the workspace
     job_dir = ws.jobs_dir() / job_id
     job_dir.mkdir(parents=True)
     text = config_to_yaml(cfg)

@@ -1,14 +1,18 @@
 """The job service's filesystem boundary: everything a job reads, runs or writes lies in the workspace.
 
-Every path in a submitted config (data, model, chat template, reward/tool/environment code, output
-directory) must resolve, after symlinks, inside the workspace. Rejected outright, before any
+Every reference in a submitted config (each field typed as one in the schema, see
+:mod:`rlft.config.references`: data, model, chat template, reward/tool/environment code, output folder,
+run name, tracker store, a built-in environment's files) is checked by :meth:`Workspace.check_config`,
+whichever route the config came by (a submission, its overrides, a resume). Paths must resolve, after
+symlinks, inside the workspace. Rejected outright, before any
 resolution, are the forms behind MLflow's path-traversal CVEs: ``..`` components, backslashes,
 percent-encoded characters (``%2e%2e%2f``, double-encoded ``%252e``), NUL bytes, and ``~``. An
 absolute path is accepted only if it resolves inside the workspace too.
 
 Code a config names is the one thing that runs with the service's rights, so it must be a file
 inside the workspace (``rewards.py:score``, or a module found as a file there) or part of rlft
-itself; a module installed elsewhere on the machine (``os:system``) is refused.
+itself; a module installed elsewhere on the machine (``os:system``) is refused. URLs must be http(s);
+a tracker store must be an http(s) server or lie inside the workspace.
 """
 
 from __future__ import annotations
@@ -16,13 +20,12 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Iterator
+from urllib.parse import urlsplit
 
-from rlft.config.schema import BUILTIN_MODELS, CHAT_TEMPLATE_NAMES
+from rlft.config.references import references
+from rlft.config.schema import RunConfig
 
 _ENCODED = re.compile(r"%[0-9a-fA-F]{2}")
-# leaf keys of a resolved config that hold a path (a new *_file/*_dir/path field is covered too)
-_PATH_KEY = re.compile(r"(^|_)(path|file|dir)$")
 
 
 class PathRefused(ValueError):
@@ -74,58 +77,46 @@ class Workspace:
         raise PathRefused(f"{field}: module {target!r} is not a file inside the workspace; the job service runs "
                           f"only code that lives there (write it as 'path/to/file.py:name')")
 
-    def check_config(self, config: dict) -> list[str]:
-        """Every problem with the paths of a resolved config (``config_to_yaml`` as a dict), one line each."""
+    def check_url(self, raw: str, field: str) -> None:
+        """An endpoint the job calls: http(s) with a host; other schemes (file:, ftp:, ...) are refused."""
+        parts = urlsplit(raw)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise PathRefused(f"{field}: {raw!r} is not an http(s) URL with a host; the job service calls only "
+                              f"http and https endpoints")
+
+    def check_store(self, raw: str, field: str) -> None:
+        """A tracker URI: an http(s) server, or a store on disk (a path, ``file:`` or ``sqlite:`` URI) inside
+        the workspace. Any other store (a database server, a cloud bucket) is refused: the service cannot
+        tell where it writes."""
+        scheme = urlsplit(raw).scheme
+        if scheme in ("http", "https"):
+            self.check_url(raw, field)
+        elif scheme == "sqlite" and raw.startswith("sqlite:///"):
+            self.resolve(raw[len("sqlite:///"):], field)  # SQLAlchemy: 3 slashes, then the (relative or /) path
+        elif scheme == "file":
+            self.resolve(urlsplit(raw).path, field)
+        elif scheme == "":
+            self.resolve(raw, field)
+        else:
+            raise PathRefused(f"{field}: {raw!r}: the job service accepts an http(s) tracking server or a store "
+                              f"inside the workspace (a path, file: or sqlite:/// URI)")
+
+    def check_run_name(self, raw: str, field: str) -> None:
+        """A folder below train.output_dir: relative, with no '..' (the run directory itself is checked
+        with :meth:`resolve` once it is joined to the output folder)."""
+        if raw.startswith(("/", "~")) or ".." in Path(raw.replace("\\", "/")).parts or "\x00" in raw:
+            raise PathRefused(f"{field}: {raw!r} must be a folder name below train.output_dir")
+
+    def check_config(self, cfg: RunConfig) -> list[str]:
+        """Every problem with the references of a validated config, one line each: each file, folder,
+        model, code reference, URL and tracker store it names (:func:`~rlft.config.references.references`
+        finds them from the schema's types) must stay inside the workspace or be refused."""
+        checks = {"file": self.resolve, "dir": self.resolve, "model": self.resolve, "code": self.check_code_ref,
+                  "url": self.check_url, "store": self.check_store, "run_name": self.check_run_name}
         problems = []
-        for dotted, value in _path_fields(config):
-            if dotted == "model.path" and value in BUILTIN_MODELS:
-                continue
-            if dotted == "data.chat_template" and value in CHAT_TEMPLATE_NAMES:
-                continue
+        for dotted, ref, value in references(cfg):
             try:
-                self.resolve(value, dotted)
-            except PathRefused as exc:
-                problems.append(str(exc))
-        for i, fn in enumerate((config.get("reward") or {}).get("functions") or []):
-            judge = fn.get("model") if isinstance(fn, dict) and fn.get("type") == "judge" else None
-            if isinstance(judge, str) and judge not in BUILTIN_MODELS:  # a judge model is a path too
-                try:
-                    self.resolve(judge, f"reward.functions.{i}.model")
-                except PathRefused as exc:
-                    problems.append(str(exc))
-        for dotted, ref in _code_refs(config):
-            try:
-                self.check_code_ref(ref, dotted)
+                checks[ref.kind](value, dotted)
             except PathRefused as exc:
                 problems.append(str(exc))
         return problems
-
-
-def _leaves(tree: Any, prefix: str = "") -> Iterator[tuple[str, str, Any]]:
-    """(dotted path, leaf key, value) of every leaf; list items are numbered."""
-    items = tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(tree, list) else ()
-    for key, value in items:
-        dotted = f"{prefix}.{key}" if prefix else str(key)
-        if isinstance(value, (dict, list)):
-            yield from _leaves(value, dotted)
-        else:
-            yield dotted, str(key), value
-
-
-def _path_fields(config: dict) -> Iterator[tuple[str, str]]:
-    for dotted, key, value in _leaves(config):
-        is_path = _PATH_KEY.search(key) or key == "chat_template"
-        if isinstance(value, str) and is_path and not dotted.startswith("environment.kwargs"):
-            yield dotted, value
-
-
-def _code_refs(config: dict) -> Iterator[tuple[str, str]]:
-    for i, fn in enumerate((config.get("reward") or {}).get("functions") or []):
-        if isinstance(fn, dict) and fn.get("type") == "custom" and isinstance(fn.get("function"), str):
-            yield f"reward.functions.{i}.function", fn["function"]
-    env = config.get("environment") or {}
-    if isinstance(env.get("class"), str) and ":" in env["class"]:
-        yield "environment.class", env["class"]
-    for i, tool in enumerate(env.get("tools") or []):
-        if isinstance(tool, str):
-            yield f"environment.tools.{i}", tool
