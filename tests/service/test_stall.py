@@ -96,3 +96,12 @@ def test_the_heartbeat_carries_the_last_progress_and_the_median_step_time(tmp_pa
     assert info["heartbeat"] > info["progress"] > started
     assert info["progress_step"] == 3 and 0.05 < info["step_seconds"] < 1.0
     assert info["heartbeat"] - info["progress"] >= 0.2
+
+
+def test_the_start_of_training_is_written_at_once(tmp_path):
+    run_dir = RunDirectory.at(tmp_path / "run")
+    with Heartbeat(run_dir, seconds=3600) as beat:  # no beat comes during this test
+        before = run_dir.read_run_info()["progress"]
+        time.sleep(0.05)
+        beat.progress()
+        assert run_dir.read_run_info()["progress"] > before

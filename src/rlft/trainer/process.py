@@ -83,7 +83,8 @@ class Heartbeat:
         return self
 
     def progress(self, step: int | None = None) -> None:
-        """Note that the run advanced: ``step`` completed now, or (no step) a phase began now."""
+        """Note that the run advanced: ``step`` completed now, or (no step) a phase began now. A phase
+        start is written at once (it is rare, and a long model load must not read as a stall for a beat)."""
         now = time.time()
         with self._lock:
             if step is not None and self._last_step_at is not None:
@@ -91,6 +92,14 @@ class Heartbeat:
             self._last_step_at = now
             self._progress = {"progress": now, "progress_step": step if step is not None
                               else self._progress.get("progress_step")}
+        if step is None:
+            self._write()
+
+    def _write(self) -> None:
+        try:
+            self.run_dir.write_run_info(heartbeat=time.time(), **self.progress_fields())
+        except (OSError, RlftError):  # a full disk must not kill training; the loop reports it at its next write
+            pass
 
     def progress_fields(self) -> dict:
         """run.json's progress fields as of now."""
@@ -102,10 +111,7 @@ class Heartbeat:
 
     def _beat(self) -> None:
         while not self._stop.wait(self.seconds):
-            try:
-                self.run_dir.write_run_info(heartbeat=time.time(), **self.progress_fields())
-            except (OSError, RlftError):  # a full disk must not kill training; the loop reports it at its next write
-                pass
+            self._write()
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
