@@ -102,3 +102,29 @@ def test_the_reward_server_answers_null_where_a_reward_does_not_apply(tmp_path):
     assert answer.json() == {"rewards": [4.0, 1.0], "per_reward": {"code_only": [3.0, None],
                                                                    "everything": [1.0, 1.0]}}
     assert torch.tensor([3.0, float("nan")]).nanmean().item() == 3.0
+
+
+def test_step_metrics_and_evaluation_average_a_reward_over_the_samples_it_applies_to(tmp_path):
+    """metrics.jsonl's reward/<name>/mean and eval/step-N.json's per-reward means stay finite (and the
+    report valid JSON) when a reward skips samples."""
+    import json
+
+    from rlft.evaluation import evaluate
+    from rlft.rl.metrics import rollout_metrics
+    from tests.evaluation.test_evaluator import ScriptedEngine, _examples
+
+    m = manager(tmp_path, ("code_only", 1.0), ("everything", 1.0))
+    res = m.score([""] * 4, ["a", "bbb", "cc", "d"], {"kind": ["code", "math", "code", "math"]})
+    metrics = rollout_metrics(res.total, res.per_reward, torch.tensor([1, 3, 2, 1]), ["stop"] * 4, 2,
+                              weights={"code_only": 1.0, "everything": 1.0})
+    assert metrics["reward/code_only/mean"] == pytest.approx(1.5) and metrics["reward/everything/mean"] == 1.0
+    assert all(math.isfinite(v) for v in metrics.values())
+
+    skip_p1 = manager(tmp_path, ("code_only", 1.0), ("everything", 1.0))
+    examples = [type(ex)(prompt=ex.prompt, text=ex.text, columns={"kind": "math" if i == 1 else "code"},
+                         source=ex.source) for i, ex in enumerate(_examples())]
+    result = evaluate(ScriptedEngine(), examples, skip_p1, max_new_tokens=8, batch_size=8,
+                      accuracy_reward="code_only", success_threshold=1.0)
+    assert result.rewards["code_only"] == pytest.approx((1 + 7) / 2)  # "x" and "x x x x", not p1's "y"
+    assert result.samples[1]["rewards"]["code_only"] is None and not result.samples[1]["correct"]
+    json.loads(json.dumps(result.samples, allow_nan=False))

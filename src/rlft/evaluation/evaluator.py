@@ -127,7 +127,9 @@ def _generate_scored(engine: RolloutEngine, examples, reward_manager, sampling: 
         rows = [chunk[p] for p in rollout.prompt_index]
         scored = reward_manager.score([ex.prompt for ex in rows], rollout.texts,
                                       {**columns_of(rows), **(rollout.columns or {})})
-        per_reward = {name: values.tolist() for name, values in scored.per_reward.items()}
+        # NaN: the reward returned None for that sample (it does not apply); JSON reports say null
+        per_reward = {name: [None if v != v else v for v in values.tolist()]
+                      for name, values in scored.per_reward.items()}
         totals = scored.total.tolist()
         lengths = rollout.completion_lengths.tolist()
         for r, ex in enumerate(rows):
@@ -135,6 +137,11 @@ def _generate_scored(engine: RolloutEngine, examples, reward_manager, sampling: 
                                                           "trajectory": rollout.columns["trajectories"][r]}
             yield (i + rollout.prompt_index[r], ex, rollout.texts[r], rollout.finish_reasons[r], int(lengths[r]),
                    {name: v[r] for name, v in per_reward.items()}, totals[r], episode)
+
+
+def _applied_mean(values) -> float:
+    """The mean over the samples a reward applied to (None: it returned None for that sample)."""
+    return mean(v for v in values if v is not None)
 
 
 def _checked_pass_k(num_samples: int, pass_k: Sequence[int], accuracy_reward: str, names: list[str]) -> list[int]:
@@ -161,7 +168,7 @@ def _add_sampled(result: EvalResult, sampled: list[list[dict]], temperature: flo
     result.sampled_accuracy = rate(r["correct"] for r in sampled_rows)
     result.pass_at_k = pass_at_k_table(result.num_samples, [s["sampled_correct"] for s in result.samples], ks)
     result.sampled_reward_mean = mean(r["reward"] for r in sampled_rows)
-    result.sampled_rewards = {name: mean(r["rewards"][name] for r in sampled_rows) for name in names}
+    result.sampled_rewards = {name: _applied_mean(r["rewards"][name] for r in sampled_rows) for name in names}
 
 
 def evaluate(engine: RolloutEngine, examples, reward_manager, *, max_new_tokens: int, batch_size: int,
@@ -182,7 +189,7 @@ def evaluate(engine: RolloutEngine, examples, reward_manager, *, max_new_tokens:
 
     def judged(text: str, finish: str, length: int, rewards: dict[str, float], total: float) -> dict:
         return {"completion": text, "rewards": rewards, "reward": total, "length": length, "finish_reason": finish,
-                "correct": rewards[accuracy_reward] >= success_threshold}
+                "correct": rewards[accuracy_reward] is not None and rewards[accuracy_reward] >= success_threshold}
 
     with _seeded(seed):
         greedy_params = SamplingParams(max_new_tokens=max_new_tokens, n=1, greedy=greedy)
@@ -200,7 +207,7 @@ def evaluate(engine: RolloutEngine, examples, reward_manager, *, max_new_tokens:
     result = EvalResult(
         accuracy=rate(s["correct"] for s in samples),
         reward_mean=mean(s["reward"] for s in samples),
-        rewards={name: mean(s["rewards"][name] for s in samples) for name in names},
+        rewards={name: _applied_mean(s["rewards"][name] for s in samples) for name in names},
         num_prompts=len(samples),
         completion_length_mean=mean(s["length"] for s in samples),
         truncation_rate=rate(s["finish_reason"] == "length" for s in samples),

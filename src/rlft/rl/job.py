@@ -138,7 +138,7 @@ class RLJob:
             return
         for i in _sample_rows(len(texts), self.cfg.algorithm.num_generations, n):
             row = {"step": step, "prompt": prompts[i], "completion": texts[i], "reward": float(scored.total[i]),
-                   "rewards": {k: float(v[i]) for k, v in scored.per_reward.items()}}
+                   "rewards": {k: None if v[i].isnan() else float(v[i]) for k, v in scored.per_reward.items()}}
             if rollout.episodes is not None:
                 row.update(trajectory=rollout.columns["trajectories"][i], episode=rollout.episodes[i].as_dict())
             append_jsonl(self.samples_file, row)

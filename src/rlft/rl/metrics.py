@@ -25,17 +25,26 @@ def rollout_metrics(rewards_total: torch.Tensor, per_reward: dict[str, torch.Ten
         "truncation_rate": sum(r == "length" for r in finish_reasons) / max(len(finish_reasons), 1),
     }
     for name, values in per_reward.items():
-        metrics[f"reward/{name}/mean"] = values.float().mean().item()
+        applied = _applied(values)  # NaN: the reward returned None, it does not apply to that sample
+        if applied.numel():
+            metrics[f"reward/{name}/mean"] = applied.mean().item()
     if texts is not None:
         from rlft.evaluation.metrics import repetition_score
 
         metrics["repetition/mean"] = sum(repetition_score(t) for t in texts) / max(len(texts), 1)
     if weights and len(per_reward) > 1 and total.numel() > 1:
-        spread = {n: abs(weights.get(n, 1.0)) * v.float().std().item() for n, v in per_reward.items()}
+        spread = {n: abs(weights.get(n, 1.0)) * (a.std().item() if a.numel() > 1 else 0.0)
+                  for n, a in ((n, _applied(v)) for n, v in per_reward.items())}
         norm = sum(spread.values())
         if norm > 0:
             metrics.update({f"reward_share/{n}": s / norm for n, s in spread.items()})
     return metrics
+
+
+def _applied(values: torch.Tensor) -> torch.Tensor:
+    """A reward's values on the samples it applies to (the others are NaN: it returned None for them)."""
+    values = values.float()
+    return values[~values.isnan()]
 
 
 FINISH_REASONS = ("answered", "length", "max_turns", "budget", "done", "timeout", "tool_timeout")
