@@ -132,6 +132,8 @@ def is_transient(exc: BaseException) -> bool:
 
 
 def _disk_full_itself(exc: BaseException) -> bool:
+    if isinstance(exc, CheckpointError):  # torch.save reports a full disk as a RuntimeError; the message tells
+        return "the disk is full" in str(exc)
     return isinstance(exc, DiskFullError) or (isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT))
 
 

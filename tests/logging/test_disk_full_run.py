@@ -59,3 +59,18 @@ def test_when_run_json_itself_cannot_be_written_its_last_complete_version_stays(
     info = json.loads((run / "run.json").read_text())  # whole JSON: never a truncated file
     assert info["status"] == "running"
     assert _strays(run) == []
+
+
+def test_every_full_disk_is_the_disk_full_error_type():
+    import errno
+
+    from rlft.errors import CheckpointError, DiskFullError, RewardError, error_type
+
+    assert error_type(DiskFullError("could not write x: the disk is full (5 MB free)")) == "disk_full"
+    assert error_type(OSError(errno.ENOSPC, "No space left on device")) == "disk_full"
+    assert error_type(CheckpointError("could not write checkpoint checkpoint-2 to c: the disk is full (5 MB free). "
+                                      "free space")) == "disk_full"
+    assert error_type(CheckpointError("could not write checkpoint checkpoint-2 to c: PermissionError: no")) == "unknown"
+    wrapped = RewardError("reward crashed")
+    wrapped.__cause__ = OSError(errno.ENOSPC, "No space left on device")
+    assert error_type(wrapped) == "disk_full"
