@@ -60,12 +60,15 @@ def test_an_origin_on_another_port_of_the_same_host_is_refused(app_ws):
         assert r.status_code == 422, (origin, r.text)  # past the door: the config itself is refused
 
 
-def test_a_proxy_name_is_allowed_only_on_the_scheme_and_port_the_request_came_in_on():
+def test_another_address_of_the_service_is_allowed_only_as_the_request_was_sent_to_it():
     s = Settings(workspace=".", port=8000, allowed_hosts=["rlft.example"])
-    assert origin_allowed(s, "https://rlft.example", "rlft.example")
+    assert origin_allowed(s, "https://rlft.example", "rlft.example")  # a proxy in front that speaks https
     assert origin_allowed(s, "http://rlft.example:8080", "rlft.example:8080")
     assert not origin_allowed(s, "https://rlft.example:444", "rlft.example")
     assert not origin_allowed(s, "http://other.example:8000", "rlft.example:8000")
+    assert not origin_allowed(s, "http://evil.example:9000", "evil.example:9000")  # a name it does not answer to
+    assert origin_allowed(s, "http://localhost:9000", "localhost:9000")  # ssh -L 9000:127.0.0.1:8000
+    assert not origin_allowed(s, "http://localhost:9001", "localhost:9000")
     wildcard = Settings(workspace=".", host="0.0.0.0", port=8000)
     assert origin_allowed(wildcard, "http://10.0.0.5:8000", "10.0.0.5:8000")
     assert not origin_allowed(wildcard, "http://10.0.0.5:1", "10.0.0.5:8000")

@@ -78,8 +78,9 @@ def origin_allowed(settings: Settings, origin: str, host_header: str) -> bool:
 
     The port counts: a page served by any other program on the same machine (``http://127.0.0.1:1``)
     is another origin. Allowed: plain http on the port the service is bound to, under a name it answers
-    to; or, for an extra name given with ``allowed_hosts`` (a proxy in front, which may speak https on
-    its own port), exactly the scheme, name and port the request itself was sent to (its Host)."""
+    to; or exactly the name and port the request itself was sent to (its Host, already checked against
+    those names and ``allowed_hosts``): the page came from this service through whatever address the
+    browser used, an SSH tunnel, a container's port mapping or a proxy in front that speaks https."""
     parts = urlsplit(origin.strip())
     if parts.scheme not in DEFAULT_PORTS or not parts.hostname or parts.path not in ("", "/"):
         return False
@@ -90,11 +91,10 @@ def origin_allowed(settings: Settings, origin: str, host_header: str) -> bool:
     name = parts.hostname.lower()
     sent_name, sent_port = _host_and_port(host_header)
     names = settings.host_names()
-    own = names if names is not None else {sent_name}
-    if parts.scheme == "http" and port == settings.port and name in own:
-        return True
-    proxies = {h.lower() for h in settings.allowed_hosts}
-    return name in proxies and name == sent_name and port == (sent_port or DEFAULT_PORTS[parts.scheme])
+    if port == settings.port and (names is None or name in names):
+        return parts.scheme == "http"  # the service's own address, where it speaks plain http only
+    answered = names is None or sent_name in names
+    return answered and name == sent_name and port == (sent_port or DEFAULT_PORTS[parts.scheme])
 
 
 def host_of(header: str) -> str:
