@@ -81,3 +81,41 @@ def test_error_types_name_the_kind_of_failure():
     assert error_type(RuntimeError("[enforce fail] DefaultCPUAllocator: can't allocate memory: you tried")) == "oom"
     assert error_type(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")) == "oom"
     assert error_type(ValueError("something else")) == "unknown"
+
+
+# The child stops itself once setup is done, so the stop lands before the first step every time.
+STOP_BEFORE_FIRST_STEP = """
+import os, signal, sys
+from rlft.trainer.trainer import Trainer
+_setup = Trainer.setup
+def setup(self):
+    _setup(self)
+    os.kill(os.getpid(), signal.SIGTERM)
+Trainer.setup = setup
+from rlft.cli.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_relaunch_loop_with_resume_auto_survives_a_stop_before_the_first_step(tmp_path, tiny_config):
+    """A job runner that always relaunches with --resume auto: the first launch is stopped before any step
+    (no checkpoint, and the message says so); the relaunch starts the run afresh in its directory."""
+    tiny_config["train"].update(max_steps=2, save_interval=1000, run_name="loop")
+    tiny_config["eval"].update(before_training=False, after_training=False)
+    config = write_config(tmp_path, tiny_config)
+    run = tmp_path / "outputs" / "loop"
+    stopped = subprocess.run([sys.executable, "-c", STOP_BEFORE_FIRST_STEP, "train", "--config", str(config),
+                              "--resume", "auto"], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                             timeout=180)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr
+    assert "no checkpoint was written, as no step had completed" in stopped.stderr
+    assert "checkpoint kept" not in stopped.stderr + stopped.stdout
+    assert json.loads((run / "run.json").read_text())["status"] == "cancelled"
+    assert not any((run / "checkpoints").iterdir())
+
+    again = run_cli(["train", "--config", str(config), "--resume", "auto"], tmp_path)
+    assert_ok(again)
+    assert "stopped before its first checkpoint; starting it afresh in the same directory" in again.stdout + again.stderr
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [1, 2]
+    assert json.loads((run / "run.json").read_text())["status"] == "completed"
+    assert not (tmp_path / "outputs" / "loop-2").exists()

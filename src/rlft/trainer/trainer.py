@@ -204,7 +204,6 @@ class Trainer:
                              f"intact one, {point.checkpoint.name}")
         for change in changes:
             self.log.info(f"changed on resume: {change}")
-        self._set_aside_later_than(point.step, point.damaged)
 
     def _set_aside_later_than(self, step: int, damaged: dict | None = None) -> None:
         """One timeline: what the run directory holds from after ``step`` (newer checkpoints, log records
@@ -236,6 +235,8 @@ class Trainer:
                           f"step {self.job.total_steps}")
             for line in settings:
                 self.log.info(f"optimizer settings of this config apply from step {self.step + 1}: {line}")
+            # only now that it loaded: a resume that fails leaves the run directory as it was
+            self._set_aside_later_than(self.step, self._resume_point.damaged)
 
     def _close(self, **run_info) -> None:
         """Record the final status, stop the heartbeat and detach this run's log file (API users may
