@@ -26,11 +26,11 @@ from rlft.service.workspace import PathRefused, Workspace
 
 class Refused(Exception):
     """A submission the service will not run: ``status`` is the HTTP status (422 invalid, 409
-    conflict, 404 unknown), ``problems`` one line each."""
+    conflict, 404 unknown), ``problems`` one line each (the message itself when it is the one problem)."""
 
     def __init__(self, status: int, message: str, problems: list[str] | None = None):
         super().__init__(message)
-        self.status, self.message, self.problems = status, message, list(problems or [])
+        self.status, self.message, self.problems = status, message, list(problems or [message])
 
 
 @dataclass
