@@ -14,8 +14,8 @@ def _failed(error_type: str) -> dict:
     return {"status": "failed", "error": "X: y", "error_type": error_type}
 
 
-@pytest.mark.parametrize("recorded", ["config_invalid", "data", "reward", "environment", "oom", "transient",
-                                      "unknown"])
+@pytest.mark.parametrize("recorded", ["config_invalid", "data", "reward", "environment", "oom", "disk_full",
+                                      "transient", "unknown"])
 def test_the_runs_own_record_wins_over_the_exit_code(recorded):
     assert classify(_failed(recorded), 1) == recorded
     assert classify(_failed(recorded), 2) == recorded  # a DataError also exits 2: the record tells them apart

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-FAILURE_CLASSES = ("config_invalid", "data", "reward", "environment", "oom", "killed", "transient", "unknown")
+FAILURE_CLASSES = ("config_invalid", "data", "reward", "environment", "oom", "disk_full", "killed", "transient",
+                   "unknown")
 
 # What a failure of each class says about a second try (docs/sweeps.md repeats this table).
 RETRY_HINT = {
@@ -24,6 +25,7 @@ RETRY_HINT = {
     "reward": "never retried: a bug in the reward function fails again",
     "environment": "not retried by default: an environment that fails to load fails again",
     "oom": "not retried by default: the same batch needs the same memory",
+    "disk_full": "not retried by default: free space first (or set train.keep_last); --resume continues it",
     "killed": "not retried by default; --resume continues it (an interrupted sweep ends its runs this way)",
     "transient": "retried: a network or infrastructure blip (connection reset, timeout) may pass",
     "unknown": "not retried by default: an unclassified error (read errors.md)",
