@@ -66,12 +66,29 @@ def setup_console_logging(level: int = logging.INFO, rank: int | None = None) ->
     return logger
 
 
+class _RunLogFile(logging.FileHandler):
+    """train_log.log. A write that fails (a full disk) is said once on stderr and ends the mirroring,
+    instead of logging's default of a '--- Logging error ---' traceback for every line after it: the
+    console still has every line, and the run reports the full disk itself at its next write."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        exc = sys.exc_info()[1]
+        if not isinstance(exc, OSError):
+            super().handleError(record)
+            return
+        if not getattr(self, "_stopped", False):
+            self._stopped = True
+            print(f"rlft: stopped mirroring the log into {self.baseFilename}: {exc.strerror or exc}; "
+                  f"the console keeps every line", file=sys.stderr)
+        self.setLevel(logging.CRITICAL + 1)
+
+
 def attach_file_log(path: Path | None) -> logging.Handler | None:
     """Mirror every log line into ``path``; returns the handler so the caller can detach it
     (None: no file, e.g. a process of a data-parallel run other than rank 0)."""
     if path is None:
         return None
-    handler = logging.FileHandler(path, encoding="utf-8")
+    handler = _RunLogFile(path, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-5s %(message)s", "%Y-%m-%d %H:%M:%S"))
     get_logger().addHandler(handler)
     return handler
