@@ -126,3 +126,16 @@ def test_the_cli_refuses_a_damaged_checkpoint_with_exit_code_2(three_checkpoints
     assert out.returncode == 2, out.stderr
     assert "checkpoint-3 is a damaged checkpoint: model.safetensors has 100 bytes" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_a_save_never_replaces_a_checkpoint_folder_without_its_completion_mark(tmp_path):
+    from rlft.checkpoint.aside import set_aside_incomplete
+
+    target = tmp_path / "checkpoints" / "checkpoint-5"
+    target.mkdir(parents=True)
+    (target / "model.safetensors").write_bytes(b"left by someone")
+    (tmp_path / "checkpoints" / "damaged-checkpoint-5").mkdir()  # an earlier one keeps its name
+    moved = set_aside_incomplete(target)
+    assert moved == tmp_path / "checkpoints" / "damaged-checkpoint-5-2"
+    assert (moved / "model.safetensors").read_bytes() == b"left by someone" and not target.exists()
+    assert set_aside_incomplete(target) is None  # nothing there: nothing to do
