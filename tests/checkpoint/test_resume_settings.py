@@ -13,6 +13,8 @@ from rlft.checkpoint.resume import apply_optimizer_settings, optimizer_settings
 from rlft.errors import UsageError
 from rlft.trainer.optim import build_optimizer, build_scheduler, lr_multiplier
 from tests.conftest import read_jsonl
+from tests.dpo.test_dpo_job import dpo_config  # noqa: F401 (fixture)
+from tests.rm.test_rm_job import rm_config  # noqa: F401 (fixture)
 from tests.sft.conftest import chatml_model_dir, sft_config  # noqa: F401 (fixtures)
 
 
@@ -59,6 +61,19 @@ def test_sft_resume_continues_the_schedule_with_the_new_peak(sft_config):
                 for s, peak, total in zip(range(4), [1e-3, 1e-3, 4e-3, 4e-3], [2, 2, 4, 4])]
     assert [r["lr"] for r in rows] == pytest.approx(expected, rel=1e-12)
     assert _saved_groups(result.final_checkpoint)[1]["base_lrs"] == [4e-3]
+
+
+@pytest.mark.parametrize("kind", ["rm", "dpo"])
+def test_preference_jobs_resume_at_the_changed_learning_rate(kind, request):
+    cfg = request.getfixturevalue(f"{kind}_config")
+    cfg[kind]["learning_rate"] = 1e-3
+    first = _first(cfg)
+    cfg[kind]["learning_rate"] = 2e-3
+    cfg["train"].update(max_steps=3, save_interval=100)
+    cfg["eval"].update(before_training=False, after_training=False)
+    result = Trainer(config=cfg, resume_from=first.final_checkpoint).train()
+    assert [r["lr"] for r in read_jsonl(result.run_dir / "metrics.jsonl")] == [1e-3, 1e-3, 2e-3]
+    assert _saved_groups(result.final_checkpoint)[0][0]["lr"] == 2e-3
 
 
 def test_unchanged_settings_restore_the_saved_numbers_exactly():
