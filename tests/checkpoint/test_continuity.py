@@ -41,6 +41,15 @@ def _first_run(tiny_config, steps=2, **train):
     return Trainer(config=copy.deepcopy(tiny_config)).train()
 
 
+def test_a_section_the_checkpoint_did_not_record_breaks_nothing():
+    """Checkpoints of rm and dpo runs saved before config.yaml wrote their own section still resume."""
+    saved = {"kind": "dpo", "train": {"seed": 1}}
+    new = {"kind": "dpo", "train": {"seed": 1}, "dpo": {"batch_size": 8, "loss": "sigmoid"}}
+    breaking, harmless = compare_configs(saved, new, {"dpo.batch_size": "geometry", "dpo.loss": "objective"})
+    assert breaking == [] and harmless == ["dpo: not recorded by the checkpoint; this config's values apply"]
+    assert compare_configs({**saved, "dpo": {"batch_size": 4}}, new, {"dpo.batch_size": "geometry"})[0]
+
+
 def test_breaking_change_is_refused_and_nothing_is_written(tiny_config):
     first = _first_run(tiny_config)
     before = {p.name: p.read_bytes() for p in first.run_dir.iterdir() if p.is_file()}

@@ -117,3 +117,16 @@ def test_run_name_must_stay_below_the_output_folder(name):
     with pytest.raises(ConfigError) as err:
         load_config(data=_rl(train={"run_name": name}), check_files=False)
     assert err.value.problems[0].startswith("train.run_name: must be a relative folder name below train.output_dir")
+
+
+@pytest.mark.parametrize("kind", list(JOB_KINDS))
+def test_the_written_config_reads_back_as_the_same_config_for_every_kind(kind):
+    """config_to_yaml wrote no rm: or dpo: section, so a DPO job of the service ran at the default beta."""
+    from rlft.config.loader import config_to_yaml
+    from rlft.config.yamlio import load_yaml_text
+
+    own = {"rm": {"rm": {"learning_rate": 3e-6}}, "dpo": {"dpo": {"beta": 0.5}}, "sft": {"sft": {"learning_rate": 3e-6}},
+           "rl": {"algorithm": {"learning_rate": 3e-6}, "reward": {"functions": [{"type": "contains", "keyword": "a"}]}}}
+    cfg = load_config(data={"kind": kind, "data": {"train_file": "d.jsonl"}, **own[kind]}, check_files=False)
+    again = load_config(data=load_yaml_text(config_to_yaml(cfg)), check_files=False)
+    assert again == cfg

@@ -86,7 +86,10 @@ def config_to_yaml(cfg: RunConfig) -> str:
     the tree is checked before it is expanded."""
     check_tree(cfg)
     dumped = cfg.model_dump(mode="json", by_alias=True)
-    data = {s: dumped[s] for s in SECTION_ORDER if s in dumped}
+    # every section is written, a kind's own ones too: a section left out here would silently run at its
+    # defaults wherever the config is read back (a job service's job, a resume's continuity check)
+    data = {s: dumped[s] for s in sorted(dumped, key=lambda s: SECTION_ORDER.index(s) if s in SECTION_ORDER
+                                         else len(SECTION_ORDER))}
     if data.get("reward"):
         data["reward"]["functions"] = [{"type": f.pop("type"), **f} for f in data["reward"]["functions"]]
     return dump_yaml(data)

@@ -36,8 +36,8 @@ __all__ = [
 ]
 
 # Top-level sections in the order they are written out and reported.
-SECTION_ORDER = ("kind", "model", "data", "algorithm", "rollout", "reward", "environment", "sft", "train", "eval",
-                 "distributed")
+SECTION_ORDER = ("kind", "model", "data", "algorithm", "rollout", "reward", "environment", "sft", "rm", "dpo", "train",
+                 "eval", "distributed")
 
 
 class RunConfig(Section):
