@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rlft.checkpoint.layout import find_run_of_config, is_complete, list_checkpoints
 from rlft.checkpoint.continuity import COMMON_RULES
+from rlft.checkpoint.manifest import checkpoint_problems
 from rlft.config.loader import config_to_yaml, load_config
 from rlft.config.yamlio import load_yaml_text
 from rlft.config.schema import JOB_KINDS
@@ -61,13 +62,14 @@ def submit(store: JobStore, ws: Workspace, sub: Submission, submitted_by: str | 
 
 def resume_job(store: JobStore, ws: Workspace, old: Job, overrides: list[str] | None,
                submitted_by: str | None = None) -> Job:
-    """A new job continuing ``old`` (failed or cancelled) from its latest complete checkpoint, in its run
-    directory; ``overrides`` (``train.max_steps=20``) may change what a resume allows to change."""
+    """A new job continuing ``old`` (failed or cancelled) in its run directory, from its newest intact
+    checkpoint (or afresh in place, when it stopped before its first save); ``overrides``
+    (``train.max_steps=20``) may change what a resume allows to change."""
     if old.status not in ("failed", "cancelled"):
         raise Refused(409, f"job {old.id} is {old.status}; only a failed or cancelled job can be resumed")
-    found = list_checkpoints(Path(old.run_dir) / "checkpoints")
-    if not found:
-        raise Refused(409, f"job {old.id} left no complete checkpoint in {old.run_dir}; submit it again instead")
+    point = _resume_point(Path(old.run_dir))
+    if point is None:
+        raise Refused(409, f"job {old.id} left no run in {old.run_dir}; submit it again instead")
     _no_active_job_in(store, old.run_dir)
     try:
         cfg = load_config(data=load_yaml_text(old.config_yaml, f"job {old.id}'s config"), overrides=overrides,
@@ -75,8 +77,7 @@ def resume_job(store: JobStore, ws: Workspace, old: Job, overrides: list[str] | 
     except ConfigError as exc:
         raise Refused(422, str(exc).splitlines()[0], exc.problems) from None
     admit(ws, cfg)
-    return _queue(store, ws, store.new_id(), cfg, old.config_source, Path(old.run_dir), str(found[-1]), old.id,
-                  submitted_by)
+    return _queue(store, ws, store.new_id(), cfg, old.config_source, Path(old.run_dir), point, old.id, submitted_by)
 
 
 def _load(ws: Workspace, sub: Submission):
@@ -111,16 +112,36 @@ def _run_dir_and_resume(store, ws, cfg, resolved, source, output_dir: Path, job_
         rules = {**COMMON_RULES, **JOB_KINDS[cfg.kind].continuity}
         root = _inside(ws, str(output_dir / cfg.train.run_name), "train.run_name") if cfg.train.run_name else \
             find_run_of_config(output_dir, resolved, source, rules)
-        found = list_checkpoints(root / "checkpoints") if root is not None else []
-        if not found:
+        point = _resume_point(root) if root is not None else None
+        if point is None:
             return _run_dir_and_resume(store, ws, cfg, resolved, source, output_dir, job_id, None)
-        checkpoint = found[-1]
+        _no_active_job_in(store, str(root))
+        return root, point
     else:
         checkpoint = _inside(ws, resume_from, "resume_from")
         if not is_complete(checkpoint):
             raise Refused(422, f"resume_from: {resume_from} is not a complete checkpoint directory")
+        damage = checkpoint_problems(checkpoint, hashes=False)
+        if damage:
+            raise Refused(422, f"resume_from: {resume_from} is damaged", [f"resume_from: {p}" for p in damage])
     _no_active_job_in(store, str(checkpoint.parent.parent))
     return checkpoint.parent.parent, str(checkpoint)
+
+
+def _resume_point(run_dir: Path) -> str | None:
+    """What a job continuing the run in ``run_dir`` resumes from: its newest intact checkpoint (sizes
+    checked against the manifest; the trainer checks the hashes), ``auto`` for a run stopped before its
+    first save (the trainer starts it afresh in place), None when there is no run there. Refused when
+    every checkpoint is damaged: starting afresh would hide the loss."""
+    found = list_checkpoints(run_dir / "checkpoints")
+    damage = {c.name: checkpoint_problems(c, hashes=False) for c in found}
+    intact = [c for c in found if not damage[c.name]]
+    if intact:
+        return str(intact[-1])
+    if found:
+        raise Refused(409, f"every checkpoint in {run_dir / 'checkpoints'} is damaged; resume one by hand or submit "
+                           f"the run again", [f"{name}: {'; '.join(problems)}" for name, problems in damage.items()])
+    return "auto" if RunDirectory(run_dir).holds_run() else None
 
 
 def _inside(ws: Workspace, raw: str, field: str) -> Path:
