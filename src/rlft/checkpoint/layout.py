@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import yaml
-
 from rlft.atomic import TMP_PREFIX
 from rlft.checkpoint.continuity import compare_configs
+from rlft.config.yamlio import load_yaml_text
+from rlft.errors import ConfigError
 
 STATE_FILE = "trainer_state.json"  # written last: its presence marks a complete checkpoint
 
@@ -33,7 +33,12 @@ def find_run_of_config(output_dir: Path, config: dict, source: str, rules: dict[
         found = list_checkpoints(root / "checkpoints")
         if not found or not (root / "config.yaml").is_file():
             continue
-        saved = yaml.safe_load((found[-1] / "config.yaml").read_text()) or {}
+        path = found[-1] / "config.yaml"
+        try:
+            saved = load_yaml_text(path.read_text(), str(path))
+        except (OSError, UnicodeDecodeError, ConfigError):  # a damaged checkpoint is no run this config continues
+            continue
+        saved = saved if isinstance(saved, dict) else {}
         saved.setdefault("kind", "rl")
         if compare_configs(saved, config, rules)[0]:
             continue

@@ -8,13 +8,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import yaml
 
 from rlft.checkpoint.aside import checkpoint_dirs
 from rlft.checkpoint.continuity import compare_configs, file_fingerprint
 from rlft.checkpoint.io import set_rng_state
 from rlft.checkpoint.layout import STATE_FILE, has_optimizer_state
 from rlft.checkpoint.manifest import checkpoint_problems, optimizer_saved
+from rlft.config.yamlio import load_yaml_text
 from rlft.distributed.context import Dist
 from rlft.errors import UsageError
 
@@ -99,7 +99,8 @@ def _check_optimizer_state(path: Path) -> None:
 def check_continuity(point: ResumePoint, new_config: dict, train_file: str, rules: dict[str, str]) -> list[str]:
     """Refuse (UsageError) to continue ``point`` under a config that breaks continuity (``rules``: dotted
     path -> why); returns the harmless changes, one ``path: old -> new`` line each, for the log."""
-    saved = yaml.safe_load((point.checkpoint / "config.yaml").read_text())
+    path = point.checkpoint / "config.yaml"
+    saved = load_yaml_text(path.read_text(), str(path))
     saved.setdefault("kind", "rl")  # checkpoints from before there were several kinds of job
     breaking, harmless = compare_configs(saved, new_config, rules)
     saved_print = point.state.get("data_fingerprint")

@@ -22,7 +22,7 @@ from rlft.config.schema import BUILTIN_MODELS, CHAT_TEMPLATE_NAMES, JOB_KINDS, S
 from rlft.config.yamlio import check_tree, dump_yaml, merge, parse_overrides, parse_overrides_tree, read_yaml
 from rlft.errors import ConfigError
 
-__all__ = ["config_to_yaml", "load_config", "parse_overrides"]
+__all__ = ["config_to_dict", "config_to_yaml", "load_config", "parse_overrides"]
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
@@ -80,10 +80,10 @@ def _kind(raw: dict, wanted: str | None, source: str | None) -> tuple[str, list[
                     f"`{this.command}{file}` ({other.command} runs {other.name} jobs)"]
 
 
-def config_to_yaml(cfg: RunConfig) -> str:
-    """The resolved configuration as YAML: sections in :data:`SECTION_ORDER`, keys in schema order,
-    a reward's ``type`` first. Values shared inside free-form ``kwargs`` are written out in full, so
-    the tree is checked before it is expanded."""
+def config_to_dict(cfg: RunConfig) -> dict:
+    """The resolved configuration as plain data: sections in :data:`SECTION_ORDER`, keys in schema
+    order, a reward's ``type`` first. Values shared inside free-form ``kwargs`` would be written out in
+    full, so the tree is checked before it is expanded."""
     check_tree(cfg)
     dumped = cfg.model_dump(mode="json", by_alias=True)
     # every section is written, a kind's own ones too: a section left out here would silently run at its
@@ -92,7 +92,12 @@ def config_to_yaml(cfg: RunConfig) -> str:
                                          else len(SECTION_ORDER))}
     if data.get("reward"):
         data["reward"]["functions"] = [{"type": f.pop("type"), **f} for f in data["reward"]["functions"]]
-    return dump_yaml(data)
+    return data
+
+
+def config_to_yaml(cfg: RunConfig) -> str:
+    """:func:`config_to_dict` as YAML (no anchors or aliases)."""
+    return dump_yaml(config_to_dict(cfg))
 
 
 def _order(problem: str) -> tuple:

@@ -56,12 +56,12 @@ def actor_name(job_id: str) -> str:
 
 def config_demands(job: Job) -> tuple[int, str]:
     """(CPUs, model.device) of the job's resolved config: ``train.num_threads`` or 1, and the device."""
-    import yaml
-
     from rlft.config.loader import load_config
+    from rlft.config.yamlio import load_yaml_text
 
     try:
-        cfg = load_config(data=yaml.safe_load(job.config_yaml), check_files=False, kind=job.kind)
+        cfg = load_config(data=load_yaml_text(job.config_yaml, f"job {job.id}'s config"), check_files=False,
+                          kind=job.kind)
     except ConfigError as exc:
         raise LaunchRefused(str(exc), "config_invalid") from None
     return cfg.train.num_threads or 1, cfg.model.device

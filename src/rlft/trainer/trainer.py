@@ -14,11 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 from rlft.checkpoint import prune_checkpoints, save_checkpoint
 from rlft.checkpoint.continuity import file_fingerprint
-from rlft.config.loader import config_to_yaml, load_config
+from rlft.config.loader import config_to_dict, config_to_yaml, load_config
 from rlft.config.schema import RunConfig
 from rlft.distributed.context import Dist
 from rlft.errors import error_type
@@ -105,9 +104,9 @@ class Trainer:
         if self.dist.is_main:
             self.run_dir.write_config(config_to_yaml(cfg))  # the config in effect; each checkpoint keeps its own
         resume_step = int(self._resume_point.state["step"]) if self._resume_point is not None else None
-        self.trackers = Trackers() if not self.dist.is_main else open_trackers(cfg.train.report_to, self.run_dir.root, yaml.safe_load(config_to_yaml(cfg)),
-                                      self.run_dir.root.name, self.run_dir.read_run_info().get("trackers"),
-                                      resume_step)  # a resumed run continues the tracker runs run.json names
+        self.trackers = Trackers() if not self.dist.is_main else open_trackers(
+            cfg.train.report_to, self.run_dir.root, config_to_dict(cfg), self.run_dir.root.name,
+            self.run_dir.read_run_info().get("trackers"), resume_step)  # a resumed run continues run.json's trackers
         if self.trackers.ids:
             self.run_dir.write_run_info(trackers=self.trackers.ids)
         self.run_dir.write_run_info(status="starting", kind=cfg.kind, config=self.config_source, started=time.time(),
@@ -142,7 +141,7 @@ class Trainer:
         from rlft.checkpoint.resume import check_continuity, find_checkpoint
 
         cfg = self.cfg
-        rules = {**COMMON_RULES, **self.job.CONTINUITY, **schedule_rules(cfg.kind, yaml.safe_load(config_to_yaml(cfg)))}
+        rules = {**COMMON_RULES, **self.job.CONTINUITY, **schedule_rules(cfg.kind, config_to_dict(cfg))}
         if self.resume_from == "auto":
             root = self._auto_resume_root(rules)
             if self.dist.enabled:  # the run rank 0 found (a run of this config among several, ...)
@@ -159,7 +158,7 @@ class Trainer:
 
                 raise UsageError(f"--resume {point.checkpoint} belongs to the run {point.run_root}, not to "
                                  f"--run-dir {self.run_dir_path}")
-        changes = check_continuity(point, yaml.safe_load(config_to_yaml(cfg)), cfg.data.train_file, rules)
+        changes = check_continuity(point, config_to_dict(cfg), cfg.data.train_file, rules)
         return point, changes
 
     def _open_run_directory(self) -> RunDirectory:
@@ -195,7 +194,7 @@ class Trainer:
             return self.run_dir_path
         if cfg.train.run_name:
             return output_dir / cfg.train.run_name
-        return find_run_of_config(output_dir, yaml.safe_load(config_to_yaml(cfg)), self.config_source, rules)
+        return find_run_of_config(output_dir, config_to_dict(cfg), self.config_source, rules)
 
     def _prepare_resume(self, changes: list[str]) -> None:
         point = self._resume_point
