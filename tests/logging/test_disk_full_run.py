@@ -59,6 +59,9 @@ def test_when_run_json_itself_cannot_be_written_its_last_complete_version_stays(
     info = json.loads((run / "run.json").read_text())  # whole JSON: never a truncated file
     assert info["status"] == "running"
     assert _strays(run) == []
+    from rlft.logging.console import get_logger  # the run's log file is detached all the same
+
+    assert not [h for h in get_logger().handlers if str(run) in str(getattr(h, "baseFilename", ""))]
 
 
 def test_every_full_disk_is_the_disk_full_error_type():

@@ -240,14 +240,16 @@ class Trainer:
     def _close(self, **run_info) -> None:
         """Record the final status, stop the heartbeat and detach this run's log file (API users may
         start another run)."""
-        self.trackers.close(run_info.get("status", "failed"))
-        self._heartbeat.__exit__(None, None, None)
-        self.resources.__exit__(None, None, None)
-        self.run_dir.write_run_info(ended=time.time(), **run_info)
-        if self._file_log is not None:
-            get_logger().removeHandler(self._file_log)
-            self._file_log.close()
-        leave_process_group()
+        try:
+            self.trackers.close(run_info.get("status", "failed"))
+            self._heartbeat.__exit__(None, None, None)
+            self.resources.__exit__(None, None, None)
+            self.run_dir.write_run_info(ended=time.time(), **run_info)
+        finally:  # a final run.json that cannot be written (a full disk) still leaves the process clean
+            if self._file_log is not None:
+                get_logger().removeHandler(self._file_log)
+                self._file_log.close()
+            leave_process_group()
 
     @property
     def total_steps(self) -> int:
