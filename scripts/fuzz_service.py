@@ -87,26 +87,19 @@ def snapshot(folder: Path) -> dict[str, str]:
 
 def schema_keys() -> list[str]:
     """Every dotted config key of every kind of job (list items as .0), references first."""
-    from rlft.config.references import field_reference
-    from rlft.config.schema import JOB_KINDS
-    from pydantic import BaseModel
     import typing
-    import types
 
-    def leaves(annotation):
-        origin = typing.get_origin(annotation)
-        if origin is typing.Annotated:
-            return leaves(typing.get_args(annotation)[0])
-        if origin in (typing.Union, types.UnionType, list, dict, tuple):
-            return [t for a in typing.get_args(annotation) for t in leaves(a)]
-        return [annotation]
+    from pydantic import BaseModel
+
+    from rlft.config.references import field_reference, leaf_types
+    from rlft.config.schema import JOB_KINDS
 
     refs, plain = set(), set()
 
     def walk(model, prefix):
         for name, info in model.model_fields.items():
             dotted = prefix + (info.alias or name)
-            sub = [t for t in leaves(info.annotation) if isinstance(t, type) and issubclass(t, BaseModel)]
+            sub = [t for t in leaf_types(info.annotation) if isinstance(t, type) and issubclass(t, BaseModel)]
             is_list = typing.get_origin(info.annotation) is list or "list[" in str(info.annotation)
             for t in sub:
                 walk(t, dotted + (".0." if is_list else "."))

@@ -29,6 +29,16 @@ from typing import Iterator
 TMP_PREFIX = ".tmp-"
 
 
+def free_name(path: Path) -> Path:
+    """``path``, or ``path-2``, ``path-3`` ... whichever does not exist yet: where to put something new
+    (a folder set aside, a report) without replacing what is there."""
+    candidate, n = path, 1
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}-{n}")
+    return candidate
+
+
 def current_umask() -> int:
     """The process umask (reading it means setting it, so it is set straight back)."""
     mask = os.umask(0o022)

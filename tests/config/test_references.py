@@ -5,7 +5,6 @@ must be classified here or it fails this test."""
 from __future__ import annotations
 
 import inspect
-import types
 import typing
 
 import pytest
@@ -13,7 +12,7 @@ from pydantic import BaseModel
 
 from rlft.config.environment import BUILTIN_ENVIRONMENT_NAMES, BUILTIN_KWARG_REFERENCES
 from rlft.config.loader import load_config
-from rlft.config.references import field_reference, references
+from rlft.config.references import field_reference, leaf_types, references
 from rlft.config.schema import JOB_KINDS
 
 # String fields that hold text, names or patterns, never a location. A new field that names a file,
@@ -31,21 +30,12 @@ PLAIN_TEXT = {
 }
 
 
-def _leaf_types(annotation) -> list:
-    origin = typing.get_origin(annotation)
-    if origin is typing.Annotated:
-        return _leaf_types(typing.get_args(annotation)[0])
-    if origin in (typing.Union, types.UnionType, list, dict, tuple):
-        return [t for arg in typing.get_args(annotation) for t in _leaf_types(arg)]
-    return [annotation]
-
-
 def _string_fields(model: type[BaseModel], prefix: str = "") -> dict[str, object]:
     """dotted path -> the field's Reference (or None) of every field of ``model`` that can hold a string."""
     found: dict[str, object] = {}
     for name, info in model.model_fields.items():
         dotted = f"{prefix}{info.alias or name}"
-        for leaf in _leaf_types(info.annotation):
+        for leaf in leaf_types(info.annotation):
             if isinstance(leaf, type) and issubclass(leaf, BaseModel):
                 found.update(_string_fields(leaf, dotted + "."))
             elif leaf in (str, typing.Any):

@@ -8,7 +8,9 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import psutil
 
@@ -34,8 +36,10 @@ while True:
 """
 
 
-def _started_job(ws: Path, exiting_seconds: float) -> tuple[JobStore, str, Path, subprocess.Popen]:
-    """A running job of an earlier service, its process alive and not a child of the next runner."""
+@contextmanager
+def _started_job(ws: Path, exiting_seconds: float) -> Iterator[tuple[JobStore, str, Path, subprocess.Popen]]:
+    """A running job of an earlier service, its process alive and not a child of the next runner; the
+    process and the store are ended on the way out."""
     store = JobStore(default_url(ws))
     job_id = store.new_id()
     run = ws / "outputs" / "reattached"
@@ -47,12 +51,18 @@ def _started_job(ws: Path, exiting_seconds: float) -> tuple[JobStore, str, Path,
                             env={**os.environ, "RLFT_JOB_ID": job_id}, stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "ready"
     store.set_process(job_id, proc.pid, psutil.Process(proc.pid).create_time())
-    return store, job_id, run, proc
+    try:
+        yield store, job_id, run, proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        proc.stdout.close()
+        store.close()
 
 
 def test_a_reattached_job_is_cancelled_only_once_its_process_has_exited(tmp_path):
-    store, job_id, run, proc = _started_job(tmp_path, exiting_seconds=2.0)
-    try:
+    with _started_job(tmp_path, exiting_seconds=2.0) as (store, job_id, run, proc):
         runner = Runner(store, tmp_path, echo=False)
         runner.reconcile()
         assert any("re-attached" in e for e in runner.events), runner.events
@@ -68,19 +78,12 @@ def test_a_reattached_job_is_cancelled_only_once_its_process_has_exited(tmp_path
         job = store.get(job_id)
         assert job.status == "cancelled" and job.exit_code == 143, job.as_dict()
         assert "exit code 143 read from run.json" in job.summary and "could not be waited on" in job.summary
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        proc.stdout.close()
-        store.close()
 
 
 def test_a_restart_while_the_process_is_exiting_reattaches_it_instead_of_ending_the_job(tmp_path, monkeypatch):
     """An exiting process has released its memory: its environment reads empty. That is no proof it is
     gone (its start time still matches): the job stays running until it has exited."""
-    store, job_id, run, proc = _started_job(tmp_path, exiting_seconds=3.0)
-    try:
+    with _started_job(tmp_path, exiting_seconds=3.0) as (store, job_id, run, proc):
         store.request_cancel(job_id)
         proc.send_signal(15)  # the old service sent SIGTERM, then stopped
         wait_for(lambda: json.loads((run / "run.json").read_text())["status"] == "cancelled", 30, "the cancel record")
@@ -93,12 +96,6 @@ def test_a_restart_while_the_process_is_exiting_reattaches_it_instead_of_ending_
         runner.tick()
         job = store.get(job_id)
         assert job.status == "cancelled" and job.exit_code == 143, job.as_dict()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        proc.stdout.close()
-        store.close()
 
 
 def test_the_exit_code_a_final_run_json_implies():

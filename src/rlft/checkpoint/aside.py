@@ -20,19 +20,10 @@ import os
 import time
 from pathlib import Path
 
-from rlft.atomic import write_text_atomic
+from rlft.atomic import free_name, write_text_atomic
 from rlft.checkpoint.layout import is_complete
 
 STEP_LOGS = ("metrics.jsonl", "samples.jsonl")  # the run directory's logs with one record per step or sample
-
-
-def free_name(path: Path) -> Path:
-    """``path``, or ``path-2``, ``path-3`` ... whichever does not exist yet."""
-    candidate, n = path, 1
-    while candidate.exists():
-        n += 1
-        candidate = path.with_name(f"{path.name}-{n}")
-    return candidate
 
 
 def set_aside_damaged(checkpoint: Path) -> Path:

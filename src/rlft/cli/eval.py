@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from rlft.atomic import check_writable, reporting_disk_full
+from rlft.atomic import check_writable, free_name, reporting_disk_full
 from rlft.errors import UsageError
 
 
@@ -90,12 +90,7 @@ def _out_dir(arg: str | None, output_dir: str) -> Path:
         if out.exists() and not out.is_dir():
             raise UsageError(f"--out {arg}: exists and is not a directory")
         return out
-    base = Path(output_dir).expanduser() / f"eval-{time.strftime('%Y%m%d-%H%M%S')}"
-    out, n = base, 1
-    while out.exists():
-        n += 1
-        out = base.with_name(f"{base.name}-{n}")
-    return out
+    return free_name(Path(output_dir).expanduser() / f"eval-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
 def _evaluate_one(cfg, path: str, rewards, device, autocast):

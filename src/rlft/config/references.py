@@ -57,6 +57,17 @@ def reference_in(annotation: Any) -> Reference | None:
     return None
 
 
+def leaf_types(annotation: Any) -> list:
+    """The types a field can hold, through ``X | None``, ``list[X]``, ``dict[K, V]`` and Annotated
+    (what a walk over the schema looks at, for nested sections and for string fields)."""
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        return leaf_types(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType, list, dict, tuple):
+        return [t for arg in typing.get_args(annotation) for t in leaf_types(arg)]
+    return [annotation]
+
+
 def field_reference(model: type[BaseModel], name: str) -> Reference | None:
     """The Reference of field ``name`` of ``model`` (pydantic keeps a bare Annotated's metadata apart)."""
     info = model.model_fields[name]

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from rlft.atomic import free_name
 from rlft.checkpoint.layout import has_optimizer_state, list_checkpoints
 from rlft.errors import UsageError
 from rlft.logging.run_dir import RunDirectory
@@ -187,7 +188,7 @@ class Sweep:
             if _resumable(track.run_dir):
                 resume = "auto"
             elif RunDirectory(track.run_dir).holds_run():
-                aside = _free_path(track.run_dir.with_name(f"{track.run_dir.name}.attempt-{track.attempt}"))
+                aside = free_name(track.run_dir.with_name(f"{track.run_dir.name}.attempt-{track.attempt}"))
                 track.run_dir.rename(aside)
                 self._line(track, f"attempt {track.attempt} left no checkpoint to resume; its directory moved to {aside.name}")
         job = add_attempt(self.store, self.sweep_dir, track.spec, track.run_dir, attempt=track.attempt + 1,
@@ -255,14 +256,6 @@ def _resumable(run_dir: Path) -> bool:
     state (``train.save_optimizer: false`` writes export-only checkpoints that a resume refuses)."""
     found = list_checkpoints(run_dir / "checkpoints")
     return bool(found) and has_optimizer_state(found[-1])
-
-
-def _free_path(path: Path) -> Path:
-    candidate, n = path, 1
-    while candidate.exists():
-        n += 1
-        candidate = path.with_name(f"{path.name}-{n}")
-    return candidate
 
 
 def _seconds(job: Job) -> str:
