@@ -6,6 +6,11 @@ tokens outside the loss mask), so sequence-level estimators (GRPO, RLOO) and
 token-level ones (REINFORCE++, GAE) share one call.  Loss masks may have holes
 (tool output between model turns in multi-turn rollouts): token-level
 recursions step over masked positions as if they were not there.
+
+``AdvantageInputs.valid`` marks the rows that count: a row the machinery ended (a tool timeout, a
+crashed environment, a reward service down) is left out of every statistic -- a group's mean, std
+and leave-one-out baseline, a batch's whitening moments -- and gets advantage 0, so the other rows'
+advantages are exactly those of the batch without it.
 """
 
 from __future__ import annotations
@@ -19,7 +24,9 @@ from rlft.algorithms.aggregation import masked_mean
 from rlft.algorithms.registry import Registry
 
 # Traits: ``group_relative`` -- the baseline compares the completions of one prompt, so it needs
-# num_generations >= 2; ``needs_values`` -- a critic must provide V(s_t) (AdvantageInputs.values).
+# num_generations >= 2; ``needs_values`` -- a critic must provide V(s_t) (AdvantageInputs.values);
+# ``excludes`` -- which statistics leave out the rows that are not AdvantageInputs.valid: ``group``
+# (the mean / std / leave-one-out baseline of their group) or ``batch`` (the whitening moments).
 ADVANTAGES: Registry = Registry("advantage estimator")
 
 
@@ -36,6 +43,7 @@ class AdvantageInputs:
     reduce: ``reduce(tensor, op)`` combines per-process partial results (op ``sum``, ``min``,
         ``max``) over every process holding part of the batch, for the statistics of the whole
         batch (whitening); None: this process holds all of it.
+    valid: [N] bool, False on rows left out of every statistic (advantage 0), or None: all count.
     """
 
     rewards: torch.Tensor
@@ -44,6 +52,13 @@ class AdvantageInputs:
     token_rewards: torch.Tensor | None = None
     values: torch.Tensor | None = None
     reduce: Callable[[torch.Tensor, str], torch.Tensor] | None = None
+    valid: torch.Tensor | None = None
+
+    def live_mask(self) -> torch.Tensor:
+        """[N, T] the loss mask with the rows that are not ``valid`` zeroed."""
+        if self.valid is None:
+            return self.mask
+        return self.mask * self.valid.to(self.mask.device, self.mask.dtype).unsqueeze(-1)
 
     def sequence_rewards(self) -> torch.Tensor:
         """[N] outcome reward plus the sum of the per-token terms."""
@@ -88,14 +103,18 @@ def _grouped(rewards: torch.Tensor, group_size: int, dtype: torch.dtype = torch.
     return rewards.to(dtype).view(-1, group_size)
 
 
-def group_normalize(rewards: torch.Tensor, group_size: int, *, scale: bool, eps: float = 1e-4) -> torch.Tensor:
+def group_normalize(rewards: torch.Tensor, group_size: int, *, scale: bool, eps: float = 1e-4,
+                    valid: torch.Tensor | None = None) -> torch.Tensor:
     """Centre each group's rewards on the group mean and optionally divide by the group std.
 
     rewards: [N] with N divisible by group_size -> [N]. The std is the unbiased
     one (as in the GRPO paper's reference code); a group of one gets advantage 0. The statistics
     are taken in float64: in a group of nearly equal fp32 rewards the centring's rounding error,
     divided by the tiny std, would otherwise leave the group's advantages summing far from zero.
+    valid: [N] bool or None; the statistics use only a group's valid members, the others get 0.
     """
+    if valid is not None:
+        return _masked_group_normalize(rewards, group_size, scale, eps, valid)
     grouped = _grouped(rewards, group_size, torch.float64)
     centred = grouped - grouped.mean(dim=1, keepdim=True)
     if scale and group_size > 1:
@@ -103,10 +122,31 @@ def group_normalize(rewards: torch.Tensor, group_size: int, *, scale: bool, eps:
     return _zero_flat_groups(centred, grouped).reshape(-1).float()
 
 
-def _zero_flat_groups(adv: torch.Tensor, grouped: torch.Tensor) -> torch.Tensor:
+def _masked_group_normalize(rewards: torch.Tensor, group_size: int, scale: bool, eps: float,
+                            valid: torch.Tensor) -> torch.Tensor:
+    """:func:`group_normalize` over each group's valid members only ([N] -> [N], 0 where not valid):
+    a group of k valid members gets what a group of those k alone would get."""
+    grouped = _grouped(rewards, group_size, torch.float64)
+    keep = _grouped(valid.to(rewards.device), group_size, torch.float64)
+    count = keep.sum(dim=1, keepdim=True)
+    mean = (grouped * keep).sum(dim=1, keepdim=True) / count.clamp(min=1.0)
+    centred = (grouped - mean) * keep
+    if scale:
+        var = (centred.square() * keep).sum(dim=1, keepdim=True) / (count - 1).clamp(min=1.0)
+        centred = centred / (var.sqrt() + eps)
+    return _zero_flat_groups(centred, grouped, keep).reshape(-1).float()
+
+
+def _zero_flat_groups(adv: torch.Tensor, grouped: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
     """Exactly 0 for groups whose rewards are all equal. Their float mean need not equal the rewards
-    (0.3 * 6 / 6 != 0.3), and dividing that rounding residue by a tiny std would blow it up."""
-    flat = grouped.max(dim=1, keepdim=True).values == grouped.min(dim=1, keepdim=True).values
+    (0.3 * 6 / 6 != 0.3), and dividing that rounding residue by a tiny std would blow it up.
+    keep: [groups, G] 1 on the members that count (the others are ignored), or None: all."""
+    if keep is None:
+        flat = grouped.max(dim=1, keepdim=True).values == grouped.min(dim=1, keepdim=True).values
+    else:
+        inf = torch.tensor(float("inf"), dtype=grouped.dtype, device=grouped.device)
+        top = torch.where(keep > 0, grouped, -inf).max(dim=1, keepdim=True).values
+        flat = top <= torch.where(keep > 0, grouped, inf).min(dim=1, keepdim=True).values
     return adv.masked_fill(flat, 0.0)
 
 
@@ -114,7 +154,7 @@ def _broadcast(seq_adv: torch.Tensor, mask: torch.Tensor) -> Advantages:
     return Advantages(seq_adv.unsqueeze(-1) * mask.to(seq_adv.dtype))
 
 
-@ADVANTAGES.register("grpo", group_relative=True)
+@ADVANTAGES.register("grpo", group_relative=True, excludes="group")
 def grpo_advantages(inputs: AdvantageInputs, *, scale_rewards: bool = True, eps: float = 1e-4) -> Advantages:
     """GRPO outcome advantages (Shao et al. 2024, DeepSeekMath, sec. 4.1.2), broadcast to every token.
 
@@ -123,35 +163,52 @@ def grpo_advantages(inputs: AdvantageInputs, *, scale_rewards: bool = True, eps:
     Departures from the paper: the std gets ``eps`` added (not only guarded
     against zero) so an all-equal group yields exactly 0 rather than NaN;
     ``scale_rewards=False`` drops the std (as Dr. GRPO does); per-token reward
-    terms (KL placed in the reward) are summed into R_i.
+    terms (KL placed in the reward) are summed into R_i.  Rows that are not ``inputs.valid`` are left
+    out of their group's mean and std and get 0.
     """
-    seq = group_normalize(inputs.sequence_rewards(), inputs.group_size, scale=scale_rewards, eps=eps)
-    return _broadcast(seq, inputs.mask)
+    seq = group_normalize(inputs.sequence_rewards(), inputs.group_size, scale=scale_rewards, eps=eps,
+                          valid=inputs.valid)
+    return _broadcast(seq, inputs.live_mask())
 
 
-@ADVANTAGES.register("dr_grpo", group_relative=True)
+@ADVANTAGES.register("dr_grpo", group_relative=True, excludes="group")
 def dr_grpo_advantages(inputs: AdvantageInputs) -> Advantages:
     """Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-like training"): A_i = R_i - mean(R_group).
 
     The paper's other half, removing the 1/|o_i| length normalisation, is the loss aggregation
-    ``seq_mean_token_sum_norm`` that the ``dr_grpo`` preset selects; no departure here.
+    ``seq_mean_token_sum_norm`` that the ``dr_grpo`` preset selects; no departure here.  Rows that
+    are not ``inputs.valid`` are left out of their group's mean and get 0.
     """
-    return _broadcast(group_normalize(inputs.sequence_rewards(), inputs.group_size, scale=False), inputs.mask)
+    seq = group_normalize(inputs.sequence_rewards(), inputs.group_size, scale=False, valid=inputs.valid)
+    return _broadcast(seq, inputs.live_mask())
 
 
-@ADVANTAGES.register("rloo", group_relative=True)
+@ADVANTAGES.register("rloo", group_relative=True, excludes="group")
 def rloo_advantages(inputs: AdvantageInputs) -> Advantages:
     """RLOO (Kool et al. 2019; Ahmadian et al. 2024): A_i = R_i - mean of the *other* G-1 rewards.
 
     Equals G / (G - 1) * (R_i - mean(R_group)), so each group sums to zero.  A group of one has no
-    other sample to compare with and gets advantage 0 (the papers assume G >= 2).
+    other sample to compare with and gets advantage 0 (the papers assume G >= 2).  Rows that are not
+    ``inputs.valid`` are no "other sample": G counts a group's valid rows, and they get 0.
     """
     grouped = _grouped(inputs.sequence_rewards(), inputs.group_size)
+    if inputs.valid is not None:
+        return _broadcast(_masked_rloo(grouped, _grouped(inputs.valid.to(grouped.device), inputs.group_size)),
+                          inputs.live_mask())
     g = inputs.group_size
     if g == 1:
         return _broadcast(torch.zeros(grouped.numel(), device=grouped.device), inputs.mask)
     baseline = (grouped.sum(dim=1, keepdim=True) - grouped) / (g - 1)
     return _broadcast(_zero_flat_groups(grouped - baseline, grouped).reshape(-1), inputs.mask)
+
+
+def _masked_rloo(grouped: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """RLOO over each group's kept members. grouped, keep: [groups, G] -> [N]; 0 where not kept and in
+    groups with fewer than two kept members."""
+    count = keep.sum(dim=1, keepdim=True)
+    others = ((grouped * keep).sum(dim=1, keepdim=True) - grouped) / (count - 1).clamp(min=1.0)
+    adv = torch.where((keep > 0) & (count > 1), grouped - others, torch.zeros_like(grouped))
+    return _zero_flat_groups(adv, grouped, keep).reshape(-1)
 
 
 def discounted_returns(dense_rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
@@ -187,20 +244,22 @@ def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8,
     return ((v - mean) * (var + eps) ** -0.5 * m).to(values.dtype)
 
 
-@ADVANTAGES.register("reinforce_pp")
+@ADVANTAGES.register("reinforce_pp", excludes="batch")
 def reinforce_pp_advantages(inputs: AdvantageInputs, *, gamma: float = 1.0) -> Advantages:
     """REINFORCE++ (Hu et al. 2025): per-token discounted returns, whitened over the whole batch.
 
     The dense reward is the outcome on the last token plus the per-token terms (the
     ``reinforce_pp`` preset places -beta * KL there).  No critic and no per-prompt baseline: the
     global normalisation is the baseline.  The mean and std are over the whole rollout batch's
-    loss tokens, all processes' of a data-parallel run (the paper's "global batch").
+    loss tokens, all processes' of a data-parallel run (the paper's "global batch").  Rows that are not
+    ``inputs.valid`` are left out of the mean and std and get 0.
     """
-    returns = discounted_returns(inputs.dense_rewards(), inputs.mask, gamma)
-    return Advantages(whiten(returns, inputs.mask, reduce=inputs.reduce))
+    mask = inputs.live_mask()
+    returns = discounted_returns(inputs.dense_rewards(), mask, gamma)
+    return Advantages(whiten(returns, mask, reduce=inputs.reduce))
 
 
-@ADVANTAGES.register("gae", needs_values=True)
+@ADVANTAGES.register("gae", needs_values=True, excludes="batch")
 def gae_advantages(inputs: AdvantageInputs, *, gamma: float = 1.0, lam: float = 0.95,
                    whiten_advantages: bool = True) -> Advantages:
     """Generalised advantage estimation (Schulman et al. 2016) with a learned value function.
@@ -210,11 +269,12 @@ def gae_advantages(inputs: AdvantageInputs, *, gamma: float = 1.0, lam: float = 
 
     Departures: the advantages (not the returns) are whitened over the batch's loss tokens, as
     most RLHF PPO implementations do; masked positions inside a sequence are skipped, so the
-    "next" value of a model token before a tool response is that of the next model token.
+    "next" value of a model token before a tool response is that of the next model token.  Rows that
+    are not ``inputs.valid`` are left out of the whitening and get advantage 0 and return 0.
     """
     if inputs.values is None:
         raise ValueError("gae needs critic values (AdvantageInputs.values)")
-    rewards, values, mask = inputs.dense_rewards(), inputs.values.float(), inputs.mask.float()
+    rewards, values, mask = inputs.dense_rewards(), inputs.values.float(), inputs.live_mask().float()
     adv = torch.zeros_like(values)
     last_gae = torch.zeros(values.shape[0], device=values.device)
     next_value = torch.zeros_like(last_gae)
