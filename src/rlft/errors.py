@@ -55,6 +55,22 @@ class RewardError(RlftError):
     exit_code = 1
 
 
+class RewardOutage(RewardError):
+    """A scoring service (an HTTP reward, an API judge) was unreachable, timed out or kept answering
+    5xx / 429 through all its retries: the machinery failed, not the reward's logic. With
+    ``algorithm.exclude_machinery_failures`` the samples it could not score are left out of the step
+    instead of stopping the run. A wrong answer (4xx, bad JSON, the wrong count) is a plain RewardError.
+
+    ``scores`` / ``failed``: when only part of the batch was lost (one of several requests), the scores
+    of the whole batch (None where lost) and the indices of the lost samples; None: all were lost."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, scores: list | None = None, failed: list[int] | None = None):
+        super().__init__(message)
+        self.scores, self.failed = scores, failed
+
+
 class EnvironmentFailure(RlftError):
     """An agent environment or tool could not be loaded, or an environment failed on a data row
     (its ``reset`` raised). A tool that raises during an episode is not this: the error goes back

@@ -42,3 +42,17 @@ class AddEnv:
 
     def get_reward(self) -> float:
         return float(self.calls)
+
+
+class DyingEnv(AddEnv):
+    """AddEnv whose worker process can die mid-episode (a crash, not an exception the tool raises)."""
+
+    def die(self, x: str) -> str:
+        """End the worker process.
+
+        Args:
+            x: anything
+        """
+        import os
+
+        os._exit(3)

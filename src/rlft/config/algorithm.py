@@ -79,6 +79,11 @@ class AlgorithmConfig(Section):
         "min(pi_old / pi_rollout, tis_cap), correcting for the rollout engine's log-probs differing from the "
         "trainer's (vLLM, bf16 decoding; 2.0 is the usual cap). None: off. The trainer then computes its own old "
         "log-probs.")
+    exclude_machinery_failures: bool = Field(
+        True, description="Leave a completion the machinery ended -- a tool timeout, a crashed environment worker, "
+        "an HTTP reward or API judge still down after its retries -- out of its group's baseline and out of the "
+        "loss (counted as excluded/* each step), instead of stopping the run on the reward outage and scoring the "
+        "failure as the policy's. False: such completions count like any other and a reward outage stops the run.")
     critic: CriticConfig = Field(default_factory=CriticConfig, description="Value model (advantage_estimator: gae).")
     ppo_epochs: int = Field(1, gt=0, description="Passes over each rollout batch.")
     mini_batch_size: int | None = Field(

@@ -30,12 +30,14 @@ from rlft.envs.spec import EnvironmentSession, EnvironmentSpec
 class Reply:
     """ok: the request succeeded and ``value`` is its result; otherwise ``value`` is the error text
     (``"ValueError: ..."``). ``timed_out``: no reply within the timeout (the worker is gone);
-    ``done``: the environment's ``done`` flag after the request."""
+    ``crashed``: the worker process died (a segfault, an OOM kill, an ``os._exit``), not an exception
+    the environment raised; ``done``: the environment's ``done`` flag after the request."""
 
     ok: bool
     value: Any = None
     timed_out: bool = False
     done: bool = False
+    crashed: bool = False
 
 
 def _error_text(exc: BaseException) -> str:
@@ -123,6 +125,7 @@ class ProcessWorker:
         child.close()
         self._sent_at: float | None = None
         self.alive = True
+        self._crashed = False
 
     @property
     def connection(self):
@@ -130,18 +133,24 @@ class ProcessWorker:
         return self._conn if self.alive else None
 
     def send(self, *request) -> None:
-        self._conn.send(request)
         self._sent_at = time.monotonic()
+        try:
+            self._conn.send(request)
+        except (BrokenPipeError, ConnectionResetError):  # it died after its last reply: receive() says so
+            self._crashed = True
+            self.kill()
 
     def poll(self) -> bool:
-        """Whether the reply to the last request has arrived."""
-        return self.alive and self._conn.poll()
+        """Whether the reply to the last request has arrived (or the worker is gone, so none will)."""
+        return not self.alive or self._conn.poll()
 
     def waited(self) -> float:
         return time.monotonic() - self._sent_at if self._sent_at is not None else 0.0
 
     def receive(self, timeout: float | None) -> Reply:
         """The reply to the last request; after ``timeout`` seconds the worker is killed."""
+        if self._crashed:
+            return Reply(False, self._died(), crashed=True)
         if not self.alive:
             return Reply(False, "the environment's worker is gone", timed_out=True)
         left = None if timeout is None else max(0.0, timeout - self.waited())
@@ -149,10 +158,14 @@ class ProcessWorker:
             if self._conn.poll(left):
                 return self._conn.recv()
         except (EOFError, OSError):
+            self._crashed = True
             self.kill()
-            return Reply(False, f"the environment's worker died (exit code {self._proc.exitcode})")
+            return Reply(False, self._died(), crashed=True)
         self.kill()
         return Reply(False, f"no reply within {timeout:g}s", timed_out=True)
+
+    def _died(self) -> str:
+        return f"the environment's worker died (exit code {self._proc.exitcode})"
 
     def kill(self) -> None:
         if self.alive:

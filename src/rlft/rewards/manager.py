@@ -8,6 +8,12 @@ goes wrong (a raise, a wrong-length result, a NaN, a custom function slower than
 A reward may return None for a sample, as in TRL: that reward does not apply to it. It adds
 nothing to the sample's weighted total and is NaN in ``per_reward`` (so a mean over the samples it
 applied to is a nanmean); a sample no reward applies to gets a total of 0 and a warning.
+
+``score(..., tolerate_outages=True)`` (the RL rollout's scoring when
+``algorithm.exclude_machinery_failures`` is on; never evaluation): a scoring service still down
+after its retries (a :class:`RewardOutage`) does not stop the run: the samples it could not score
+are NaN for that reward and marked in ``RewardResult.failed``, for the trainer to leave out of the
+step.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from typing import Any
 import torch
 
 from rlft.config.rewards import default_reward_name
-from rlft.errors import RewardError
+from rlft.errors import RewardError, RewardOutage
 from rlft.rewards.builtin import ANSWER_COLUMN_PARAM, BUILTIN_REWARDS
 from rlft.plugins import load_custom_reward
 from rlft.rewards.timed import RewardTimeout, call_with_timeout
@@ -37,12 +43,19 @@ class RewardResult:
     """``total``: the weighted sum, float32 ``[N]``; ``per_reward``: each reward's
     unweighted float32 ``[N]`` values by name, NaN where the reward returned None (does not apply);
     ``names``: the rewards in config order; ``extra``: metrics a reward reports about itself
-    (``reward/<name>/raw_mean`` of a model reward, ``reward/<name>/applied`` of one that skips samples ...)."""
+    (``reward/<name>/raw_mean`` of a model reward, ``reward/<name>/applied`` of one that skips samples ...);
+    ``failed``: bool ``[N]``, True where a scoring service was down (a machinery failure), or None: none was."""
 
     total: torch.Tensor
     per_reward: dict[str, torch.Tensor]
     names: list[str]
     extra: dict[str, float] = field(default_factory=dict)
+    failed: torch.Tensor | None = None
+
+    def rows(self, idx) -> "RewardResult":
+        """The result of the samples ``idx`` only (extra unchanged)."""
+        return RewardResult(self.total[idx], {k: v[idx] for k, v in self.per_reward.items()}, self.names, self.extra,
+                            None if self.failed is None else self.failed[idx])
 
 
 @dataclass
@@ -92,11 +105,12 @@ class RewardManager:
         return {r.name: r.weight for r in self.rewards}
 
     def score(self, prompts: Sequence[str], completions: Sequence[str],
-              columns: dict[str, Sequence[Any]] | None = None) -> RewardResult:
+              columns: dict[str, Sequence[Any]] | None = None, *, tolerate_outages: bool = False) -> RewardResult:
         """Score ``completions`` (aligned with ``prompts`` and every column list).
 
         Returns the per-reward values and their weighted sum; raises
-        :class:`RewardError` on any problem instead of producing a wrong number.
+        :class:`RewardError` on any problem instead of producing a wrong number -- but with
+        ``tolerate_outages``, a service outage marks the samples it lost in ``RewardResult.failed``.
         """
         columns = dict(columns or {})
         n = len(completions)
@@ -105,8 +119,10 @@ class RewardManager:
         extra: dict[str, float] = {}
         total = torch.zeros(n, dtype=torch.float64)
         scored = torch.zeros(n, dtype=torch.bool)  # some reward applies to the sample
+        failed = torch.zeros(n, dtype=torch.bool)  # a scoring service was down for the sample
         for reward in self.rewards:
-            values = torch.tensor(_call(reward, list(prompts), list(completions), columns), dtype=torch.float64)
+            values = torch.tensor(self._values(reward, prompts, completions, columns,
+                                              failed if tolerate_outages else None), dtype=torch.float64)
             applies = ~values.isnan()  # NaN: the reward returned None (does not apply); never a NaN score
             per_reward[reward.name] = values.to(torch.float32)
             total += reward.weight * values.nan_to_num(nan=0.0)
@@ -116,8 +132,25 @@ class RewardManager:
                 extra[f"reward/{reward.name}/applied"] = applies.double().mean().item() if n else 1.0
             # a reward may say more about its last call (a model reward: its raw scores before the transform)
             extra.update({f"reward/{reward.name}/{k}": v for k, v in getattr(reward.fn, "last_metrics", {}).items()})
-        self._warn_unscored(scored, completions)
-        return RewardResult(total=total.to(torch.float32), per_reward=per_reward, names=self.names, extra=extra)
+        self._warn_unscored(scored | failed, completions)
+        return RewardResult(total=total.to(torch.float32), per_reward=per_reward, names=self.names, extra=extra,
+                            failed=failed if tolerate_outages else None)
+
+    def _values(self, reward: NamedReward, prompts: Sequence[str], completions: Sequence[str],
+                columns: dict[str, Sequence[Any]], failed: torch.Tensor | None) -> list[float]:
+        """One reward's values. With ``failed`` [N] given, a service outage marks the samples it lost
+        there (in place) and gives them NaN (the reward does not apply) instead of raising."""
+        try:
+            return _call(reward, list(prompts), list(completions), columns)
+        except RewardOutage as exc:
+            if failed is None:
+                raise
+            lost = list(range(len(completions))) if exc.failed is None else exc.failed
+            failed[lost] = True
+            log.warning(f"{exc}; {len(lost)} of {len(completions)} samples are left out of this step "
+                        f"(algorithm.exclude_machinery_failures)")
+            scores = exc.scores if exc.scores is not None else [None] * len(completions)
+            return _check_values(reward.name, scores, len(completions))
 
     def _warn_unscored(self, scored: torch.Tensor, completions: Sequence[str]) -> None:
         """A sample every reward returned None for gets a total of 0 (TRL's nansum over the rewards, where

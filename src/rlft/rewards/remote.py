@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 import httpx
 
-from rlft.errors import RewardError
+from rlft.errors import RewardError, RewardOutage
 
 _TRANSIENT_STATUS = {429, 500, 502, 503, 504}
 
@@ -57,12 +57,17 @@ class HttpReward:
             end = min(n, start + self.batch_size)
             body = {"prompts": list(prompts[start:end]), "completions": list(completions[start:end]),
                     "columns": {k: list(v[start:end]) for k, v in cols.items()}}
-            return self._post(json.dumps(body, default=str, ensure_ascii=False), end - start, start)
+            try:
+                return self._post(json.dumps(body, default=str, ensure_ascii=False), end - start, start)
+            except RewardOutage as exc:  # the other requests' scores are still good
+                return exc
 
         if len(starts) == 1:
-            return one(0)
-        with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(starts))) as pool:
-            return [x for batch in pool.map(one, starts) for x in batch]
+            parts = [one(0)]
+        else:
+            with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(starts))) as pool:
+                parts = list(pool.map(one, starts))
+        return _joined(parts, starts, n)
 
     def _post(self, body: str, expected: int, start: int) -> list[float | None]:
         where = f"reward '{self.name}' ({self.url}, completions {start}..{start + expected - 1})"
@@ -76,10 +81,29 @@ class HttpReward:
         self._http.close()
 
 
+def _joined(parts: list, starts: list[int], n: int) -> list[float | None]:
+    """The scores of every request in order; a :class:`RewardOutage` naming the lost samples (and
+    carrying the others' scores) if a request's service stayed down."""
+    lost = [p for p in parts if isinstance(p, RewardOutage)]
+    if not lost:
+        return [x for batch in parts for x in batch]
+    scores: list[float | None] = []
+    failed: list[int] = []
+    for start, end, part in zip(starts, starts[1:] + [n], parts):
+        if isinstance(part, RewardOutage):
+            scores += [None] * (end - start)
+            failed += range(start, end)
+        else:
+            scores += part
+    share = f" ({len(lost)} of {len(parts)} requests lost)" if len(parts) > 1 else ""
+    raise RewardOutage(f"{lost[0]}{share}", scores, failed)
+
+
 def post_with_retries(client: httpx.Client, url: str, body: str, retries: int, backoff: float, where: str,
                       on_attempt=lambda: None) -> httpx.Response:
     """POST the JSON ``body``; retry transient failures (connection errors and timeouts, 5xx, 429) up to
-    ``retries`` times with exponential backoff from ``backoff`` seconds; a 2xx response, else RewardError."""
+    ``retries`` times with exponential backoff from ``backoff`` seconds; a 2xx response, else RewardError --
+    a :class:`RewardOutage` when the service was still unreachable or failing transiently after the retries."""
     delay = backoff
     for attempt in range(retries + 1):
         last = attempt == retries
@@ -88,7 +112,7 @@ def post_with_retries(client: httpx.Client, url: str, body: str, retries: int, b
             response = client.post(url, content=body, headers={"content-type": "application/json"})
         except httpx.TransportError as exc:  # connect error, reset, timeout
             if last:
-                raise RewardError(f"{where}: {type(exc).__name__} after {attempt + 1} attempts: {exc}") from None
+                raise RewardOutage(f"{where}: {type(exc).__name__} after {attempt + 1} attempts: {exc}") from None
             time.sleep(delay)
             delay *= 2
             continue
@@ -97,8 +121,10 @@ def post_with_retries(client: httpx.Client, url: str, body: str, retries: int, b
             delay *= 2
             continue
         if response.status_code >= 400:
-            tries = f" after {attempt + 1} attempts" if response.status_code in _TRANSIENT_STATUS else ""
-            raise RewardError(f"{where}: the server answered {response.status_code}{tries}: {response.text[:200]!r}")
+            transient = response.status_code in _TRANSIENT_STATUS
+            tries = f" after {attempt + 1} attempts" if transient else ""
+            raise (RewardOutage if transient else RewardError)(
+                f"{where}: the server answered {response.status_code}{tries}: {response.text[:200]!r}")
         return response
     raise AssertionError("unreachable")
 

@@ -22,16 +22,18 @@ class AdvantageStage:
     params: dict[str, Any] = field(default_factory=dict)
     reduce: Callable | None = None  # combines the processes' partial statistics (AdvantageInputs.reduce)
 
-    def apply(self, rewards, batch: UpdateBatch, kl_coef: float) -> dict[str, float]:
-        """Set ``batch.advantages`` (and ``batch.returns``) from rewards [N]; returns statistics."""
+    def apply(self, rewards, batch: UpdateBatch, kl_coef: float, valid=None) -> dict[str, float]:
+        """Set ``batch.advantages`` (and ``batch.returns``) from rewards [N]; returns statistics.
+        valid: [N] bool, False on rows left out of every advantage statistic (advantage 0), or None."""
         stats: dict[str, float] = {}
         token_rewards = None
         if self.kl_in_reward and batch.ref_logprobs is not None:
             kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, self.kl_estimator) * batch.loss_mask
             token_rewards = -kl_coef * kl
             stats["kl"] = self._batch_mean(kl, batch.loss_mask)
-        inputs = AdvantageInputs(rewards.to(batch.loss_mask.device), batch.loss_mask, self.group_size, token_rewards,
-                                 batch.old_values, self.reduce)
+        device = batch.loss_mask.device
+        inputs = AdvantageInputs(rewards.to(device), batch.loss_mask, self.group_size, token_rewards,
+                                 batch.old_values, self.reduce, None if valid is None else valid.to(device))
         out = compute_advantages(self.estimator, inputs, **self.params)
         batch.advantages, batch.returns = out.advantages, out.returns
         stats["advantage/abs_mean"] = self._batch_mean(out.advantages.abs(), batch.loss_mask)

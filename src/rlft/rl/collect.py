@@ -35,16 +35,16 @@ class Collected:
         """Only the groups (runs of ``group_size`` rows) where ``keep`` [num_groups] is True."""
         rows = [g * group_size + i for g in keep.nonzero().flatten().tolist() for i in range(group_size)]
         idx = torch.tensor(rows, dtype=torch.long)
-        scored = RewardResult(self.scored.total[idx], {k: v[idx] for k, v in self.scored.per_reward.items()},
-                              self.scored.names, self.scored.extra)
+        scored = self.scored.rows(idx)
         return Collected(self.rollout.select(rows), [self.examples[r] for r in rows], scored)
 
     @staticmethod
     def concat(parts: list["Collected"]) -> "Collected":
         first = parts[0].scored
+        failed = None if first.failed is None else torch.cat([p.scored.failed for p in parts])
         scored = RewardResult(torch.cat([p.scored.total for p in parts]),
                               {k: torch.cat([p.scored.per_reward[k] for p in parts]) for k in first.per_reward},
-                              first.names, parts[-1].scored.extra)
+                              first.names, parts[-1].scored.extra, failed)
         return Collected(RolloutBatch.concat([p.rollout for p in parts]), [e for p in parts for e in p.examples],
                          scored)
 
@@ -53,7 +53,9 @@ class Collected:
 class CollectParams:
     """sampling: how to sample; batch_prompts: prompts (groups) per step; overlong_buffer: the soft
     overlong penalty's buffer as a fraction of max_new_tokens (0 = off); dynamic_sampling: keep only
-    groups with reward variance, sampling up to max_rounds batches of prompts to fill the step."""
+    groups with reward variance, sampling up to max_rounds batches of prompts to fill the step;
+    tolerate_reward_outages: a reward service down after its retries marks the samples it lost
+    (``RewardResult.failed``) instead of stopping the run (algorithm.exclude_machinery_failures)."""
 
     sampling: SamplingParams
     batch_prompts: int
@@ -62,6 +64,7 @@ class CollectParams:
     dynamic_sampling: bool = False
     max_rounds: int = 1
     seed: int = 0  # train.seed: with the data position, the seed of each batch's sampling
+    tolerate_reward_outages: bool = False
 
 
 class RolloutCollector:
@@ -123,12 +126,13 @@ class RolloutCollector:
         row_examples = [examples[i] for i in rollout.prompt_index]
         with phase("reward"):
             scored = self.rewards.score([ex.prompt for ex in row_examples], rollout.texts,
-                                        {**columns_of(row_examples), **(rollout.columns or {})})
+                                        {**columns_of(row_examples), **(rollout.columns or {})},
+                                        tolerate_outages=self.p.tolerate_reward_outages)
         if self.p.overlong_buffer > 0:
             max_len = self.p.sampling.max_new_tokens
             penalty = overlong_penalty(rollout.completion_lengths.cpu(), max_len=max_len,
                                        buffer_len=max(1, round(self.p.overlong_buffer * max_len)),
                                        factor=self.p.overlong_penalty)
             scored = RewardResult(scored.total + penalty, {**scored.per_reward, OVERLONG: penalty},
-                                  scored.names + [OVERLONG], scored.extra)
+                                  scored.names + [OVERLONG], scored.extra, scored.failed)
         return Collected(rollout, row_examples, scored)

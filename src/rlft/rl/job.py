@@ -24,6 +24,7 @@ from rlft.rl.batch import UpdateBatch
 from rlft.rl.build import (build_advantage_stage, build_collector, build_critic, build_data, build_updater,
                            warn_slow_rollout)
 from rlft.rl.episodes import env_tools, episode_runner, reward_manager
+from rlft.rl.exclusion import ExclusionPolicy, exclude_rows
 from rlft.rl.metrics import HealthWatch, episode_metrics, format_step_line, rollout_metrics
 from rlft.rl.watch import RewardHackingWatch
 from rlft.trainer.generation import GenerationSettings, evaluate_generations
@@ -64,6 +65,7 @@ class RLJob:
         self.updater = build_updater(cfg, self.parts, self.total_steps, self.dist)
         self.critic = build_critic(cfg, self.parts, self.dist)
         self.advantage, self.kl = build_advantage_stage(cfg, self.dist)
+        self._exclusion = ExclusionPolicy(alg.exclude_machinery_failures, self.log)
         self._health = HealthWatch(self.log)
         self._watch = RewardHackingWatch(cfg.train.watch, self.log, cfg.eval.accuracy_reward or self.rewards.names[0])
 
@@ -90,19 +92,22 @@ class RLJob:
         getattr(self.engine, "release_memory", lambda: None)()  # vllm: its GPU memory goes to the update
         t_gen = time.perf_counter() - t0
         batch = UpdateBatch.from_rollout(collected.rollout)
+        excluded = self._exclusion.assess(collected.rollout.finish_reasons, collected.scored.failed)
+        exclude_rows(batch, excluded.valid)  # before scoring: the KL of a left-out row is no statistic either
         kl_coef = self.kl.coef
         self.updater.score(batch, kl_coef=kl_coef)
         if self.critic is not None:
             with phase("critic"):
                 batch.old_values = self.critic.values(batch)
-        stats = self.advantage.apply(collected.scored.total, batch, kl_coef)
+        stats = self.advantage.apply(collected.scored.total, batch, kl_coef, excluded.valid)
+        learn = self._anything_left(step, excluded)
         lr = self.updater.optimizer.param_groups[0]["lr"]
         t1 = time.perf_counter()
-        if self.critic is not None:
+        if self.critic is not None and learn:
             with phase("critic"):
                 stats.update(self.critic.update(batch))
         # The critic trains alone for its warm-up steps (step counts from 1).
-        if self.critic is None or step > alg.critic.warmup_steps:
+        if learn and (self.critic is None or step > alg.critic.warmup_steps):
             stats.update(self.updater.update(batch, kl_coef=kl_coef))
             refresh_replica(self.replica, self.parts.model, self.dist)
         stats["kl_coef"] = kl_coef
@@ -114,6 +119,7 @@ class RLJob:
             metrics.update(episode_metrics(rollout.episodes))
         metrics.update(scored.extra)
         metrics.update(collected.stats)
+        metrics.update(excluded.metrics)
         metrics.update(stats)
         metrics.update({"lr": lr, "step_seconds": seconds, "generation_seconds": t_gen,
                         "update_seconds": time.perf_counter() - t1,
@@ -123,12 +129,21 @@ class RLJob:
         metrics = mean_over_processes(metrics, self.dist)
         if self.dist.enabled:  # throughput is the run's: every process's tokens in the same wall time
             metrics["tokens_per_s"] *= self.dist.world_size
+            metrics.update({k: metrics[k] * self.dist.world_size for k in excluded.metrics})  # counts: the run's
         metrics.update(global_rollout_metrics(scored, rollout, alg.num_generations, self.rewards.weights, self.dist))
         self._last_reward = metrics["reward/mean"]
         self._write_samples(step, collected.prompts, rollout, scored)
         self._health.observe(step, metrics)
         self._watch.observe_step(step, metrics)
         return metrics
+
+    def _anything_left(self, step: int, excluded) -> bool:
+        """Whether any process has a row to learn from this step (every process takes the same branch)."""
+        if excluded.valid is None:
+            return True
+        keys = sorted(excluded.metrics)
+        left, *counts = self.dist.sum_floats(float(excluded.valid.sum()), *(excluded.metrics[k] for k in keys))
+        return self._exclusion.anything_left(step, left, dict(zip(keys, counts)))
 
     def _write_samples(self, step: int, prompts, rollout, scored) -> None:
         """Every logging step, ``train.samples_per_log`` rows to samples.jsonl; a multi-turn row has

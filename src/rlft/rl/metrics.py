@@ -47,7 +47,7 @@ def _applied(values: torch.Tensor) -> torch.Tensor:
     return values[~values.isnan()]
 
 
-FINISH_REASONS = ("answered", "length", "max_turns", "budget", "done", "timeout", "tool_timeout")
+FINISH_REASONS = ("answered", "length", "max_turns", "budget", "done", "timeout", "tool_timeout", "env_error")
 
 
 def episode_metrics(episodes: list) -> dict[str, float]:

@@ -105,9 +105,10 @@ class PolicyUpdater:
         """Rows whose loss can have a non-zero gradient. Without a KL term in the loss, a completion
         whose advantage is zero everywhere (e.g. every member of its group got the same reward)
         contributes exactly 0, so its forward/backward is skipped; the loss normalisers still
-        count it, so the update is identical to computing it."""
+        count it, so the update is identical to computing it. A row without loss tokens (one left out
+        of the step, :mod:`rlft.rl.exclusion`) contributes nothing either way."""
         if batch.ref_logprobs is not None and self.p.kl_in_loss and kl_coef > 0:
-            return rows
+            return rows[batch.loss_mask[rows].any(dim=-1)]
         return rows[(batch.advantages[rows] != 0).any(dim=-1)]
 
     def _optimizer_step(self, batch: UpdateBatch, rows: torch.Tensor, kl_coef: float) -> dict[str, float]:

@@ -32,7 +32,8 @@ class EpisodeLimits:
 class EpisodeStats:
     """What an episode did. ``finish``: ``answered`` (ended its turn without a call), ``length`` (a
     turn hit max_new_tokens without a call), ``max_turns``, ``budget`` (max_episode_tokens),
-    ``done`` (the environment said so), ``timeout`` (episode_timeout) or ``tool_timeout``."""
+    ``done`` (the environment said so), ``timeout`` (episode_timeout), ``tool_timeout`` or ``env_error``
+    (the environment's worker process died mid-episode)."""
 
     turns: int = 0
     tool_calls: int = 0

@@ -252,6 +252,13 @@ class EpisodeRunner:
             ep.results = []
             ep.finish("tool_timeout")
             return
+        if reply.crashed:  # no environment left to call: the episode ends here, through no fault of the model's
+            ep.stats.tool_errors += 1
+            ep.messages += ep.results + [{"role": "tool", "name": name, "error": True,
+                                          "content": f"error: {reply.value}"}]
+            ep.results = []
+            ep.finish("env_error")
+            return
         if reply.ok:
             ep.results.append(ep.tool_result(name, reply.value, self.tokenizer, self.limits.max_tool_response_tokens))
         else:
