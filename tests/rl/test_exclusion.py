@@ -209,3 +209,30 @@ def test_a_judge_endpoint_outage_leaves_its_samples_out(down_server):
     assert out.failed.tolist() == [True, True] and out.per_reward["judge"].isnan().all()
     with pytest.raises(RewardOutage, match="judge at"):
         manager.score(["p"], ["a"])
+
+
+@pytest.mark.parametrize("aggregation", ["seq_mean_token_mean", "seq_mean_token_sum_norm", "token_mean"])
+def test_an_excluded_row_leaves_the_update_as_without_it(tiny_model_dir, aggregation):
+    """Same gradients as the batch without the row, also for a per-sequence mean (it is no sequence)."""
+    import copy
+    import dataclasses
+
+    from tests.rl.test_update import _batch as update_batch, _model, _updater
+
+    base = _model(tiny_model_dir)
+    batch = update_batch([1.0, -0.5, -1.0, 0.25, 0.0, 0.5])
+    keep = torch.tensor([True, False, True, True, True, True])
+    kept = torch.arange(6)[keep]
+    alone = dataclasses.replace(batch, row_prompt=batch.row_prompt[kept], completion_ids=batch.completion_ids[kept],
+                                completion_mask=batch.completion_mask[kept], loss_mask=batch.loss_mask[kept],
+                                advantages=batch.advantages[kept])
+    exclude_rows(batch, keep)
+    grads = []
+    for b in (batch, alone):
+        model = copy.deepcopy(base)
+        up = _updater(model)
+        up.p = dataclasses.replace(up.p, aggregation=aggregation)
+        up.update(b, kl_coef=0.0)
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-4)

@@ -26,7 +26,9 @@ class UpdateBatch:
     rollout_logprobs: [N, T] the engine's sampling log-probs, if it reported them;
     old_logprobs / ref_logprobs: [N, T] under the sampling policy / the reference (when needed);
     old_values: [N, T] the critic's values at sampling time (PPO);
-    advantages, returns: [N, T] from the advantage estimator (returns: critic targets, PPO only).
+    advantages, returns: [N, T] from the advantage estimator (returns: critic targets, PPO only);
+    valid: [N] bool, False on the rows left out of the step (:mod:`rlft.rl.exclusion`; their loss mask
+    is zero and they are no sequence of a per-sequence mean either), or None: every row counts.
     """
 
     prompt_ids: torch.Tensor
@@ -42,6 +44,7 @@ class UpdateBatch:
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
     old_values: torch.Tensor | None = None
+    valid: torch.Tensor | None = None
 
     @classmethod
     def from_rollout(cls, rollout) -> "UpdateBatch":
@@ -64,8 +67,10 @@ class UpdateBatch:
         start = int(cols[0].item()) if len(cols) else 0
         comp_len = int(self.completion_mask[idx].sum(-1).max().item()) or 1
         token = {f: getattr(self, f)[idx, :comp_len] for f in _TOKEN_FIELDS if getattr(self, f) is not None}
+        valid = None if self.valid is None else self.valid[idx]
         return replace(self, prompt_ids=self.prompt_ids[used, start:], prompt_mask=pmask[:, start:],
-                       row_prompt=row_prompt, completion_ids=self.completion_ids[idx, :comp_len], **token)
+                       row_prompt=row_prompt, completion_ids=self.completion_ids[idx, :comp_len], valid=valid,
+                       **token)
 
     def micro_batches(self, rows: int, tokens: int | None, idx: torch.Tensor | None = None,
                       full_speed: int | None = None) -> list[torch.Tensor]:

@@ -45,10 +45,12 @@ def machinery_failures(finish_reasons: list[str], reward_failed: torch.Tensor | 
 
 def exclude_rows(batch, valid: torch.Tensor | None) -> None:
     """Zero the loss mask ([N, T]) of ``batch``'s rows that are not ``valid`` [N]: they add nothing to
-    the loss or to the statistics taken over the loss tokens (KL, entropy, clip fraction)."""
+    the loss or to the statistics taken over the loss tokens (KL, entropy, clip fraction), and
+    (``batch.valid``) are not counted as sequences by a per-sequence loss mean."""
     if valid is not None and not bool(valid.all()):
         mask = batch.loss_mask
         batch.loss_mask = mask * valid.to(mask.device, mask.dtype).unsqueeze(-1)
+        batch.valid = valid.to(mask.device)
 
 
 class ExclusionPolicy:

@@ -120,7 +120,8 @@ class PolicyUpdater:
         mask = batch.loss_mask[rows]
         active = self._rows_with_gradient(batch, rows, kl_coef)
         num_tokens, num_seqs, active_tokens, active_rows = self.dist.sum_floats(
-            float(mask.sum().item()), float(mask.shape[0]), float(batch.loss_mask[active].sum().item()),
+            float(mask.sum().item()), float(mask.shape[0] if batch.valid is None else batch.valid[rows].sum()),
+            float(batch.loss_mask[active].sum().item()),
             float(active.numel()))
         counts = dict(num_tokens=num_tokens, num_seqs=num_seqs, max_len=self.p.max_len)
         active_tokens = max(active_tokens, 1.0)
