@@ -28,6 +28,7 @@ from rlft.logging.run_dir import FollowerRunDirectory, RunDirectory, append_json
 from rlft.logging.trackers import Trackers, open_trackers
 from rlft.trainer.job import EvalRecord, Job, job_class
 from rlft.trainer.metrics import MetricWindow
+from rlft.trainer.resuming import ResumePlan, log_plan, plan_resume, set_aside_later_than
 from rlft.trainer.parts import seed_everything
 from rlft.trainer.process import Heartbeat, StopRequest, configure_compute, join_process_group, leave_process_group
 
@@ -77,7 +78,7 @@ class Trainer:
         self.train_seconds = 0.0  # wall time inside train steps (excludes model load, evaluation, checkpoints)
         self.trackers = Trackers()  # train.report_to's experiment trackers, opened in setup()
         self.dist = Dist()  # this process's place in a data-parallel run; joined in setup()
-        self._restart_root: Path | None = None  # --resume auto found a run there without a checkpoint
+        self._plan = ResumePlan()  # where the run continues from; decided in setup()
         self._ready = False
 
     # ------------------------------------------------------------------ setup
@@ -88,7 +89,8 @@ class Trainer:
         A failure here is recorded in run.json like a failure during training."""
         cfg = self.cfg
         self.dist = join_process_group(cfg)
-        self._resume_point, changes = self._find_resume_point()
+        self._plan = plan_resume(self.resume_from, cfg, self.job.CONTINUITY, self.run_dir_path, self.config_source,
+                                 self.dist)
         from rlft.planner.check import check_memory
 
         # refused before anything is written if it won't fit (one process's share, in a data-parallel run)
@@ -103,10 +105,9 @@ class Trainer:
                                          log=get_logger()).__enter__()
         if self.dist.is_main:
             self.run_dir.write_config(config_to_yaml(cfg))  # the config in effect; each checkpoint keeps its own
-        resume_step = int(self._resume_point.state["step"]) if self._resume_point is not None else None
         self.trackers = Trackers() if not self.dist.is_main else open_trackers(
             cfg.train.report_to, self.run_dir.root, config_to_dict(cfg), self.run_dir.root.name,
-            self.run_dir.read_run_info().get("trackers"), resume_step)  # a resumed run continues run.json's trackers
+            self.run_dir.read_run_info().get("trackers"), self._plan.step)  # a resume continues run.json's trackers
         if self.trackers.ids:
             self.run_dir.write_run_info(trackers=self.trackers.ids)
         self.run_dir.write_run_info(status="starting", kind=cfg.kind, config=self.config_source, started=time.time(),
@@ -115,14 +116,9 @@ class Trainer:
         if memory is not None:
             self.log.info(f"memory: predicted peak {memory.peak_bytes / 2**30:.2f} GB ({memory.peak_phase}) of "
                           f"{memory.device_bytes / 2**30:.1f} GB on {memory.device}")
-        if self._resume_point is not None:
-            self._prepare_resume(changes)
-        elif self._restart_root is not None:
-            self.log.info(f"--resume auto: the run in {self._restart_root} stopped before its first checkpoint; "
-                          f"starting it afresh in the same directory")
-            self._set_aside_later_than(0)
-        elif self.resume_from == "auto":
-            self.log.info("--resume auto: no checkpoint of this run to continue from; starting it afresh")
+        log_plan(self._plan, self.resume_from, self.log)
+        if self._plan.restart_root is not None and self.dist.is_main:
+            set_aside_later_than(self.run_dir.root, 0, None, self.log)
         configure_compute(self.cfg, self.log)
         try:
             self._build()
@@ -131,47 +127,17 @@ class Trainer:
             raise
         self._ready = True
 
-    def _find_resume_point(self):
-        """The checkpoint to continue from and the harmless config changes, or (None, []).
-
-        Checked before anything is written: a refused resume leaves the run directory as it was."""
-        if not self.resume_from:
-            return None, []
-        from rlft.checkpoint.continuity import COMMON_RULES, schedule_rules
-        from rlft.checkpoint.resume import check_continuity, find_checkpoint
-
-        cfg = self.cfg
-        rules = {**COMMON_RULES, **self.job.CONTINUITY, **schedule_rules(cfg.kind, config_to_dict(cfg))}
-        if self.resume_from == "auto":
-            root = self._auto_resume_root(rules)
-            if self.dist.enabled:  # the run rank 0 found (a run of this config among several, ...)
-                root = self.dist.broadcast_object(root)
-            point = find_checkpoint("auto", root) if root is not None else None
-            if point is None:
-                # a run there that stopped before its first save starts afresh in its own directory
-                self._restart_root = root if root is not None and RunDirectory(root).holds_run() else None
-                return None, []
-        else:
-            point = find_checkpoint(self.resume_from, None)
-            if self.run_dir_path is not None and point.run_root != self.run_dir_path:
-                from rlft.errors import UsageError
-
-                raise UsageError(f"--resume {point.checkpoint} belongs to the run {point.run_root}, not to "
-                                 f"--run-dir {self.run_dir_path}")
-        changes = check_continuity(point, config_to_dict(cfg), cfg.data.train_file, rules)
-        return point, changes
-
     def _open_run_directory(self) -> RunDirectory:
         """The run directory: rank 0 creates (or reopens) it and tells the other processes, which
         only read it (:class:`FollowerRunDirectory`)."""
         cfg = self.cfg
-        if self._resume_point is not None:
-            root = self._resume_point.run_root
+        if self._plan.point is not None:
+            root = self._plan.point.run_root
             return RunDirectory(root) if self.dist.is_main else FollowerRunDirectory(root)
         if not self.dist.is_main:
             run_dir = None
-        elif self._restart_root is not None:
-            run_dir = RunDirectory(self._restart_root)
+        elif self._plan.restart_root is not None:
+            run_dir = RunDirectory(self._plan.restart_root)
             run_dir.checkpoints.mkdir(parents=True, exist_ok=True)
             run_dir.eval_dir.mkdir(exist_ok=True)
         elif self.run_dir_path is not None:
@@ -183,37 +149,6 @@ class Trainer:
         root = self.dist.broadcast_object(str(run_dir.root) if self.dist.is_main else None)
         return run_dir if self.dist.is_main else FollowerRunDirectory(Path(root))
 
-    def _auto_resume_root(self, rules: dict[str, str]) -> Path | None:
-        """The run directory ``--resume auto`` looks in: --run-dir, ``<output_dir>/<run_name>``, or
-        else the run of ``output_dir`` made from this config."""
-        from rlft.checkpoint.layout import find_run_of_config
-
-        cfg = self.cfg
-        output_dir = Path(cfg.train.output_dir).expanduser().resolve()
-        if self.run_dir_path is not None:
-            return self.run_dir_path
-        if cfg.train.run_name:
-            return output_dir / cfg.train.run_name
-        return find_run_of_config(output_dir, config_to_dict(cfg), self.config_source, rules)
-
-    def _prepare_resume(self, changes: list[str]) -> None:
-        point = self._resume_point
-        for path, why in point.damaged.items():
-            self.log.warning(f"--resume auto: checkpoint {path} is damaged ({why}); continuing from the newest "
-                             f"intact one, {point.checkpoint.name}")
-        for change in changes:
-            self.log.info(f"changed on resume: {change}")
-
-    def _set_aside_later_than(self, step: int, damaged: dict | None = None) -> None:
-        """One timeline: what the run directory holds from after ``step`` (newer checkpoints, log records
-        of a process that went further) is moved aside, kept, and logged (:mod:`rlft.checkpoint.aside`)."""
-        from rlft.checkpoint.aside import supersede_after
-
-        if not self.dist.is_main:
-            return
-        for line in supersede_after(self.run_dir.root, step, damaged):
-            (self.log.warning if "damaged" in line else self.log.info)(line)
-
     def _build(self) -> None:
         if not ProgressBar.enabled_for(self.cfg.train.progress_bar):
             quiet_library_progress_bars()
@@ -222,20 +157,21 @@ class Trainer:
         self._data_fingerprint = file_fingerprint(self.cfg.data.train_file)
         for line in self.job.describe():
             self.log.info(line)
-        if self._resume_point is not None:
+        point = self._plan.point
+        if point is not None:
             from rlft.checkpoint.resume import restore_training_state
 
             state, settings = self.job.state(), []
-            self.step = restore_training_state(self._resume_point, model=state.model, optimizer=state.optimizer,
+            self.step = restore_training_state(point, model=state.model, optimizer=state.optimizer,
                                                scheduler=state.scheduler, sampler=state.sampler,
                                                components=state.components, dist=self.dist, report=settings)
-            self.job.restore(self._resume_point.state)
-            self.log.info(f"resumed from {self._resume_point.checkpoint} at step {self.step}; continuing to "
+            self.job.restore(point.state)
+            self.log.info(f"resumed from {point.checkpoint} at step {self.step}; continuing to "
                           f"step {self.job.total_steps}")
             for line in settings:
                 self.log.info(f"optimizer settings of this config apply from step {self.step + 1}: {line}")
-            # only now that it loaded: a resume that fails leaves the run directory as it was
-            self._set_aside_later_than(self.step, self._resume_point.damaged)
+            if self.dist.is_main:  # only now that it loaded: a resume that fails leaves the run directory as it was
+                set_aside_later_than(self.run_dir.root, self.step, point.damaged, self.log)
 
     def _close(self, **run_info) -> None:
         """Record the final status, stop the heartbeat and detach this run's log file (API users may
