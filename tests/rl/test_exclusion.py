@@ -236,3 +236,45 @@ def test_an_excluded_row_leaves_the_update_as_without_it(tiny_model_dir, aggrega
         grads.append([p.grad.clone() for p in model.parameters()])
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-4)
+
+
+def test_an_in_step_filler_pass_over_an_excluded_row_adds_nothing(tiny_model_dir, monkeypatch):
+    """fsdp2 ranks with fewer micro-batches than the others run extra passes over one row with the loss
+    times 0; that row may be an excluded one (no loss tokens), which must neither crash nor count."""
+    import copy
+    import dataclasses
+
+    import rlft.rl.update as update
+    from tests.rl.test_update import _batch as update_batch, _model, _updater
+
+    base = _model(tiny_model_dir)
+    grads = []
+    for extra in (0, 2):
+        monkeypatch.setattr(update, "micro_batch_rounds", lambda n, dist, extra=extra: n + extra)
+        batch = update_batch([0.3, 1.0, -1.0, 0.25, 0.0, 0.5])
+        exclude_rows(batch, torch.tensor([False, True, True, True, True, True]))
+        model = copy.deepcopy(base)
+        up = _updater(model)
+        up.p = dataclasses.replace(up.p, aggregation="seq_mean_token_mean")
+        up.update(batch, kl_coef=0.0)
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-4)
+
+
+def test_filler_passes_over_a_share_with_every_row_excluded_give_a_zero_gradient(tiny_model_dir, monkeypatch):
+    import dataclasses
+
+    import rlft.rl.update as update
+    from tests.rl.test_update import _batch as update_batch, _model, _updater
+
+    monkeypatch.setattr(update, "micro_batch_rounds", lambda n, dist: n + 2)
+    batch = update_batch([0.3, 1.0, -1.0, 0.25, 0.0, 0.5])
+    batch.ref_logprobs = torch.full(batch.loss_mask.shape, -200.0)  # would overflow a KL term on these tokens
+    exclude_rows(batch, torch.zeros(6, dtype=torch.bool))
+    model = _model(tiny_model_dir)
+    up = _updater(model)
+    up.p = dataclasses.replace(up.p, kl_in_loss=True)
+    up.update(batch, kl_coef=0.1)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(torch.equal(g, torch.zeros_like(g)) for g in grads)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,7 +136,7 @@ class PolicyUpdater:
         for i in range(rounds):
             # A pass past this rank's own rows keeps an fsdp2 rank in step with the others: one row,
             # its loss multiplied by 0 (the gradient it adds is exactly zero).
-            mb = batch.rows(chunks[i] if i < len(chunks) else rows[:1])
+            mb = batch.rows(chunks[i]) if i < len(chunks) else _filler(batch, rows)
             with phase("policy"):
                 with autocast(self.autocast_dtype, mb.loss_mask.device):
                     lp, ent = mb.logprobs(self.model, self.p.temperature, with_entropy=True)
@@ -162,6 +163,20 @@ class PolicyUpdater:
         if "skipped_updates" in stats:
             get_logger().warning(f"non-finite gradient norm ({stats['grad_norm']}); optimizer step skipped")
         return stats
+
+
+def _filler(batch: UpdateBatch, rows: torch.Tensor) -> UpdateBatch:
+    """The one row of a pass whose loss is multiplied by 0: one with loss tokens if ``rows`` [k] has
+    any. If every row was left out of the step (no loss tokens, and a forward over no token fails),
+    the first, with its first token as the loss mask and nothing to compare with (old = new log-probs,
+    no KL term, no importance weight), so its loss is a plain 0 and never inf * 0."""
+    live = rows[batch.loss_mask[rows].any(dim=-1)]
+    if live.numel():
+        return batch.rows(live[:1])
+    mb = batch.rows(rows[:1])
+    first = torch.zeros_like(mb.loss_mask)
+    first[:, 0] = 1
+    return dataclasses.replace(mb, loss_mask=first, old_logprobs=None, ref_logprobs=None, rollout_logprobs=None)
 
 
 def _summed(stats: dict[str, float], dist: Dist) -> dict[str, float]:
