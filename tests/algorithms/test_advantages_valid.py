@@ -85,3 +85,13 @@ def test_batch_whitening_leaves_invalid_rows_out(name):
 def test_every_estimator_says_how_it_treats_invalid_rows():
     assert {n: ADVANTAGES.trait(n, "excludes", None) for n in ("grpo", "dr_grpo", "rloo", "reinforce_pp", "gae")} \
         == {"grpo": "group", "dr_grpo": "group", "rloo": "group", "reinforce_pp": "batch", "gae": "batch"}
+
+
+def test_dynamic_sampling_judges_a_group_by_its_valid_members():
+    from rlft.algorithms import groups_with_signal
+
+    rewards = torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 1.0])
+    valid = torch.tensor([True, True, True, False, True, True, True, False])
+    assert groups_with_signal(rewards, 4).tolist() == [True, True]
+    assert groups_with_signal(rewards, 4, valid).tolist() == [False, True]
+    assert groups_with_signal(rewards, 4, torch.zeros(8, dtype=torch.bool)).tolist() == [False, False]

@@ -278,3 +278,39 @@ def test_filler_passes_over_a_share_with_every_row_excluded_give_a_zero_gradient
     up.update(batch, kl_coef=0.1)
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     assert grads and all(torch.equal(g, torch.zeros_like(g)) for g in grads)
+
+
+class _Ex:
+    def __init__(self, i):
+        self.prompt, self.columns = f"p{i}", {}
+
+
+class _Engine:
+    """Two prompts x 4 completions; row 3 (of the first group) ended by a tool timeout."""
+
+    def run(self, examples, sampling):
+        n = len(examples) * sampling.n
+        ids = torch.ones(n, 2, dtype=torch.long)
+        finishes = ["answered"] * n
+        finishes[3] = "tool_timeout"
+        texts = ["a", "a", "a", "b"] + ["a", "b", "a", "b"]
+        return RolloutBatch(ids, ids, ids, ids, texts[:n], finishes, [i // sampling.n for i in range(n)])
+
+
+def test_dynamic_sampling_drops_a_group_whose_counted_rows_tie():
+    """Group 0's rewards differ only on its timed-out row: with exclusion it has no signal and is dropped."""
+    from rlft.data.sampler import PromptSampler
+    from rlft.rewards.manager import NamedReward, RewardManager
+    from rlft.rl.collect import CollectParams, RolloutCollector
+    from rlft.rollout import SamplingParams
+
+    rewards = RewardManager([NamedReward("is_b", lambda prompts, completions, **_: [float(c == "b")
+                                                                                    for c in completions])])
+    data = type("Data", (), {"examples": [_Ex(0), _Ex(1)]})()
+    kept = {}
+    for on in (True, False):
+        params = CollectParams(SamplingParams(max_new_tokens=4, n=4), 2, dynamic_sampling=True, max_rounds=1,
+                               exclude_machinery_failures=on)
+        out = RolloutCollector(_Engine(), rewards, data, PromptSampler(2, 2, seed=0, shuffle=False), params).collect()
+        kept[on] = out.stats["dynamic_sampling/kept_groups"]
+    assert kept == {True: 1.0, False: 2.0}

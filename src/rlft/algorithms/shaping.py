@@ -18,10 +18,16 @@ def overlong_penalty(lengths: torch.Tensor, *, max_len: int, buffer_len: int, fa
     return -factor * (over / buffer_len).clamp(max=1.0)
 
 
-def groups_with_signal(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+def groups_with_signal(rewards: torch.Tensor, group_size: int, valid: torch.Tensor | None = None) -> torch.Tensor:
     """[N] rewards -> [N / group_size] bool: True for groups whose rewards are not all equal.
 
     A group of identical rewards has zero group-relative advantage everywhere: DAPO's dynamic
-    sampling drops such groups and samples more prompts instead."""
+    sampling drops such groups and samples more prompts instead. valid: [N] bool or None; only a
+    group's valid members count (the others get no advantage, whatever their reward)."""
     grouped = rewards.float().view(-1, group_size)
-    return (grouped.max(dim=1).values - grouped.min(dim=1).values) > 0
+    if valid is None:
+        return (grouped.max(dim=1).values - grouped.min(dim=1).values) > 0
+    keep = valid.to(grouped.device).view(-1, group_size)
+    inf = torch.tensor(float("inf"), device=grouped.device)
+    top = torch.where(keep, grouped, -inf).max(dim=1).values
+    return top > torch.where(keep, grouped, inf).min(dim=1).values

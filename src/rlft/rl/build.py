@@ -170,5 +170,5 @@ def build_collector(cfg: RLConfig, engine, rewards, train_set, sampler, dist=Non
     params = CollectParams(sampling, alg.rollout_batch_size, overlong_buffer=alg.overlong_buffer,
                            overlong_penalty=alg.overlong_penalty, dynamic_sampling=alg.dynamic_sampling,
                            max_rounds=alg.max_sampling_rounds, seed=cfg.train.seed,
-                           tolerate_reward_outages=alg.exclude_machinery_failures)
+                           exclude_machinery_failures=alg.exclude_machinery_failures)
     return RolloutCollector(engine, rewards, train_set, sampler, params, dist)

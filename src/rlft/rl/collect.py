@@ -11,6 +11,7 @@ from rlft.distributed.context import Dist
 from rlft.evaluation import columns_of
 from rlft.logging.console import get_logger
 from rlft.phases import phase
+from rlft.rl.exclusion import machinery_failures
 from rlft.rewards.manager import RewardResult
 from rlft.rollout import RolloutBatch, SamplingParams
 from rlft.rollout.sampling import batch_seed
@@ -54,8 +55,9 @@ class CollectParams:
     """sampling: how to sample; batch_prompts: prompts (groups) per step; overlong_buffer: the soft
     overlong penalty's buffer as a fraction of max_new_tokens (0 = off); dynamic_sampling: keep only
     groups with reward variance, sampling up to max_rounds batches of prompts to fill the step;
-    tolerate_reward_outages: a reward service down after its retries marks the samples it lost
-    (``RewardResult.failed``) instead of stopping the run (algorithm.exclude_machinery_failures)."""
+    exclude_machinery_failures: a reward service down after its retries marks the samples it lost
+    (``RewardResult.failed``) instead of stopping the run, and dynamic sampling judges a group by the
+    rows that count (:mod:`rlft.rl.exclusion`)."""
 
     sampling: SamplingParams
     batch_prompts: int
@@ -64,7 +66,7 @@ class CollectParams:
     dynamic_sampling: bool = False
     max_rounds: int = 1
     seed: int = 0  # train.seed: with the data position, the seed of each batch's sampling
-    tolerate_reward_outages: bool = False
+    exclude_machinery_failures: bool = False
 
 
 class RolloutCollector:
@@ -86,7 +88,7 @@ class RolloutCollector:
         while n_kept < self.p.batch_prompts and rounds < self.p.max_rounds:
             part = self._sample()
             rounds += 1
-            keep = groups_with_signal(part.scored.total, group)
+            keep = groups_with_signal(part.scored.total, group, self._valid(part))
             n_here, n_dropped = self.dist.sum_floats(float(keep.sum()), float((~keep).sum()))
             dropped += int(n_dropped)
             kept.append(part.select_groups(keep, group) if keep.any() else None)
@@ -101,6 +103,13 @@ class RolloutCollector:
         out = self._share_of(kept, n_kept)
         out.stats = stats
         return out
+
+    def _valid(self, part: Collected) -> torch.Tensor | None:
+        """[N] the rows that count (:mod:`rlft.rl.exclusion`), when machinery failures are left out."""
+        if not self.p.exclude_machinery_failures:
+            return None
+        failed = machinery_failures(part.rollout.finish_reasons, part.scored.failed).values()
+        return ~torch.stack(list(failed)).any(dim=0)
 
     def _share_of(self, kept: list[Collected | None], n_kept: int) -> Collected:
         """The first ``batch_prompts`` kept groups of all processes, in the order one process would
@@ -127,7 +136,7 @@ class RolloutCollector:
         with phase("reward"):
             scored = self.rewards.score([ex.prompt for ex in row_examples], rollout.texts,
                                         {**columns_of(row_examples), **(rollout.columns or {})},
-                                        tolerate_outages=self.p.tolerate_reward_outages)
+                                        tolerate_outages=self.p.exclude_machinery_failures)
         if self.p.overlong_buffer > 0:
             max_len = self.p.sampling.max_new_tokens
             penalty = overlong_penalty(rollout.completion_lengths.cpu(), max_len=max_len,
