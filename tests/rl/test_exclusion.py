@@ -314,3 +314,20 @@ def test_dynamic_sampling_drops_a_group_whose_counted_rows_tie():
         out = RolloutCollector(_Engine(), rewards, data, PromptSampler(2, 2, seed=0, shuffle=False), params).collect()
         kept[on] = out.stats["dynamic_sampling/kept_groups"]
     assert kept == {True: 1.0, False: 2.0}
+
+
+def test_a_step_with_every_sample_lost_skips_its_update_and_the_run_goes_on(down_server, tiny_config, capfd):
+    from rlft import Trainer
+
+    from tests.conftest import read_jsonl
+
+    tiny_config["reward"]["functions"] = [{"type": "http", "url": down_server(0), "name": "served", "retries": 0,
+                                           "backoff": 0.0}]
+    tiny_config["train"].update(max_steps=2)
+    tiny_config["eval"].update(before_training=False, after_training=False)
+    result = Trainer(config=tiny_config).train()
+    rows = read_jsonl(result.run_dir / "metrics.jsonl")
+    assert [r["excluded/reward_outage"] for r in rows] == [32.0, 0.0]
+    assert "loss" not in rows[0] and "loss" in rows[1]
+    assert "step 1: every completion was ended or left unscored by the machinery (32 reward_outage); the update " \
+           "is skipped" in capfd.readouterr().err
