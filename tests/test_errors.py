@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from rlft.errors import (ERROR_TYPES, ConfigError, DataError, EnvironmentFailure, ModelError, RewardError,
-                         UsageError, error_type, is_transient)
+                         RewardOutage, UsageError, error_type, is_transient)
 
 
 def _wrapped(outer: Exception, inner: Exception, how: str) -> Exception:
@@ -36,6 +36,7 @@ def _wrapped(outer: Exception, inner: Exception, how: str) -> Exception:
     (socket.timeout("read"), "transient"), (socket.gaierror(-2, "Name or service not known"), "transient"),
     (OSError(errno.ENETUNREACH, "Network is unreachable"), "transient"),
     (httpx.ConnectError("refused"), "transient"), (httpx.ReadTimeout("slow"), "transient"),
+    (RewardOutage("reward 'remote': the server answered 503 after 4 attempts"), "transient"),
 ])
 def test_each_kind(exc, kind):
     assert error_type(exc) == kind and kind in ERROR_TYPES

@@ -169,7 +169,8 @@ def _in_chain(exc: BaseException, test) -> bool:
 
 
 def _transient_itself(exc: BaseException) -> bool:
-    if isinstance(exc, (ConnectionError, TimeoutError)):  # socket.timeout is TimeoutError
+    # a scoring service that stayed down through its retries: a later try may find it up again
+    if isinstance(exc, (ConnectionError, TimeoutError, RewardOutage)):  # socket.timeout is TimeoutError
         return True
     if isinstance(exc, OSError) and exc.errno is not None and errno.errorcode.get(exc.errno) in _TRANSIENT_ERRNOS:
         return True
