@@ -331,3 +331,22 @@ def test_a_step_with_every_sample_lost_skips_its_update_and_the_run_goes_on(down
     assert "loss" not in rows[0] and "loss" in rows[1]
     assert "step 1: every completion was ended or left unscored by the machinery (32 reward_outage); the update " \
            "is skipped" in capfd.readouterr().err
+
+
+def test_the_counts_are_logged_from_the_first_failure_on():
+    """A run the machinery never failed logs the metrics it always did (tests/trainer's regression test)."""
+    import logging
+
+    from rlft.rl.exclusion import ExclusionPolicy
+
+    policy = ExclusionPolicy(True, logging.getLogger("test"))
+    keys = ["excluded/tool_timeout", "excluded/total"]
+    quiet = {"reward/mean": 1.0, "excluded/tool_timeout": 0.0, "excluded/total": 0.0}
+    policy.report(quiet, keys)
+    assert quiet == {"reward/mean": 1.0}
+    failed = {"excluded/tool_timeout": 2.0, "excluded/total": 2.0}
+    policy.report(failed, keys)
+    assert failed == {"excluded/tool_timeout": 2.0, "excluded/total": 2.0}
+    after = {"excluded/tool_timeout": 0.0, "excluded/total": 0.0}
+    policy.report(after, keys)
+    assert after == {"excluded/tool_timeout": 0.0, "excluded/total": 0.0}  # kept: a gap would read as missing data

@@ -5,8 +5,8 @@ after its retries: the completion's reward says nothing about the policy. With
 ``algorithm.exclude_machinery_failures`` (the default) such a row is left out of its group's
 baseline (``AdvantageInputs.valid``) and out of the loss (its loss mask is zeroed, so it adds
 nothing to the policy loss, the KL or the entropy either), and each step counts them:
-``excluded/<reason>`` and ``excluded/total``. Off, the same counts are logged as
-``machinery_failures/<reason>`` and the rows are trained on like any other.
+``excluded/<reason>`` and ``excluded/total`` (from the run's first such row on). Off, the same counts
+are logged as ``machinery_failures/<reason>`` and the rows are trained on like any other.
 
 A step where every row of every process is excluded has nothing to learn from: its update is
 skipped with a warning, and after ``patience`` such steps in a row the run stops (a service that
@@ -59,6 +59,16 @@ class ExclusionPolicy:
     def __init__(self, enabled: bool, logger, patience: int = 5):
         self.enabled, self.log, self.patience = enabled, logger, patience
         self.empty_steps = 0
+        self.seen = False  # has the machinery failed on any row of this run yet
+
+    def report(self, metrics: dict[str, float], keys) -> None:
+        """Keep this step's counts (``keys`` of ``metrics``, already summed over the processes) from the
+        run's first failure on, and leave them out before: a run the machinery never failed logs what it
+        always did. Every process sees the same sums, so all keep or drop the same keys."""
+        self.seen = self.seen or any(metrics.get(k) for k in keys)
+        if not self.seen:
+            for key in keys:
+                metrics.pop(key, None)
 
     def assess(self, finish_reasons: list[str], reward_failed: torch.Tensor | None) -> Exclusion:
         """The rows of this process's batch that count, and the step's counts by reason."""

@@ -130,6 +130,7 @@ class RLJob:
         if self.dist.enabled:  # throughput is the run's: every process's tokens in the same wall time
             metrics["tokens_per_s"] *= self.dist.world_size
             metrics.update({k: metrics[k] * self.dist.world_size for k in excluded.metrics})  # counts: the run's
+        self._exclusion.report(metrics, excluded.metrics)
         metrics.update(global_rollout_metrics(scored, rollout, alg.num_generations, self.rewards.weights, self.dist))
         self._last_reward = metrics["reward/mean"]
         self._write_samples(step, collected.prompts, rollout, scored)
