@@ -247,17 +247,11 @@ class EpisodeRunner:
         reply = ep.worker.receive(self.limits.tool_timeout)
         if reply.timed_out:
             ep.stats.tool_timeouts += 1
-            ep.messages += ep.results + [{"role": "tool", "name": name, "error": True,
-                                          "content": f"error: {name} timed out after {self.limits.tool_timeout:g}s"}]
-            ep.results = []
-            ep.finish("tool_timeout")
+            _end_on_tool_error(ep, name, f"error: {name} timed out after {self.limits.tool_timeout:g}s", "tool_timeout")
             return
         if reply.crashed:  # no environment left to call: the episode ends here, through no fault of the model's
             ep.stats.tool_errors += 1
-            ep.messages += ep.results + [{"role": "tool", "name": name, "error": True,
-                                          "content": f"error: {reply.value}"}]
-            ep.results = []
-            ep.finish("env_error")
+            _end_on_tool_error(ep, name, f"error: {reply.value}", "env_error")
             return
         if reply.ok:
             ep.results.append(ep.tool_result(name, reply.value, self.tokenizer, self.limits.max_tool_response_tokens))
@@ -344,3 +338,10 @@ class EpisodeRunner:
             finish_reasons=[ep.stats.finish for ep in episodes], prompt_index=[ep.group for ep in episodes],
             logprobs=logprobs.to(device), loss_mask=loss.to(device), turn_index=turn.to(device),
             columns=columns, episodes=[ep.stats for ep in episodes])
+
+
+def _end_on_tool_error(ep: Episode, name: str, text: str, finish: str) -> None:
+    """End ``ep`` with the call's error as the last tool message (the trajectory shows why it ended)."""
+    ep.messages += ep.results + [{"role": "tool", "name": name, "error": True, "content": text}]
+    ep.results = []
+    ep.finish(finish)
