@@ -94,7 +94,13 @@ def test_fail_fast_cancels_the_running_and_starts_nothing_new_then_resume_contin
     broken = config()
     broken["data"]["train_file"] = "data/broken.jsonl"
     write(exp, "a-broken.yaml", broken)
-    write(exp, "b-long.yaml", config(steps=25))
+    # b-long must still be running when a-broken's data error is seen: 25 tiny-model steps alone can end
+    # within the second it takes, so each of its steps also waits on a reward that takes 0.3 s
+    (ws / "slow.py").write_text("import time\n\ndef score(prompts, completions, **kw):\n    time.sleep(0.3)\n"
+                                "    return [1.0 if 'a' in c else 0.0 for c in completions]\n")
+    long = config(steps=25)
+    long["reward"]["functions"] = [{"type": "custom", "function": "slow.py:score", "name": "slow"}]
+    write(exp, "b-long.yaml", long)
     write(exp, "c-later.yaml", config())
     assert sweep("exp", "--out", "s", "--parallel", "2", "--fail-fast", "--no-plots") == 1
     assert "--fail-fast" in capsys.readouterr().err
