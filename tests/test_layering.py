@@ -41,13 +41,19 @@ NEVER_IMPORTS = {
     "rlft.planner": {"rlft.trainer", "rlft.rl", "rlft.sft", "rlft.rm", "rlft.dpo", "rlft.preference", "rlft.cli",
                      "rlft.rollout", "rlft.checkpoint", "rlft.doctor", "rlft.sweep"},
     "rlft.doctor": {"rlft.trainer", "rlft.rl", "rlft.sft", "rlft.rm", "rlft.dpo", "rlft.cli", "rlft.sweep"},
+    # Run health: checks over metric dicts, live (the RL job feeds it) and replayed (rlft diagnose); it reads
+    # configs and run directories, never a model, and nothing that runs a job imports below it.
+    "rlft.health": {"rlft.models", "rlft.trainer", "rlft.rollout", "rlft.data", "rlft.rewards", "rlft.checkpoint",
+                    "rlft.sft", "rlft.rl", "rlft.rm", "rlft.dpo", "rlft.preference", "rlft.cli", "rlft.service",
+                    "rlft.client", "rlft.sweep", "rlft.algorithms", "rlft.envs", "rlft.chat", "rlft.planner",
+                    "rlft.doctor", "rlft.distributed"},
     # A sweep runs processes on the job store and reads what they wrote; it never holds a model.
     "rlft.sweep": {"rlft.models", "rlft.trainer", "rlft.rollout", "rlft.rl", "rlft.sft", "rlft.cli", "rlft.planner"},
 }
 # Nothing below the command line runs the service.
 for _lower in ("rlft.config", "rlft.algorithms", "rlft.models", "rlft.envs", "rlft.chat", "rlft.data", "rlft.rollout",
                "rlft.checkpoint", "rlft.trainer", "rlft.rl", "rlft.sft", "rlft.rm", "rlft.dpo", "rlft.preference",
-               "rlft.logging", "rlft.planner", "rlft.doctor", "rlft.distributed"):
+               "rlft.logging", "rlft.planner", "rlft.doctor", "rlft.distributed", "rlft.health"):
     NEVER_IMPORTS.setdefault(_lower, set()).update({"rlft.service", "rlft.client"})
 
 

@@ -173,5 +173,6 @@ def test_eval_report_carries_the_runs_reward_hacking_flags(tmp_path, tiny_config
     assert main(["eval", "--config", str(config), "--checkpoint", str(result.final_checkpoint),
                  "--out", str(out)]) == 0
     report = (out / "report.md").read_text()
-    assert "reward-hacking watch (checkpoint-2's run, step 1): reward 'has_b' carried" in report
-    assert "reward-hacking watch" in (out / "report.html").read_text()
+    assert ("run health (checkpoint-2's run, warning, step 1, reward_dominance): reward 'has_b' carried"
+            in report)
+    assert "run health" in (out / "report.html").read_text()

@@ -108,48 +108,6 @@ def test_multi_step_update_uses_rollout_logprobs_as_old(tiny_model_dir):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
-def test_health_watch_warns_once_on_flat_rewards():
-    import logging
-
-    from rlft.rl.metrics import HealthWatch
-
-    records = []
-
-    class Collect(logging.Handler):
-        def emit(self, record):
-            records.append(record.getMessage())
-
-    log = logging.getLogger("rlft-test-health")
-    log.addHandler(Collect())
-    watch = HealthWatch(log, patience=3)
-    flat = {"groups_zero_std": 1.0, "advantage/abs_mean": 0.0, "reward/std": 0.3, "reward/mean": 0.0,
-            "truncation_rate": 0.0}
-    for step in range(1, 7):
-        watch.observe(step, flat)
-    assert len(records) == 1 and "same reward" in records[0] and "step 3" in records[0]
-    watch.observe(7, {"groups_zero_std": 0.5, "reward/mean": 0.2, "truncation_rate": 0.95})
-    assert len(records) == 2 and "max_new_tokens" in records[1]
-
-
-def test_health_watch_is_quiet_when_a_critic_still_gives_signal():
-    """PPO/REINFORCE++ learn across prompts even when every group is flat: no false alarm."""
-    import logging
-
-    from rlft.rl.metrics import HealthWatch
-
-    log = logging.getLogger("rlft-test-health-critic")
-    seen = []
-    log.addHandler(type("H", (logging.Handler,), {"emit": lambda self, r: seen.append(r)})())
-    watch = HealthWatch(log, patience=2)
-    for step in range(1, 6):
-        watch.observe(step, {"groups_zero_std": 1.0, "advantage/abs_mean": 0.4, "reward/std": 0.5,
-                             "reward/mean": 0.5, "truncation_rate": 0.0})
-    assert seen == []
-    for step in range(6, 9):  # one reward for the whole batch: nothing to learn, whatever the estimator
-        watch.observe(step, {"advantage/abs_mean": 0.4, "reward/std": 0.0, "reward/mean": 0.5})
-    assert len(seen) == 1
-
-
 def test_a_token_budget_buckets_rows_by_length_and_covers_each_once():
     n = 8
     lengths = torch.tensor([2, 9, 3, 9, 1, 5, 9, 4])

@@ -124,8 +124,9 @@ def _write_json(path: Path, data) -> None:
 
 
 def run_watch_flags(path: str) -> list[str]:
-    """Reward-hacking warnings the training run of checkpoint ``path`` recorded up to that checkpoint's step
-    (from <run>/eval/step-N.json); [] for anything that is not a checkpoint inside a run directory."""
+    """Health findings the training run of checkpoint ``path`` recorded up to that checkpoint's step
+    (from <run>/eval/step-N.json: ``health``, or ``watch`` in runs from before rlft.health); [] for
+    anything that is not a checkpoint inside a run directory."""
     ck = Path(path)
     if ck.parent.name != "checkpoints" or not ck.name.startswith("checkpoint-"):
         return []
@@ -134,8 +135,12 @@ def run_watch_flags(path: str) -> list[str]:
                    if p.stem.split("-")[-1].isdigit() and int(p.stem.split("-")[-1]) <= step)
     if not evals:
         return []
-    flags = json.loads(evals[-1][1].read_text()).get("watch", [])
-    return [f"reward-hacking watch ({ck.name}'s run, step {f['step']}): {f['message']}" for f in flags]
+    payload = json.loads(evals[-1][1].read_text())
+    if "health" in payload:
+        return [f"run health ({ck.name}'s run, {f['severity']}, step {f['step']}, {f['check']}): {f['message']}"
+                for f in payload["health"].get("findings", [])]
+    return [f"reward-hacking watch ({ck.name}'s run, step {f['step']}): {f['message']}"
+            for f in payload.get("watch", [])]
 
 
 def _write_outputs(out: Path, models, columns, cfg, args, settings: dict, paths: list[str]) -> None:

@@ -17,12 +17,14 @@
     rlft serve [--host 127.0.0.1 --port 8000 --workspace .]   # the job service + dashboard (python serve.py)
     rlft jobs submit|list|status|logs|cancel|resume ...       # its command-line client
     rlft plot RUN_DIR [RUN_DIR ...] --out plots/              # training curves as PNG
+    rlft diagnose RUN_DIR [--out DIR] [--json]                # health verdict, findings, report; exit 3 if unhealthy
     rlft sweep configs/experiments/ | --config X --grid K=V1,V2  # batch runs, retries, a summary table
     rlft serve-reward --reward-config rewards.yaml            # rlft rewards over HTTP (for type: http)
 
 User mistakes (bad config, bad data, failing reward) print one clear paragraph
 to stderr and exit non-zero (2 for usage/config/data errors); only bugs in rlft
-itself show a traceback.
+itself show a traceback. Exit 3: the run is unhealthy (rlft diagnose; rlft train with
+train.health.fail_on_unhealthy).
 """
 
 from __future__ import annotations
@@ -84,6 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
     jobs.add_arguments(sub.add_parser("jobs", help="Submit, list, watch, cancel and resume jobs of rlft serve."))
     serve_reward.add_arguments(sub.add_parser("serve-reward", help="Serve rlft rewards over HTTP (for type: http)."))
     plot.add_arguments(sub.add_parser("plot", help="Write a run's training curves (several runs overlaid) as PNG."))
+    from rlft.cli import diagnose
+
+    diagnose.add_arguments(sub.add_parser(
+        "diagnose", help="Check a run's health (no learning signal, collapse, blow-ups, hacking); a report with "
+                         "plots; exit 3 if unhealthy."))
     from rlft.cli import sweep
 
     sweep.add_arguments(sub.add_parser("sweep", help="Run a folder of configs or a grid; classify failures, retry "
@@ -95,14 +102,21 @@ def _cmd_train(args) -> int:
     """``rlft train`` (RL) and ``rlft sft``: the same lifecycle, the kind of job set by the command."""
     from rlft.trainer.trainer import Trainer
 
-    result = Trainer(args.config, overrides=args.overrides, output_dir=args.output_dir, resume_from=args.resume,
-                     kind=args.kind, run_dir=args.run_dir).train()
+    trainer = Trainer(args.config, overrides=args.overrides, output_dir=args.output_dir, resume_from=args.resume,
+                      kind=args.kind, run_dir=args.run_dir)
+    result = trainer.train()
     if result.stopped_by is not None:
         from rlft.trainer.trainer import stop_note
 
         print(f"stopped at step {result.steps} by signal {result.stopped_by}; {stop_note(result.final_checkpoint)}",
               file=sys.stderr)
         return 128 + result.stopped_by
+    if result.health and result.health["verdict"] == "unhealthy" and trainer.cfg.train.health.fail_on_unhealthy:
+        from rlft.health import EXIT_UNHEALTHY
+
+        print(f"the run completed but is unhealthy (train.health.fail_on_unhealthy: exit {EXIT_UNHEALTHY}); "
+              f"rlft diagnose {result.run_dir} for the report", file=sys.stderr)
+        return EXIT_UNHEALTHY
     return 0
 
 
@@ -143,7 +157,7 @@ def _lazy(module: str, function: str = "run"):
 COMMANDS = {"train": _cmd_train, "sft": _cmd_train, "train-rm": _cmd_train, "dpo": _cmd_train, "validate": _cmd_validate, "check-env": _cmd_check_env,
             "algorithms": _cmd_algorithms, "generate": _lazy("generate"), "export": _lazy("export"),
             "eval": _lazy("eval"), "rollout": _lazy("agent", "run_rollout"), "env": _lazy("agent", "run_env"),
-            "serve": _lazy("serve"), "jobs": _lazy("jobs"), "plot": _lazy("plot"), "sweep": _lazy("sweep"),
+            "serve": _lazy("serve"), "jobs": _lazy("jobs"), "plot": _lazy("plot"), "diagnose": _lazy("diagnose"), "sweep": _lazy("sweep"),
             "serve-reward": _lazy("serve_reward"), "estimate": _lazy("estimate"), "doctor": _lazy("doctor")}
 
 

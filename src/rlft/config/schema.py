@@ -22,7 +22,8 @@ from rlft.config.rewards import (ContainsReward, CustomReward, ExactAnswerReward
                                  LengthPenaltyReward, NumericAnswerReward, RegexReward, RewardConfig, RewardSpec,
                                  ToolCallReward, default_reward_name)
 from rlft.config.sections import (BUILTIN_MODELS, CHAT_TEMPLATE_NAMES, DataConfig, DistributedConfig, EvalConfig,
-                                  LoraConfig, ModelConfig, Section, TrainConfig, WatchConfig)
+                                  HealthConfig, LoraConfig, ModelConfig, Section, TrainConfig,
+                                  WatchConfig)
 from rlft.config.preference import DPOSection, PreferenceDataConfig, RMSection
 from rlft.config.sft import SFTDataConfig, SFTSection
 
@@ -32,7 +33,7 @@ __all__ = [
     "ExactAnswerReward", "FormatReward", "JobKind", "LengthPenaltyReward", "LoraConfig", "ModelConfig",
     "NumericAnswerReward", "PolicyLossName", "RLConfig", "RegexReward", "RewardConfig", "RewardSpec",
     "DPOConfig", "DPOSection", "PreferenceDataConfig", "RMConfig", "RMSection", "RlftConfig", "RolloutConfig", "RunConfig", "SFTConfig", "SFTDataConfig", "SFTSection", "Section",
-    "ToolCallReward", "TrainConfig", "WatchConfig", "default_reward_name",
+    "ToolCallReward", "TrainConfig", "HealthConfig", "WatchConfig", "default_reward_name",
 ]
 
 # Top-level sections in the order they are written out and reported.

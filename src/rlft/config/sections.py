@@ -115,16 +115,67 @@ class DataConfig(Section):
 # --------------------------------------------------------------------------- train / eval
 
 
-class WatchConfig(Section):
-    """Reward-hacking watch thresholds (warnings in the log and in eval/step-N.json)."""
+class HealthConfig(Section):
+    """Thresholds of the run-health checks (rlft.health): live warnings during training, the verdict in
+    run.json and ``rlft diagnose``. A trend compares the first ``window`` steps with the last ``window``."""
 
-    window: int = Field(5, gt=0, description="Steps averaged at the start and end of a growth comparison.")
-    length_growth: float = Field(0.5, gt=0, description="Flag mean completion length growing by this fraction.")
-    repetition_growth: float = Field(0.15, gt=0, description="Flag the mean repetition score rising by this much.")
-    accuracy_drop: float = Field(0.05, ge=0, description="Flag eval accuracy this far below its best ...")
-    reward_rise: float = Field(0.05, ge=0, description="... while the training reward rose by at least this much.")
-    dominance: float = Field(0.9, gt=0, le=1, description="Flag one reward carrying this share of the reward variation ...")
+    window: int = Field(5, gt=0, description="Steps averaged at the start and at the end of a trend or rate check.")
+    repeat_every: int = Field(20, gt=0, description="Say a problem that persists again every this many steps.")
+    no_signal_patience: int = Field(
+        5, gt=0, description="Warn after this many steps in a row with no learning signal (every advantage 0, or "
+        "one reward for the whole batch).")
+    no_signal_unhealthy: int = Field(
+        20, gt=0, description="That many steps in a row with no learning signal make the run unhealthy.")
+    stop_on_no_signal: int | None = Field(
+        None, gt=0, description="Stop the run (checkpoint kept, status completed, verdict unhealthy) after this many "
+        "steps in a row with no learning signal; null: never stop.")
+    zero_std_share: float = Field(
+        0.9, gt=0, le=1, description="Warn when this share of groups, averaged over the last window, have every "
+        "completion rewarded the same (little to learn from).")
+    entropy_collapse: float = Field(
+        0.1, gt=0, lt=1, description="Warn when the policy's entropy falls below this fraction of its start ...")
+    entropy_floor: float = Field(0.05, ge=0, description="... and below this many nats per token.")
+    length_growth: float = Field(0.5, gt=0, description="Warn when mean completion length grows by this fraction.")
+    length_collapse: float = Field(
+        0.8, gt=0, lt=1, description="Warn when mean completion length shrinks by this fraction of its start ...")
+    length_floor: float = Field(3.0, ge=0, description="... to fewer than this many tokens.")
+    truncation_rate: float = Field(
+        0.5, gt=0, le=1, description="Warn when this share of completions, over the last window, hit max_new_tokens.")
+    repetition_growth: float = Field(0.15, gt=0, description="Warn when the mean repetition score rises by this much.")
+    kl_max: float = Field(
+        1.0, gt=0, description="KL to the reference (per token) above this makes the run unhealthy (KL blow-up).")
+    ratio_drift: float = Field(
+        0.2, gt=0, description="Warn when the mean importance ratio, over the last window, is this far from 1.")
+    clip_frac_max: float = Field(
+        0.3, gt=0, le=1, description="Warn when this share of tokens, over the last window, was clipped.")
+    grad_spike: float = Field(
+        10.0, gt=1, description="Warn when the gradient norm exceeds this multiple of its running median.")
+    logprob_mismatch: float = Field(
+        0.1, gt=0, description="Warn when the rollout engine's and the trainer's log-probs of the sampled tokens "
+        "differ by this much per token on average (rollout/logprob_mismatch, over the last window).")
+    tool_error_rate: float = Field(
+        0.5, gt=0, le=1, description="Warn when this share of tool calls, over the last window, fail.")
+    env_failure_rate: float = Field(
+        0.2, gt=0, le=1, description="Warn when this share of episodes, over the last window, end by a tool timeout "
+        "or a crashed environment.")
+    dominance: float = Field(
+        0.9, gt=0, le=1, description="Warn when one reward other than the task reward carries this share of the "
+        "reward variation ...")
     patience: int = Field(5, gt=0, description="... for this many steps in a row.")
+    accuracy_drop: float = Field(
+        0.05, ge=0, description="Held-out accuracy this far below its best (and beyond sampling noise) ...")
+    reward_rise: float = Field(0.05, ge=0, description="... while the training reward rose by at least this much ...")
+    accuracy_evals: int = Field(
+        2, gt=0, description="... in this many evaluations in a row makes the run unhealthy (one noisy eval does not).")
+    accuracy_z: float = Field(
+        2.0, ge=0, description="Sampling noise band of an accuracy drop, in standard errors of the difference of "
+        "the two accuracies (binomial, over the eval's prompts).")
+    fail_on_unhealthy: bool = Field(
+        False, description="rlft train exits with code 3 when the run ends unhealthy (the run itself completes "
+        "and keeps its checkpoint), so scripts and CI can gate on the verdict.")
+
+
+WatchConfig = HealthConfig  # the section's name before it became the one health check (train.watch)
 
 
 class TrackingConfig(Section):
@@ -148,7 +199,9 @@ class TrainConfig(Section):
         "path that stays below output_dir.")
     logging_interval: int = Field(10, gt=0, description="Write metrics/log lines every N steps.")
     save_interval: int = Field(200, gt=0, description="Save a checkpoint every N steps (and always at the end).")
-    watch: WatchConfig = Field(default_factory=WatchConfig, description="Reward-hacking watch thresholds.")
+    health: HealthConfig = Field(
+        default_factory=HealthConfig, description="Run-health checks: thresholds of the live warnings and of "
+        "rlft diagnose, and what an unhealthy run does (train.watch is accepted as its old name).")
     keep_last: int | None = Field(
         None, gt=0, description="Keep only the newest N complete checkpoints (older ones are deleted after a save).")
     save_optimizer: bool = Field(
@@ -171,6 +224,16 @@ class TrainConfig(Section):
         default_factory=list, description="Experiment trackers that also receive the metrics and the config: "
         "tensorboard, wandb, mlflow (a tracker that fails is disabled with a warning; training goes on).")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="Experiment tracker settings.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _watch_is_health(cls, data: Any) -> Any:
+        """``train.watch`` (the reward-hacking watch's thresholds) is read as ``train.health``."""
+        if isinstance(data, dict) and "watch" in data:
+            if "health" in data:
+                raise ValueError("give train.health only (train.watch is its old name)")
+            data = {("health" if k == "watch" else k): v for k, v in data.items()}
+        return data
 
     @field_validator("run_name")
     @classmethod

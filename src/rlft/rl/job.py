@@ -15,6 +15,7 @@ from rlft.config.schema import JOB_KINDS, RLConfig
 from rlft.data.sampler import PromptSampler
 from rlft.data.prompts import load_prompts
 from rlft.distributed import current
+from rlft.health import HealthMonitor
 from rlft.rl.parallel import global_rollout_metrics, mean_over_processes, refresh_replica, spread_over_processes
 from rlft.logging.console import get_logger
 from rlft.logging.run_dir import RunDirectory, append_jsonl
@@ -25,8 +26,7 @@ from rlft.rl.build import (build_advantage_stage, build_collector, build_critic,
                            warn_slow_rollout)
 from rlft.rl.episodes import env_tools, episode_runner, reward_manager
 from rlft.rl.exclusion import ExclusionPolicy, exclude_rows
-from rlft.rl.metrics import HealthWatch, episode_metrics, format_step_line, rollout_metrics
-from rlft.rl.watch import RewardHackingWatch
+from rlft.rl.metrics import episode_metrics, format_step_line, rollout_metrics
 from rlft.trainer.generation import GenerationSettings, evaluate_generations
 from rlft.trainer.job import EvalRecord, TrainedState, total_steps
 from rlft.trainer.metrics import peak_memory_mb
@@ -66,8 +66,7 @@ class RLJob:
         self.critic = build_critic(cfg, self.parts, self.dist)
         self.advantage, self.kl = build_advantage_stage(cfg, self.dist)
         self._exclusion = ExclusionPolicy(alg.exclude_machinery_failures, self.log)
-        self._health = HealthWatch(self.log)
-        self._watch = RewardHackingWatch(cfg.train.watch, self.log, cfg.eval.accuracy_reward or self.rewards.names[0])
+        self.health = HealthMonitor(cfg.train.health, cfg.eval.accuracy_reward or self.rewards.names[0], self.log)
 
     def describe(self) -> list[str]:
         alg = self.cfg.algorithm
@@ -134,8 +133,7 @@ class RLJob:
         metrics.update(global_rollout_metrics(scored, rollout, alg.num_generations, self.rewards.weights, self.dist))
         self._last_reward = metrics["reward/mean"]
         self._write_samples(step, collected.prompts, rollout, scored)
-        self._health.observe(step, metrics)
-        self._watch.observe_step(step, metrics)
+        self.health.observe_step(step, metrics)
         return metrics
 
     def _anything_left(self, step: int, excluded) -> bool:
@@ -159,6 +157,14 @@ class RLJob:
                 row.update(trajectory=rollout.columns["trajectories"][i], episode=rollout.episodes[i].as_dict())
             append_jsonl(self.samples_file, row)
 
+    def stop_reason(self) -> str | None:
+        """Why the run should stop before its last step (``train.health.stop_on_no_signal``), else None."""
+        return self.health.stop_reason()
+
+    def health_summary(self) -> dict:
+        """The run's health verdict and findings so far (run.json's ``health``)."""
+        return self.health.summary()
+
     def step_line(self, step: int, metrics: dict[str, float]) -> str:
         return format_step_line(step, self.total_steps, metrics)
 
@@ -174,8 +180,8 @@ class RLJob:
             return None
         res = evaluate_generations(self.engine, self.eval_set.examples, self.rewards, self.cfg,
                                    self.generation(self.cfg).max_new_tokens)
-        self._watch.observe_eval(step, res.accuracy, res.num_prompts)
-        payload = {**res.summary(), "watch": self._watch.flags, "samples": res.samples}
+        self.health.observe_eval(step, res.accuracy, res.num_prompts)
+        payload = {**res.summary(), "health": self.health.summary(), "samples": res.samples}
         return EvalRecord(res, f"{res.metrics_line()} ({res.seconds:.0f}s)", payload)
 
     def state(self) -> TrainedState:

@@ -1,8 +1,7 @@
-"""What an RL step reports: reward and completion statistics, the step line, and the health watch."""
+"""What an RL step reports: reward and completion statistics and the step line (the checks over them:
+:mod:`rlft.health`)."""
 
 from __future__ import annotations
-
-import math
 
 import torch
 
@@ -82,34 +81,3 @@ def format_step_line(step: int, total: int, m: dict[str, float]) -> str:
                 ("lr", "lr {:.2e}"), ("step_seconds", "{:.2f} s/step"), ("tokens_per_s", "{:.0f} tok/s")]
     parts += [fmt.format(m[key]) for key, fmt in optional if key in m]
     return " | ".join(parts)
-
-
-class HealthWatch:
-    """Warns (once per kind) about runs that look healthy in the log but cannot learn."""
-
-    def __init__(self, logger, patience: int = 5):
-        self.log = logger
-        self.patience = patience
-        self._flat_steps = 0
-        self._warned: set[str] = set()
-
-    def observe(self, step: int, m: dict[str, float]) -> None:
-        # All advantages 0 (group-relative estimators when every group is flat) or one reward for the
-        # whole batch (any estimator): the reward gives the update nothing to learn from.
-        flat = m.get("advantage/abs_mean", 1.0) == 0.0 or m.get("reward/std", 1.0) == 0.0
-        self._flat_steps = self._flat_steps + 1 if flat else 0
-        if self._flat_steps >= self.patience:
-            self._warn("flat", f"step {step}: for {self._flat_steps} steps every prompt's completions got the same "
-                       f"reward (mean {m['reward/mean']:.3f}), so there is nothing to learn from; check that the reward "
-                       f"can vary, or raise temperature / num_generations")
-        if m.get("truncation_rate", 0.0) >= 0.9:
-            self._warn("trunc", f"step {step}: {m['truncation_rate']:.0%} of completions hit max_new_tokens; "
-                       f"rewards may be judging cut-off text")
-        if not all(math.isfinite(v) for v in m.values()):
-            bad = sorted(k for k, v in m.items() if not math.isfinite(v))
-            self._warn("nonfinite", f"step {step}: non-finite metrics {bad}")
-
-    def _warn(self, kind: str, message: str) -> None:
-        if kind not in self._warned:
-            self._warned.add(kind)
-            self.log.warning(message)

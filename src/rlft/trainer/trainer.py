@@ -46,6 +46,8 @@ class TrainResult:
     last_metrics: dict = field(default_factory=dict)
     train_seconds: float = 0.0
     stopped_by: int | None = None  # the signal that stopped the run early (SIGTERM, SIGINT), else None
+    health: dict | None = None  # the job's health verdict and findings (rlft.health), for jobs that check it
+    halted: str | None = None  # why the job stopped itself before its last step (train.health.stop_on_no_signal)
 
 
 class Trainer:
@@ -176,6 +178,10 @@ class Trainer:
     def _close(self, **run_info) -> None:
         """Record the final status, stop the heartbeat and detach this run's log file (API users may
         start another run)."""
+        if self._ready and "health" not in run_info:  # what the health checks saw, however the run ended
+            summary = getattr(self.job, "health_summary", lambda: None)()
+            if summary is not None:
+                run_info["health"] = summary
         try:
             self.trackers.close(run_info.get("status", "failed"))
             self._heartbeat.__exit__(None, None, None)
@@ -220,6 +226,9 @@ class Trainer:
             while self.step < self.total_steps and not self._stopping(stop):
                 window.add(self.train_step())
                 self._after_step(window, bar, result)
+                if (halted := self._job_halts()) is not None:
+                    self._halt(window, result, halted)
+                    break
         result.steps, result.train_seconds = self.step, self.train_seconds
         if stop.requested:
             if self.step > start_step and not self.run_dir.checkpoint(self.step).exists():
@@ -237,8 +246,35 @@ class Trainer:
         self._report(before, after)
         result.eval_before = before.result if before else None
         result.eval_after = after.result if after else None
-        self._close(status="completed", step=self.step)
+        result.health = self._conclude_health()
+        self._close(status="completed", step=self.step, **({"health": result.health} if result.health else {}),
+                    **({"halted": {"step": self.step, "reason": result.halted}} if result.halted else {}))
         return result
+
+    def _job_halts(self) -> str | None:
+        """Why the job asks to stop before its last step (a run with no learning signal, when
+        train.health.stop_on_no_signal says so), else None. Every process sees the same averaged
+        metrics, so all of them agree."""
+        return getattr(self.job, "stop_reason", lambda: None)()
+
+    def _halt(self, window: MetricWindow, result: TrainResult, reason: str) -> None:
+        """Stop the loop at this step: the steps since the last logged one are logged, and the run
+        goes on to its checkpoint, final evaluation and run.json like a finished one."""
+        if self.step % self.cfg.train.logging_interval and self.step != self.total_steps:
+            self._log_metrics(window, result)
+        result.halted = reason
+        self.log.warning(f"stopping at step {self.step} of {self.total_steps}: {reason}")
+
+    def _conclude_health(self) -> dict | None:
+        """The job's health verdict: logged as the closing line, returned for run.json and the caller."""
+        summary = getattr(self.job, "health_summary", lambda: None)()
+        if summary is None:
+            return None
+        from rlft.health import Finding, conclusion
+
+        line = conclusion(Finding.from_dict(f) for f in summary["findings"])
+        (self.log.info if summary["verdict"] == "healthy" else self.log.warning)(line)
+        return summary
 
     def _stopping(self, stop: StopRequest) -> bool:
         """Whether to stop before the next step. The processes of a data-parallel run agree on it
@@ -266,19 +302,23 @@ class Trainer:
         tcfg = self.cfg.train
         self.resources.step = self.step
         if self.step % tcfg.logging_interval == 0 or self.step == self.total_steps:
-            metrics = {"step": self.step, "epoch": round(self.step / self.job.steps_per_epoch, 4), **window.flush(),
-                       **self.resources.step_metrics()}
-            if self.dist.is_main:
-                append_jsonl(self.run_dir.metrics, metrics)
-            self.trackers.log(self.step, metrics)
-            self.log.info(self.job.step_line(self.step, metrics))
-            result.last_metrics = metrics
-            self.run_dir.write_run_info(step=self.step)
+            self._log_metrics(window, result)
         bar.advance(self.step, info=self.job.progress_info())
         if self.step % tcfg.save_interval == 0 and self.step < self.total_steps:
             self.save_checkpoint()
         if self.cfg.eval.interval and self.step % self.cfg.eval.interval == 0 and self.step < self.total_steps:
             self.evaluate(tag=f"every {self.cfg.eval.interval} steps")
+
+    def _log_metrics(self, window: MetricWindow, result: TrainResult) -> None:
+        """One metrics.jsonl row (the mean of the steps since the last one), the trackers and the log line."""
+        metrics = {"step": self.step, "epoch": round(self.step / self.job.steps_per_epoch, 4), **window.flush(),
+                   **self.resources.step_metrics()}
+        if self.dist.is_main:
+            append_jsonl(self.run_dir.metrics, metrics)
+        self.trackers.log(self.step, metrics)
+        self.log.info(self.job.step_line(self.step, metrics))
+        result.last_metrics = metrics
+        self.run_dir.write_run_info(step=self.step)
 
     # ------------------------------------------------------------------ eval / checkpoint
 

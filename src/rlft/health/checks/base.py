@@ -1,0 +1,48 @@
+"""The shape of a health check and the one registry of them (name -> check class)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from rlft.config.schema import HealthConfig
+from rlft.health.findings import Finding
+from rlft.health.stream import Stream
+
+CHECKS: dict[str, type[Check]] = {}
+
+
+def register(cls: type[Check]) -> type[Check]:
+    """Add a check to :data:`CHECKS` under its ``name`` (each name once)."""
+    if cls.name in CHECKS:
+        raise ValueError(f"two health checks named {cls.name!r}")
+    CHECKS[cls.name] = cls
+    return cls
+
+
+class Check:
+    """One health check. It reads each observed row (``on_step``) and each held-out evaluation
+    (``on_eval``) and returns a :class:`Finding` while the problem it looks for holds, else None; the
+    monitor decides when to say it again. A check keeps what state it needs (a streak, a best value).
+
+    ``thresholds``: the run's ``train.health``; ``task_reward``: the reward that is the task (the
+    others are shaping), or None."""
+
+    name: ClassVar[str]
+    severity: ClassVar[str] = "warning"
+    knob: ClassVar[str]
+    metrics: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, thresholds: HealthConfig, task_reward: str | None = None):
+        self.t = thresholds
+        self.task_reward = task_reward
+
+    def on_step(self, step: int, metrics: dict, span: int, stream: Stream) -> Finding | None:
+        return None
+
+    def on_eval(self, step: int, accuracy: float, num_prompts: int | None, stream: Stream) -> Finding | None:
+        return None
+
+    def found(self, step: int, message: str, *, severity: str | None = None, knob: str | None = None,
+              metrics: tuple[str, ...] | None = None) -> Finding:
+        return Finding(self.name, step, severity or self.severity, message, knob or self.knob,
+                       self.metrics if metrics is None else metrics)

@@ -1,0 +1,165 @@
+"""Is there a learning signal, and is the policy still writing what the task needs?
+
+No signal (every group tied), entropy collapse, completion length collapsing or running away,
+truncation, growing repetition, and one shaping reward steering the update instead of the task.
+"""
+
+from __future__ import annotations
+
+from rlft.health.checks.base import Check, register
+from rlft.health.findings import Finding
+from rlft.health.stream import finite
+
+
+@register
+class NoSignal(Check):
+    """Every advantage 0 (group-relative estimators when every group tied) or one reward for the whole
+    batch (any estimator): the update has nothing to learn from. A warning after
+    ``no_signal_patience`` steps in a row; unhealthy from ``no_signal_unhealthy``."""
+
+    name = "no_signal"
+    knob = "algorithm.temperature, algorithm.num_generations (or a reward that can tell completions apart)"
+    metrics = ("advantage/abs_mean", "reward/std", "groups_zero_std")
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.streak = 0  # steps in a row without a learning signal
+
+    def on_step(self, step, metrics, span, stream) -> Finding | None:
+        flat = metrics.get("advantage/abs_mean", 1.0) == 0.0 or metrics.get("reward/std", 1.0) == 0.0
+        self.streak = self.streak + span if flat else 0
+        if self.streak < self.t.no_signal_patience:
+            return None
+        reward = finite(metrics.get("reward/mean"))
+        severity = "unhealthy" if self.streak >= self.t.no_signal_unhealthy else "warning"
+        return self.found(step, f"no learning signal for {self.streak} steps in a row: every prompt's completions "
+                          f"got the same reward (mean {reward if reward is not None else float('nan'):.3f}), so "
+                          f"every advantage is 0 and the update changes nothing", severity=severity)
+
+
+@register
+class ZeroStdGroups(Check):
+    """Most groups tied: a little signal is left, from the few groups whose completions differ."""
+
+    name = "zero_std_groups"
+    knob = "algorithm.num_generations, algorithm.temperature"
+    metrics = ("groups_zero_std",)
+
+    def on_step(self, step, metrics, span, stream) -> Finding | None:
+        share = stream.recent("groups_zero_std")
+        if not stream.window_ready() or share is None or share < self.t.zero_std_share:
+            return None
+        return self.found(step, f"{share:.0%} of the groups (mean of the last {self.t.window} steps) had every "
+                          f"completion rewarded the same: only the other groups teach the policy anything")
+
+
+@register
+class EntropyCollapse(Check):
+    name = "entropy_collapse"
+    knob = "algorithm.temperature (raise), algorithm.learning_rate (lower)"
+    metrics = ("entropy",)
+
+    def on_step(self, step, metrics, span, stream) -> Finding | None:
+        if not stream.trend_ready():
+            return None
+        first, last = stream.start("entropy"), stream.recent("entropy")
+        if first is None or last is None or first <= 0:
+            return None
+        if last < first * self.t.entropy_collapse and last < self.t.entropy_floor:
+            return self.found(step, f"the policy's entropy fell from {first:.3f} to {last:.3f} nats per token: "
+                              f"it samples nearly the same completion every time, so groups tie and exploration "
+                              f"stops")
+        return None
+
+
+@register
+class LengthRunaway(Check):
+    name = "length_runaway"
+    knob = "algorithm.max_new_tokens, a length_penalty reward in reward.functions"
+    metrics = ("completion_len/mean", "truncation_rate")
+
+    def on_step(self, step, metrics, span, stream) -> Finding | None:
+        if not stream.trend_ready():
+            return None
+        first, last = stream.start("completion_len/mean"), stream.recent("completion_len/mean")
+        # 2 tokens at least: a 2 -> 3 token change is not a runaway
+        if first is None or last is None or not (last > first * (1 + self.t.length_growth) and last - first >= 2):
+            return None
+        return self.found(step, f"mean completion length grew from {first:.1f} tokens (first {self.t.window} "
+                          f"steps) to {last:.1f} (last {self.t.window}): a reward may be paying for length; "
+                          f"check samples.jsonl for padding or loops")
+
+
+@register
+class LengthCollapse(Check):
+    name = "length_collapse"
+    knob = "reward.functions[i].weight (the reward the short answers satisfy), algorithm.learning_rate"
+    metrics = ("completion_len/mean",)
+
+    def on_step(self, step, metrics, span, stream) -> Finding | None:
+        if not stream.trend_ready():
+            return None
+        first, last = stream.start("completion_len/mean"), stream.recent("completion_len/mean")
+        if first is None or last is None:
+            return None
+        if last < first * (1 - self.t.length_collapse) and last < self.t.length_floor:
+            return self.found(step, f"mean completion length collapsed from {first:.1f} to {last:.1f} tokens: "
+                              f"the policy stopped writing anything the task could reward")
+        return None
+
+
+@register
+class Truncation(Check):
+    name = "truncation"
+    knob = "algorithm.max_new_tokens"
+    metrics = ("truncation_rate", "completion_len/mean")
+
+    def on_step(self, step, metrics, span, stream) -> Finding | None:
+        rate = stream.recent("truncation_rate")
+        if not stream.window_ready() or rate is None or rate < self.t.truncation_rate:
+            return None
+        return self.found(step, f"{rate:.0%} of completions (last {self.t.window} steps) hit max_new_tokens: "
+                          f"the rewards judge cut-off text")
+
+
+@register
+class RepetitionGrowth(Check):
+    name = "repetition_growth"
+    knob = "algorithm.temperature, a length_penalty reward in reward.functions"
+    metrics = ("repetition/mean",)
+
+    def on_step(self, step, metrics, span, stream) -> Finding | None:
+        if not stream.trend_ready():
+            return None
+        first, last = stream.start("repetition/mean"), stream.recent("repetition/mean")
+        if first is None or last is None or last - first <= self.t.repetition_growth:
+            return None
+        return self.found(step, f"the repetition score grew from {first:.2f} to {last:.2f}: completions loop; "
+                          f"check samples.jsonl")
+
+
+@register
+class RewardDominance(Check):
+    """A reward other than the task reward carries nearly all the reward's variation for ``patience``
+    steps: shaping, not the task, steers the update. (The task reward dominating once a format reward
+    saturated is the healthy case.)"""
+
+    name = "reward_dominance"
+    knob = "reward.functions[i].weight"
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.streak = 0
+
+    def on_step(self, step, metrics, span, stream) -> Finding | None:
+        shares = {k.removeprefix("reward_share/"): v for k, v in metrics.items()
+                  if k.startswith("reward_share/") and finite(v) is not None}
+        top = max(shares.items(), key=lambda kv: kv[1], default=None)
+        dominant = len(shares) > 1 and top[0] != self.task_reward and top[1] >= self.t.dominance
+        self.streak = self.streak + span if dominant else 0
+        if self.streak < self.t.patience:
+            return None
+        return self.found(step, f"reward '{top[0]}' carried {top[1]:.0%} of the reward variation for {self.streak} "
+                          f"steps, more than the task reward '{self.task_reward}': the update follows it, not the "
+                          f"task", knob=f"reward.functions[i].weight of '{top[0]}' (lower it)",
+                          metrics=tuple(f"reward_share/{n}" for n in sorted(shares)))

@@ -1,0 +1,116 @@
+"""Each health check on a synthetic stream: a healthy run gives no finding; each way of breaking it
+gives its finding, at the step the problem becomes visible, with its severity and knob."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlft.health import CHECKS
+from tests.health.streams import found, run
+
+NAN = float("nan")
+
+# check -> (what breaks from step 30 on, the step the check sees it, its severity at the end of the run)
+BROKEN = {
+    "no_signal": ({"advantage/abs_mean": 0.0, "reward/std": 0.0}, 34, "unhealthy"),
+    "zero_std_groups": ({"groups_zero_std": 1.0}, 34, "warning"),
+    "entropy_collapse": ({"entropy": 0.01}, 34, "warning"),
+    "length_runaway": ({"completion_len/mean": 60.0}, 31, "warning"),
+    "length_collapse": ({"completion_len/mean": 1.0}, 34, "warning"),
+    "truncation": ({"truncation_rate": 0.9}, 32, "warning"),
+    "repetition_growth": ({"repetition/mean": 0.5}, 31, "warning"),
+    "kl_blowup": ({"kl": 5.0}, 30, "unhealthy"),
+    "ratio_drift": ({"ratio/mean": 1.5}, 32, "warning"),
+    "clip_fraction": ({"clip_frac": 0.8}, 31, "warning"),
+    "logprob_mismatch": ({"rollout/logprob_mismatch": 0.5}, 30, "warning"),
+    "tool_errors": ({"tool/error_rate": 0.9}, 32, "warning"),
+    "env_failures": ({"episode/finish/env_error": 0.5}, 31, "warning"),
+    "reward_dominance": ({"reward_share/format": 0.95, "reward_share/correct": 0.05}, 34, "warning"),
+}
+
+
+def test_a_healthy_run_gives_no_finding():
+    monitor = run(evals=[(0, 0.2, 50), (20, 0.4, 50), (40, 0.5, 50), (60, 0.6, 50)])
+    assert monitor.findings == [] and monitor.verdict == "healthy"
+
+
+def test_every_registered_check_is_tested_here():
+    assert set(BROKEN) | {"nonfinite", "grad_spike", "accuracy_falls"} == set(CHECKS)
+
+
+@pytest.mark.parametrize("check", sorted(BROKEN))
+def test_each_broken_stream_gives_its_finding_at_the_step_it_shows(check):
+    broken, step, severity = BROKEN[check]
+    result = found(run(broken))
+    assert result.get(check) == (step, severity), result
+    finding = next(f for f in run(broken).findings if f.check == check)
+    assert finding.knob and finding.message and f"step {step}" in finding.line()
+
+
+def test_no_signal_also_reads_as_mostly_tied_groups():
+    result = found(run({"advantage/abs_mean": 0.0, "reward/std": 0.0, "groups_zero_std": 1.0}))
+    assert result["no_signal"] == (34, "unhealthy") and result["zero_std_groups"] == (34, "warning")
+
+
+def test_a_short_no_signal_stretch_is_only_a_warning():
+    monitor = run({"advantage/abs_mean": 0.0}, start=30, steps=40)  # 11 steps < no_signal_unhealthy (20)
+    assert found(monitor)["no_signal"] == (34, "warning") and monitor.verdict == "warnings"
+
+
+def test_nan_or_inf_in_any_metric_is_unhealthy():
+    for value in (NAN, float("inf")):
+        monitor = run({"loss": value}, only_at=True)
+        assert found(monitor) == {"nonfinite": (30, "unhealthy")}, found(monitor)
+        assert "loss" in monitor.findings[0].message
+
+
+def test_a_grad_norm_spike_against_its_running_median():
+    assert found(run({"grad_norm": 50.0}, only_at=True)) == {"grad_spike": (30, "warning")}
+    assert found(run({"grad_norm": 5.0}, only_at=True)) == {}  # 4x its median: within grad_spike (10x)
+    assert found(run({"grad_norm": 50.0}, start=3, only_at=True)) == {}  # no median yet at step 3
+
+
+def test_a_kl_below_its_limit_is_not_a_blow_up():
+    assert found(run({"kl": 0.9})) == {}
+
+
+def test_the_task_reward_dominating_once_format_saturates_is_healthy():
+    assert found(run({"reward_share/format": 0.0, "reward_share/correct": 1.0})) == {}
+
+
+def test_length_shrinking_to_a_short_answer_is_not_a_collapse():
+    assert found(run({"completion_len/mean": 5.0})) == {}  # 20 -> 5 tokens: an answer, not nothing
+
+
+# ---------------------------------------------------------------- held-out accuracy vs training reward
+
+def test_the_issues_noisy_fifty_prompt_eval_does_not_cry_wolf():
+    # issue 36: 0 -> 40 -> 44 -> 54 -> 38 -> 72 -> 82 % on 50 prompts while the reward rose
+    accs = [0.0, 0.40, 0.44, 0.54, 0.38, 0.72, 0.82]
+    monitor = run(evals=[(10 * i, a, 50) for i, a in enumerate(accs)])
+    assert monitor.findings == []
+
+
+def test_a_drop_beyond_noise_warns_once_and_is_unhealthy_when_it_persists():
+    evals = [(0, 0.2, 200), (20, 0.6, 200), (40, 0.3, 200)]
+    monitor = run(evals=evals)
+    assert found(monitor) == {"accuracy_falls": (40, "warning")}
+    assert "fell to 30.0% (best 60.0% at step 20" in monitor.findings[0].message
+    monitor = run(evals=evals + [(50, 0.32, 200)])
+    assert found(monitor) == {"accuracy_falls": (40, "unhealthy")}
+
+
+def test_a_drop_within_the_noise_band_of_both_accuracies_is_not_flagged():
+    # best 18 % on 50 prompts: 2 standard errors of the difference from 10 % are 13.8 points, from 5 % 12.5
+    assert found(run(evals=[(10, 0.18, 50), (30, 0.10, 50)])) == {}
+    assert found(run(evals=[(10, 0.18, 50), (30, 0.05, 50)])) == {"accuracy_falls": (30, "warning")}
+
+
+def test_accuracy_falling_with_a_flat_training_reward_is_not_hacking():
+    monitor = run({"reward/mean": 0.3}, start=1, evals=[(10, 0.6, 200), (30, 0.2, 200), (50, 0.2, 200)])
+    assert monitor.findings == []
+
+
+def test_a_rate_waits_for_a_whole_window_of_steps():
+    monitor = run({"truncation_rate": 1.0}, start=1, steps=8)
+    assert found(monitor) == {"truncation": (5, "warning")}  # window 5: not "100 % of the last 5 steps" at step 1
