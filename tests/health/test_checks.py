@@ -6,23 +6,24 @@ from __future__ import annotations
 import pytest
 
 from rlft.health import CHECKS
-from tests.health.streams import found, run
+from tests.health.streams import found, healthy_row, run
 
 NAN = float("nan")
 
-# check -> (what breaks from step 30 on, the step the check sees it, its severity at the end of the run)
+# check -> (what breaks from step 30 on, the step the check sees it, its severity at the end of the run).
+# The quick checks average the last `window` (5) steps; the sustained ones the last `signal_window` (20).
 BROKEN = {
     "no_signal": ({"advantage/abs_mean": 0.0, "reward/std": 0.0}, 34, "unhealthy"),
-    "zero_std_groups": ({"groups_zero_std": 1.0}, 34, "warning"),
-    "entropy_collapse": ({"entropy": 0.01}, 34, "warning"),
+    "zero_std_groups": ({"groups_zero_std": 1.0}, 47, "warning"),  # 18 x 1.0 + 2 x 0.25 = 0.9 of 20
+    "entropy_collapse": ({"entropy": 0.01}, 49, "warning"),
     "length_runaway": ({"completion_len/mean": 60.0}, 31, "warning"),
     "length_collapse": ({"completion_len/mean": 1.0}, 34, "warning"),
-    "truncation": ({"truncation_rate": 0.9}, 32, "warning"),
+    "truncation": ({"truncation_rate": 0.9}, 40, "warning"),  # 11 x 0.9 + 9 x 0.05 >= 0.5 of 20
     "repetition_growth": ({"repetition/mean": 0.5}, 31, "warning"),
     "kl_blowup": ({"kl": 5.0}, 30, "unhealthy"),
     "ratio_drift": ({"ratio/mean": 1.5}, 32, "warning"),
     "clip_fraction": ({"clip_frac": 0.8}, 31, "warning"),
-    "logprob_mismatch": ({"rollout/logprob_mismatch": 0.5}, 30, "warning"),
+    "logprob_mismatch": ({"rollout/logprob_mismatch": 0.5}, 33, "warning"),
     "tool_errors": ({"tool/error_rate": 0.9}, 32, "warning"),
     "env_failures": ({"episode/finish/env_error": 0.5}, 31, "warning"),
     "reward_dominance": ({"reward_share/format": 0.95, "reward_share/correct": 0.05}, 34, "warning"),
@@ -49,11 +50,11 @@ def test_each_broken_stream_gives_its_finding_at_the_step_it_shows(check):
 
 def test_no_signal_also_reads_as_mostly_tied_groups():
     result = found(run({"advantage/abs_mean": 0.0, "reward/std": 0.0, "groups_zero_std": 1.0}))
-    assert result["no_signal"] == (34, "unhealthy") and result["zero_std_groups"] == (34, "warning")
+    assert result["no_signal"] == (34, "unhealthy") and result["zero_std_groups"] == (47, "warning")
 
 
 def test_a_short_no_signal_stretch_is_only_a_warning():
-    monitor = run({"advantage/abs_mean": 0.0}, start=30, steps=40)  # 11 steps < no_signal_unhealthy (20)
+    monitor = run({"advantage/abs_mean": 0.0}, start=30, steps=40)  # 11 of the last 20 steps < no_signal_share
     assert found(monitor)["no_signal"] == (34, "warning") and monitor.verdict == "warnings"
 
 
@@ -112,5 +113,24 @@ def test_accuracy_falling_with_a_flat_training_reward_is_not_hacking():
 
 
 def test_a_rate_waits_for_a_whole_window_of_steps():
-    monitor = run({"truncation_rate": 1.0}, start=1, steps=8)
-    assert found(monitor) == {"truncation": (5, "warning")}  # window 5: not "100 % of the last 5 steps" at step 1
+    monitor = run({"truncation_rate": 1.0}, start=1, steps=25)  # not "100 % of the last 20 steps" at step 1
+    assert found(monitor) == {"truncation": (20, "warning")}
+    monitor = run({"clip_frac": 1.0}, start=1, steps=8)
+    assert found(monitor) == {"clip_fraction": (5, "warning")}
+
+
+def test_a_stuck_run_with_the_odd_step_of_signal_is_unhealthy():
+    """Issue 36's collapsed run: groups tied for good, a signal on one step in four now and then."""
+    flat = {"advantage/abs_mean": 0.0, "reward/std": 0.0}
+    monitor = run()
+    for step in range(61, 101):
+        monitor.observe_step(step, {**healthy_row(step), **({} if step % 4 == 0 else flat)})
+    assert found(monitor)["no_signal"][1] == "unhealthy"  # never 5 in a row, but 75 % of every 20 steps
+
+
+def test_a_few_signal_less_steps_in_a_learning_run_are_not_unhealthy():
+    flat = {"advantage/abs_mean": 0.0, "reward/std": 0.0}
+    monitor = run()
+    for step in range(61, 101):
+        monitor.observe_step(step, {**healthy_row(step), **(flat if step % 4 == 0 else {})})
+    assert monitor.findings == []

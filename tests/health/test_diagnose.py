@@ -51,7 +51,7 @@ def test_no_signal_and_nan_make_it_unhealthy_exit_3_with_a_plot_per_finding(tmp_
     assert main(["diagnose", str(run), "--out", str(tmp_path / "report")]) == 3
     out = capsys.readouterr().out
     assert "bad: unhealthy" in out
-    assert "step 30 (still at step 60) [no_signal, unhealthy]: no learning signal for 40 steps" in out
+    assert "step 30 (still at step 60) [no_signal, unhealthy]: no learning signal on 100% of the last 20 steps (40 in a row now)" in out
     assert "step 60 [nonfinite, unhealthy]: non-finite metrics kl" in out
     report = (tmp_path / "report" / "report.md").read_text()
     assert "| 1 | no_signal | unhealthy | step 30 | step 60 | algorithm.temperature" in report
@@ -63,7 +63,7 @@ def test_json_output_and_no_plots(tmp_path, capsys):
     assert main(["diagnose", str(run), "--json", "--no-plots"]) == 0  # warnings only: exit 0
     data = json.loads(capsys.readouterr().out)
     assert data["verdict"] == "warnings" and data["plots"] == []
-    assert {f["check"]: f["step"] for f in data["findings"]} == {"length_runaway": 30, "truncation": 30}
+    assert {f["check"]: f["step"] for f in data["findings"]} == {"length_runaway": 30, "truncation": 40}
     assert all(f["knob"] == "algorithm.max_new_tokens" or "max_new_tokens" in f["knob"] for f in data["findings"])
 
 

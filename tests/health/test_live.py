@@ -48,7 +48,7 @@ def test_findings_reach_the_log_the_eval_files_and_run_json(tiny_config):
 def test_a_constant_reward_is_unhealthy_and_stops_when_asked_with_exit_3(tmp_path, tiny_config, capsys):
     _custom_reward(tmp_path, tiny_config, CONSTANT, "constant")
     tiny_config["train"].update(max_steps=20, save_interval=100, logging_interval=2,
-                                health={"no_signal_patience": 2, "no_signal_unhealthy": 3, "stop_on_no_signal": 3,
+                                health={"no_signal_patience": 2, "signal_window": 3, "stop_on_no_signal": 3,
                                         "fail_on_unhealthy": True})
     tiny_config["eval"].update(before_training=False)
     config = tmp_path / "constant.yaml"
@@ -84,7 +84,7 @@ def test_a_reward_that_pays_for_length_shows_a_length_runaway(tmp_path, tiny_con
     _custom_reward(tmp_path, tiny_config, LONGER, "longer")
     # The tiny model's completions start near the cap (~48 of 64 tokens), so only ~1/3 of growth fits below it.
     tiny_config["algorithm"].update(learning_rate=3e-2, max_new_tokens=64, kl_coef=0.0)
-    tiny_config["train"].update(max_steps=8, health={"length_growth": 0.15, "window": 2})
+    tiny_config["train"].update(max_steps=8, health={"length_growth": 0.15, "window": 2, "signal_window": 4})
     tiny_config["eval"].update(before_training=False, after_training=False)
     result = Trainer(config=tiny_config).train()
     found = {f["check"] for f in result.health["findings"]}

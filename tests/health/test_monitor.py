@@ -33,7 +33,7 @@ def said():
 
 def test_no_signal_keeps_saying_so_while_it_lasts(said):
     log, lines = said
-    monitor = HealthMonitor(HealthConfig(no_signal_patience=3, no_signal_unhealthy=10, repeat_every=5), log=log)
+    monitor = HealthMonitor(HealthConfig(no_signal_patience=3, signal_window=10, repeat_every=5), log=log)
     for step in range(1, 21):
         monitor.observe_step(step, FLAT)
     no_signal = [line for line in lines if "[no_signal]" in line]
@@ -72,9 +72,9 @@ def test_rows_standing_for_several_steps_count_as_those_steps():
     for step in (10, 20, 30):
         monitor.observe_step(step, FLAT, span=10)
     finding = monitor.findings[0]
-    # seen at step 10 (10 steps >= no_signal_patience), unhealthy from step 20 (20 >= no_signal_unhealthy)
+    # seen at step 10 (10 steps >= no_signal_patience), unhealthy from step 20 (all of the last 20 steps)
     assert (finding.check, finding.step, finding.severity) == ("no_signal", 10, "unhealthy")
-    assert monitor.verdict == "unhealthy" and "30 steps" in finding.message
+    assert monitor.verdict == "unhealthy" and "(30 in a row now)" in finding.message
 
 
 def test_sparse_healthy_rows_give_no_finding():

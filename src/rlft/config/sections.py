@@ -119,28 +119,37 @@ class HealthConfig(Section):
     """Thresholds of the run-health checks (rlft.health): live warnings during training, the verdict in
     run.json and ``rlft diagnose``. A trend compares the first ``window`` steps with the last ``window``."""
 
-    window: int = Field(5, gt=0, description="Steps averaged at the start and at the end of a trend or rate check.")
+    window: int = Field(
+        5, gt=0, description="Steps averaged at the start and at the end of a trend, and by the quick rate checks "
+        "(importance ratio, clip fraction, tool and environment failures).")
+    signal_window: int = Field(
+        20, gt=0, description="Steps over which the sustained conditions are measured: signal-less steps, tied "
+        "groups, the entropy floor, truncation and the rollout log-prob mismatch (a few bad steps early in a run "
+        "that then learns are not a problem).")
     repeat_every: int = Field(20, gt=0, description="Say a problem that persists again every this many steps.")
     no_signal_patience: int = Field(
         5, gt=0, description="Warn after this many steps in a row with no learning signal (every advantage 0, or "
         "one reward for the whole batch).")
-    no_signal_unhealthy: int = Field(
-        20, gt=0, description="That many steps in a row with no learning signal make the run unhealthy.")
+    no_signal_share: float = Field(
+        0.75, gt=0, le=1, description="No learning signal in this share of the last signal_window steps makes the "
+        "run unhealthy.")
     stop_on_no_signal: int | None = Field(
         None, gt=0, description="Stop the run (checkpoint kept, status completed, verdict unhealthy) after this many "
         "steps in a row with no learning signal; null: never stop.")
     zero_std_share: float = Field(
-        0.9, gt=0, le=1, description="Warn when this share of groups, averaged over the last window, have every "
-        "completion rewarded the same (little to learn from).")
+        0.9, gt=0, le=1, description="Warn when this share of groups, averaged over the last signal_window steps, had "
+        "every completion rewarded the same (little to learn from).")
     entropy_collapse: float = Field(
-        0.1, gt=0, lt=1, description="Warn when the policy's entropy falls below this fraction of its start ...")
+        0.1, gt=0, lt=1, description="Warn when the policy's entropy, over the last signal_window steps, falls below "
+        "this fraction of its start ...")
     entropy_floor: float = Field(0.05, ge=0, description="... and below this many nats per token.")
     length_growth: float = Field(0.5, gt=0, description="Warn when mean completion length grows by this fraction.")
     length_collapse: float = Field(
         0.8, gt=0, lt=1, description="Warn when mean completion length shrinks by this fraction of its start ...")
     length_floor: float = Field(3.0, ge=0, description="... to fewer than this many tokens.")
     truncation_rate: float = Field(
-        0.5, gt=0, le=1, description="Warn when this share of completions, over the last window, hit max_new_tokens.")
+        0.5, gt=0, le=1, description="Warn when this share of completions, over the last signal_window steps, hit "
+        "max_new_tokens.")
     repetition_growth: float = Field(0.15, gt=0, description="Warn when the mean repetition score rises by this much.")
     kl_max: float = Field(
         1.0, gt=0, description="KL to the reference (per token) above this makes the run unhealthy (KL blow-up).")
@@ -152,7 +161,7 @@ class HealthConfig(Section):
         10.0, gt=1, description="Warn when the gradient norm exceeds this multiple of its running median.")
     logprob_mismatch: float = Field(
         0.1, gt=0, description="Warn when the rollout engine's and the trainer's log-probs of the sampled tokens "
-        "differ by this much per token on average (rollout/logprob_mismatch, over the last window).")
+        "differ by this much per token on average (rollout/logprob_mismatch, over the last signal_window steps).")
     tool_error_rate: float = Field(
         0.5, gt=0, le=1, description="Warn when this share of tool calls, over the last window, fail.")
     env_failure_rate: float = Field(

@@ -55,17 +55,27 @@ class Stream:
                 break
         return out
 
-    def recent(self, key: str) -> float | None:
-        """Mean of ``key`` over the last ``window`` steps."""
-        return self._mean(self._rows_covering(reversed(self.rows), self.window), key)
+    def recent(self, key: str, steps: int | None = None) -> float | None:
+        """Mean of ``key`` over the last ``steps`` steps (default ``window``)."""
+        return self._mean(self._rows_covering(reversed(self.rows), steps or self.window), key)
+
+    def recent_share(self, flags: list[tuple[int, bool]], steps: int) -> float:
+        """The share of the last ``steps`` steps whose flag is set; ``flags``: (span, flag) per row, oldest first."""
+        covered = flagged = 0
+        for span, flag in reversed(flags):
+            take = min(span, steps - covered)
+            covered, flagged = covered + take, flagged + (take if flag else 0)
+            if covered >= steps:
+                break
+        return flagged / covered if covered else 0.0
 
     def start(self, key: str) -> float | None:
         """Mean of ``key`` over the first ``window`` steps."""
         return self._mean(self._rows_covering(self.rows, self.window), key)
 
-    def window_ready(self) -> bool:
-        """Whether a whole window of steps has been seen (a rate over fewer steps is not yet one)."""
-        return self.steps_covered >= self.window
+    def window_ready(self, steps: int | None = None) -> bool:
+        """Whether ``steps`` (default ``window``) steps have been seen: a rate over fewer is not yet one."""
+        return self.steps_covered >= (steps or self.window)
 
     def trend_ready(self) -> bool:
         """Whether the run is long enough for a start and an end window that do not overlap."""

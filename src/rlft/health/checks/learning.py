@@ -15,7 +15,8 @@ from rlft.health.stream import finite
 class NoSignal(Check):
     """Every advantage 0 (group-relative estimators when every group tied) or one reward for the whole
     batch (any estimator): the update has nothing to learn from. A warning after
-    ``no_signal_patience`` steps in a row; unhealthy from ``no_signal_unhealthy``."""
+    ``no_signal_patience`` steps in a row; unhealthy when such steps make up ``no_signal_share`` of the
+    last ``signal_window`` (a stuck run has the odd step with a signal, and is stuck all the same)."""
 
     name = "no_signal"
     knob = "algorithm.temperature, algorithm.num_generations (or a reward that can tell completions apart)"
@@ -24,17 +25,23 @@ class NoSignal(Check):
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
         self.streak = 0  # steps in a row without a learning signal
+        self.flags: list[tuple[int, bool]] = []  # (span, no signal) per row
 
     def on_step(self, step, metrics, span, stream) -> Finding | None:
         flat = metrics.get("advantage/abs_mean", 1.0) == 0.0 or metrics.get("reward/std", 1.0) == 0.0
         self.streak = self.streak + span if flat else 0
-        if self.streak < self.t.no_signal_patience:
+        self.flags.append((span, flat))
+        window = self.t.signal_window
+        share = stream.recent_share(self.flags, window) if stream.window_ready(window) else 0.0
+        stuck = share >= self.t.no_signal_share
+        if self.streak < self.t.no_signal_patience and not (stuck and flat):
             return None
         reward = finite(metrics.get("reward/mean"))
-        severity = "unhealthy" if self.streak >= self.t.no_signal_unhealthy else "warning"
-        return self.found(step, f"no learning signal for {self.streak} steps in a row: every prompt's completions "
-                          f"got the same reward (mean {reward if reward is not None else float('nan'):.3f}), so "
-                          f"every advantage is 0 and the update changes nothing", severity=severity)
+        when = (f"on {share:.0%} of the last {window} steps ({self.streak} in a row now)" if stuck
+                else f"for {self.streak} steps in a row")
+        return self.found(step, f"no learning signal {when}: every prompt's completions got the same reward (mean "
+                          f"{reward if reward is not None else float('nan'):.3f}), so every advantage is 0 and the "
+                          f"update changes nothing", severity="unhealthy" if stuck else "warning")
 
 
 @register
@@ -46,10 +53,10 @@ class ZeroStdGroups(Check):
     metrics = ("groups_zero_std",)
 
     def on_step(self, step, metrics, span, stream) -> Finding | None:
-        share = stream.recent("groups_zero_std")
-        if not stream.window_ready() or share is None or share < self.t.zero_std_share:
+        share = stream.recent("groups_zero_std", self.t.signal_window)
+        if not stream.window_ready(self.t.signal_window) or share is None or share < self.t.zero_std_share:
             return None
-        return self.found(step, f"{share:.0%} of the groups (mean of the last {self.t.window} steps) had every "
+        return self.found(step, f"{share:.0%} of the groups (mean of the last {self.t.signal_window} steps) had every "
                           f"completion rewarded the same: only the other groups teach the policy anything")
 
 
@@ -60,9 +67,9 @@ class EntropyCollapse(Check):
     metrics = ("entropy",)
 
     def on_step(self, step, metrics, span, stream) -> Finding | None:
-        if not stream.trend_ready():
+        if not stream.window_ready(self.t.signal_window) or not stream.trend_ready():
             return None
-        first, last = stream.start("entropy"), stream.recent("entropy")
+        first, last = stream.start("entropy"), stream.recent("entropy", self.t.signal_window)
         if first is None or last is None or first <= 0:
             return None
         if last < first * self.t.entropy_collapse and last < self.t.entropy_floor:
@@ -115,10 +122,10 @@ class Truncation(Check):
     metrics = ("truncation_rate", "completion_len/mean")
 
     def on_step(self, step, metrics, span, stream) -> Finding | None:
-        rate = stream.recent("truncation_rate")
-        if not stream.window_ready() or rate is None or rate < self.t.truncation_rate:
+        rate = stream.recent("truncation_rate", self.t.signal_window)
+        if not stream.window_ready(self.t.signal_window) or rate is None or rate < self.t.truncation_rate:
             return None
-        return self.found(step, f"{rate:.0%} of completions (last {self.t.window} steps) hit max_new_tokens: "
+        return self.found(step, f"{rate:.0%} of completions (last {self.t.signal_window} steps) hit max_new_tokens: "
                           f"the rewards judge cut-off text")
 
 

@@ -102,9 +102,9 @@ class LogprobMismatch(Check):
     metrics = ("rollout/logprob_mismatch",)
 
     def on_step(self, step, metrics, span, stream) -> Finding | None:
-        gap = stream.recent("rollout/logprob_mismatch")
-        if not stream.window_ready() or gap is None or gap <= self.t.logprob_mismatch:
+        gap = stream.recent("rollout/logprob_mismatch", self.t.signal_window)
+        if not stream.window_ready(self.t.signal_window) or gap is None or gap <= self.t.logprob_mismatch:
             return None
         return self.found(step, f"the rollout engine's and the trainer's log-probs of the sampled tokens differ by "
-                          f"{gap:.3f} per token (last {self.t.window} steps): the update treats off-policy samples "
+                          f"{gap:.3f} per token (last {self.t.signal_window} steps): the update treats off-policy samples "
                           f"as on-policy")
