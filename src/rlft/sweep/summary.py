@@ -24,6 +24,7 @@ from rlft.sweep.metrics import MAIN_METRICS
 from rlft.sweep.registry import attempts_by_name, metrics_of
 
 STDERR_TAIL_LINES = 20
+HEALTH_COLOURS = {"healthy": "green", "warnings": "yellow", "unhealthy": "red"}
 
 
 @dataclass
@@ -41,6 +42,8 @@ class RunRow:
     best: dict = field(default_factory=dict)
     error: str | None = None
     history: list[str] = field(default_factory=list)  # "1 failed (transient)", "2 success"
+    health: str | None = None  # the run's health verdict (run.json), None when it recorded none
+    health_checks: list[str] = field(default_factory=list)  # the checks that fired, unhealthy ones first
 
 
 def summarize(store: JobStore, sweep: str) -> list[RunRow]:
@@ -48,14 +51,31 @@ def summarize(store: JobStore, sweep: str) -> list[RunRow]:
     for name, jobs in attempts_by_name(store, sweep).items():
         last = jobs[-1]
         final, best = metrics_of(last)
+        verdict, checks = health_of(last.run_dir)
         spans = [j.finished_at - j.started_at for j in jobs if j.started_at and j.finished_at]
         rows.append(RunRow(
             name=name, status=last.status, failure_class=last.failure_class, attempts=len(jobs),
             seconds=sum(spans) if spans else None, run_dir=last.run_dir, config_source=last.config_source,
             final=final, best=best, error=error_text(last) if last.status == "failed" else None,
             history=[f"{j.attempt or i + 1} {j.status}" + (f" ({j.failure_class})" if j.failure_class else "")
-                     for i, j in enumerate(jobs)]))
+                     for i, j in enumerate(jobs)], health=verdict, health_checks=checks))
     return rows
+
+
+def health_of(run_dir: str) -> tuple[str | None, list[str]]:
+    """The health verdict run.json recorded (rlft.health; ``rlft diagnose`` gives the details) and the
+    checks that fired."""
+    health = read_run_info(run_dir).get("health")
+    if not isinstance(health, dict) or not isinstance(health.get("verdict"), str):
+        return None, []
+    findings = [f for f in health.get("findings", []) if isinstance(f, dict)]
+    return health["verdict"], [str(f.get("check")) for f in findings]
+
+
+def _health_cell(row: RunRow) -> str:
+    if row.health is None:
+        return ""
+    return row.health + (f" ({', '.join(row.health_checks[:3])})" if row.health_checks else "")
 
 
 def error_text(job: Job) -> str:
@@ -90,7 +110,8 @@ def _duration(seconds: float | None) -> str:
 
 
 def _cells(row: RunRow, metrics: list[str]) -> list[str]:
-    cells = [row.name, row.status, row.failure_class or "", str(row.attempts), _duration(row.seconds)]
+    cells = [row.name, row.status, row.failure_class or "", str(row.attempts), _duration(row.seconds),
+             _health_cell(row)]
     return cells + [f"{_number(row.final.get(k))} / {_number(row.best.get(k))}" if k in row.final else ""
                     for k in metrics]
 
@@ -108,11 +129,11 @@ def _write_csv(rows: list[RunRow], path: Path) -> Path:
     metrics = metric_columns(rows)
     with open(path, "w", newline="", encoding="utf-8") as f:
         out = csv.writer(f)
-        out.writerow(["name", "status", "failure_class", "attempts", "seconds",
+        out.writerow(["name", "status", "failure_class", "attempts", "seconds", "health", "health_checks",
                       *(f"{k}_{w}" for k in metrics for w in ("final", "best")), "run_dir", "config_source", "error"])
         for r in rows:
             out.writerow([r.name, r.status, r.failure_class or "", r.attempts,
-                          "" if r.seconds is None else f"{r.seconds:.2f}",
+                          "" if r.seconds is None else f"{r.seconds:.2f}", r.health or "", " ".join(r.health_checks),
                           *(v for k in metrics for v in (r.final.get(k, ""), r.best.get(k, ""))),
                           r.run_dir, r.config_source or "", gist(r.error) if r.error else ""])
     return path
@@ -122,18 +143,28 @@ def headline(rows: list[RunRow]) -> str:
     counts: dict[str, int] = {}
     for r in rows:
         counts[r.status] = counts.get(r.status, 0) + 1
-    return f"{len(rows)} runs: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    verdicts: dict[str, int] = {}
+    for r in rows:
+        if r.health is not None:
+            verdicts[r.health] = verdicts.get(r.health, 0) + 1
+    health = ("; health: " + ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items()))) if verdicts else ""
+    return f"{len(rows)} runs: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + health
 
 
 def _write_markdown(rows: list[RunRow], path: Path, sweep_dir: Path) -> Path:
     metrics = metric_columns(rows)
-    head = ["run", "status", "failure class", "attempts", "duration", *(f"{k} (final / best)" for k in metrics)]
+    head = ["run", "status", "failure class", "attempts", "duration", "health",
+            *(f"{k} (final / best)" for k in metrics)]
     lines = [f"# Sweep {sweep_dir.name}", "", headline(rows), "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(c.replace("|", "\\|") for c in _cells(r, metrics)) + " |" for r in rows]
     failed = [r for r in rows if r.status == "failed"]
     if failed:
         lines += ["", f"{len(failed)} failed: see errors.md."]
+    unhealthy = [r for r in rows if r.health == "unhealthy"]
+    if unhealthy:
+        lines += ["", f"{len(unhealthy)} unhealthy (completed, but not learning as they should): "
+                  f"`rlft diagnose RUN_DIR` writes each one's report."]
     lines += ["", "Run directories (overlay their curves with `rlft plot`):", ""]
     lines += [f"- {r.name}: `{r.run_dir}`" for r in rows]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -167,7 +198,7 @@ def print_table(rows: list[RunRow], sweep_dir: Path, file=None) -> None:
     metrics = metric_columns(rows)
     table = Table(title=f"sweep {sweep_dir}: {headline(rows)}", title_justify="left")
     table.add_column("run", min_width=min(30, max(len(r.name) for r in rows)), overflow="fold")
-    for name in ("status", "class", "attempts", "duration"):
+    for name in ("status", "class", "attempts", "duration", "health"):
         table.add_column(name, no_wrap=True)
     for key in metrics:
         table.add_column(f"{key}\nfinal / best", overflow="fold")
@@ -175,11 +206,15 @@ def print_table(rows: list[RunRow], sweep_dir: Path, file=None) -> None:
     for r in rows:
         cells = _cells(r, metrics)
         cells[1] = f"[{colour.get(r.status, 'white')}]{r.status}[/]"
+        cells[5] = f"[{HEALTH_COLOURS.get(r.health or '', 'white')}]{cells[5]}[/]" if cells[5] else ""
         table.add_row(*cells)
     console.print(table)
     for r in rows:
         if r.status == "failed":
             console.print(f"[red]{r.name}[/] ({r.failure_class}): {gist(r.error)}", soft_wrap=True)
+        elif r.health == "unhealthy":
+            console.print(f"[red]{r.name}[/] is unhealthy ({', '.join(r.health_checks)}): rlft diagnose {r.run_dir}",
+                          soft_wrap=True)
 
 
 def gist(text: str | None, limit: int = 200) -> str:
