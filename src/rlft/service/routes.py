@@ -167,9 +167,20 @@ def _info(job: Job) -> JobInfo:
     fields = {k: v for k, v in job.as_dict().items() if k in JobInfo.model_fields}
     run = read_run_info(job.run_dir)
     progress = run.get("progress")
+    verdict, findings = _health(run)
     return JobInfo(**fields, step=run.get("step"), total_steps=run.get("total_steps"),
                    last_progress=progress if isinstance(progress, (int, float)) else None,
-                   stalled=stalled(run) if job.status == "running" else None)
+                   stalled=stalled(run) if job.status == "running" else None, health=verdict,
+                   health_findings=findings)
+
+
+def _health(run: dict) -> tuple[str | None, list[dict]]:
+    """run.json's health verdict and findings (written by the trainer at each logging step and at the
+    end); nothing for a run that recorded none, or recorded something this version does not know."""
+    health = run.get("health")
+    if not isinstance(health, dict) or health.get("verdict") not in ("healthy", "warnings", "unhealthy"):
+        return None, []
+    return health["verdict"], [f for f in health.get("findings", []) if isinstance(f, dict)]
 
 
 def _static_file(name: str):

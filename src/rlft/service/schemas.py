@@ -65,6 +65,12 @@ class JobInfo(BaseModel):
     stalled: str | None = Field(None, description="Set while a running job has completed no step for max(10 min, "
                                                   "5 x its median step time): 'stalled: no step for X min ...'. "
                                                   "The job is not stopped.")
+    health: Literal["healthy", "warnings", "unhealthy"] | None = Field(
+        None, description="The run's health verdict so far (from its run.json; rlft.health): 'unhealthy' is a "
+                          "run that completes but is not learning as it should. `rlft diagnose RUN_DIR` writes "
+                          "the report.")
+    health_findings: list[dict[str, Any]] = Field(
+        default_factory=list, description="The health checks that fired: check, step, severity, message, knob.")
 
 
 class JobDetail(JobInfo):

@@ -318,7 +318,8 @@ class Trainer:
         self.trackers.log(self.step, metrics)
         self.log.info(self.job.step_line(self.step, metrics))
         result.last_metrics = metrics
-        self.run_dir.write_run_info(step=self.step)
+        health = getattr(self.job, "health_summary", lambda: None)()  # the verdict so far: the service shows it live
+        self.run_dir.write_run_info(step=self.step, **({"health": health} if health else {}))
 
     # ------------------------------------------------------------------ eval / checkpoint
 

@@ -178,12 +178,29 @@
         el("span", { class: `badge status-${j.stalled ? "stalled" : j.status}`, text: j.stalled ? `${j.status}, stalled` : j.status,
                      title: j.stalled || null }),
         el("div", { class: "job-main" }, el("code", { text: j.id }), el("span", { class: "src", text: j.config_source || "inline config", title: j.run_dir })),
-        el("div", { class: "job-meta" }, el("span", { text: progress }), el("span", { text: ago(j.created_at) })));
+        el("div", { class: "job-meta" }, el("span", { text: progress }), ...healthBadge(j), el("span", { text: ago(j.created_at) })));
       row.addEventListener("click", () => select(j.id));
       row.addEventListener("keydown", (ev) => { if (ev.key === "Enter") select(j.id); });
       return row;
     }));
     if (refocus) { const row = list.querySelector(`.job-row[data-job-id="${CSS.escape(refocus)}"]`); if (row) row.focus(); }
+  }
+
+  // The run's health verdict (rlft.health, from its run.json): a badge, and each finding with its knob.
+  function healthBadge(job) {  // [] or [a badge]: a healthy run (or one with no verdict yet) shows none in the list
+    if (!job.health || job.health === "healthy") return [];
+    const checks = (job.health_findings || []).map((f) => f.check).join(", ");
+    return [el("span", { class: `badge health-${job.health}`, text: job.health, title: checks || null })];
+  }
+
+  function healthDetails(job) {
+    const findings = job.health_findings || [];
+    return el("div", { class: "health-details" },
+      el("span", { class: `badge health-${job.health}`, text: job.health }),
+      ...findings.map((f) => el("div", { class: `finding finding-${f.severity}` },
+        el("strong", { text: `${f.check} (${f.severity}, step ${f.step})` }),
+        el("span", { text: `: ${f.message}. ` }), el("span", { class: "knob", text: `Knob: ${f.knob}` }))),
+      ...(findings.length ? [el("div", { class: "hint", text: `rlft diagnose ${job.run_dir} writes the report with plots` })] : []));
   }
 
   // ------------------------------------------------------------------ the selected job
@@ -218,6 +235,7 @@
     const rows = [
       ["status", el("span", { class: `badge status-${job.status}`, text: job.cancel_requested && LIVE.has(job.status) ? `${job.status} (cancel requested)` : job.status })],
       ["stalled", job.stalled ? el("span", { class: "badge status-stalled", role: "alert", text: job.stalled }) : null],
+      ["health", job.health ? healthDetails(job) : null],
       ["kind", job.kind], ["config", job.config_source || "inline config"],
       ["progress", isNum(job.step) ? `step ${job.step}${isNum(job.total_steps) ? ` of ${job.total_steps}` : ""}` : "–"],
       ["error type", job.error_type], ["exit code", job.exit_code], ["summary", job.summary],
