@@ -79,6 +79,16 @@ def test_the_task_reward_dominating_once_format_saturates_is_healthy():
     assert found(run({"reward_share/format": 0.0, "reward_share/correct": 1.0})) == {}
 
 
+def test_without_knowing_the_task_reward_no_reward_is_called_shaping():
+    from rlft.health import HealthMonitor
+    from tests.health.streams import healthy_row
+
+    monitor = HealthMonitor(task_reward=None)
+    for step in range(1, 30):
+        monitor.observe_step(step, {**healthy_row(step), "reward_share/format": 0.95, "reward_share/correct": 0.05})
+    assert monitor.findings == []
+
+
 def test_length_shrinking_to_a_short_answer_is_not_a_collapse():
     assert found(run({"completion_len/mean": 5.0})) == {}  # 20 -> 5 tokens: an answer, not nothing
 

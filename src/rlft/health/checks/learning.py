@@ -159,6 +159,8 @@ class RewardDominance(Check):
         self.streak = 0
 
     def on_step(self, step, metrics, span, stream) -> Finding | None:
+        if self.task_reward is None:  # which reward is the task is unknown (a run dir without its config)
+            return None
         shares = {k.removeprefix("reward_share/"): v for k, v in metrics.items()
                   if k.startswith("reward_share/") and finite(v) is not None}
         top = max(shares.items(), key=lambda kv: kv[1], default=None)
