@@ -90,6 +90,34 @@ def test_group_normalize_groups_sum_to_zero_fixed_seeds():
             torch.testing.assert_close(adv.sum(1), torch.zeros(5), atol=1e-5, rtol=0)
 
 
+def test_tied_groups_are_compared_with_the_batch():
+    # groups [1, 0], [0, 0], [1, 1]; batch mean 0.5; the tied groups sit 0.5 below / above it.
+    rewards = t([1.0, 0.0, 0.0, 0.0, 1.0, 1.0])
+    adv = group_normalize(rewards, 2, scale=False, tied_weight=0.2)
+    # group 1 is unchanged (+-0.5); groups 2 and 3: 0.2 * (r - 0.5)
+    torch.testing.assert_close(adv, t([0.5, -0.5, -0.1, -0.1, 0.1, 0.1]))
+    # scaled: batch unbiased std = sqrt(6 * 0.25 / 5) = sqrt(0.3); group 1: +-0.5 / (sqrt(0.5) + eps)
+    scaled = group_normalize(rewards, 2, scale=True, tied_weight=0.2)
+    s_group, s_batch = 0.5 ** 0.5 + EPS, 0.3 ** 0.5 + EPS
+    torch.testing.assert_close(scaled, t([0.5 / s_group, -0.5 / s_group, -0.1 / s_batch, -0.1 / s_batch,
+                                          0.1 / s_batch, 0.1 / s_batch]))
+
+
+def test_tied_weight_zero_and_left_out_rows():
+    rewards = t([1.0, 0.0, 0.0, 0.0])
+    torch.testing.assert_close(group_normalize(rewards, 2, scale=False, tied_weight=0.0), t([0.5, -0.5, 0.0, 0.0]))
+    # row 3 is left out: the tied group is row 2 alone (reward 0), the batch mean is over rows 0-2 (1/3)
+    valid = torch.tensor([True, True, True, False])
+    adv = group_normalize(rewards, 2, scale=False, valid=valid, tied_weight=1.0)
+    torch.testing.assert_close(adv, t([0.5, -0.5, -1.0 / 3.0, 0.0]))
+
+
+def test_grpo_takes_tied_group_weight_from_the_pool():
+    adv = run("grpo", [1.0, 1.0, 0.0, 1.0], [[1], [1], [1], [1]], 2, scale_rewards=False, tied_group_weight=1.0)
+    # group 1 tied at 1.0, batch mean 0.75 -> +0.25 each; group 2 -> -0.5, +0.5
+    torch.testing.assert_close(adv.advantages, t([[0.25], [0.25], [-0.5], [0.5]]))
+
+
 def test_group_normalize_indivisible_batch_raises():
     with pytest.raises(ValueError, match="groups of 4"):
         group_normalize(torch.zeros(6), 4, scale=True)

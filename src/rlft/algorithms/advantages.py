@@ -104,7 +104,8 @@ def _grouped(rewards: torch.Tensor, group_size: int, dtype: torch.dtype = torch.
 
 
 def group_normalize(rewards: torch.Tensor, group_size: int, *, scale: bool, eps: float = 1e-4,
-                    valid: torch.Tensor | None = None) -> torch.Tensor:
+                    valid: torch.Tensor | None = None, tied_weight: float = 0.0,
+                    reduce: Callable[[torch.Tensor, str], torch.Tensor] | None = None) -> torch.Tensor:
     """Centre each group's rewards on the group mean and optionally divide by the group std.
 
     rewards: [N] with N divisible by group_size -> [N]. The std is the unbiased
@@ -112,42 +113,61 @@ def group_normalize(rewards: torch.Tensor, group_size: int, *, scale: bool, eps:
     are taken in float64: in a group of nearly equal fp32 rewards the centring's rounding error,
     divided by the tiny std, would otherwise leave the group's advantages summing far from zero.
     valid: [N] bool or None; the statistics use only a group's valid members, the others get 0.
+    tied_weight: a group whose rewards are all equal gets ``tied_weight`` times its reward centred
+    (and, with ``scale``, standardised) on the whole batch instead of 0 -- see :func:`_tied_groups`.
+    reduce: combines the statistics of a batch spread over processes (:class:`AdvantageInputs`).
     """
-    if valid is not None:
-        return _masked_group_normalize(rewards, group_size, scale, eps, valid)
     grouped = _grouped(rewards, group_size, torch.float64)
-    centred = grouped - grouped.mean(dim=1, keepdim=True)
-    if scale and group_size > 1:
-        centred = centred / (grouped.std(dim=1, keepdim=True) + eps)
-    return _zero_flat_groups(centred, grouped).reshape(-1).float()
-
-
-def _masked_group_normalize(rewards: torch.Tensor, group_size: int, scale: bool, eps: float,
-                            valid: torch.Tensor) -> torch.Tensor:
-    """:func:`group_normalize` over each group's valid members only ([N] -> [N], 0 where not valid):
-    a group of k valid members gets what a group of those k alone would get."""
-    grouped = _grouped(rewards, group_size, torch.float64)
-    keep = _grouped(valid.to(rewards.device), group_size, torch.float64)
-    count = keep.sum(dim=1, keepdim=True)
-    mean = (grouped * keep).sum(dim=1, keepdim=True) / count.clamp(min=1.0)
-    centred = (grouped - mean) * keep
+    keep = None if valid is None else _grouped(valid.to(rewards.device), group_size, torch.float64)
+    k = torch.ones_like(grouped) if keep is None else keep
+    count = k.sum(dim=1, keepdim=True)
+    mean = (grouped * k).sum(dim=1, keepdim=True) / count.clamp(min=1.0)
+    centred = (grouped - mean) * k
     if scale:
-        var = (centred.square() * keep).sum(dim=1, keepdim=True) / (count - 1).clamp(min=1.0)
+        var = centred.square().sum(dim=1, keepdim=True) / (count - 1).clamp(min=1.0)
         centred = centred / (var.sqrt() + eps)
-    return _zero_flat_groups(centred, grouped, keep).reshape(-1).float()
+    flat = _flat_groups(grouped, keep)
+    centred = centred.masked_fill(flat, 0.0)
+    if tied_weight:
+        centred = torch.where(flat, tied_weight * _tied_groups(grouped, k, scale, eps, reduce), centred)
+    return centred.reshape(-1).float()
+
+
+def _tied_groups(grouped: torch.Tensor, keep: torch.Tensor, scale: bool, eps: float,
+                 reduce: Callable[[torch.Tensor, str], torch.Tensor] | None) -> torch.Tensor:
+    """Each reward centred on the mean of the whole batch's kept rewards (and divided by their std
+    with ``scale``). grouped, keep: [groups, G] -> [groups, G], 0 where not kept.
+
+    Why: a group whose completions all got one reward teaches a group-relative estimator nothing,
+    and once the policy is nearly deterministic most groups tie -- a wrong answer the policy has
+    settled on is then never pushed down again. Compared with the batch, a group tied below the
+    batch's mean gets a negative advantage (its answer is made less likely, which restores
+    exploration), one tied above it a positive one."""
+    combine = reduce or (lambda t, op: t)
+    total, count = combine(torch.stack([(grouped * keep).sum(), keep.sum()]), "sum").tolist()
+    if count < 2:
+        return torch.zeros_like(grouped)
+    dev = (grouped - total / count) * keep
+    if scale:
+        var = float(combine(dev.square().sum().reshape(1), "sum")) / (count - 1)
+        dev = dev / (var ** 0.5 + eps)
+    return dev
+
+
+def _flat_groups(grouped: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+    """[groups, 1] True for groups whose (kept) rewards are all equal. Their advantage is set exactly:
+    their float mean need not equal the rewards (0.3 * 6 / 6 != 0.3), and dividing that rounding
+    residue by a tiny std would blow it up. keep: [groups, G] 1 on the members that count, or None: all."""
+    if keep is None:
+        return grouped.max(dim=1, keepdim=True).values == grouped.min(dim=1, keepdim=True).values
+    inf = torch.tensor(float("inf"), dtype=grouped.dtype, device=grouped.device)
+    top = torch.where(keep > 0, grouped, -inf).max(dim=1, keepdim=True).values
+    return top <= torch.where(keep > 0, grouped, inf).min(dim=1, keepdim=True).values
 
 
 def _zero_flat_groups(adv: torch.Tensor, grouped: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
-    """Exactly 0 for groups whose rewards are all equal. Their float mean need not equal the rewards
-    (0.3 * 6 / 6 != 0.3), and dividing that rounding residue by a tiny std would blow it up.
-    keep: [groups, G] 1 on the members that count (the others are ignored), or None: all."""
-    if keep is None:
-        flat = grouped.max(dim=1, keepdim=True).values == grouped.min(dim=1, keepdim=True).values
-    else:
-        inf = torch.tensor(float("inf"), dtype=grouped.dtype, device=grouped.device)
-        top = torch.where(keep > 0, grouped, -inf).max(dim=1, keepdim=True).values
-        flat = top <= torch.where(keep > 0, grouped, inf).min(dim=1, keepdim=True).values
-    return adv.masked_fill(flat, 0.0)
+    """``adv`` [groups, G] with exactly 0 for the groups whose rewards are all equal (:func:`_flat_groups`)."""
+    return adv.masked_fill(_flat_groups(grouped, keep), 0.0)
 
 
 def _broadcast(seq_adv: torch.Tensor, mask: torch.Tensor) -> Advantages:
@@ -155,7 +175,8 @@ def _broadcast(seq_adv: torch.Tensor, mask: torch.Tensor) -> Advantages:
 
 
 @ADVANTAGES.register("grpo", group_relative=True, excludes="group")
-def grpo_advantages(inputs: AdvantageInputs, *, scale_rewards: bool = True, eps: float = 1e-4) -> Advantages:
+def grpo_advantages(inputs: AdvantageInputs, *, scale_rewards: bool = True, eps: float = 1e-4,
+                    tied_group_weight: float = 0.0) -> Advantages:
     """GRPO outcome advantages (Shao et al. 2024, DeepSeekMath, sec. 4.1.2), broadcast to every token.
 
     A_i = (R_i - mean(R_group)) / (std(R_group) + eps).
@@ -167,19 +188,20 @@ def grpo_advantages(inputs: AdvantageInputs, *, scale_rewards: bool = True, eps:
     out of their group's mean and std and get 0.
     """
     seq = group_normalize(inputs.sequence_rewards(), inputs.group_size, scale=scale_rewards, eps=eps,
-                          valid=inputs.valid)
+                          valid=inputs.valid, tied_weight=tied_group_weight, reduce=inputs.reduce)
     return _broadcast(seq, inputs.live_mask())
 
 
 @ADVANTAGES.register("dr_grpo", group_relative=True, excludes="group")
-def dr_grpo_advantages(inputs: AdvantageInputs) -> Advantages:
+def dr_grpo_advantages(inputs: AdvantageInputs, *, tied_group_weight: float = 0.0) -> Advantages:
     """Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-like training"): A_i = R_i - mean(R_group).
 
     The paper's other half, removing the 1/|o_i| length normalisation, is the loss aggregation
     ``seq_mean_token_sum_norm`` that the ``dr_grpo`` preset selects; no departure here.  Rows that
     are not ``inputs.valid`` are left out of their group's mean and get 0.
     """
-    seq = group_normalize(inputs.sequence_rewards(), inputs.group_size, scale=False, valid=inputs.valid)
+    seq = group_normalize(inputs.sequence_rewards(), inputs.group_size, scale=False, valid=inputs.valid,
+                          tied_weight=tied_group_weight, reduce=inputs.reduce)
     return _broadcast(seq, inputs.live_mask())
 
 

@@ -64,6 +64,9 @@ class AlgorithmConfig(Section):
     clip_high: float = Field(0.2, gt=0, description="PPO ratio clip above 1 (ratio <= 1 + clip_high; DAPO raises it).")
     dual_clip_c: float = Field(3.0, gt=1, description="dual_clip loss: bound on the loss of negative advantages.")
     scale_rewards: bool = Field(True, description="grpo estimator: divide group-centred rewards by the group std.")
+    tied_group_weight: float = Field(
+        0.0, ge=0, description="grpo, dr_grpo: a group whose completions all got one reward is compared with the "
+        "whole batch, with this weight, instead of getting advantage 0 (a settled wrong answer is pushed down).")
     gamma: float = Field(1.0, gt=0, le=1, description="Discount for token-level returns (reinforce_pp, gae).")
     lam: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
     whiten_advantages: bool = Field(True, description="gae: normalise advantages over the batch.")
