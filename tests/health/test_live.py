@@ -145,3 +145,16 @@ def test_a_tool_that_always_fails_shows_its_error_rate(tmp_path, tiny_config, mo
     assert result.last_metrics["tool/error_rate"] == 1.0
     tool = next(f for f in result.health["findings"] if f["check"] == "tool_errors")
     assert tool["step"] == 2 and "100% of tool calls failed" in tool["message"]
+
+
+def test_a_resumed_run_counts_the_steps_without_signal_from_before_the_stop(tmp_path, tiny_config):
+    _custom_reward(tmp_path, tiny_config, CONSTANT, "constant")
+    tiny_config["eval"].update(before_training=False, after_training=False)
+    tiny_config["train"].update(max_steps=3)
+    first = Trainer(config=tiny_config).train()
+    assert first.health["findings"] == []  # 3 steps: under no_signal_patience (5)
+    tiny_config["train"].update(max_steps=10, health={"stop_on_no_signal": 5})
+    resumed = Trainer(config=tiny_config, resume_from=first.final_checkpoint).train()
+    assert resumed.steps == 5 and "no learning signal for 5 steps" in resumed.halted  # 3 before + 2 after
+    log = (resumed.run_dir / "train_log.log").read_text()
+    assert log.count("[no_signal]") == 1  # said once, at step 5, not again for the replayed history

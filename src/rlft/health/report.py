@@ -66,10 +66,11 @@ def run_settings(run_dir: Path) -> tuple[HealthConfig, str | None, list[str]]:
     return thresholds, (raw.get("eval") or {}).get("accuracy_reward") or fallback, notes
 
 
-def replay(run: RunData, thresholds: HealthConfig, task_reward: str | None) -> HealthMonitor:
+def replay(run: RunData, thresholds: HealthConfig, task_reward: str | None,
+           monitor: HealthMonitor | None = None) -> HealthMonitor:
     """Feed the run's metric rows (each spanning the steps since the previous one) and its evaluations,
-    in step order, through a fresh monitor."""
-    monitor = HealthMonitor(thresholds, task_reward)
+    in step order, through ``monitor`` (default a fresh, silent one)."""
+    monitor = monitor or HealthMonitor(thresholds, task_reward)
     evals = [e for e in run.evals if finite(e.get("accuracy")) is not None]
     previous, e = 0, 0
     for row in run.metrics:

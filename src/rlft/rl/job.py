@@ -46,6 +46,7 @@ class RLJob:
         cfg, alg = self.cfg, self.cfg.algorithm
         self.log = get_logger()
         self.samples_file = run_dir.samples
+        self.run_root = run_dir.root
         # Without a KL term the reference is never used, so don't pay for a copy of the weights.
         self.parts = build_model(cfg.model, with_reference=alg.uses_reference())
         self.device, self.model_dir = self.parts.device, self.parts.model_dir
@@ -192,6 +193,22 @@ class RLJob:
     def restore(self, extra: dict[str, Any]) -> None:
         self.kl.coef = float(extra.get("kl_coef", self.kl.coef))
         refresh_replica(self.replica, self.parts.model, self.dist)  # the resumed weights, for the rollout
+        self._resume_health(int(extra.get("step", 0)))
+
+    def _resume_health(self, step: int) -> None:
+        """The health checks go on from the run's logged history up to the resumed step (a streak of
+        steps without signal before the stop counts), without saying its findings again."""
+        from rlft.health.report import replay
+        from rlft.logging.plots import RunData, read_evals, read_metrics
+
+        if not step or not self.run_root.joinpath("metrics.jsonl").is_file():
+            return
+        run = RunData(self.run_root, self.run_root.name,
+                      [r for r in read_metrics(self.run_root / "metrics.jsonl") if r["step"] <= step],
+                      [e for e in read_evals(self.run_root) if e["step"] <= step])
+        self.health.log = None  # findings the run already said before it stopped
+        replay(run, self.cfg.train.health, None, self.health)
+        self.health.log = self.log
 
     @staticmethod
     def eval_prompts(cfg: RLConfig, tokenizer) -> list | None:
