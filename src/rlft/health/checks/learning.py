@@ -19,7 +19,8 @@ class NoSignal(Check):
     last ``signal_window`` (a stuck run has the odd step with a signal, and is stuck all the same)."""
 
     name = "no_signal"
-    knob = "algorithm.temperature, algorithm.num_generations (or a reward that can tell completions apart)"
+    knob = ("algorithm.temperature, algorithm.num_generations (or a reward that can tell completions apart), "
+            "algorithm.tied_group_weight (grpo, dr_grpo: tied groups compared with the batch)")
     metrics = ("advantage/abs_mean", "reward/std", "groups_zero_std")
 
     def __init__(self, *args, **kw):
@@ -49,7 +50,7 @@ class ZeroStdGroups(Check):
     """Most groups tied: a little signal is left, from the few groups whose completions differ."""
 
     name = "zero_std_groups"
-    knob = "algorithm.num_generations, algorithm.temperature"
+    knob = "algorithm.num_generations, algorithm.temperature, algorithm.tied_group_weight (grpo, dr_grpo)"
     metrics = ("groups_zero_std",)
 
     def on_step(self, step, metrics, span, stream) -> Finding | None:
