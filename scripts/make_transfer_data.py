@@ -1,0 +1,83 @@
+"""Generate the two held-out tasks that check the demo recipe transfers (deterministic).
+
+Neither was used to choose the demo's settings: they exist to show what the recipe does on tasks
+nobody tuned it for. Both keep the demo's answer format (one number), so the recipe runs on them
+with only ``data.train_file`` / ``data.eval_file`` changed.
+
+* ``subtraction``: ``a - b`` with a single-digit result (a in 0..18, b in 0..9, a >= b).
+* ``number_words``: a number written in English words (0..99) -> its digits ("forty-two" -> 42).
+
+Train and eval use disjoint items, so evaluation measures held-out prompts.
+    python scripts/make_transfer_data.py --out data
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+ONES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
+        "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen"]
+TENS = ["", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
+
+SUBTRACTION = [
+    "What is {a} - {b}? Answer with just the number.",
+    "Compute {a} - {b}. Answer with just the number.",
+    "{a} - {b} = ? Answer with just the number.",
+    "Subtract {b} from {a}. Answer with just the number.",
+]
+NUMBER_WORDS = [
+    "Write the number {w} in digits. Answer with just the number.",
+    "What number is '{w}'? Answer with just the number.",
+    "Convert {w} to digits. Answer with just the number.",
+    "'{w}' as a number is? Answer with just the number.",
+]
+
+
+def words(n: int) -> str:
+    if n < 20:
+        return ONES[n]
+    tens, ones = divmod(n, 10)
+    return TENS[tens] + (f"-{ONES[ones]}" if ones else "")
+
+
+def subtraction_items() -> list[tuple[dict, int]]:
+    return [({"a": b + d, "b": b}, d) for b in range(10) for d in range(10)]
+
+
+def number_word_items() -> list[tuple[dict, int]]:
+    return [({"w": words(n)}, n) for n in range(100)]
+
+
+def split(items, templates, rng, eval_items: int) -> tuple[list[dict], list[dict]]:
+    items = list(items)
+    rng.shuffle(items)
+    held, rest = items[:eval_items], items[eval_items:]
+    train = [{"prompt": t.format(**fields), "answer": answer} for fields, answer in rest for t in templates]
+    rng.shuffle(train)
+    evalset = [{"prompt": t.format(**fields), "answer": answer} for fields, answer in held for t in templates[:2]]
+    return train, evalset
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="data")
+    parser.add_argument("--eval-items", type=int, default=25)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, items, templates in (("subtraction", subtraction_items, SUBTRACTION),
+                                   ("number_words", number_word_items, NUMBER_WORDS)):
+        train, evalset = split(items(), templates, random.Random(args.seed), args.eval_items)
+        for part, rows in (("train", train), ("eval", evalset)):
+            path = out / f"{name}_{part}.jsonl"
+            with open(path, "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in rows)
+            print(f"wrote {len(rows)} rows to {path}")
+
+
+if __name__ == "__main__":
+    main()
