@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -29,9 +30,11 @@ def run_seed(config: str, seed: int, out: Path, tag: str, sets: list[str]) -> Pa
     run_dir = out / f"{tag}-seed{seed}"
     if _finished(run_dir):
         return run_dir
+    if run_dir.exists():  # an earlier try that did not finish: start it again in the same place
+        shutil.rmtree(run_dir)
     cmd = [RLFT, "train", "--config", config, "--set", f"train.seed={seed}", "--set", f"train.output_dir={out}",
            "--set", f"train.run_name={run_dir.name}", "--set", "train.progress_bar=off", "--set",
-           "train.save_interval=100000"]
+           "train.save_interval=100000", "--set", "train.save_optimizer=false"]  # a table of runs: weights only
     for s in sets:
         cmd += ["--set", s]
     t0 = time.time()
