@@ -79,6 +79,12 @@ def test_the_task_reward_dominating_once_format_saturates_is_healthy():
     assert found(run({"reward_share/format": 0.0, "reward_share/correct": 1.0})) == {}
 
 
+def test_groups_tied_because_the_prompts_are_solved_are_not_flagged():
+    # the demo's healthy end: every completion right, so every group ties at the top
+    assert found(run({"groups_zero_std": 1.0, "reward/correct/mean": 0.97})) == {}
+    assert found(run({"groups_zero_std": 1.0, "reward/correct/mean": 0.2}))["zero_std_groups"] == (47, "warning")
+
+
 def test_without_knowing_the_task_reward_no_reward_is_called_shaping():
     from rlft.health import HealthMonitor
     from tests.health.streams import healthy_row

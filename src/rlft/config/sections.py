@@ -139,6 +139,9 @@ class HealthConfig(Section):
     zero_std_share: float = Field(
         0.9, gt=0, le=1, description="Warn when this share of groups, averaged over the last signal_window steps, had "
         "every completion rewarded the same (little to learn from).")
+    solved: float = Field(
+        0.9, gt=0, le=1, description="... unless the task reward (eval.accuracy_reward, a 0-1 reward) averaged at least "
+        "this over the same steps: groups tie because their prompts are solved, the healthy end of a run.")
     entropy_collapse: float = Field(
         0.1, gt=0, lt=1, description="Warn when the policy's entropy, over the last signal_window steps, falls below "
         "this fraction of its start ...")

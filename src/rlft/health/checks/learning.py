@@ -57,6 +57,9 @@ class ZeroStdGroups(Check):
         share = stream.recent("groups_zero_std", self.t.signal_window)
         if not stream.window_ready(self.t.signal_window) or share is None or share < self.t.zero_std_share:
             return None
+        task = stream.recent(f"reward/{self.task_reward}/mean", self.t.signal_window) if self.task_reward else None
+        if task is not None and task >= self.t.solved:
+            return None  # tied because solved: every completion right is the goal, not a stall
         return self.found(step, f"{share:.0%} of the groups (mean of the last {self.t.signal_window} steps) had every "
                           f"completion rewarded the same: only the other groups teach the policy anything")
 
