@@ -13,7 +13,8 @@ def healthy_row(step: int) -> dict:
             "truncation_rate": 0.05, "kl": 0.001 * step, "ratio/mean": 1.0, "clip_frac": 0.01,
             "grad_norm": 1.0 + 0.1 * (step % 4), "rollout/logprob_mismatch": 0.01, "tool/error_rate": 0.05,
             "episode/finish/env_error": 0.0, "episode/finish/tool_timeout": 0.0, "repetition/mean": 0.1,
-            "reward_share/correct": 0.8, "reward_share/format": 0.2, "loss": 0.01, "lr": 1e-5}
+            "reward_share/correct": 0.8, "reward_share/format": 0.2, "reward/correct/mean": 0.2 + 0.005 * step,
+            "loss": 0.01, "lr": 1e-5}
 
 
 def run(broken: dict | None = None, *, start: int = 30, steps: int = 60, only_at: bool = False,

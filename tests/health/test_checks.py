@@ -83,6 +83,11 @@ def test_groups_tied_because_the_prompts_are_solved_are_not_flagged():
     # the demo's healthy end: every completion right, so every group ties at the top
     assert found(run({"groups_zero_std": 1.0, "reward/correct/mean": 0.97})) == {}
     assert found(run({"groups_zero_std": 1.0, "reward/correct/mean": 0.2}))["zero_std_groups"] == (47, "warning")
+    # a batch where every completion is right has one reward and no advantage: done, not stuck
+    solved = {"advantage/abs_mean": 0.0, "reward/std": 0.0, "groups_zero_std": 1.0, "reward/correct/mean": 1.0}
+    assert found(run(solved)) == {}
+    # ... but a task reward that high from the first step taught nothing: a constant reward looks the same
+    assert "no_signal" in found(run(solved, start=1))
 
 
 def test_without_knowing_the_task_reward_no_reward_is_called_shaping():

@@ -42,6 +42,18 @@ class Check:
     def on_eval(self, step: int, accuracy: float, num_prompts: int | None, stream: Stream) -> Finding | None:
         return None
 
+    def solved(self, stream: Stream, window: int | None = None, metrics: dict | None = None) -> bool:
+        """Whether the task reward (a 0-1 reward) rose from below ``solved`` at the start of the run to
+        at least ``solved`` over the last ``window`` steps, or in ``metrics`` (one row) when given:
+        groups then tie because their prompts are solved, the healthy end of a run, not a stall. A
+        reward that was that high from the start taught nothing (a constant reward looks the same)."""
+        if not self.task_reward:
+            return False
+        key = f"reward/{self.task_reward}/mean"
+        value = metrics.get(key) if metrics is not None else stream.recent(key, window)
+        start = stream.start(key)
+        return value is not None and start is not None and start < self.t.solved <= value
+
     def found(self, step: int, message: str, *, severity: str | None = None, knob: str | None = None,
               metrics: tuple[str, ...] | None = None) -> Finding:
         return Finding(self.name, step, severity or self.severity, message, knob or self.knob,

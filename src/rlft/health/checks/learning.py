@@ -30,6 +30,7 @@ class NoSignal(Check):
 
     def on_step(self, step, metrics, span, stream) -> Finding | None:
         flat = metrics.get("advantage/abs_mean", 1.0) == 0.0 or metrics.get("reward/std", 1.0) == 0.0
+        flat = flat and not self.solved(stream, metrics=metrics)  # every completion right: done, not stuck
         self.streak = self.streak + span if flat else 0
         self.flags.append((span, flat))
         window = self.t.signal_window
@@ -57,9 +58,8 @@ class ZeroStdGroups(Check):
         share = stream.recent("groups_zero_std", self.t.signal_window)
         if not stream.window_ready(self.t.signal_window) or share is None or share < self.t.zero_std_share:
             return None
-        task = stream.recent(f"reward/{self.task_reward}/mean", self.t.signal_window) if self.task_reward else None
-        if task is not None and task >= self.t.solved:
-            return None  # tied because solved: every completion right is the goal, not a stall
+        if self.solved(stream, self.t.signal_window):
+            return None
         return self.found(step, f"{share:.0%} of the groups (mean of the last {self.t.signal_window} steps) had every "
                           f"completion rewarded the same: only the other groups teach the policy anything")
 
