@@ -30,6 +30,7 @@ train.health.fail_on_unhealthy).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from rlft.errors import RlftError
@@ -172,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted: stopped by the user (the last complete checkpoint is kept)", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `rlft diagnose RUN | head -1`: the reader left; no traceback, the shell's code
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":
