@@ -185,13 +185,18 @@ def test_a_run_goes_on_through_a_reward_outage_and_counts_it(down_server, tiny_c
     tiny_config["reward"]["functions"].append({"type": "http", "url": down_server(1), "name": "served",
                                                "retries": 0, "backoff": 0.0, "batch_size": 16,
                                                "max_concurrency": 1})
-    tiny_config["train"].update(max_steps=2)
+    tiny_config["train"].update(max_steps=2, samples_per_log=1000)
     tiny_config["eval"].update(before_training=False, after_training=False)
     result = Trainer(config=tiny_config).train()
     rows = read_jsonl(result.run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
     assert rows[0]["excluded/reward_outage"] == 16.0 and rows[0]["excluded/total"] == 16.0
     assert rows[1]["excluded/total"] == 0.0
+    samples = read_jsonl(result.run_dir / "samples.jsonl")  # every row: the lost ones say so
+    lost = [r for r in samples if r.get("excluded")]
+    assert len(lost) == 16 and {r["step"] for r in lost} == {1}
+    assert all(r["rewards"]["served"] is None for r in lost)
+    assert not any(r.get("excluded") for r in samples if r["step"] == 2)
     tiny_config["algorithm"]["exclude_machinery_failures"] = False
     tiny_config["reward"]["functions"][-1]["url"] = down_server(1)
     tiny_config["train"]["run_name"] = "off"

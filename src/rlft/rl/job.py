@@ -133,7 +133,7 @@ class RLJob:
         self._exclusion.report(metrics, excluded.metrics)
         metrics.update(global_rollout_metrics(scored, rollout, alg.num_generations, self.rewards.weights, self.dist))
         self._last_reward = metrics["reward/mean"]
-        self._write_samples(step, collected.prompts, rollout, scored)
+        self._write_samples(step, collected.prompts, rollout, scored, excluded.valid)
         self.health.observe_step(step, metrics)
         return metrics
 
@@ -145,15 +145,19 @@ class RLJob:
         left, *counts = self.dist.sum_floats(float(excluded.valid.sum()), *(excluded.metrics[k] for k in keys))
         return self._exclusion.anything_left(step, left, dict(zip(keys, counts)))
 
-    def _write_samples(self, step: int, prompts, rollout, scored) -> None:
+    def _write_samples(self, step: int, prompts, rollout, scored, valid=None) -> None:
         """Every logging step, ``train.samples_per_log`` rows to samples.jsonl; a multi-turn row has
-        its whole trajectory (every turn, tool call, arguments, result, error) and episode statistics."""
+        its whole trajectory (every turn, tool call, arguments, result, error) and episode statistics.
+        A row the machinery ended (``valid`` [N] False) says ``"excluded": true``: it was left out of
+        its group's baseline and the loss."""
         n, texts = self.cfg.train.samples_per_log, rollout.texts
         if n == 0 or step % self.cfg.train.logging_interval or not self.dist.is_main:
             return
         for i in _sample_rows(len(texts), self.cfg.algorithm.num_generations, n):
             row = {"step": step, "prompt": prompts[i], "completion": texts[i], "reward": float(scored.total[i]),
                    "rewards": {k: None if v[i].isnan() else float(v[i]) for k, v in scored.per_reward.items()}}
+            if valid is not None and not bool(valid[i]):
+                row.update(excluded=True, finish_reason=rollout.finish_reasons[i])
             if rollout.episodes is not None:
                 row.update(trajectory=rollout.columns["trajectories"][i], episode=rollout.episodes[i].as_dict())
             append_jsonl(self.samples_file, row)
