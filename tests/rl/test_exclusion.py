@@ -355,3 +355,21 @@ def test_the_counts_are_logged_from_the_first_failure_on():
     after = {"excluded/tool_timeout": 0.0, "excluded/total": 0.0}
     policy.report(after, keys)
     assert after == {"excluded/tool_timeout": 0.0, "excluded/total": 0.0}  # kept: a gap would read as missing data
+
+
+def test_reward_statistics_count_only_the_rows_the_policy_answered():
+    """A row the machinery ended has no reward of the policy's: reward/mean, reward/std, the tied-group
+    share and the per-reward means leave it out, as if the batch had been the other rows only."""
+    from rlft.rl.metrics import rollout_metrics
+
+    total = torch.tensor([1.0, 0.0, 0.0, 0.0])  # groups of two: [1, 0] and [0, 0 (lost)]
+    per = {"correct": total.clone()}
+    valid = torch.tensor([True, True, True, False])
+    m = rollout_metrics(total, per, torch.tensor([2, 2, 2, 9]), ["stop", "stop", "stop", "tool_timeout"], 2,
+                        valid=valid)
+    assert m["reward/mean"] == pytest.approx(1 / 3) and m["reward/correct/mean"] == pytest.approx(1 / 3)
+    assert m["reward/std"] == pytest.approx(torch.tensor([1.0, 0.0, 0.0]).std().item())
+    assert m["groups_zero_std"] == 0.5  # [1, 0] differs; the second group's one counted row is tied
+    assert m["completion_len/mean"] == pytest.approx(15 / 4)  # lengths still count every row
+    unmarked = rollout_metrics(total, per, torch.tensor([2, 2, 2, 9]), ["stop"] * 4, 2)
+    assert unmarked["reward/mean"] == 0.25 and unmarked["groups_zero_std"] == 0.5

@@ -131,7 +131,8 @@ class RLJob:
             metrics["tokens_per_s"] *= self.dist.world_size
             metrics.update({k: metrics[k] * self.dist.world_size for k in excluded.metrics})  # counts: the run's
         self._exclusion.report(metrics, excluded.metrics)
-        metrics.update(global_rollout_metrics(scored, rollout, alg.num_generations, self.rewards.weights, self.dist))
+        metrics.update(global_rollout_metrics(scored, rollout, alg.num_generations, self.rewards.weights, self.dist,
+                                              excluded.valid))
         self._last_reward = metrics["reward/mean"]
         self._write_samples(step, collected.prompts, rollout, scored, excluded.valid)
         self.health.observe_step(step, metrics)

@@ -8,21 +8,27 @@ import torch
 
 def rollout_metrics(rewards_total: torch.Tensor, per_reward: dict[str, torch.Tensor], lengths: torch.Tensor,
                     finish_reasons: list[str], group_size: int, *, texts: list[str] | None = None,
-                    weights: dict[str, float] | None = None) -> dict[str, float]:
+                    weights: dict[str, float] | None = None, valid: torch.Tensor | None = None) -> dict[str, float]:
     """Reward and completion statistics of one rollout batch. rewards_total, lengths: [N].
 
     With ``texts``: the mean repetition score. With ``weights``: each weighted reward's share of the
-    summed weighted standard deviations (which term moves the total)."""
+    summed weighted standard deviations (which term moves the total). ``valid`` [N] bool: the reward
+    statistics (mean, std, tied groups, per-reward means) count only these rows -- a row the machinery
+    ended has no reward of the policy's -- while lengths and finish reasons count every row."""
     total = rewards_total.float()
-    grouped = total.view(-1, group_size)
+    keep = torch.ones_like(total, dtype=torch.bool) if valid is None else valid.to(total.device).bool()
+    counted = total[keep]
     metrics = {
-        "reward/mean": total.mean().item(),
-        "reward/std": total.std().item() if total.numel() > 1 else 0.0,
-        "groups_zero_std": (grouped.std(dim=1) == 0).float().mean().item() if group_size > 1 else 1.0,
+        "reward/mean": counted.mean().item() if counted.numel() else 0.0,
+        "reward/std": counted.std().item() if counted.numel() > 1 else 0.0,
+        "groups_zero_std": _tied_share(total, keep, group_size),
         "completion_len/mean": lengths.float().mean().item(),
         "completion_len/max": lengths.max().item(),
         "truncation_rate": sum(r == "length" for r in finish_reasons) / max(len(finish_reasons), 1),
     }
+    if valid is not None:
+        per_reward = {name: values[keep.to(values.device)] for name, values in per_reward.items()}
+        total = counted
     for name, values in per_reward.items():
         applied = _applied(values)  # NaN: the reward returned None, it does not apply to that sample
         if applied.numel():
@@ -38,6 +44,19 @@ def rollout_metrics(rewards_total: torch.Tensor, per_reward: dict[str, torch.Ten
         if norm > 0:
             metrics.update({f"reward_share/{n}": s / norm for n, s in spread.items()})
     return metrics
+
+
+def _tied_share(total: torch.Tensor, keep: torch.Tensor, group_size: int) -> float:
+    """The share of groups whose counted rows all got one reward (a group with none counted is left
+    out; with one counted row it is tied). total, keep: [N] -> a share in [0, 1]."""
+    if group_size <= 1:
+        return 1.0
+    grouped, kept = total.view(-1, group_size), keep.view(-1, group_size)
+    inf = torch.tensor(float("inf"), device=total.device)
+    top = torch.where(kept, grouped, -inf).max(dim=1).values
+    bottom = torch.where(kept, grouped, inf).min(dim=1).values
+    live = kept.any(dim=1)
+    return (top[live] == bottom[live]).float().mean().item() if live.any() else 1.0
 
 
 def _applied(values: torch.Tensor) -> torch.Tensor:

@@ -63,17 +63,21 @@ def mean_over_processes(metrics: dict[str, float], dist: Dist) -> dict[str, floa
     return {k: s if k.startswith(SUMMED) else s / max(present[k], 1.0) for k, s in sums.items()}
 
 
-def global_rollout_metrics(scored, rollout, group_size: int, weights: dict[str, float], dist: Dist) -> dict:
+def global_rollout_metrics(scored, rollout, group_size: int, weights: dict[str, float], dist: Dist,
+                           valid: torch.Tensor | None = None) -> dict:
     """Reward, length and finish statistics (:func:`rlft.rl.metrics.rollout_metrics`) of the whole
-    step's batch: every process's rows, gathered in rank order (the single-process order)."""
+    step's batch: every process's rows, gathered in rank order (the single-process order). ``valid``
+    [N] bool (this process's rows) or None: the rows the reward statistics count."""
     total, per_reward, lengths = scored.total, scored.per_reward, rollout.completion_lengths
     reasons, texts = rollout.finish_reasons, rollout.texts
     if dist.enabled:
+        mine = torch.ones(len(total), dtype=torch.bool) if valid is None else valid.cpu()
         parts = dist.gather_objects((total.cpu(), {k: v.cpu() for k, v in per_reward.items()}, lengths.cpu(),
-                                     reasons, texts))
+                                     reasons, texts, mine))
         total = torch.cat([p[0] for p in parts])
         per_reward = {k: torch.cat([p[1][k] for p in parts]) for k in per_reward}
         lengths = torch.cat([p[2] for p in parts])
         reasons = [r for p in parts for r in p[3]]
         texts = [t for p in parts for t in p[4]]
-    return rollout_metrics(total, per_reward, lengths, reasons, group_size, texts=texts, weights=weights)
+        valid = None if all(bool(p[5].all()) for p in parts) else torch.cat([p[5] for p in parts])
+    return rollout_metrics(total, per_reward, lengths, reasons, group_size, texts=texts, weights=weights, valid=valid)
