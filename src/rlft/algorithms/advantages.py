@@ -126,7 +126,7 @@ def group_normalize(rewards: torch.Tensor, group_size: int, *, scale: bool, eps:
     if scale:
         var = centred.square().sum(dim=1, keepdim=True) / (count - 1).clamp(min=1.0)
         centred = centred / (var.sqrt() + eps)
-    flat = _flat_groups(grouped, keep)
+    flat = flat_groups(grouped, keep)
     centred = centred.masked_fill(flat, 0.0)
     if tied_weight:
         centred = torch.where(flat, tied_weight * _tied_groups(grouped, k, scale, eps, reduce), centred)
@@ -154,7 +154,7 @@ def _tied_groups(grouped: torch.Tensor, keep: torch.Tensor, scale: bool, eps: fl
     return dev
 
 
-def _flat_groups(grouped: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+def flat_groups(grouped: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
     """[groups, 1] True for groups whose (kept) rewards are all equal. Their advantage is set exactly:
     their float mean need not equal the rewards (0.3 * 6 / 6 != 0.3), and dividing that rounding
     residue by a tiny std would blow it up. keep: [groups, G] 1 on the members that count, or None: all."""
@@ -166,8 +166,8 @@ def _flat_groups(grouped: torch.Tensor, keep: torch.Tensor | None = None) -> tor
 
 
 def _zero_flat_groups(adv: torch.Tensor, grouped: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
-    """``adv`` [groups, G] with exactly 0 for the groups whose rewards are all equal (:func:`_flat_groups`)."""
-    return adv.masked_fill(_flat_groups(grouped, keep), 0.0)
+    """``adv`` [groups, G] with exactly 0 for the groups whose rewards are all equal (:func:`flat_groups`)."""
+    return adv.masked_fill(flat_groups(grouped, keep), 0.0)
 
 
 def _broadcast(seq_adv: torch.Tensor, mask: torch.Tensor) -> Advantages:

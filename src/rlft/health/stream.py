@@ -31,13 +31,12 @@ class Stream:
 
     window: int
     rows: list[Row] = field(default_factory=list)
+    steps_covered: int = 0  # the rows' spans summed, kept as they come (every check asks, every step)
 
     def add(self, step: int, metrics: dict, span: int = 1) -> None:
-        self.rows.append(Row(step, max(int(span), 1), metrics))
-
-    @property
-    def steps_covered(self) -> int:
-        return sum(r.span for r in self.rows)
+        row = Row(step, max(int(span), 1), metrics)
+        self.rows.append(row)
+        self.steps_covered += row.span
 
     def _mean(self, rows: list[Row], key: str) -> float | None:
         """Span-weighted mean of ``key`` over ``rows`` (rows without a finite value skipped)."""
@@ -81,6 +80,3 @@ class Stream:
         """Whether the run is long enough for a start and an end window that do not overlap."""
         return len(self.rows) >= 2 and self.steps_covered >= 2 * self.window
 
-    def values(self, key: str) -> list[float]:
-        """Every finite value of ``key`` so far, oldest first."""
-        return [v for r in self.rows if (v := finite(r.metrics.get(key))) is not None]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from rlft.algorithms.advantages import flat_groups
+
 
 def rollout_metrics(rewards_total: torch.Tensor, per_reward: dict[str, torch.Tensor], lengths: torch.Tensor,
                     finish_reasons: list[str], group_size: int, *, texts: list[str] | None = None,
@@ -52,11 +54,8 @@ def _tied_share(total: torch.Tensor, keep: torch.Tensor, group_size: int) -> flo
     if group_size <= 1:
         return 1.0
     grouped, kept = total.view(-1, group_size), keep.view(-1, group_size)
-    inf = torch.tensor(float("inf"), device=total.device)
-    top = torch.where(kept, grouped, -inf).max(dim=1).values
-    bottom = torch.where(kept, grouped, inf).min(dim=1).values
-    live = kept.any(dim=1)
-    return (top[live] == bottom[live]).float().mean().item() if live.any() else 1.0
+    tied, live = flat_groups(grouped, kept.to(grouped.dtype)).squeeze(1), kept.any(dim=1)
+    return tied[live].float().mean().item() if live.any() else 1.0
 
 
 def _applied(values: torch.Tensor) -> torch.Tensor:

@@ -3,8 +3,8 @@ drift, gradient-norm spikes, and the rollout engine disagreeing with the trainer
 
 from __future__ import annotations
 
+import bisect
 import math
-import statistics
 
 from rlft.health.checks.base import Check, register
 from rlft.health.findings import Finding
@@ -83,13 +83,18 @@ class GradSpike(Check):
     metrics = ("grad_norm",)
     HISTORY = 5  # earlier values the median needs before a spike can be told from the start of a run
 
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.earlier: list[float] = []  # the earlier steps' norms, sorted: the median without re-sorting
+
     def on_step(self, step, metrics, span, stream) -> Finding | None:
-        values = stream.values("grad_norm")
         norm = finite(metrics.get("grad_norm"))
-        if norm is None or len(values) <= self.HISTORY:
+        if norm is None:
             return None
-        median = statistics.median(values[:-1])
-        if median <= 0 or norm <= self.t.grad_spike * median:
+        enough = len(self.earlier) >= self.HISTORY
+        median = _sorted_median(self.earlier) if enough else 0.0
+        bisect.insort(self.earlier, norm)
+        if not enough or median <= 0 or norm <= self.t.grad_spike * median:
             return None
         return self.found(step, f"gradient norm {norm:.3g} is {norm / median:.0f}x its running median "
                           f"({median:.3g}): one update may undo much of the learning so far")
@@ -108,3 +113,9 @@ class LogprobMismatch(Check):
         return self.found(step, f"the rollout engine's and the trainer's log-probs of the sampled tokens differ by "
                           f"{gap:.3f} per token (last {self.t.signal_window} steps): the update treats off-policy samples "
                           f"as on-policy")
+
+
+def _sorted_median(values: list[float]) -> float:
+    """The median of an already sorted list."""
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
