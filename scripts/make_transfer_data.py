@@ -1,11 +1,16 @@
-"""Generate the two held-out tasks that check the demo recipe transfers (deterministic).
+"""Generate the tasks that check the demo recipe transfers (deterministic).
 
-Neither was used to choose the demo's settings: they exist to show what the recipe does on tasks
-nobody tuned it for. Both keep the demo's answer format (one number), so the recipe runs on them
-with only ``data.train_file`` / ``data.eval_file`` changed.
+They exist to show what the recipe does on tasks nobody tuned it for. All keep the demo's answer
+format (one number), so the recipe runs on them with only ``data.train_file`` / ``data.eval_file``
+changed.
 
-* ``subtraction``: ``a - b`` with a single-digit result (a in 0..18, b in 0..9, a >= b).
+* ``subtraction``: ``a - b`` with a single-digit result (a in 0..18, b in 0..9, a >= b). Made
+  held-out on 2026-12-03; the first recipe failed it, and the recipe was then tuned on it, so it
+  no longer counts as held-out (docs/learning.md).
 * ``number_words``: a number written in English words (0..99) -> its digits ("forty-two" -> 42).
+* ``counting``: the number right after or just before n ("just before 41" -> 40), 100 of the 198
+  items with n in 0..99. Made on 2026-12-04, before the recipe was tuned on subtraction, and not
+  run until that recipe was fixed.
 
 Train and eval use disjoint items, so evaluation measures held-out prompts.
     python scripts/make_transfer_data.py --out data
@@ -36,6 +41,14 @@ NUMBER_WORDS = [
 ]
 
 
+COUNTING = [
+    "What number comes {rel} {n}? Answer with just the number.",
+    "Which whole number is {rel} {n}? Answer with just the number.",
+    "Name the number {rel} {n}. Answer with just the number.",
+    "When counting, what number is {rel} {n}? Answer with just the number.",
+]
+
+
 def words(n: int) -> str:
     if n < 20:
         return ONES[n]
@@ -49,6 +62,12 @@ def subtraction_items() -> list[tuple[dict, int]]:
 
 def number_word_items() -> list[tuple[dict, int]]:
     return [({"w": words(n)}, n) for n in range(100)]
+
+
+def counting_items() -> list[tuple[dict, int]]:
+    items = [({"rel": "right after", "n": n}, n + 1) for n in range(99)]
+    items += [({"rel": "just before", "n": n}, n - 1) for n in range(1, 100)]
+    return random.Random("counting").sample(items, 100)  # the size of the other tasks: 300 train rows
 
 
 def split(items, templates, rng, eval_items: int) -> tuple[list[dict], list[dict]]:
@@ -70,7 +89,8 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for name, items, templates in (("subtraction", subtraction_items, SUBTRACTION),
-                                   ("number_words", number_word_items, NUMBER_WORDS)):
+                                   ("number_words", number_word_items, NUMBER_WORDS),
+                                   ("counting", counting_items, COUNTING)):
         train, evalset = split(items(), templates, random.Random(args.seed), args.eval_items)
         for part, rows in (("train", train), ("eval", evalset)):
             path = out / f"{name}_{part}.jsonl"
