@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -225,6 +226,25 @@ def test_guess_feedback_done_and_reward():
     for secret in (0, 31, "5", None):
         with pytest.raises(ValueError):
             env.reset(secret=secret)
+
+
+def test_guess_progress_reward_pays_information_and_not_ruled_out_guesses():
+    env = guess.GuessNumberEnv(progress_weight=0.5)
+    env.reset(secret=17)
+    assert env.get_reward() == 0.0
+    assert env.guess(15) == "Too low."  # 15 of 30 left: one bit of log2(30) ~ 4.91
+    assert env.get_reward() == pytest.approx(0.5 * math.log(2) / math.log(30))
+    after_one = env.get_reward()
+    assert env.guess(3) == "Too low." and env.guess(29) == "Too high."  # 3 was ruled out already: no credit
+    assert env.get_reward() == pytest.approx(0.5 * math.log(30 / 13) / math.log(30)) and env.get_reward() > after_one
+    assert env.guess(16) == "Too low." and env.guess(18) == "Too high."  # only 17 is left: all the information
+    assert env.get_reward() == pytest.approx(0.5)
+    assert env.guess(17) == "Correct!" and env.get_reward() == 1.0
+    env.reset(secret=17)  # a reset forgets what the last episode learned
+    assert env.get_reward() == 0.0 and env.possible == (1, 30)
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="progress_weight"):
+            guess.GuessNumberEnv(progress_weight=bad)
 
 
 @pytest.mark.parametrize("low, high, most", [(1, 30, 5), (1, 100, 7), (5, 9, 3)])

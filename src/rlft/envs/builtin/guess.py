@@ -4,11 +4,19 @@ The calculator and search tasks need one call; here the model must read each res
 decide the next call, which is what multi-turn RL is for. The reward is the environment's own
 (:meth:`GuessNumberEnv.get_reward`), not a comparison of the final text, because the number being
 found by a guess is the success, whatever the model says afterwards.
+
+Success alone is a sparse reward: a warm start that finds the number one time in seven gives most
+groups the same reward for every episode, and GRPO learns nothing from them. ``progress_weight``
+adds partial credit for an episode that narrowed the secret down without finding it: the share of
+the bits of information it gathered, ``log(range / still_possible) / log(range)``, times the
+weight. A guess that the earlier feedback had already ruled out gathers nothing, so the credit
+rewards reading the feedback, which is the skill the task is about.
 """
 
 from __future__ import annotations
 
 import random
+import math
 from functools import cache
 
 from rlft.envs.builtin import demo_messages
@@ -31,16 +39,23 @@ DEMO_PHRASING = {"guess": "guess_direct"}
 
 
 class GuessNumberEnv:
-    """One secret number in ``[low, high]``, taken from the row's ``secret``."""
+    """One secret number in ``[low, high]``, taken from the row's ``secret``.
 
-    def __init__(self, low: int = 1, high: int = 30):
+    ``progress_weight`` (0 to < 1): reward for an episode that ends without finding the number,
+    per share of the information gathered (see the module's docstring); 0 keeps the reward binary.
+    """
+
+    def __init__(self, low: int = 1, high: int = 30, progress_weight: float = 0.0):
         if not low < high:
             raise ValueError(f"GuessNumberEnv needs low < high, got low={low}, high={high}")
-        self.low, self.high = low, high
+        if not 0.0 <= progress_weight < 1.0:  # at 1 an unfound number would pay as much as a found one
+            raise ValueError(f"GuessNumberEnv needs 0 <= progress_weight < 1, got {progress_weight}")
+        self.low, self.high, self.progress_weight = low, high, progress_weight
         self.secret: int | None = None
         self.guesses = 0
         self.found = False
         self.done = False
+        self.possible = (low, high)  # the secret's range that the feedback so far leaves open
 
     def reset(self, **row: object) -> str | None:
         secret = row.get("secret")
@@ -48,6 +63,7 @@ class GuessNumberEnv:
             # a data row that does not fit the configured range is a bug in the data, not a model mistake
             raise ValueError(f"row 'secret' must be an integer from {self.low} to {self.high}, got {secret!r}")
         self.secret, self.guesses, self.found, self.done = secret, 0, False, False
+        self.possible = (self.low, self.high)
         return None
 
     def guess(self, number: int) -> str:
@@ -64,15 +80,23 @@ class GuessNumberEnv:
         if not self.low <= value <= self.high:
             return f"error: the number is between {self.low} and {self.high}."
         self.guesses += 1
+        lo, hi = self.possible
         if value < self.secret:
+            self.possible = (max(lo, value + 1), hi)
             return "Too low."
         if value > self.secret:
+            self.possible = (lo, min(hi, value - 1))
             return "Too high."
         self.found = self.done = True
         return "Correct!"
 
     def get_reward(self) -> float:
-        return 1.0 if self.found else 0.0
+        """1.0 for a found number; else ``progress_weight`` times the share of the information gathered."""
+        if self.found:
+            return 1.0
+        lo, hi = self.possible
+        return self.progress_weight * math.log((self.high - self.low + 1) / (hi - lo + 1)) / math.log(
+            self.high - self.low + 1)
 
 
 def _whole(number: object) -> int | None:
