@@ -2,12 +2,15 @@
 
     .venv/bin/python scripts/seed_table.py configs/minimal_example.yaml --seeds 0 1 2 3 4
     .venv/bin/python scripts/seed_table.py configs/minimal_example.yaml --seeds 0 1 2 \\
-        --set data.train_file=data/tasks/subtract_train.jsonl --set data.eval_file=data/tasks/subtract_eval.jsonl
+        --set data.train_file=data/counting_train.jsonl --set data.eval_file=data/counting_eval.jsonl
+    .venv/bin/python scripts/seed_table.py configs/agent_calculator.yaml --sft configs/calculator_sft.yaml --seeds 0 1 2
 
 Each seed is a plain ``rlft train --config CONFIG --set train.seed=N`` into OUT/<tag>-seedN (``--set``
 values are passed through). The table has the held-out accuracy at every evaluation, the final one and
 the training time the run's log reports (model load, evaluation and checkpoints not counted). Runs that
 already finished in OUT are read, not trained again, so an interrupted table picks up where it stopped.
+With ``--sft SFT_CONFIG`` the warm start is trained once (``rlft sft``, its own seed) and every seed's RL
+starts from its last checkpoint, so the first evaluation (step 0) is the warm start's accuracy.
 Run it alone on the machine: the training times are wall-clock.
 """
 
@@ -44,6 +47,24 @@ def run_seed(config: str, seed: int, out: Path, tag: str, sets: list[str]) -> Pa
     return run_dir
 
 
+def warm_start(sft_config: str, out: Path) -> str:
+    """Train the SFT warm start into OUT once (again only if it did not finish); its last checkpoint."""
+    proc = subprocess.run([RLFT, "sft", "--config", sft_config, "--output-dir", str(out), "--set",
+                           "train.progress_bar=off"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) \
+        if not _finished(out / _run_name(sft_config)) else None
+    if proc is not None and proc.returncode != 0:
+        sys.exit(f"the warm start {sft_config} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    checkpoints = sorted((out / _run_name(sft_config) / "checkpoints").glob("checkpoint-*"),
+                         key=lambda p: int(p.name.split("-")[1]))
+    return str(checkpoints[-1])
+
+
+def _run_name(config: str) -> str:
+    import yaml
+
+    return yaml.safe_load(Path(config).read_text())["train"]["run_name"]
+
+
 def _finished(run_dir: Path) -> bool:
     info = run_dir / "run.json"
     return info.exists() and json.loads(info.read_text()).get("status") == "completed"
@@ -66,8 +87,11 @@ def main() -> None:
     ap.add_argument("--set", dest="sets", action="append", default=[], help="KEY=VALUE passed to rlft train")
     ap.add_argument("--out", default="outputs/seed_table", help="where the runs go")
     ap.add_argument("--tag", default=None, help="run-name prefix (default: the config's file name)")
+    ap.add_argument("--sft", default=None, help="an SFT config: train this warm start once, start every seed from it")
     args = ap.parse_args()
     out, tag = Path(args.out), args.tag or Path(args.config).stem
+    if args.sft:
+        args.sets.append(f"model.path={warm_start(args.sft, out)}")
     rows = []
     for seed in args.seeds:
         row = read_run(run_seed(args.config, seed, out, tag, args.sets))
