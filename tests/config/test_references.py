@@ -71,7 +71,7 @@ def test_every_builtin_environment_argument_is_a_reference_or_plain_data():
 
     from rlft.envs.builtin import BUILTIN_ENVIRONMENTS
 
-    plain = {"calculator": set(), "guess_number": {"low", "high"}, "search": set(),
+    plain = {"calculator": set(), "guess_number": {"low", "high", "progress_weight"}, "search": set(),
              "openenv": {"timeout", "include_row"}}
     assert set(BUILTIN_ENVIRONMENTS) == set(BUILTIN_ENVIRONMENT_NAMES)
     for name, env in BUILTIN_ENVIRONMENTS.items():
