@@ -79,6 +79,21 @@ def test_long_rows_attend_a_block_of_queries_at_a_time_and_match_sdpa(with_mask,
     _assert_matches_sdpa(ours, q, k, v, mask)
 
 
+@pytest.mark.parametrize("with_mask", [True, False])
+def test_a_last_block_of_one_query_matches_sdpa(with_mask, monkeypatch):
+    """21 queries in blocks of 4 leave one query last: its log-sum-exp slice is a strided view, which
+    the native backward must not be handed as it is (a training run crashed on such a row length)."""
+    if kernels_module.cpu_kernels() is None:
+        pytest.skip(f"native kernels unavailable: {kernels_module.unavailable_reason()}")
+    monkeypatch.setattr(attention, "QUERY_BLOCK", 4)
+    q, k, v, mask = _inputs(L=21, S=29 if with_mask else 21, seed=3)
+    mask = mask if with_mask else None
+    blocks = attention._query_blocks(None if mask is None else mask[:, 0], 21, q.shape[2] if mask is None else 29)
+    assert blocks[-1][:2] == (20, 21), blocks
+    ours, _ = attention_forward(_Module(3), q, k, v, mask)
+    _assert_matches_sdpa(ours, q, k, v, mask)
+
+
 def test_rows_too_long_for_one_native_call_go_in_blocks_not_to_sdpa(monkeypatch):
     if kernels_module.cpu_kernels() is None:
         pytest.skip(f"native kernels unavailable: {kernels_module.unavailable_reason()}")

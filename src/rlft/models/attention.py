@@ -253,8 +253,9 @@ class _NativeAttention(torch.autograd.Function):
                 kb, vb = k[:, :, :e], v[:, :, :e]
                 probs = torch.matmul(qb, kb.transpose(-1, -2))
                 d_scores = torch.matmul(dob, vb.transpose(-1, -2))
-                ctx.kernels.attention_softmax_backward(probs, d_scores, lse[..., a:b].reshape(B, KVH, -1),
-                                                       delta[..., a:b].reshape(B, KVH, -1),
+                # .contiguous(): with one query in the block, reshape keeps the slice's strides
+                ctx.kernels.attention_softmax_backward(probs, d_scores, lse[..., a:b].contiguous().view(B, KVH, -1),
+                                                       delta[..., a:b].contiguous().view(B, KVH, -1),
                                                        _block_mask(mask, B, a, b, e), b - a, ctx.scale)
                 dq_b = torch.matmul(d_scores, kb).view(B, KVH, G, b - a, D)
                 dv_b, dk_b = torch.matmul(probs.transpose(-1, -2), dob), torch.matmul(d_scores.transpose(-1, -2), qb)
