@@ -49,13 +49,13 @@ def run_seed(config: str, seed: int, out: Path, tag: str, sets: list[str]) -> Pa
 
 def warm_start(sft_config: str, out: Path) -> str:
     """Train the SFT warm start into OUT once (again only if it did not finish); its last checkpoint."""
-    proc = subprocess.run([RLFT, "sft", "--config", sft_config, "--output-dir", str(out), "--set",
-                           "train.progress_bar=off"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) \
-        if not _finished(out / _run_name(sft_config)) else None
-    if proc is not None and proc.returncode != 0:
-        sys.exit(f"the warm start {sft_config} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    checkpoints = sorted((out / _run_name(sft_config) / "checkpoints").glob("checkpoint-*"),
-                         key=lambda p: int(p.name.split("-")[1]))
+    run_dir = out / _run_name(sft_config)
+    if not _finished(run_dir):
+        proc = subprocess.run([RLFT, "sft", "--config", sft_config, "--output-dir", str(out), "--set",
+                               "train.progress_bar=off"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if proc.returncode != 0:
+            sys.exit(f"the warm start {sft_config} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    checkpoints = sorted((run_dir / "checkpoints").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
     return str(checkpoints[-1])
 
 

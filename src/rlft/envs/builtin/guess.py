@@ -15,8 +15,8 @@ rewards reading the feedback, which is the skill the task is about.
 
 from __future__ import annotations
 
-import random
 import math
+import random
 from functools import cache
 
 from rlft.envs.builtin import demo_messages
