@@ -95,8 +95,8 @@ class GuessNumberEnv:
         if self.found:
             return 1.0
         lo, hi = self.possible
-        return self.progress_weight * math.log((self.high - self.low + 1) / (hi - lo + 1)) / math.log(
-            self.high - self.low + 1)
+        size = self.high - self.low + 1
+        return self.progress_weight * math.log(size / (hi - lo + 1)) / math.log(size)
 
 
 def _whole(number: object) -> int | None:
