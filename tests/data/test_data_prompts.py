@@ -42,7 +42,9 @@ def test_missing_prompt_field_message(tmp_path):
     p = write_jsonl(tmp_path / "train.jsonl", [{"question": "a"}, {"question": "b"}, {"q": "c", "answer": 1}])
     with pytest.raises(DataError) as exc:
         build(p, prompt_field="question")
-    assert str(exc.value) == f"{p} line 3: missing prompt field 'question' (row has keys: q, answer)"
+    assert str(exc.value) == (f"{p} line 3: missing prompt field 'question': an RL row needs its prompt as text or as "
+                              f"a list of messages, or set data.prompt_field / data.messages_field (the row has "
+                              f"columns: q, answer)")
 
 
 def test_bad_prompts_skipped_with_line_numbers(tmp_path):
@@ -52,7 +54,7 @@ def test_bad_prompts_skipped_with_line_numbers(tmp_path):
     assert [e.prompt for e in examples] == ["ok", "fine"]
     assert [n for n, _ in skipped] == [2, 3, 4]
     assert "is empty" in skipped[0][1]
-    assert "must be a string, got int" in skipped[1][1]
+    assert "must be text or a list of messages, got int" in skipped[1][1]
     assert examples[1].columns == {"answer": 7}
     assert examples[1].source == f"{p}:5"
 

@@ -112,10 +112,10 @@ def test_missing_file(tmp_path):
         read_rows(tmp_path / "nope.jsonl")
 
 
-def test_directory_is_not_a_file(tmp_path):
+def test_a_folder_that_is_not_a_saved_dataset_is_refused(tmp_path):
     d = tmp_path / "dir.jsonl"
     d.mkdir()
-    with pytest.raises(DataError, match="not a file"):
+    with pytest.raises(DataError, match="a folder, but not a dataset written by datasets' save_to_disk"):
         read_rows(d)
 
 

@@ -39,7 +39,7 @@ def sft_config(tmp_path, chatml_model_dir):
     return {
         "kind": "sft",
         "model": {"path": str(chatml_model_dir), "dtype": "fp32"},
-        "data": {"train_file": str(train), "eval_file": str(evalf), "messages_field": "messages", "max_length": 1800},
+        "data": {"train_file": str(train), "eval_file": str(evalf), "max_length": 1800},  # TRL's messages rows, no keys
         "sft": {"learning_rate": 3e-3, "batch_size": 4, "micro_batch_size": 2, "packing": True},
         "train": {"epochs": 20, "max_steps": 4, "logging_interval": 1, "save_interval": 100,
                   "output_dir": str(tmp_path / "sft-outputs"), "run_name": "sft", "seed": 0, "progress_bar": "off"},

@@ -56,7 +56,7 @@ def test_bad_rows_name_file_and_line(tmp_path, row, problem):
 
 def test_prompt_response_row_without_response(tmp_path):
     with pytest.raises(DataError, match="line 1: field 'response' is missing"):
-        _load(tmp_path, [{"prompt": "Hi"}])
+        _load(tmp_path, [{"prompt": "Hi"}], response_field="response")
 
 
 def test_a_template_that_cannot_be_used_is_a_config_error(tmp_path):

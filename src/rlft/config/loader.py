@@ -158,7 +158,7 @@ def _function_problems(raw: dict, bad: set[str]) -> list[str]:
 def _file_problems(raw: dict, config_dir: Path | None, bad: set[str], base: Path) -> tuple[list[str], dict[str, str]]:
     """Check that referenced files exist; return problems and {dotted path: absolute value}."""
     targets = [(d, _get(raw, d), "", kind) for d, kind in
-               (("data.train_file", "file"), ("data.eval_file", "file"), ("model.path", "model"))]
+               (("data.train_file", "data"), ("data.eval_file", "data"), ("model.path", "model"))]
     template = _get(raw, "data.chat_template")
     if isinstance(template, str) and template not in CHAT_TEMPLATE_NAMES:
         targets.append(("data.chat_template", template, "", "file"))
@@ -180,12 +180,17 @@ def _file_problems(raw: dict, config_dir: Path | None, bad: set[str], base: Path
         if found is None:
             where = f" (looked in {' and '.join(map(str, looked))})" if looked else ""
             problems.append({"file": f"{dotted}: file not found: {value}{where}",
+                             "data": f"{dotted}: file not found: {value}{where}",
                              "reward_model": f"{dotted}: not found: {value}{where}; expected a reward-model folder "
                                              f"(rlft train-rm writes them)",
                              "model": f"{dotted}: not found: {value}{where}; expected a model directory, a .gguf "
                                       f"file or one of: {', '.join(BUILTIN_MODELS)}"}[kind])
         elif kind == "file" and not found.is_file():
             problems.append(f"{dotted}: expected a file, but {found} is a directory")
+        elif kind == "data" and found.is_dir() and not any((found / f).is_file()
+                                                            for f in ("state.json", "dataset_dict.json")):
+            problems.append(f"{dotted}: expected a data file, or a folder written by datasets' save_to_disk, but "
+                            f"{found} is a folder without one")
         elif kind == "model" and not (found.is_dir() or found.suffix == ".gguf"):
             problems.append(f"{dotted}: expected a model directory or a .gguf file, got {found}")
         elif kind == "reward_model" and not (found / "config.json").is_file():

@@ -87,7 +87,9 @@ class ModelConfig(Section):
 
 
 class DataConfig(Section):
-    train_file: FilePath = Field(..., description="Training prompts: .jsonl, .json, .csv or .parquet.")
+    train_file: FilePath = Field(..., description="Training rows: .jsonl, .json, .csv or .parquet, or a folder written "
+                                 "by datasets' save_to_disk. Rows in TRL's standard formats load by their column "
+                                 "names (docs/data.md).")
     eval_file: FilePath | None = Field(None, description="Held-out prompts for evaluation (same format).")
     eval_split: float = Field(
         0.0, ge=0, lt=1, description="Fraction of train_file held out for evaluation when eval_file is not set."

@@ -12,10 +12,15 @@ from rlft.config.sections import DataConfig, Section
 
 
 class SFTDataConfig(DataConfig):
-    """Training rows are prompt/response pairs (``prompt_field`` + ``response_field``) or whole
-    conversations (``messages_field``, tool calls and tool results included)."""
+    """Training rows are in one of TRL's formats, recognised by their columns (``messages``, ``prompt`` +
+    ``completion``, ``text``; rlft's own ``prompt`` + ``response`` too), or in the columns named here:
+    whole conversations (``messages_field``, tool calls and tool results included) or prompt/response
+    pairs (``prompt_field`` + ``response_field``)."""
 
-    response_field: str = Field("response", description="Column holding the target response (prompt/response rows).")
+    response_field: str | None = Field(
+        None, description="Column holding the target response of prompt/response rows; null: 'completion' (TRL's "
+        "name) or 'response', whichever the row has. Setting it (or a prompt_field other than 'prompt') reads "
+        "every row as a prompt/response pair.")
     max_length: int = Field(
         2048, gt=0, description="Most tokens in one example (the whole conversation); longer rows follow on_bad_row.")
 

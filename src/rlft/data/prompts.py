@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from rlft.chat.messages import MessageError, normalise_messages
 from rlft.chat.tool_calls import schema_of
 from rlft.config.schema import DataConfig
+from rlft.data.formats import BadRow, messages as row_messages, prompt_of
 from rlft.data.readers import ReadResult, read_rows, where
 from rlft.errors import ConfigError, DataError
 
@@ -80,10 +80,6 @@ CHARS_PER_TOKEN = 32
 _CUT_MARGIN = 16
 
 
-class BadRow(DataError):
-    """A row failed validation; the message has no location (build_examples adds it)."""
-
-
 def build_examples(
     result: ReadResult, path: str | Path, data_cfg: DataConfig, tokenizer: Any, tools: list[dict] | None = None
 ) -> tuple[list[PromptExample], list[tuple[int, str]]]:
@@ -116,22 +112,8 @@ def build_examples(
 
 def _validate(row: dict, cfg: DataConfig) -> tuple[str | list[dict], dict[str, Any]]:
     key = cfg.messages_field or cfg.prompt_field
-    kind = "messages" if cfg.messages_field else "prompt"
-    if key not in row:
-        keys = ", ".join(map(str, row)) or "none"
-        raise BadRow(f"missing {kind} field '{key}' (row has keys: {keys})")
-    value = row[key]
-    if cfg.messages_field:
-        try:
-            value = normalise_messages(value, f"messages field '{key}'")
-        except MessageError as exc:
-            raise BadRow(str(exc)) from None
-    elif not isinstance(value, str):
-        raise BadRow(f"prompt field '{key}' must be a string, got {type(value).__name__}")
-    elif not value.strip():
-        raise BadRow(f"prompt field '{key}' is empty")
-    columns = {k: v for k, v in row.items() if k != key}
-    return value, columns
+    value = row_messages(row, key) if cfg.messages_field else prompt_of(row, key)
+    return value, {k: v for k, v in row.items() if k != key}
 
 
 def row_tools(row: dict, cfg: DataConfig) -> list[dict] | None:
@@ -204,8 +186,9 @@ def rows_use_tools(rows: list[dict], data_cfg: DataConfig) -> bool:
     def chat_tools(value: Any) -> bool:
         return isinstance(value, list) and any(isinstance(m, dict) and (m.get("tool_calls") or m.get("role") == "tool")
                                                for m in value)
-    return any(row.get(data_cfg.tools_field) is not None
-               or (data_cfg.messages_field and chat_tools(row.get(data_cfg.messages_field))) for row in rows)
+    chats = [data_cfg.messages_field] if data_cfg.messages_field else ["messages", data_cfg.prompt_field, "completion"]
+    return any(row.get(data_cfg.tools_field) is not None or any(chat_tools(row.get(key)) for key in chats)
+               for row in rows)
 
 
 def load_prompts(

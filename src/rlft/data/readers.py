@@ -1,7 +1,8 @@
-"""Read rows of a prompt dataset from .jsonl, .json, .csv or .parquet files.
+"""Read rows of a dataset from .jsonl, .json, .csv or .parquet files, or from a folder written by
+Hugging Face ``datasets``' ``save_to_disk``.
 
 Every row is a ``dict``; each keeps the number a user can find it by (the line
-number for line-based formats, the 1-based index for .json and .parquet).  A
+number for line-based formats, the 1-based index for .json, .parquet and Arrow folders).  A
 malformed row either stops the run with a :class:`~rlft.errors.DataError` that
 names the file and line, or (``on_bad_row="skip"``) is recorded in
 :attr:`ReadResult.skipped`.
@@ -110,6 +111,41 @@ def _parquet_items(path: Path) -> Iterator[_Item]:
         yield index + 1, value, None
 
 
+def _saved_dataset_items(path: Path) -> Iterator[_Item]:
+    """A ``Dataset.save_to_disk`` folder: its Arrow shards in the order its state.json lists them.
+    Read with pyarrow (already a dependency), so loading one does not need ``datasets`` installed."""
+    import pyarrow as pa
+
+    try:
+        shards = [path / entry["filename"] for entry in json.loads((path / "state.json").read_text())["_data_files"]]
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise DataError(f"{path}: state.json does not list the dataset's Arrow files ({exc})") from None
+    number = 0
+    for shard in shards:
+        try:
+            with pa.memory_map(str(shard)) as source:
+                table = pa.ipc.open_stream(source).read_all()
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise DataError(f"{path}: cannot read Arrow shard {shard.name} ({exc})") from None
+        for value in table.to_pylist():
+            number += 1
+            yield number, value, None
+
+
+def _folder_reader(path: Path) -> tuple[Callable[[Path], Iterator[_Item]], str]:
+    if (path / "dataset_dict.json").is_file():
+        try:
+            splits = [str(name) for name in json.loads((path / "dataset_dict.json").read_text())["splits"]]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            splits = [p.name for p in sorted(path.iterdir()) if (p / "state.json").is_file()]
+        raise DataError(f"{path}: a DatasetDict folder with the splits {', '.join(splits) or '(none)'}; point the "
+                        f"data file at one split's folder, e.g. {path / (splits[0] if splits else 'train')}")
+    if not (path / "state.json").is_file():
+        raise DataError(f"{path}: a folder, but not a dataset written by datasets' save_to_disk (it has no "
+                        f"state.json); give a .jsonl, .json, .csv or .parquet file or such a folder")
+    return _saved_dataset_items, "row"
+
+
 _READERS: dict[str, tuple[Callable[[Path], Iterator[_Item]], str]] = {
     ".jsonl": (_jsonl_items, "line"),
     ".json": (_json_items, "row"),
@@ -120,7 +156,7 @@ SUPPORTED_FORMATS = tuple(_READERS)
 
 
 def read_rows(path: str | Path, on_bad_row: OnBadRow = "error") -> ReadResult:
-    """Read every row of ``path`` (.jsonl, .json, .csv or .parquet) as a dict.
+    """Read every row of ``path`` (.jsonl, .json, .csv, .parquet or a ``save_to_disk`` folder) as a dict.
 
     Raises :class:`DataError` for an unknown extension, a missing or unreadable
     file, a file with no usable rows, and (with ``on_bad_row="error"``) the
@@ -131,16 +167,19 @@ def read_rows(path: str | Path, on_bad_row: OnBadRow = "error") -> ReadResult:
         raise ValueError(f"on_bad_row must be 'error' or 'skip', got {on_bad_row!r}")
     p = Path(path)
     suffix = p.suffix.lower()
-    if suffix not in _READERS:
+    if p.is_dir():
+        items, unit = _folder_reader(p)
+    elif suffix not in _READERS:
         raise DataError(
-            f"{path}: unsupported data format '{p.suffix or '(no extension)'}'; "
-            f"supported formats: {', '.join(SUPPORTED_FORMATS)}"
+            f"{path}: unsupported data format '{p.suffix or '(no extension)'}'; supported formats: "
+            f"{', '.join(SUPPORTED_FORMATS)} and folders written by datasets' save_to_disk"
         )
-    if not p.exists():
+    elif not p.exists():
         raise DataError(f"{path}: data file not found")
-    if not p.is_file():
+    elif not p.is_file():
         raise DataError(f"{path}: not a file")
-    items, unit = _READERS[suffix]
+    else:
+        items, unit = _READERS[suffix]
     result = ReadResult(rows=[], row_numbers=[], unit=unit)
     try:
         for number, value, problem in items(p):

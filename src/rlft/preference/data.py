@@ -11,12 +11,12 @@ an error naming file and line, or skipped and counted (``data.on_bad_row: skip``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
-from rlft.chat.messages import MessageError, normalise_messages
 from rlft.chat.templates import PLAIN_TEMPLATE, TemplateError, render
 from rlft.config.preference import PreferenceDataConfig
-from rlft.data.prompts import BadRow, configure_chat_template, read_split, with_system_prompt
+from rlft.data.formats import BadRow, as_messages
+from rlft.data.prompts import configure_chat_template, read_split, with_system_prompt
 from rlft.data.readers import where
 from rlft.errors import DataError
 
@@ -75,23 +75,26 @@ def conversations(row: dict, cfg: PreferenceDataConfig) -> tuple[list[dict], lis
     sides = []
     for key in (cfg.chosen_field, cfg.rejected_field):
         if key not in row:
-            raise BadRow(f"missing field '{key}' (row has keys: {', '.join(map(str, row))})")
+            raise BadRow(f"missing field '{key}'; a preference row is '{cfg.prompt_field}' + '{cfg.chosen_field}' + "
+                         f"'{cfg.rejected_field}' (text or messages), or '{cfg.chosen_field}' + "
+                         f"'{cfg.rejected_field}' as whole conversations (the row has columns: "
+                         f"{', '.join(map(str, row)) or 'none'})")
         sides.append(row[key])
     if all(isinstance(s, str) for s in sides):
         prompt = row.get(cfg.prompt_field)
         if isinstance(prompt, str) and prompt.strip():
             prompt = [{"role": "user", "content": prompt}]
         elif isinstance(prompt, list):
-            prompt = _messages(prompt, f"field '{cfg.prompt_field}'")
+            prompt = as_messages(prompt, f"field '{cfg.prompt_field}'")
         else:
             raise BadRow(f"field '{cfg.prompt_field}' is {'missing' if prompt is None else 'not text or messages'}; "
                          f"with '{cfg.chosen_field}'/'{cfg.rejected_field}' as text a row needs its prompt too "
                          f"(or give both as conversations)")
         convs = [prompt + [{"role": "assistant", "content": s}] for s in sides]
     elif all(isinstance(s, list) for s in sides):
-        convs = [_messages(s, f"field '{k}'") for s, k in zip(sides, (cfg.chosen_field, cfg.rejected_field))]
+        convs = [as_messages(s, f"field '{k}'") for s, k in zip(sides, (cfg.chosen_field, cfg.rejected_field))]
         if isinstance(row.get(cfg.prompt_field), list):  # TRL's layout with the prompt apart
-            prompt = _messages(row[cfg.prompt_field], f"field '{cfg.prompt_field}'")
+            prompt = as_messages(row[cfg.prompt_field], f"field '{cfg.prompt_field}'")
             convs = [prompt + c for c in convs]
     else:
         raise BadRow(f"fields '{cfg.chosen_field}' and '{cfg.rejected_field}' must both be text or both be "
@@ -102,13 +105,6 @@ def conversations(row: dict, cfg: PreferenceDataConfig) -> tuple[list[dict], lis
     if convs[0] == convs[1]:
         raise BadRow("chosen and rejected are the same; the pair says nothing")
     return with_system_prompt(convs[0], cfg.system_prompt), with_system_prompt(convs[1], cfg.system_prompt)
-
-
-def _messages(value: Any, what: str) -> list[dict]:
-    try:
-        return normalise_messages(value, what)
-    except MessageError as exc:
-        raise BadRow(str(exc)) from None
 
 
 def _pair(row: dict, cfg: PreferenceDataConfig, tokenizer, source: str) -> PreferencePair:

@@ -1,11 +1,12 @@
 """SFT rows -> tokenized conversations with their loss masks -> (packed) training rows.
 
-A row is a prompt/response pair (``data.prompt_field`` + ``data.response_field``) or a whole
-conversation (``data.messages_field``, Hugging Face chat format with tool calls and results), with
-the row's tools in ``data.tools_field``. Every row becomes one conversation, tokenized by
-:func:`rlft.chat.render.tokenize_chat` (the one definition of which tokens are trained, shared
-with multi-turn RL). A row without an assistant turn, or longer than ``data.max_length``, is a bad
-row: an error naming file and line, or skipped and counted (``data.on_bad_row: skip``).
+A row is in one of TRL's formats (:mod:`rlft.data.formats`: ``messages``, ``prompt`` +
+``completion``, ``text``) or in the columns the config names (``data.messages_field``, or
+``data.prompt_field`` + ``data.response_field``), with the row's tools in ``data.tools_field``. A
+conversation is tokenized by :func:`rlft.chat.render.tokenize_chat` (the one definition of which
+tokens are trained, shared with multi-turn RL); plain text is trained on every token, followed by
+the end-of-sequence token. A row without an assistant turn, or longer than ``data.max_length``, is
+a bad row: an error naming file and line, or skipped and counted (``data.on_bad_row: skip``).
 """
 
 from __future__ import annotations
@@ -15,30 +16,32 @@ from typing import Any, Literal
 
 import torch
 
-from rlft.chat.messages import MessageError, normalise_messages
 from rlft.chat.render import TokenizedChat, tokenize_chat
 from rlft.chat.templates import PLAIN_TEMPLATE, TemplateError, render
 from rlft.config.sft import SFTDataConfig
-from rlft.data.prompts import (BadRow, PromptExample, configure_chat_template, read_split, row_tools,
-                               rows_use_tools, with_system_prompt)
+from rlft.data.formats import BadRow, supervised_row
+from rlft.data.prompts import (PromptExample, configure_chat_template, read_split, row_tools, rows_use_tools,
+                               with_system_prompt)
 from rlft.data.readers import where
 from rlft.errors import DataError
 
 
 @dataclass
 class SFTExample:
-    """One conversation: its tokens (ids, loss mask, turn index), the messages and tools it was
-    rendered from, the row's other ``columns`` and its ``source`` (``file:line``)."""
+    """One conversation (or plain text: ``messages`` None): its tokens (ids, loss mask, turn index),
+    the messages and tools it was rendered from, the row's other ``columns`` and its ``source`` (``file:line``)."""
 
     tokens: TokenizedChat
-    messages: list[dict]
+    messages: list[dict] | None
     tools: list[dict] | None
     columns: dict[str, Any]
     source: str
 
-    def prompt_example(self, tokenizer) -> PromptExample:
+    def prompt_example(self, tokenizer) -> PromptExample | None:
         """The conversation up to its last assistant turn, as a prompt for generation (the held-out
-        generation evaluation asks the model for that turn)."""
+        generation evaluation asks the model for that turn); None for plain text, which has no turns."""
+        if self.messages is None:
+            return None
         last = max(i for i, m in enumerate(self.messages) if m["role"] == "assistant")
         prompt = self.messages[:last]
         text = render(tokenizer, prompt, tools=self.tools, add_generation_prompt=True)
@@ -80,23 +83,9 @@ def load_sft(data_cfg: SFTDataConfig, tokenizer, split: Literal["train", "eval"]
     return SFTSet(examples, skipped, str(path), label)
 
 
-def conversation(row: dict, cfg: SFTDataConfig) -> list[dict]:
-    """The row as a conversation (system prompt added unless it has one); BadRow if it cannot be one."""
-    if cfg.messages_field:
-        if cfg.messages_field not in row:
-            raise BadRow(f"missing messages field '{cfg.messages_field}' (row has keys: {', '.join(map(str, row))})")
-        try:
-            messages = normalise_messages(row[cfg.messages_field], f"messages field '{cfg.messages_field}'")
-        except MessageError as exc:
-            raise BadRow(str(exc)) from None
-    else:
-        for key in (cfg.prompt_field, cfg.response_field):
-            if not isinstance(row.get(key), str) or not row[key].strip():
-                got = "missing" if key not in row else f"not a non-empty string ({type(row[key]).__name__})"
-                raise BadRow(f"field '{key}' is {got}; a prompt/response row needs both "
-                             f"'{cfg.prompt_field}' and '{cfg.response_field}' (or set data.messages_field)")
-        messages = [{"role": "user", "content": row[cfg.prompt_field]},
-                    {"role": "assistant", "content": row[cfg.response_field]}]
+def conversation(messages: list[dict], cfg: SFTDataConfig) -> list[dict]:
+    """A row's messages as the conversation trained on (system prompt added unless it has one);
+    BadRow if they cannot be one."""
     messages = with_system_prompt(messages, cfg.system_prompt)
     roles = [m["role"] for m in messages]
     if "assistant" not in roles:
@@ -107,7 +96,11 @@ def conversation(row: dict, cfg: SFTDataConfig) -> list[dict]:
 
 
 def _example(row: dict, cfg: SFTDataConfig, tokenizer, train_on: str, source: str) -> SFTExample:
-    messages = conversation(row, cfg)
+    read = supervised_row(row, cfg)
+    columns = {k: v for k, v in row.items() if k not in read.used}
+    if read.messages is None:
+        return SFTExample(_text_tokens(read.text, cfg, tokenizer), None, None, columns, source)
+    messages = conversation(read.messages, cfg)
     tools = row_tools(row, cfg)
     try:
         tokens = tokenize_chat(tokenizer, messages, tools=tools, train_on=train_on)
@@ -119,9 +112,18 @@ def _example(row: dict, cfg: SFTDataConfig, tokenizer, train_on: str, source: st
         raise BadRow(f"{len(tokens)} tokens, more than data.max_length ({cfg.max_length})")
     if tokens.num_trained == 0:
         raise BadRow("no tokens to train on: the assistant turns are empty")
-    used = {cfg.messages_field, cfg.prompt_field, cfg.response_field}
-    columns = {k: v for k, v in row.items() if k not in used}
     return SFTExample(tokens, messages, tools, columns, source)
+
+
+def _text_tokens(text: str, cfg: SFTDataConfig, tokenizer) -> TokenizedChat:
+    """Plain text for language modelling: the tokenizer's own special tokens (a BOS where it adds
+    one), then the text and the end-of-sequence token, all trained (the model learns where to stop)."""
+    ids = tokenizer(text, add_special_tokens=True)["input_ids"]
+    if tokenizer.eos_token_id is not None and (not ids or ids[-1] != tokenizer.eos_token_id):
+        ids.append(tokenizer.eos_token_id)
+    if len(ids) > cfg.max_length:
+        raise BadRow(f"{len(ids)} tokens, more than data.max_length ({cfg.max_length})")
+    return TokenizedChat(list(ids), [1] * len(ids), [0] * len(ids))
 
 
 # --------------------------------------------------------------------------- training rows

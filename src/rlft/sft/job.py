@@ -181,15 +181,19 @@ class SFTJob:
     def _generation_eval(self, evalset: SFTSet) -> EvalResult | None:
         if self.rewards is None:
             return None
-        prompts = [ex.prompt_example(self.parts.tokenizer) for ex in evalset.examples]
+        prompts = [p for p in (ex.prompt_example(self.parts.tokenizer) for ex in evalset.examples) if p is not None]
+        if not prompts:  # plain-text rows: the loss is the whole evaluation
+            return None
         return evaluate_generations(self.engine, prompts, self.rewards, self.cfg,
                                     self.generation(self.cfg).max_new_tokens)
 
     @staticmethod
     def eval_prompts(cfg: SFTConfig, tokenizer) -> list | None:
-        """The last assistant turn of every held-out conversation, as a prompt."""
+        """The last assistant turn of every held-out conversation, as a prompt (plain-text rows have none)."""
         evalset = load_sft(cfg.data, tokenizer, "eval", cfg.train.seed, cfg.sft.train_on)
-        return [ex.prompt_example(tokenizer) for ex in evalset.examples] if evalset is not None else None
+        if evalset is None:
+            return None
+        return [p for p in (ex.prompt_example(tokenizer) for ex in evalset.examples) if p is not None]
 
     @staticmethod
     def reward_manager(cfg: SFTConfig):
