@@ -4,5 +4,5 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-bash scripts/setup_env.sh
+bash scripts/setup_env.sh    # the core install: none of the test extras
 exec .venv/bin/rlft train --config configs/minimal_example.yaml "$@"

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Idempotent environment set-up: creates .venv at the repo root and installs rlft (editable) with its
-# test extras.  torch is installed FIRST and pinned, so pip never resolves an unpinned torch (which
-# would pull a multi-GB CUDA build).  Override the torch requirement with RLFT_TORCH_SPEC, e.g.
+# Idempotent environment set-up: creates .venv at the repo root and installs rlft (editable), with
+# the extras named by its argument (none: the core install the demos need; "test": what the test
+# suite needs, e.g. `bash scripts/setup_env.sh test`).  torch is installed FIRST and pinned, so pip
+# never resolves an unpinned torch (which would pull a multi-GB CUDA build).  Override the torch
+# requirement with RLFT_TORCH_SPEC, e.g.
 #   RLFT_TORCH_SPEC="torch==2.13.0" bash scripts/setup_env.sh
-# A stamp file (.venv/.rlft-installed) records a hash of pyproject.toml and the torch spec; when it
-# matches, nothing is re-installed, so repeated runs take well under a second.
+# A stamp file per extras (.venv/.rlft-installed-core, .venv/.rlft-installed-test) records a hash of
+# pyproject.toml and the torch spec; when it matches, nothing is re-installed, so repeated runs take
+# well under a second. The test install holds the core one, so its stamp also answers for the core.
 # Environment: PYTHON (interpreter used to create the venv, default python3),
 #              RLFT_FORCE_INSTALL=1 (ignore the stamp and re-install).
 set -euo pipefail
@@ -15,7 +18,10 @@ cd "$ROOT"
 PYTHON="${PYTHON:-python3}"
 TORCH_SPEC="${RLFT_TORCH_SPEC:-torch==2.13.0}"
 VENV="$ROOT/.venv"
-STAMP="$VENV/.rlft-installed"
+EXTRAS="${1:-}"
+STAMP="$VENV/.rlft-installed-${EXTRAS:-core}"
+TARGET="."
+if [[ -n "$EXTRAS" ]]; then TARGET=".[$EXTRAS]"; fi
 
 hash_inputs() {
     { cat pyproject.toml; printf '\ntorch-spec: %s\n' "$TORCH_SPEC"; } | "$PYTHON" -c \
@@ -27,17 +33,21 @@ if [[ ! -x "$VENV/bin/python" ]]; then
     "$PYTHON" -m venv "$VENV"
 fi
 
+stamped() {  # the stamp $1 exists and matches
+    [[ -f "$1" && "$(cat "$1")" == "$WANT" ]]
+}
+
 WANT="$(hash_inputs)"
-if [[ "${RLFT_FORCE_INSTALL:-0}" != "1" && -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]] \
+if [[ "${RLFT_FORCE_INSTALL:-0}" != "1" ]] && { stamped "$STAMP" || { [[ -z "$EXTRAS" ]] && stamped "$VENV/.rlft-installed-test"; }; } \
         && "$VENV/bin/python" -c 'import importlib.util as u, sys; sys.exit(not (u.find_spec("rlft") and u.find_spec("torch")))' \
             >/dev/null 2>&1; then
     exit 0  # up to date
 fi
 
 PIP=("$VENV/bin/python" -m pip)
-echo "setup_env: installing into $VENV (torch: $TORCH_SPEC)"
+echo "setup_env: installing rlft ${EXTRAS:+with [$EXTRAS] }into $VENV (torch: $TORCH_SPEC)"
 "${PIP[@]}" install --upgrade pip
 "${PIP[@]}" install "$TORCH_SPEC"
-"${PIP[@]}" install -e ".[test]"
+"${PIP[@]}" install -e "$TARGET"
 "$VENV/bin/python" -c 'import rlft, torch; print(f"setup_env: rlft {rlft.__version__}, torch {torch.__version__}")'
 echo "$WANT" > "$STAMP"

@@ -4,5 +4,5 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-bash scripts/setup_env.sh
+bash scripts/setup_env.sh test
 exec .venv/bin/python -m pytest -q "$@"
