@@ -16,6 +16,25 @@ from rlft.service.store import JobStore, NewJob, default_url
 from tests.service.conftest import Server, job_config, wait_for, write_config
 
 
+# The live job's reward: from its second batch on it waits for the file "open" beside it, so the job
+# cannot finish before the restarted service has re-attached to it (a 12-step job on the tiny model
+# could end during the restart, and the test then saw a finished job instead of a running one).
+GATE = '''
+import pathlib, time
+
+_calls = 0
+
+
+def gated(prompts, completions, **columns):
+    global _calls
+    _calls += 1
+    deadline = time.monotonic() + 200
+    while _calls > 1 and not pathlib.Path(__file__).with_name("open").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [float("a" in c) for c in completions]
+'''
+
+
 def _steps(run: Path) -> int:
     metrics = run / "metrics.jsonl"
     return len(metrics.read_text().splitlines()) if metrics.exists() else 0
@@ -24,7 +43,11 @@ def _steps(run: Path) -> int:
 def test_killed_service_reattaches_a_live_job_and_marks_a_dead_one_service_lost(workspace):
     srv = Server(workspace).start()
     c = srv.client()
-    live = c.submit(write_config(workspace, "live.yaml", job_config(steps=12)))
+    (workspace / "rewards").mkdir()
+    (workspace / "rewards" / "gate.py").write_text(GATE)
+    cfg = job_config(steps=12)
+    cfg["reward"] = {"functions": [{"type": "custom", "function": "rewards/gate.py:gated", "name": "has_a"}]}
+    live = c.submit(write_config(workspace, "live.yaml", cfg))
     run = Path(live["run_dir"])
     wait_for(lambda: _steps(run) >= 1, what="the first step")
     pid = c.job(live["job_id"])["pid"]
@@ -35,7 +58,8 @@ def test_killed_service_reattaches_a_live_job_and_marks_a_dead_one_service_lost(
     try:
         c = srv.client()
         assert "re-attached" in srv.log.read_text()
-        assert c.job(live["job_id"])["status"] == "running"
+        assert c.job(live["job_id"])["status"] == "running" and _steps(run) == 1  # held at the gate
+        (workspace / "rewards" / "open").touch()
         done = c.wait(live["job_id"], timeout=240)
         assert done["status"] == "success" and done["pid"] == pid, done  # the same process: not run twice
         assert [r["step"] for r in c.metrics(live["job_id"])[0]] == list(range(1, 13))
