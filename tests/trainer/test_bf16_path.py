@@ -27,4 +27,4 @@ def test_forced_bf16_autocast_trains(tiny_config, monkeypatch, algorithm):
     if algorithm == "ppo":
         assert all(math.isfinite(r["critic/value_loss"]) for r in rows)
     else:
-        assert rows[-1]["kl"] >= 0
+        assert rows[-1]["kl"] > 0  # two updates in: the policy has left the reference (k3 is clamped at 0)

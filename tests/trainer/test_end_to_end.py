@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 import yaml
 
 from rlft import Trainer
@@ -38,7 +39,8 @@ def test_run_directory_contents(tiny_config):
                 "completion_len/mean", "completion_len/max", "truncation_rate", "lr", "grad_norm", "step_seconds",
                 "tokens_per_s", "peak_mem_mb"}
     assert required <= set(rows[0]), required - set(rows[0])
-    assert rows[0]["kl"] >= 0 and rows[0]["peak_mem_mb"] > 0
+    # step 2 samples from a policy one update away from the reference (k3 is clamped at 0: > 0 is the test)
+    assert rows[0]["kl"] > 0 and rows[0]["peak_mem_mb"] > 0
     # the step split by phase: leaves that add up to the step, and the work each did
     times = {k: v for k, v in rows[0].items() if k.startswith("time/")}
     assert {"time/prefill", "time/decode", "time/reward", "time/reference", "time/policy", "time/optimizer",
@@ -71,8 +73,13 @@ def test_checkpoint_loads_with_plain_transformers(tiny_config):
     result = Trainer(config=tiny_config).train()
     model = AutoModelForCausalLM.from_pretrained(result.final_checkpoint)
     tok = AutoTokenizer.from_pretrained(result.final_checkpoint)
-    out = model.generate(**tok(["abc"], return_tensors="pt"), max_new_tokens=3, do_sample=False)
-    assert out.shape[1] >= 3
+    ids = tok(["abc"], return_tensors="pt")
+    out = model.generate(**ids, max_new_tokens=3, min_new_tokens=3, do_sample=False)
+    assert out.shape[1] == ids["input_ids"].shape[1] + 3  # three new tokens after the prompt
+    start = AutoModelForCausalLM.from_pretrained(tiny_config["model"]["path"]).state_dict()
+    trained = model.state_dict()
+    assert trained.keys() == start.keys()  # every weight came back, under the names transformers expects
+    assert any(not torch.equal(trained[k], start[k]) for k in start)  # the trained weights, not the starting ones
 
 
 def test_lora_run_trains_only_adapter(tiny_config):
@@ -82,5 +89,19 @@ def test_lora_run_trains_only_adapter(tiny_config):
     ck = result.final_checkpoint
     assert (ck / "adapter_config.json").is_file() and (ck / "adapter_model.safetensors").is_file()
     assert not (ck / "model.safetensors").exists()
+    from safetensors.torch import load_file
+
+    adapter = load_file(ck / "adapter_model.safetensors")
+    assert adapter and all("lora_" in k for k in adapter)  # the adapter only: no base weight was saved as trained
+    lora_b = [v for k, v in adapter.items() if "lora_B" in k]
+    assert lora_b and any(v.abs().sum() > 0 for v in lora_b)  # B starts at zero: the adapter moved
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_config["model"]["path"])
+    before = {k: v.clone() for k, v in base.state_dict().items()}
+    merged = PeftModel.from_pretrained(base, ck).merge_and_unload().state_dict()
+    changed = {k for k in before if not torch.equal(before[k], merged[k])}
+    assert changed and all(k.endswith(("q_proj.weight", "v_proj.weight")) for k in changed)  # only the targets
     rows = read_jsonl(result.run_dir / "metrics.jsonl")
-    assert rows[-1]["kl"] >= 0
+    assert rows[-1]["kl"] > 0
