@@ -2,26 +2,45 @@
 
 from __future__ import annotations
 
-import time
+
+import pytest
 
 from rlft.phases import PhaseClock, is_timing
 
 
-def test_phases_add_up_to_the_step_and_inner_phases_count_to_the_outer_one():
+class FakeTime:
+    """A clock that moves only when the test sleeps, so the sums are exact on any machine."""
+
+    def __init__(self):
+        self.now = 100.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_phases_add_up_to_the_step_and_inner_phases_count_to_the_outer_one(monkeypatch):
+    import rlft.phases
+
+    fake = FakeTime()
+    monkeypatch.setattr(rlft.phases, "time", fake)
     clock = PhaseClock()
-    t0 = time.perf_counter()
+    t0 = fake.perf_counter()
     with clock.phase("decode"):
-        time.sleep(0.02)
+        fake.sleep(0.02)
         with clock.phase("reward"):  # e.g. a reward model's forward inside the rollout
-            time.sleep(0.01)
+            fake.sleep(0.01)
     with clock.phase("reward"):
-        time.sleep(0.01)
+        fake.sleep(0.01)
     clock.count("decode_tokens", 16)
     clock.count("decode_tokens", 8)
-    time.sleep(0.01)
-    snap = clock.snapshot(time.perf_counter() - t0)
-    assert snap["time/decode"] >= 0.03 and 0.01 <= snap["time/reward"] < 0.02
-    assert snap["time/other"] >= 0.01
+    fake.sleep(0.01)
+    snap = clock.snapshot(fake.perf_counter() - t0)
+    assert snap["time/decode"] == pytest.approx(0.03)  # the nested reward is billed to decode ...
+    assert snap["time/reward"] == pytest.approx(0.01)  # ... and not to reward a second time
+    assert snap["time/other"] == pytest.approx(0.01)
     assert snap["work/decode_tokens"] == 24
     clock.reset()
     assert clock.snapshot(0.0) == {"time/other": 0.0}
