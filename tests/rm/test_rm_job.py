@@ -147,7 +147,7 @@ def test_grpo_on_a_trained_reward_model_raises_its_score(rm_config, tiny_config,
     assert rows[0]["reward/rm/mean"] == pytest.approx(rows[0]["reward/rm/raw_mean"], abs=1e-4)  # logit: the raw score
     early = sum(r["reward/rm/mean"] for r in rows[:3]) / 3
     late = sum(r["reward/rm/mean"] for r in rows[-3:]) / 3
-    assert late > early, (early, late)
+    assert late > early + 0.2, (early, late)  # -1.09 -> -0.62 on 2026-12-05: a rise, not noise
     assert len(loads) == 1  # loaded once for the whole run, never per step
 
 

@@ -83,7 +83,7 @@ def test_single_turn_metrics_equal_the_pre_split_code(tiny_config, tmp_path, alg
         config = json.loads(json.dumps(tiny_config))
         config["train"]["run_name"] = label
         runs[label] = _run(src, config, tmp_path / f"{label}.json")
-    assert [r["step"] for r in runs["current"]] == [1, 2, 3, 4]
+    assert [r["step"] for r in runs["current"]] == [r["step"] for r in runs["baseline"]] == [1, 2, 3, 4]
     for now, then in zip(runs["current"], runs["baseline"]):
         assert now.keys() == then.keys()
         assert now == pytest.approx(then, rel=1e-4, abs=1e-7), {k: (now[k], then[k]) for k in now if now[k] != then[k]}
