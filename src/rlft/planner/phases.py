@@ -8,7 +8,7 @@ time (weights, optimizer moments, the reference, decode copies) plus what only i
 
 Every term is an upper bound for the worst step the config allows: every completion runs to
 ``max_new_tokens`` and every row of a micro-batch is as long as the longest prompt. The
-per-token constants were fitted to measured peaks (docs/memory.md has the table) and rounded up.
+per-token constants were fitted to measured peaks (docs/operations.md has the table) and rounded up.
 
 What a kind needs is its registry entry's ``memory`` (:data:`rlft.config.schema.JOB_KINDS`), so
 a new kind of job says how it uses memory where it is declared.
