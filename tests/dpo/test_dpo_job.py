@@ -11,13 +11,13 @@ import torch
 from rlft import Trainer
 from rlft.algorithms import dpo_loss
 from tests.conftest import assert_resume_is_bit_exact, read_jsonl, write_jsonl
-from tests.rm.test_rm_job import _pairs
+from tests.rm.test_rm_job import HELD_OUT_WORDS, _pairs
 
 
 @pytest.fixture
 def dpo_config(tmp_path, tiny_model_dir):
     train = write_jsonl(tmp_path / "prefs" / "train.jsonl", _pairs(16))
-    evalf = write_jsonl(tmp_path / "prefs" / "eval.jsonl", _pairs(8, offset=5))
+    evalf = write_jsonl(tmp_path / "prefs" / "eval.jsonl", _pairs(8, HELD_OUT_WORDS))
     return {"kind": "dpo", "model": {"path": str(tiny_model_dir), "dtype": "fp32"},
             "data": {"train_file": str(train), "eval_file": str(evalf), "max_length": 256},
             "dpo": {"learning_rate": 1e-3, "beta": 0.1, "batch_size": 8, "micro_batch_size": 4,

@@ -14,23 +14,26 @@ from rlft.algorithms import bradley_terry_loss
 from rlft.errors import DataError
 from tests.conftest import assert_resume_is_bit_exact, read_jsonl, write_jsonl
 
-WORDS = ["sun", "moon", "tree", "sea", "cat", "dog", "hill", "rain", "snow", "wind", "star", "road"]
+WORDS = ["sun", "moon", "tree", "sea", "cat", "dog", "hill", "rain"]
+HELD_OUT_WORDS = ["snow", "wind", "star", "road"]  # the eval pairs' topics: never in a training pair
 
 
-def _pairs(n: int, offset: int = 0) -> list[dict]:
-    """The chosen reply is polite ("please ... thank you"), the rejected one is not: separable."""
+def _pairs(n: int, words: list[str] = WORDS) -> list[dict]:
+    """The chosen reply is polite ("please ... thank you"), the rejected one is not: separable. Every
+    other rejected reply is the longer one, so length alone does not tell them apart."""
     out = []
     for i in range(n):
-        w = WORDS[(i + offset) % len(WORDS)]
+        w = words[i % len(words)]
+        rude = f"{w}. whatever" if i % 2 == 0 else f"{w}. whatever, I do not care about the {w} or you at all."
         out.append({"prompt": f"Tell me about the {w}.", "chosen": f"Please, the {w} is nice. Thank you!",
-                    "rejected": f"{w}. whatever"})
+                    "rejected": rude})
     return out
 
 
 @pytest.fixture
 def rm_config(tmp_path, tiny_model_dir):
     train = write_jsonl(tmp_path / "prefs" / "train.jsonl", _pairs(24))
-    evalf = write_jsonl(tmp_path / "prefs" / "eval.jsonl", _pairs(8, offset=5))
+    evalf = write_jsonl(tmp_path / "prefs" / "eval.jsonl", _pairs(8, HELD_OUT_WORDS))
     return {"kind": "rm", "model": {"path": str(tiny_model_dir), "dtype": "fp32"},
             "data": {"train_file": str(train), "eval_file": str(evalf), "max_length": 256},
             "rm": {"learning_rate": 3e-3, "batch_size": 8, "micro_batch_size": 4, "lr_scheduler": "constant"},
