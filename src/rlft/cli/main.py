@@ -45,11 +45,10 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlft", description="Reinforcement-learning fine-tuning of open-weight LMs.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, kind, text in (("train", "rl", "Run RL fine-tuning from a config."),
-                             ("sft", "sft", "Run supervised fine-tuning from a config (kind: sft)."),
-                             ("train-rm", "rm", "Train a reward model on preference pairs (kind: rm)."),
-                             ("dpo", "dpo", "Direct preference optimisation on preference pairs (kind: dpo).")):
-        job = sub.add_parser(name, help=text)
+    from rlft.config.schema import JOB_KINDS
+
+    for kind in JOB_KINDS.values():  # one subcommand per job kind, as the kind declares it
+        job = sub.add_parser(job_command(kind.name), help=f"Run {kind.summary} from a config (kind: {kind.name}).")
         _add_config_args(job)
         job.add_argument("--output-dir", "--output_dir", default=None, help="Override train.output_dir.")
         job.add_argument("--resume", default=None, metavar="CHECKPOINT|auto",
@@ -57,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "this config's run (a new run when there is none).")
         job.add_argument("--run-dir", default=None, metavar="DIR",
                          help="Write the run exactly here instead of <output_dir>/<run_name> (used by rlft serve).")
-        job.set_defaults(kind=kind)
+        job.set_defaults(kind=kind.name)
     validate = sub.add_parser("validate", help="Validate a config and print the resolved YAML.")
     _add_config_args(validate)
     sub.add_parser("check-env", help="Report torch, devices and optional packages.")
@@ -155,7 +154,14 @@ def _lazy(module: str, function: str = "run"):
     return command
 
 
-COMMANDS = {"train": _cmd_train, "sft": _cmd_train, "train-rm": _cmd_train, "dpo": _cmd_train, "validate": _cmd_validate, "check-env": _cmd_check_env,
+def job_command(kind: str) -> str:
+    """The subcommand that runs a job kind: ``rlft train-rm`` -> ``train-rm``."""
+    from rlft.config.schema import JOB_KINDS
+
+    return JOB_KINDS[kind].command.removeprefix("rlft ")
+
+
+COMMANDS = {"validate": _cmd_validate, "check-env": _cmd_check_env,
             "algorithms": _cmd_algorithms, "generate": _lazy("generate"), "export": _lazy("export"),
             "eval": _lazy("eval"), "rollout": _lazy("agent", "run_rollout"), "env": _lazy("agent", "run_env"),
             "serve": _lazy("serve"), "jobs": _lazy("jobs"), "plot": _lazy("plot"), "diagnose": _lazy("diagnose"), "sweep": _lazy("sweep"),
@@ -166,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return COMMANDS[args.command](args)
+        return (_cmd_train if getattr(args, "kind", None) else COMMANDS[args.command])(args)
     except RlftError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -240,7 +240,7 @@ JOB_KINDS: dict[str, JobKind] = {
                       "data.max_prompt_length": "the prompts would differ",
                   }, memory="rlft.planner.kinds:rl_phases", data_parallel=True),
     "sft": JobKind("sft", SFTConfig, "rlft sft", "rlft.sft.job:SFTJob",
-                   "supervised fine-tuning on prompt/response rows or chats", {
+                   "supervised fine-tuning on conversations, prompt/completion pairs or text", {
                        "data.response_field": "the training rows would differ",
                        "data.max_length": "which rows are kept, and how they are packed, depend on it",
                        "sft.packing": "the data position counts rows, and packing makes other rows",
