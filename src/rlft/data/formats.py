@@ -12,6 +12,7 @@ row's format, so a row with both ``messages`` and ``text`` is a conversation.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,23 +24,6 @@ class BadRow(DataError):
     """A row failed validation; the message has no location (the loader adds file and line)."""
 
 
-@dataclass(frozen=True)
-class RowFormat:
-    """``name`` (for errors and logs), the ``columns`` a row needs to be in it, and what it holds."""
-
-    name: str
-    columns: tuple[str, ...]
-    summary: str
-
-
-SUPERVISED_FORMATS: tuple[RowFormat, ...] = (
-    RowFormat("messages", ("messages",), "a conversation: a list of {role, content} messages"),
-    RowFormat("prompt-completion", ("prompt", "completion"), "a prompt and its completion, as text or as messages"),
-    RowFormat("prompt-response", ("prompt", "response"), "a prompt and its response, as text"),
-    RowFormat("text", ("text",), "plain text, every token trained (language modelling)"),
-)
-
-
 @dataclass
 class SupervisedRow:
     """One supervised row read in its format: the conversation (None for plain ``text``), the plain
@@ -48,6 +32,38 @@ class SupervisedRow:
     messages: list[dict] | None
     text: str | None
     used: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RowFormat:
+    """``name`` (for errors and logs), the ``columns`` a row needs to be in it, what it holds, and
+    ``read``: the row read in this format (BadRow if its values do not fit)."""
+
+    name: str
+    columns: tuple[str, ...]
+    summary: str
+    read: Callable[[dict], SupervisedRow]
+
+
+def _conversation(row: dict) -> SupervisedRow:
+    return SupervisedRow(messages(row, "messages"), None, ("messages",))
+
+
+def _text(row: dict) -> SupervisedRow:
+    text = row["text"]
+    if not isinstance(text, str) or not text.strip():
+        raise BadRow(f"field 'text' must be non-empty text, got {_kind(text)}")
+    return SupervisedRow(None, text, ("text",))
+
+
+SUPERVISED_FORMATS: tuple[RowFormat, ...] = (
+    RowFormat("messages", ("messages",), "a conversation: a list of {role, content} messages", _conversation),
+    RowFormat("prompt-completion", ("prompt", "completion"), "a prompt and its completion, as text or as messages",
+              lambda row: _pair(row, "prompt", "completion")),
+    RowFormat("prompt-response", ("prompt", "response"), "a prompt and its response, as text",
+              lambda row: _pair(row, "prompt", "response")),
+    RowFormat("text", ("text",), "plain text, every token trained (language modelling)", _text),
+)
 
 
 def supervised_row(row: dict, cfg: Any) -> SupervisedRow:
@@ -62,14 +78,7 @@ def supervised_row(row: dict, cfg: Any) -> SupervisedRow:
         accepted = "; ".join(f"{' + '.join(f.columns)} ({f.summary})" for f in SUPERVISED_FORMATS)
         raise BadRow(f"no known row format; accepted: {accepted}; or name the columns with data.messages_field, or "
                      f"data.prompt_field and data.response_field (the row has columns: {_columns(row)})")
-    if fmt.name == "messages":
-        return SupervisedRow(messages(row, "messages"), None, fmt.columns)
-    if fmt.name == "text":
-        text = row["text"]
-        if not isinstance(text, str) or not text.strip():
-            raise BadRow(f"field 'text' must be non-empty text, got {_kind(text)}")
-        return SupervisedRow(None, text, fmt.columns)
-    return _pair(row, *fmt.columns)
+    return fmt.read(row)
 
 
 def _pair(row: dict, prompt_key: str, response_key: str) -> SupervisedRow:
@@ -78,9 +87,9 @@ def _pair(row: dict, prompt_key: str, response_key: str) -> SupervisedRow:
         if key not in row:
             raise BadRow(f"field '{key}' is missing; a row of this format needs '{prompt_key}' and '{response_key}' "
                          f"(the row has columns: {_columns(row)})")
-    prompt, response = row[prompt_key], row[response_key]
     turns = []
-    for key, value, role in ((prompt_key, prompt, "user"), (response_key, response, "assistant")):
+    for key, role in ((prompt_key, "user"), (response_key, "assistant")):
+        value = row[key]
         if isinstance(value, str) and value.strip():
             turns.append([{"role": role, "content": value}])
         elif isinstance(value, list):
