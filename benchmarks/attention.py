@@ -41,8 +41,10 @@ def main() -> None:
 
     B, L, S = a.rows, a.queries, a.prompt + a.queries
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(B, n, length, a.head_dim, generator=g).bfloat16().requires_grad_()
-               for n, length in ((a.heads, L), (a.kv_heads, S), (a.kv_heads, S)))
+    q, k, v = (
+        torch.randn(B, n, length, a.head_dim, generator=g).bfloat16().requires_grad_()
+        for n, length in ((a.heads, L), (a.kv_heads, S), (a.kv_heads, S))
+    )
     mask = torch.ones(L, S, dtype=torch.bool).tril(a.prompt)[None, None].expand(B, 1, L, S)
     block = attention.QUERY_BLOCK
     cases = {"query blocks": block, "one call": 1 << 30}
@@ -63,8 +65,10 @@ def main() -> None:
     attention.QUERY_BLOCK = block
     blocks = attention._query_blocks(mask[:, 0], L, S)
     share = sum((b - s) * e for s, b, e in blocks) / (L * S)
-    print(f"{B} rows x {a.heads} heads ({a.kv_heads} kv) x {L} queries over {S} keys, bf16, "
-          f"median of {a.rounds} rounds; {len(blocks)} blocks compute {share:.0%} of the scores")
+    print(
+        f"{B} rows x {a.heads} heads ({a.kv_heads} kv) x {L} queries over {S} keys, bf16, "
+        f"median of {a.rounds} rounds; {len(blocks)} blocks compute {share:.0%} of the scores"
+    )
     over = B * a.heads * L * S > attention.NATIVE_ELEMENTS
     for name in cases:
         path = " (SDPA: one call is over the native limit of 2^24 scores)" if over and name == "one call" else ""

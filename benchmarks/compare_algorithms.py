@@ -29,8 +29,14 @@ def _mean(xs: list[float]) -> float:
 
 
 def run_one(config: Path, name: str, steps: int, extra: list[str]) -> dict:
-    overrides = [f"algorithm.name={name}", f"train.run_name=compare-{name}", f"train.max_steps={steps}",
-                 "train.logging_interval=1", "eval.interval=0", *extra]
+    overrides = [
+        f"algorithm.name={name}",
+        f"train.run_name=compare-{name}",
+        f"train.max_steps={steps}",
+        "train.logging_interval=1",
+        "eval.interval=0",
+        *extra,
+    ]
     cmd = [sys.executable, "-m", "rlft.cli.main", "train", "--config", str(config)]
     for o in overrides:
         cmd += ["--set", o]
@@ -47,8 +53,7 @@ def summarise(run_dir: Path, name: str, wall: float) -> str:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     key = f"reward/{task}/mean" if f"reward/{task}/mean" in rows[0] else "reward/mean"
     first, last = _mean([r[key] for r in rows[:5]]), _mean([r[key] for r in rows[-5:]])
-    evals = sorted((json.loads(p.read_text()) for p in (run_dir / "eval").glob("step-*.json")),
-                   key=lambda e: e["step"])
+    evals = sorted((json.loads(p.read_text()) for p in (run_dir / "eval").glob("step-*.json")), key=lambda e: e["step"])
     acc = f"{evals[0]['accuracy']:.0%} → {evals[-1]['accuracy']:.0%}" if len(evals) >= 2 else "n/a"
     secs = _mean([r["step_seconds"] for r in rows])
     peak = max(r["peak_mem_mb"] for r in rows)
@@ -57,8 +62,10 @@ def summarise(run_dir: Path, name: str, wall: float) -> str:
         extra = f" expl. var {_mean([r['critic/explained_variance'] for r in rows[-5:]]):.2f}"
     if "dynamic_sampling/dropped_groups" in rows[-1]:
         extra += f" dropped {sum(r['dynamic_sampling/dropped_groups'] for r in rows):.0f} groups"
-    return (f"| {name} | {len(rows)} | {first:.3f} → {last:.3f} | {acc} | {secs:.1f} | {wall / 60:.1f} | "
-            f"{peak:.0f} |{extra} |")
+    return (
+        f"| {name} | {len(rows)} | {first:.3f} → {last:.3f} | {acc} | {secs:.1f} | {wall / 60:.1f} | "
+        f"{peak:.0f} |{extra} |"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,13 +73,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", default=str(REPO / "configs" / "minimal_example.yaml"))
     ap.add_argument("--names", nargs="+", default=ALL, choices=ALL)
     ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--set", dest="extra", action="append", default=[], help="further KEY=VALUE overrides for every run")
+    ap.add_argument(
+        "--set", dest="extra", action="append", default=[], help="further KEY=VALUE overrides for every run"
+    )
     a = ap.parse_args(argv)
     config = Path(a.config).resolve()
     cfg = yaml.safe_load(config.read_text())
     out_dir = Path(cfg.get("train", {}).get("output_dir", "./outputs"))
-    header = ["| algorithm | steps | task reward first 5 → last 5 | held-out accuracy before → after | s/step | "
-              "wall min | peak RSS MB | notes |", "|---|---|---|---|---|---|---|---|"]
+    header = [
+        "| algorithm | steps | task reward first 5 → last 5 | held-out accuracy before → after | s/step | "
+        "wall min | peak RSS MB | notes |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     lines = []
     for name in a.names:
         res = run_one(config, name, a.steps, a.extra)

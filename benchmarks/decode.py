@@ -24,7 +24,6 @@ import argparse
 import copy
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -32,10 +31,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import workload  # noqa: E402
 
 # name -> (autocast dtype, bf16 decode copy, fused decode, native kernels)
-VARIANTS = {"fp32-generic": (None, False, False, False), "fp32": (None, False, True, False),
-            "fp32-native": (None, False, True, True), "autocast": ("bf16", False, False, False),
-            "copy-generic": ("bf16", True, False, False), "copy": ("bf16", True, True, False),
-            "copy-native": ("bf16", True, True, True), "copy-native-onednn": ("bf16", True, True, True)}
+VARIANTS = {
+    "fp32-generic": (None, False, False, False),
+    "fp32": (None, False, True, False),
+    "fp32-native": (None, False, True, True),
+    "autocast": ("bf16", False, False, False),
+    "copy-generic": ("bf16", True, False, False),
+    "copy": ("bf16", True, True, False),
+    "copy-native": ("bf16", True, True, True),
+    "copy-native-onednn": ("bf16", True, True, True),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=4)
     a = ap.parse_args(argv)
     import torch
-
     from grpo_step import _resolve_model
+
     from rlft.models.loading import load_tokenizer
     from rlft.phases import CLOCK
     from rlft.rollout import NativeEngine, SamplingParams
@@ -59,10 +64,18 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    engines = {v: NativeEngine(model, tok, max_prompt_length=512,
-                               autocast_dtype=torch.bfloat16 if VARIANTS[v][0] else None,
-                               decode_copy=VARIANTS[v][1], fused_decode=VARIANTS[v][2],
-                               native_kernels=VARIANTS[v][3]) for v in a.variants}
+    engines = {
+        v: NativeEngine(
+            model,
+            tok,
+            max_prompt_length=512,
+            autocast_dtype=torch.bfloat16 if VARIANTS[v][0] else None,
+            decode_copy=VARIANTS[v][1],
+            fused_decode=VARIANTS[v][2],
+            native_kernels=VARIANTS[v][3],
+        )
+        for v in a.variants
+    }
     if "copy-native-onednn" in engines and engines["copy-native-onednn"].kernels() is not None:
         onednn = copy.copy(engines["copy-native-onednn"].kernels())
         onednn.thin_bf16_matmul = False  # this engine's decoder multiplies oneDNN-packed weights
@@ -89,8 +102,10 @@ def main(argv: list[str] | None = None) -> int:
         per_step = dec / T
         bytes_step = weights * (4 if VARIANTS[v][0] is None else 2)
         gbs = bytes_step / per_step / 1e9
-        print(f"| {v} | {pre:.3f} | {dec:.3f} | {per_step * 1e3:.1f} | {bytes_step / 1e6:.0f} MB | {gbs:.1f} | "
-              f"{gbs / bandwidth:.0%} |")
+        print(
+            f"| {v} | {pre:.3f} | {dec:.3f} | {per_step * 1e3:.1f} | {bytes_step / 1e6:.0f} MB | {gbs:.1f} | "
+            f"{gbs / bandwidth:.0%} |"
+        )
     return 0
 
 

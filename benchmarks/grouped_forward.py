@@ -20,7 +20,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-
 from grpo_step import _resolve_model  # noqa: E402
 from update_passes import make_batch, run_update  # noqa: E402
 
@@ -59,8 +58,10 @@ def main(argv: list[str] | None = None) -> int:
             if r:
                 ts.append(time.perf_counter() - t0)
     logprobs.packs_prompt_groups = packs
-    print(f"{a.model}: {a.prompts} prompts x {a.group_size}, {a.prompt_tokens} + {a.max_new_tokens} tokens; "
-          f"forward + backward in one pass, {a.rounds} alternating rounds")
+    print(
+        f"{a.model}: {a.prompts} prompts x {a.group_size}, {a.prompt_tokens} + {a.max_new_tokens} tokens; "
+        f"forward + backward in one pass, {a.rounds} alternating rounds"
+    )
     print("| dtype | packed s (median) | cache s (median) | cache / packed |")
     print("|---|---:|---:|---:|")
     for d in a.dtype:

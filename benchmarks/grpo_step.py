@@ -72,22 +72,38 @@ def rlft_config(opts: dict, workdir: Path) -> dict:
             f.write(json.dumps({"prompt": t}) + "\n")
     T = opts["max_new_tokens"]
     return {
-        "model": {"path": opts["model_dir"], "dtype": opts["dtype"], "device": opts["device"],
-                  # --defaults: rlft's own "auto" (on only if memory requires it); else off unless asked
-                  "gradient_checkpointing": opts.get("gradient_checkpointing") or
-                  ("auto" if opts.get("defaults") else False)},
+        "model": {
+            "path": opts["model_dir"],
+            "dtype": opts["dtype"],
+            "device": opts["device"],
+            # --defaults: rlft's own "auto" (on only if memory requires it); else off unless asked
+            "gradient_checkpointing": opts.get("gradient_checkpointing") or ("auto" if opts.get("defaults") else False),
+        },
         "data": {"train_file": str(workdir / "prompts.jsonl"), "use_chat_template": False, "shuffle": True},
-        "algorithm": {"name": "grpo", "learning_rate": 1e-6, "kl_coef": opts["beta"],
-                      "rollout_batch_size": opts["prompts"], "num_generations": opts["group_size"],
-                      "max_new_tokens": T, "min_new_tokens": T if opts["fixed_length"] else 0,
-                      "temperature": 1.0,
-                      # rlft's own default unless pinned: 'auto' runs the whole batch in one pass except on a
-                      # CPU, where a long batch goes in passes that are as fast and take less memory
-                      "micro_batch_size": opts.get("micro_batch") or "auto"},
+        "algorithm": {
+            "name": "grpo",
+            "learning_rate": 1e-6,
+            "kl_coef": opts["beta"],
+            "rollout_batch_size": opts["prompts"],
+            "num_generations": opts["group_size"],
+            "max_new_tokens": T,
+            "min_new_tokens": T if opts["fixed_length"] else 0,
+            "temperature": 1.0,
+            # rlft's own default unless pinned: 'auto' runs the whole batch in one pass except on a
+            # CPU, where a long batch goes in passes that are as fast and take less memory
+            "micro_batch_size": opts.get("micro_batch") or "auto",
+        },
         "rollout": {"engine": opts["engine"], "cuda_graphs": opts.get("cuda_graphs", True)},
         "reward": {"functions": [{"type": "custom", "function": f"{HERE / 'workload.py'}:e_density"}]},
-        "train": {"epochs": 100000, "max_steps": 100000, "logging_interval": 1, "samples_per_log": 0,
-                  "progress_bar": "off", "output_dir": str(workdir / "out"), "seed": 0},
+        "train": {
+            "epochs": 100000,
+            "max_steps": 100000,
+            "logging_interval": 1,
+            "samples_per_log": 0,
+            "progress_bar": "off",
+            "output_dir": str(workdir / "out"),
+            "seed": 0,
+        },
         "eval": {"before_training": False, "after_training": False, "interval": 0},
     }
 
@@ -105,10 +121,15 @@ def _rlft_worker(conn, opts: dict) -> None:
     while conn.recv() == "step":
         t0, cpu0 = time.perf_counter(), _cpu_seconds()
         m = trainer.train_step()
-        conn.send({"seconds": time.perf_counter() - t0, "tokens": m["completion_len/mean"] *
-                   opts["prompts"] * opts["group_size"], "generation_seconds": m["generation_seconds"],
-                   "cpu": [b - a for a, b in zip(cpu0, _cpu_seconds())],
-                   "phases": {k: v for k, v in m.items() if k.startswith(("time/", "work/"))}})
+        conn.send(
+            {
+                "seconds": time.perf_counter() - t0,
+                "tokens": m["completion_len/mean"] * opts["prompts"] * opts["group_size"],
+                "generation_seconds": m["generation_seconds"],
+                "cpu": [b - a for a, b in zip(cpu0, _cpu_seconds())],
+                "phases": {k: v for k, v in m.items() if k.startswith(("time/", "work/"))},
+            }
+        )
     conn.send(_peaks(opts))
 
 
@@ -138,9 +159,13 @@ def _trl_worker(conn, opts: dict) -> None:
             self._wait(control)
 
         def on_step_end(self, args, st, control, **kw):
-            conn.send({"seconds": time.perf_counter() - state["t0"],
-                       "tokens": float(opts["prompts"] * opts["group_size"] * T) if opts["fixed_length"] else None,
-                       "cpu": [b - a for a, b in zip(state["cpu0"], _cpu_seconds())]})
+            conn.send(
+                {
+                    "seconds": time.perf_counter() - state["t0"],
+                    "tokens": float(opts["prompts"] * opts["group_size"] * T) if opts["fixed_length"] else None,
+                    "cpu": [b - a for a, b in zip(state["cpu0"], _cpu_seconds())],
+                }
+            )
             self._wait(control)
 
         def _wait(self, control):
@@ -149,16 +174,35 @@ def _trl_worker(conn, opts: dict) -> None:
             state["t0"], state["cpu0"] = time.perf_counter(), _cpu_seconds()
 
     args = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="trl-bench-"), per_device_train_batch_size=opts["prompts"] * opts["group_size"],
-        num_generations=opts["group_size"], max_completion_length=T, temperature=1.0, beta=opts["beta"],
-        learning_rate=1e-6, num_iterations=1, gradient_accumulation_steps=1, max_steps=100000, logging_steps=1,
-        report_to="none", save_strategy="no", use_cpu=opts["device"] == "cpu", bf16=opts["dtype"] == "bf16",
-        disable_tqdm=True, seed=0, dataloader_num_workers=0,
+        output_dir=tempfile.mkdtemp(prefix="trl-bench-"),
+        per_device_train_batch_size=opts["prompts"] * opts["group_size"],
+        num_generations=opts["group_size"],
+        max_completion_length=T,
+        temperature=1.0,
+        beta=opts["beta"],
+        learning_rate=1e-6,
+        num_iterations=1,
+        gradient_accumulation_steps=1,
+        max_steps=100000,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=opts["device"] == "cpu",
+        bf16=opts["dtype"] == "bf16",
+        disable_tqdm=True,
+        seed=0,
+        dataloader_num_workers=0,
         generation_kwargs={"min_new_tokens": T} if opts["fixed_length"] else None,
         model_init_kwargs={"dtype": torch.float32},
     )
-    trainer = GRPOTrainer(model=opts["model_dir"], reward_funcs=workload.e_density, args=args, train_dataset=data,
-                          processing_class=tokenizer, callbacks=[Turns()])
+    trainer = GRPOTrainer(
+        model=opts["model_dir"],
+        reward_funcs=workload.e_density,
+        args=args,
+        train_dataset=data,
+        processing_class=tokenizer,
+        callbacks=[Turns()],
+    )
     trainer.train()
     conn.send(_peaks(opts))
 
@@ -214,23 +258,32 @@ def _run_workers(cases: list[tuple[str, dict]], warmup: int, steps: int) -> list
                     run["gen"].append(r["generation_seconds"])
                 if "phases" in r:
                     run["phases"].append(r["phases"])
-            print(f"  [{opts['dtype']}] {name} step {i + 1}{' (warm-up)' if i < warmup else ''}: "
-                  f"{r['seconds']:.2f}s", file=sys.stderr, flush=True)
+            print(
+                f"  [{opts['dtype']}] {name} step {i + 1}{' (warm-up)' if i < warmup else ''}: {r['seconds']:.2f}s",
+                file=sys.stderr,
+                flush=True,
+            )
     out = []
     for proc, conn, run in zip(procs, conns, runs):
         conn.send("stop")
         peaks = _recv(conn)
         proc.join(timeout=60)
         times, toks = run["times"], [t for t in run["tokens"] if t is not None]
-        r = {"step_seconds": statistics.median(times), "all_step_seconds": times,
-             **peaks, "cpu_user_s_per_step": run["cpu"][0] / steps,
-             "cpu_system_s_per_step": run["cpu"][1] / steps,
-             "tokens_per_s": (sum(toks) / sum(times[:len(toks)])) if toks else None}
+        r = {
+            "step_seconds": statistics.median(times),
+            "all_step_seconds": times,
+            **peaks,
+            "cpu_user_s_per_step": run["cpu"][0] / steps,
+            "cpu_system_s_per_step": run["cpu"][1] / steps,
+            "tokens_per_s": (sum(toks) / sum(times[: len(toks)])) if toks else None,
+        }
         if run["gen"]:
             r["generation_seconds"] = statistics.median(run["gen"])
         if run["phases"]:
-            r["phases"] = {k: statistics.median(p.get(k, 0.0) for p in run["phases"])
-                           for k in sorted({k for p in run["phases"] for k in p})}
+            r["phases"] = {
+                k: statistics.median(p.get(k, 0.0) for p in run["phases"])
+                for k in sorted({k for p in run["phases"] for k in p})
+            }
         out.append(r)
     return out
 
@@ -278,35 +331,58 @@ def _with_random_weights(src: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m-instruct", help="built-in name, HF directory, or 'tiny'")
-    ap.add_argument("--random-weights", action="store_true",
-                    help="--model is a directory whose config and tokenizer are used with seeded random weights "
-                         "(for a machine the weights can't reach; only fixed-length work is then the same)")
-    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
-                    help="where both frameworks train; cuda reports the GPU's matmul peak, bandwidth and memory")
+    ap.add_argument(
+        "--random-weights",
+        action="store_true",
+        help="--model is a directory whose config and tokenizer are used with seeded random weights "
+        "(for a machine the weights can't reach; only fixed-length work is then the same)",
+    )
+    ap.add_argument(
+        "--device",
+        default="cpu",
+        choices=["cpu", "cuda"],
+        help="where both frameworks train; cuda reports the GPU's matmul peak, bandwidth and memory",
+    )
     ap.add_argument("--dtype", nargs="+", default=["fp32"], choices=["fp32", "bf16"])
     ap.add_argument("--prompts", type=int, default=2)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--beta", type=float, default=0.04)
     ap.add_argument("--natural-eos", action="store_true", help="let completions end at EOS (work then differs)")
-    ap.add_argument("--defaults", action="store_true",
-                    help="each framework as a user gets it: natural EOS, rlft's own micro-batch, TRL's own "
-                         "gradient checkpointing and generation settings")
+    ap.add_argument(
+        "--defaults",
+        action="store_true",
+        help="each framework as a user gets it: natural EOS, rlft's own micro-batch, TRL's own "
+        "gradient checkpointing and generation settings",
+    )
     ap.add_argument("--engine", default="native", choices=["native", "hf"], help="rlft rollout engine")
-    ap.add_argument("--rlft-gradient-checkpointing", action="store_true",
-                    help="recompute activations in rlft's backward, as TRL does by default (less memory, more compute)")
-    ap.add_argument("--rlft-micro-batch", type=int, default=None,
-                    help="pin rlft's algorithm.micro_batch_size to this many rows (default: its own 'auto')")
-    ap.add_argument("--trl-keep-memory", action="store_true",
-                    help="give TRL's process the allocator setting rlft applies (rlft/allocator.py), to see how "
-                         "much of the difference it accounts for")
+    ap.add_argument(
+        "--rlft-gradient-checkpointing",
+        action="store_true",
+        help="recompute activations in rlft's backward, as TRL does by default (less memory, more compute)",
+    )
+    ap.add_argument(
+        "--rlft-micro-batch",
+        type=int,
+        default=None,
+        help="pin rlft's algorithm.micro_batch_size to this many rows (default: its own 'auto')",
+    )
+    ap.add_argument(
+        "--trl-keep-memory",
+        action="store_true",
+        help="give TRL's process the allocator setting rlft applies (rlft/allocator.py), to see how "
+        "much of the difference it accounts for",
+    )
     ap.add_argument("--frameworks", nargs="+", default=["trl", "rlft"], choices=sorted(WORKERS))
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--interleave", action="store_true",
-                    help="with several --dtype: keep a worker per dtype and framework alive and step all of them in "
-                         "turn, so drift of the machine hits every dtype alike (needs all their memory at once)")
+    ap.add_argument(
+        "--interleave",
+        action="store_true",
+        help="with several --dtype: keep a worker per dtype and framework alive and step all of them in "
+        "turn, so drift of the machine hits every dtype alike (needs all their memory at once)",
+    )
     ap.add_argument("--json", help="also write the results here")
     a = ap.parse_args(argv)
     import torch
@@ -317,37 +393,74 @@ def main(argv: list[str] | None = None) -> int:
     if a.random_weights and a.natural_eos:
         ap.error("--random-weights needs fixed-length completions: a random model's EOS comes at random")
     model_dir = _resolve_model(a.model, a.random_weights)
-    peaks = {d: workload.matmul_peak_tflops(torch.float32 if d == "fp32" else torch.bfloat16, device=a.device)
-             for d in ("fp32", "bf16")}
+    peaks = {
+        d: workload.matmul_peak_tflops(torch.float32 if d == "fp32" else torch.bfloat16, device=a.device)
+        for d in ("fp32", "bf16")
+    }
     peaks["bandwidth_gbs"] = workload.memory_bandwidth_gbs(device=a.device)
     if a.device == "cuda":
         torch.cuda.empty_cache()  # the coordinator's measuring buffers: give them back before the workers load
     sizes = (workload.matmul_params(model_dir)[0], workload.parameter_count(model_dir))
     p_tok = _prompt_tokens(model_dir)
-    flops = {s: workload.step_flops(model_dir, p_tok, a.prompts, a.group_size, a.max_new_tokens, shared_prefill=s,
-                                    with_reference=a.beta > 0) for s in (True, False)}
+    flops = {
+        s: workload.step_flops(
+            model_dir, p_tok, a.prompts, a.group_size, a.max_new_tokens, shared_prefill=s, with_reference=a.beta > 0
+        )
+        for s in (True, False)
+    }
     gpu = f", {torch.cuda.get_device_name()}" if a.device == "cuda" else ""
-    print(f"machine: {os.cpu_count()} CPUs, {a.threads} threads{gpu}; measured matmul peak fp32 {peaks['fp32']:.3f} "
-          f"TFLOP/s, bf16 {peaks['bf16']:.3f} TFLOP/s; read bandwidth {peaks['bandwidth_gbs']:.1f} GB/s")
+    print(
+        f"machine: {os.cpu_count()} CPUs, {a.threads} threads{gpu}; measured matmul peak fp32 {peaks['fp32']:.3f} "
+        f"TFLOP/s, bf16 {peaks['bf16']:.3f} TFLOP/s; read bandwidth {peaks['bandwidth_gbs']:.1f} GB/s"
+    )
     weights = " (random weights)" if a.random_weights else ""
-    print(f"workload: {a.model}{weights}, {a.prompts} prompts x {a.group_size} completions, {a.max_new_tokens} new tokens "
-          f"({'natural EOS' if a.natural_eos else 'fixed length'}), prompt ~{p_tok} tokens, beta {a.beta}; "
-          f"{flops[False] / 1e12:.2f} TFLOP per step computed per row, {flops[True] / 1e12:.2f} with shared prefill")
-    results = {"machine": {"cpus": os.cpu_count(), "threads": a.threads, "device": a.device + gpu,
-                           "matmul_peak_tflops": peaks},
-               "workload": {**vars(a), "prompt_tokens": p_tok, "step_tflop_per_row": flops[False] / 1e12,
-                            "step_tflop_shared_prefill": flops[True] / 1e12}, "results": {}}
+    print(
+        f"workload: {a.model}{weights}, {a.prompts} prompts x {a.group_size} completions, "
+        f"{a.max_new_tokens} new tokens "
+        f"({'natural EOS' if a.natural_eos else 'fixed length'}), prompt ~{p_tok} tokens, beta {a.beta}; "
+        f"{flops[False] / 1e12:.2f} TFLOP per step computed per row, {flops[True] / 1e12:.2f} with shared prefill"
+    )
+    results = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "threads": a.threads,
+            "device": a.device + gpu,
+            "matmul_peak_tflops": peaks,
+        },
+        "workload": {
+            **vars(a),
+            "prompt_tokens": p_tok,
+            "step_tflop_per_row": flops[False] / 1e12,
+            "step_tflop_shared_prefill": flops[True] / 1e12,
+        },
+        "results": {},
+    }
     from rlft.models.precision import cpu_has_native_bf16
 
     if a.device == "cpu" and "bf16" in a.dtype and not cpu_has_native_bf16():
-        print("WARNING: this CPU has no native bf16 matmul: TRL's bf16=True runs emulated bf16 (see the peak above) "
-              "while rlft falls back to fp32, so the bf16 rows do not compare like with like")
-    options = {dtype: dict(model_dir=model_dir, dtype=dtype, prompts=a.prompts, group_size=a.group_size,
-                           max_new_tokens=a.max_new_tokens, beta=a.beta, fixed_length=not a.natural_eos,
-                           engine=a.engine, threads=a.threads, device=a.device,
-                           gradient_checkpointing=a.rlft_gradient_checkpointing,
-                           defaults=a.defaults, trl_keep_memory=a.trl_keep_memory, micro_batch=a.rlft_micro_batch)
-               for dtype in a.dtype}
+        print(
+            "WARNING: this CPU has no native bf16 matmul: TRL's bf16=True runs emulated bf16 (see the peak above) "
+            "while rlft falls back to fp32, so the bf16 rows do not compare like with like"
+        )
+    options = {
+        dtype: dict(
+            model_dir=model_dir,
+            dtype=dtype,
+            prompts=a.prompts,
+            group_size=a.group_size,
+            max_new_tokens=a.max_new_tokens,
+            beta=a.beta,
+            fixed_length=not a.natural_eos,
+            engine=a.engine,
+            threads=a.threads,
+            device=a.device,
+            gradient_checkpointing=a.rlft_gradient_checkpointing,
+            defaults=a.defaults,
+            trl_keep_memory=a.trl_keep_memory,
+            micro_batch=a.rlft_micro_batch,
+        )
+        for dtype in a.dtype
+    }
     # --interleave: every (dtype, framework) worker alive at once and stepped in turn; else one dtype after another
     groups = [a.dtype] if a.interleave else [[d] for d in a.dtype]
     for dtypes in groups:
@@ -359,8 +472,10 @@ def main(argv: list[str] | None = None) -> int:
     if {"bf16", "fp32"} <= set(a.dtype) and "rlft" in a.frameworks:
         r = results["results"]
         how = "stepped in turn" if a.interleave else "one dtype after the other; --interleave alternates them"
-        print(f"\nrlft bf16 vs rlft fp32: {r['fp32']['rlft']['step_seconds'] / r['bf16']['rlft']['step_seconds']:.2f}x "
-              f"({how})")
+        print(
+            f"\nrlft bf16 vs rlft fp32: {r['fp32']['rlft']['step_seconds'] / r['bf16']['rlft']['step_seconds']:.2f}x "
+            f"({how})"
+        )
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=2))
     return 0
@@ -372,19 +487,25 @@ def _print_case(dtype: str, res: dict, rlft_flops: float, peaks: dict, sizes: tu
         tps = f"{r['tokens_per_s']:.0f} generated tok/s" if r["tokens_per_s"] else "tok/s n/a"
         gen = f", rollout {r['generation_seconds']:.2f} s" if "generation_seconds" in r else ""
         gpu = f"  peak GPU {r['peak_gpu_mb']:7.0f} MB" if "peak_gpu_mb" in r else ""
-        print(f"  {name:10s} {r['step_seconds']:7.2f} s/step  {tps:>24s}{gen}  peak RSS {r['peak_rss_mb']:7.0f} MB{gpu}"
-              f"  CPU/step user {r['cpu_user_s_per_step']:.1f} s, system {r['cpu_system_s_per_step']:.1f} s")
+        print(
+            f"  {name:10s} {r['step_seconds']:7.2f} s/step  {tps:>24s}{gen}  peak RSS {r['peak_rss_mb']:7.0f} MB{gpu}"
+            f"  CPU/step user {r['cpu_user_s_per_step']:.1f} s, system {r['cpu_system_s_per_step']:.1f} s"
+        )
     if "rlft" in res:
         r = res["rlft"]
         achieved = rlft_flops / r["step_seconds"] / 1e12
         # bf16 autocast only engages where the CPU has native bf16; otherwise rlft computes in fp32
-        print(f"  rlft achieved {achieved:.3f} TFLOP/s = {achieved / peaks['fp32']:.0%} of the fp32 matmul peak, "
-              f"{achieved / peaks['bf16']:.0%} of the bf16 peak")
+        print(
+            f"  rlft achieved {achieved:.3f} TFLOP/s = {achieved / peaks['fp32']:.0%} of the fp32 matmul peak, "
+            f"{achieved / peaks['bf16']:.0%} of the bf16 peak"
+        )
     if "rlft" in res and "trl" in res:
         print(f"  speed-up rlft vs TRL: {res['trl']['step_seconds'] / res['rlft']['step_seconds']:.2f}x")
     if "rlft" in res and "rlft-eager" in res:
-        print(f"  rlft vs rlft-eager (CUDA graphs off): "
-              f"{res['rlft-eager']['step_seconds'] / res['rlft']['step_seconds']:.2f}x")
+        print(
+            f"  rlft vs rlft-eager (CUDA graphs off): "
+            f"{res['rlft-eager']['step_seconds'] / res['rlft']['step_seconds']:.2f}x"
+        )
     if "rlft" in res and "phases" in res["rlft"]:
         print_phases(res["rlft"]["phases"], dtype, peaks, *sizes)
 
@@ -407,8 +528,10 @@ def print_phases(ph: dict, dtype: str, peaks: dict, weights: float, params: floa
         "optimizer": (params * 4 * 7 / 1e9, "GB", bw),
     }
     total = sum(v for k, v in ph.items() if k.startswith("time/"))
-    print(f"  rlft per phase ({dtype}, median of timed steps; floors: matmul {peak:.3f} TFLOP/s, "
-          f"read bandwidth {bw:.1f} GB/s)")
+    print(
+        f"  rlft per phase ({dtype}, median of timed steps; floors: matmul {peak:.3f} TFLOP/s, "
+        f"read bandwidth {bw:.1f} GB/s)"
+    )
     tokens = {name: ph.get(f"work/{name}_tokens", 0) for name in ("prefill", "decode", "reference", "policy")}
     print("  | phase | seconds | share | tokens/s | work | achieved | of floor |")
     print("  |---|---|---|---|---|---|---|")
@@ -417,8 +540,9 @@ def print_phases(ph: dict, dtype: str, peaks: dict, weights: float, params: floa
         sec = ph[f"time/{name}"]
         amount, unit, floor = work.get(name, (0.0, "", 0.0))
         rate = amount / sec if sec > 0 and amount else 0.0
-        cells = (f"{amount:.3f} {unit}", f"{rate:.3f} {unit}/s", f"{rate / floor:.0%}") if rate and floor else \
-            ("", "", "")
+        cells = (
+            (f"{amount:.3f} {unit}", f"{rate:.3f} {unit}/s", f"{rate / floor:.0%}") if rate and floor else ("", "", "")
+        )
         tps = f"{tokens[name] / sec:,.0f}" if tokens.get(name) and sec > 0 else ""
         print(f"  | {name} | {sec:.2f} | {sec / total:.0%} | {tps} | " + " | ".join(cells) + " |")
 

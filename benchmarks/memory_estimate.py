@@ -26,24 +26,42 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-BASE = {"algorithm": {"name": "grpo", "rollout_batch_size": 2, "num_generations": 8, "learning_rate": 1e-6},
-        "train": {"max_steps": 2, "logging_interval": 1, "save_interval": 1000, "progress_bar": "off"},
-        "eval": {"before_training": False, "after_training": False}}
+BASE = {
+    "algorithm": {"name": "grpo", "rollout_batch_size": 2, "num_generations": 8, "learning_rate": 1e-6},
+    "train": {"max_steps": 2, "logging_interval": 1, "save_interval": 1000, "progress_bar": "off"},
+    "eval": {"before_training": False, "after_training": False},
+}
 
 # name -> (model, overrides). "tiny" is a random 4-layer Llama of hidden size 256; "135m" the built-in SmolLM2.
 CASES: dict[str, tuple[str, dict]] = {
-    "tiny fp32 full kl0 32": ("tiny", {"model.dtype": "fp32", "algorithm.kl_coef": 0.0, "algorithm.max_new_tokens": 32}),
+    "tiny fp32 full kl0 32": (
+        "tiny",
+        {"model.dtype": "fp32", "algorithm.kl_coef": 0.0, "algorithm.max_new_tokens": 32},
+    ),
     "tiny bf16 full kl 256": ("tiny", {"algorithm.kl_coef": 0.04, "algorithm.max_new_tokens": 256}),
     "135m bf16 full kl 32": ("135m", {"algorithm.kl_coef": 0.04, "algorithm.max_new_tokens": 32}),
     "135m bf16 full kl0 256": ("135m", {"algorithm.kl_coef": 0.0, "algorithm.max_new_tokens": 256}),
-    "135m bf16 lora kl 256": ("135m", {"algorithm.kl_coef": 0.04, "algorithm.max_new_tokens": 256,
-                                       "model.lora": {"r": 16}}),
-    "135m fp32 full kl 32 ckpt": ("135m", {"model.dtype": "fp32", "algorithm.kl_coef": 0.04,
-                                           "algorithm.max_new_tokens": 32, "model.gradient_checkpointing": True}),
-    "135m bf16 full kl 256 ckpt": ("135m", {"algorithm.kl_coef": 0.04, "algorithm.max_new_tokens": 256,
-                                            "model.gradient_checkpointing": True}),
-    "135m fp32 lora kl0 32": ("135m", {"model.dtype": "fp32", "algorithm.kl_coef": 0.0,
-                                       "algorithm.max_new_tokens": 32, "model.lora": {"r": 16}}),
+    "135m bf16 lora kl 256": (
+        "135m",
+        {"algorithm.kl_coef": 0.04, "algorithm.max_new_tokens": 256, "model.lora": {"r": 16}},
+    ),
+    "135m fp32 full kl 32 ckpt": (
+        "135m",
+        {
+            "model.dtype": "fp32",
+            "algorithm.kl_coef": 0.04,
+            "algorithm.max_new_tokens": 32,
+            "model.gradient_checkpointing": True,
+        },
+    ),
+    "135m bf16 full kl 256 ckpt": (
+        "135m",
+        {"algorithm.kl_coef": 0.04, "algorithm.max_new_tokens": 256, "model.gradient_checkpointing": True},
+    ),
+    "135m fp32 lora kl0 32": (
+        "135m",
+        {"model.dtype": "fp32", "algorithm.kl_coef": 0.0, "algorithm.max_new_tokens": 32, "model.lora": {"r": 16}},
+    ),
 }
 
 
@@ -64,8 +82,11 @@ def write_config(work: Path, model: str, overrides: dict) -> Path:
     cfg["model"] = {"path": model}
     cfg["data"] = {"train_file": str(data)}
     # a reward with spread inside every group, so every row takes part in the update
-    cfg["reward"] = {"functions": [{"type": "custom", "name": "e_density",
-                                    "function": f"{ROOT / 'benchmarks' / 'workload.py'}:e_density"}]}
+    cfg["reward"] = {
+        "functions": [
+            {"type": "custom", "name": "e_density", "function": f"{ROOT / 'benchmarks' / 'workload.py'}:e_density"}
+        ]
+    }
     cfg["train"]["output_dir"] = str(work / "runs")
     for key, value in overrides.items():
         _set(cfg, key, value)
@@ -78,8 +99,12 @@ def write_config(work: Path, model: str, overrides: dict) -> Path:
 
 def measure(config: Path) -> tuple[float, float]:
     """(peak RSS over the steps, peak RSS of the whole process), in bytes."""
-    proc = subprocess.Popen([sys.executable, "-m", "rlft.cli.main", "train", "--config", str(config)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlft.cli.main", "train", "--config", str(config)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     _, status, usage = os.wait4(proc.pid, 0)
     err = proc.stderr.read()
     if os.waitstatus_to_exitcode(status) != 0:
@@ -90,8 +115,11 @@ def measure(config: Path) -> tuple[float, float]:
 
 
 def estimate(config: Path) -> dict:
-    out = subprocess.run([sys.executable, "-m", "rlft.cli.main", "estimate", "--config", str(config), "--json"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "rlft.cli.main", "estimate", "--config", str(config), "--json"],
+        capture_output=True,
+        text=True,
+    )
     if out.returncode not in (0, 1):
         raise SystemExit(f"estimate failed for {config}:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout)
@@ -101,12 +129,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="Run only the cases whose name contains this.")
     parser.add_argument("--out", default=None, help="Also write the table as JSON here.")
-    parser.add_argument("--reuse", default=None, help="Take the measured peaks from this earlier --out file "
-                        "(cases with the same name and overrides) and only estimate again: for tuning the model.")
+    parser.add_argument(
+        "--reuse",
+        default=None,
+        help="Take the measured peaks from this earlier --out file "
+        "(cases with the same name and overrides) and only estimate again: for tuning the model.",
+    )
     args = parser.parse_args()
     earlier = {}
     if args.reuse:
-        earlier = {(r["case"], json.dumps(r["overrides"], sort_keys=True)): r for r in json.loads(Path(args.reuse).read_text())}
+        earlier = {
+            (r["case"], json.dumps(r["overrides"], sort_keys=True)): r for r in json.loads(Path(args.reuse).read_text())
+        }
     from rlft.models.precision import cpu_has_native_bf16
     from rlft.models.tiny import build_tiny_model_dir
 
@@ -124,15 +158,30 @@ def main() -> None:
             old = earlier.get((name, json.dumps(overrides, sort_keys=True)))
             steps, whole = (old["measured_steps"], old["measured_process"]) if old else measure(config)
             peak = est["peak_bytes"]
-            results.append({"case": name, "overrides": overrides, "estimate": peak, "peak_phase": est["peak_phase"], "measured_steps": steps,
-                            "measured_process": whole, "ratio": peak / steps, "ratio_process": peak / whole,
-                            "totals": est["totals"]})
-            print(f"{name:<30} {peak / 2**30:>8.2f}G {est['peak_phase']:>10} {steps / 2**30:>8.2f}G "
-                  f"{peak / steps:>6.2f} {whole / 2**30:>8.2f}G {peak / whole:>6.2f}", flush=True)
+            results.append(
+                {
+                    "case": name,
+                    "overrides": overrides,
+                    "estimate": peak,
+                    "peak_phase": est["peak_phase"],
+                    "measured_steps": steps,
+                    "measured_process": whole,
+                    "ratio": peak / steps,
+                    "ratio_process": peak / whole,
+                    "totals": est["totals"],
+                }
+            )
+            print(
+                f"{name:<30} {peak / 2**30:>8.2f}G {est['peak_phase']:>10} {steps / 2**30:>8.2f}G "
+                f"{peak / steps:>6.2f} {whole / 2**30:>8.2f}G {peak / whole:>6.2f}",
+                flush=True,
+            )
     ratios = [r["ratio"] for r in results]
     if ratios:
-        print(f"ratio estimate/measured over the steps: min {min(ratios):.2f}, max {max(ratios):.2f} "
-              f"(goal: every one in [1.00, 1.30])")
+        print(
+            f"ratio estimate/measured over the steps: min {min(ratios):.2f}, max {max(ratios):.2f} "
+            f"(goal: every one in [1.00, 1.30])"
+        )
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2))
 

@@ -1,6 +1,6 @@
 """Where an rlft GRPO step spends its time: torch profiler table of one step of the benchmark workload.
 
-    python benchmarks/profile_step.py [--model smollm2-135m-instruct] [--rows 25] [--dtype bf16] [--max-new-tokens 256]
+python benchmarks/profile_step.py [--model smollm2-135m-instruct] [--rows 25] [--dtype bf16] [--max-new-tokens 256]
 """
 
 from __future__ import annotations
@@ -29,15 +29,26 @@ def main() -> None:
 
     from rlft import Trainer
 
-    opts = dict(model_dir=_resolve_model(a.model), dtype=a.dtype, prompts=2, group_size=8, max_new_tokens=a.max_new_tokens,
-                beta=0.04, fixed_length=True, engine="native", threads=2)
+    opts = dict(
+        model_dir=_resolve_model(a.model),
+        dtype=a.dtype,
+        prompts=2,
+        group_size=8,
+        max_new_tokens=a.max_new_tokens,
+        beta=0.04,
+        fixed_length=True,
+        engine="native",
+        threads=2,
+    )
     trainer = Trainer(config=rlft_config(opts, Path(tempfile.mkdtemp())))
     trainer.setup()
     for _ in range(a.steps):
         t0 = time.perf_counter()
         m = trainer.train_step()
-        print(f"step {time.perf_counter() - t0:.2f}s (generation {m['generation_seconds']:.2f}s, "
-              f"update {m['update_seconds']:.2f}s)")
+        print(
+            f"step {time.perf_counter() - t0:.2f}s (generation {m['generation_seconds']:.2f}s, "
+            f"update {m['update_seconds']:.2f}s)"
+        )
     with profile(record_shapes=True) as prof:
         with record_function("train_step"):
             trainer.train_step()

@@ -18,9 +18,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import grpo_step  # noqa: E402
 
-DEFAULT_CASES = ([f"tiny:{g}:32" for g in (8, 16, 32)] + [f"tiny:8:{t}" for t in (128, 256)]
-                 + [f"smollm2-135m-instruct:{g}:32" for g in (8, 16, 32)]
-                 + [f"smollm2-135m-instruct:8:{t}" for t in (128, 256)])
+DEFAULT_CASES = (
+    [f"tiny:{g}:32" for g in (8, 16, 32)]
+    + [f"tiny:8:{t}" for t in (128, 256)]
+    + [f"smollm2-135m-instruct:{g}:32" for g in (8, 16, 32)]
+    + [f"smollm2-135m-instruct:8:{t}" for t in (128, 256)]
+)
 
 
 def main() -> int:
@@ -37,16 +40,43 @@ def main() -> int:
     for case in a.cases:
         model, group, tokens = case.rsplit(":", 2)
         path = out / f"{model}-g{group}-t{tokens}.json"
-        grpo_step.main(["--model", model, "--group-size", group, "--max-new-tokens", tokens, "--dtype", a.dtype,
-                        "--steps", str(a.steps), "--warmup", str(a.warmup), "--json", str(path)])
+        grpo_step.main(
+            [
+                "--model",
+                model,
+                "--group-size",
+                group,
+                "--max-new-tokens",
+                tokens,
+                "--dtype",
+                a.dtype,
+                "--steps",
+                str(a.steps),
+                "--warmup",
+                str(a.warmup),
+                "--json",
+                str(path),
+            ]
+        )
         res = json.loads(path.read_text())["results"][a.dtype]
         trl, rlft = res["trl"], res["rlft"]
-        rows.append(f"| {model} | {group} | {tokens} | {trl['step_seconds']:.2f} | {rlft['step_seconds']:.2f} | "
-                    f"{trl['step_seconds'] / rlft['step_seconds']:.2f}x | {trl['peak_rss_mb']:.0f} | "
-                    f"{rlft['peak_rss_mb']:.0f} |")
-        print("\n".join(["", "| model | group size | new tokens | TRL s/step | rlft s/step | speed-up | "
-                         "TRL peak RSS MB | rlft peak RSS MB |", "|---|---|---|---|---|---|---|---|", *rows]),
-              flush=True)
+        rows.append(
+            f"| {model} | {group} | {tokens} | {trl['step_seconds']:.2f} | {rlft['step_seconds']:.2f} | "
+            f"{trl['step_seconds'] / rlft['step_seconds']:.2f}x | {trl['peak_rss_mb']:.0f} | "
+            f"{rlft['peak_rss_mb']:.0f} |"
+        )
+        print(
+            "\n".join(
+                [
+                    "",
+                    "| model | group size | new tokens | TRL s/step | rlft s/step | speed-up | "
+                    "TRL peak RSS MB | rlft peak RSS MB |",
+                    "|---|---|---|---|---|---|---|---|",
+                    *rows,
+                ]
+            ),
+            flush=True,
+        )
     print(f"\nJSON per case in {out}")
     return 0
 

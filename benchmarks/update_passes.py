@@ -18,7 +18,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-
 from grpo_step import _resolve_model  # noqa: E402
 
 
@@ -40,7 +39,7 @@ def run_update(model, batch: dict, rows_per_pass: int, dtype: str, count: bool =
     for used, inverse, rows in _pass_batches(batch["row_prompt"], rows_per_pass):
         kept: dict[int, int] = {}
 
-        def pack(t: torch.Tensor) -> torch.Tensor:
+        def pack(t: torch.Tensor, kept: dict[int, int] = kept) -> torch.Tensor:
             ptr = t.untyped_storage().data_ptr()
             # a weight, or autocast's bf16 cast of one, is not an activation
             cast = t.dtype == torch.bfloat16 and tuple(t.shape) in shapes
@@ -48,11 +47,21 @@ def run_update(model, batch: dict, rows_per_pass: int, dtype: str, count: bool =
                 kept[ptr] = t.untyped_storage().nbytes()
             return t
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
-                torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):
+        with (
+            torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+            torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"),
+        ):
             mask = batch["completion_mask"][rows]
-            lp, _ = grouped_completion_logprobs(model, batch["prompt_ids"][used], batch["prompt_mask"][used], inverse,
-                                                batch["completion_ids"][rows], mask, with_entropy=True, loss_mask=mask)
+            lp, _ = grouped_completion_logprobs(
+                model,
+                batch["prompt_ids"][used],
+                batch["prompt_mask"][used],
+                inverse,
+                batch["completion_ids"][rows],
+                mask,
+                with_entropy=True,
+                loss_mask=mask,
+            )
         peak = max(peak, sum(kept.values()))
         (-(lp * batch["advantages"][rows]).sum() / mask.sum()).backward()
     return peak
@@ -62,12 +71,14 @@ def make_batch(vocab: int, prompts: int, group_size: int, prompt_tokens: int, ne
     """A GRPO batch of random tokens: ``prompts`` prompts, ``group_size`` completions each, no padding."""
     g = torch.Generator().manual_seed(0)
     n = prompts * group_size
-    return {"prompt_ids": torch.randint(0, vocab, (prompts, prompt_tokens), generator=g),
-            "prompt_mask": torch.ones(prompts, prompt_tokens, dtype=torch.long),
-            "row_prompt": torch.arange(prompts).repeat_interleave(group_size),
-            "completion_ids": torch.randint(0, vocab, (n, new_tokens), generator=g),
-            "completion_mask": torch.ones(n, new_tokens, dtype=torch.long),
-            "advantages": torch.randn(n, 1, generator=g)}
+    return {
+        "prompt_ids": torch.randint(0, vocab, (prompts, prompt_tokens), generator=g),
+        "prompt_mask": torch.ones(prompts, prompt_tokens, dtype=torch.long),
+        "row_prompt": torch.arange(prompts).repeat_interleave(group_size),
+        "completion_ids": torch.randint(0, vocab, (n, new_tokens), generator=g),
+        "completion_mask": torch.ones(n, new_tokens, dtype=torch.long),
+        "advantages": torch.randn(n, 1, generator=g),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,15 +108,19 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             run_update(model, batch, k, a.dtype)
             times[k].append(time.perf_counter() - t0)
-    print(f"{a.model}, {a.dtype}: {a.prompts} prompts x {a.group_size}, {a.prompt_tokens} + {a.max_new_tokens} tokens; "
-          f"forward + backward, {a.rounds} alternating rounds")
+    print(
+        f"{a.model}, {a.dtype}: {a.prompts} prompts x {a.group_size}, {a.prompt_tokens} + {a.max_new_tokens} tokens; "
+        f"forward + backward, {a.rounds} alternating rounds"
+    )
     print("| rows a pass | passes | computed tokens a pass | fastest s | all rounds s | activations kept a pass |")
     print("|---:|---:|---:|---:|---|---:|")
     for k in a.rows:
         passes = -(-n // k)
         computed = -(-k // a.group_size) * a.prompt_tokens + k * a.max_new_tokens
-        print(f"| {k} | {passes} | {computed} | {min(times[k]):.2f} | {', '.join(f'{t:.2f}' for t in times[k])} | "
-              f"{kept[k] / 2**20:.0f} MB |")
+        print(
+            f"| {k} | {passes} | {computed} | {min(times[k]):.2f} | {', '.join(f'{t:.2f}' for t in times[k])} | "
+            f"{kept[k] / 2**20:.0f} MB |"
+        )
     return 0
 
 

@@ -7,10 +7,24 @@ from pathlib import Path
 
 import torch
 
-TOPICS = ["a lighthouse keeper", "a lost robot", "the first snow of winter", "a market at dawn",
-          "a cat who learns to read", "an old bridge", "a violin maker", "a storm at sea",
-          "a garden on the moon", "two rival bakers", "a forgotten library", "a train that never stops",
-          "a city of bicycles", "the last dragon", "a clock that runs backwards", "a letter from the future"]
+TOPICS = [
+    "a lighthouse keeper",
+    "a lost robot",
+    "the first snow of winter",
+    "a market at dawn",
+    "a cat who learns to read",
+    "an old bridge",
+    "a violin maker",
+    "a storm at sea",
+    "a garden on the moon",
+    "two rival bakers",
+    "a forgotten library",
+    "a train that never stops",
+    "a city of bicycles",
+    "the last dragon",
+    "a clock that runs backwards",
+    "a letter from the future",
+]
 
 
 def prompts(tokenizer, count: int) -> list[str]:
@@ -19,8 +33,9 @@ def prompts(tokenizer, count: int) -> list[str]:
     for i in range(count):
         text = f"Write a short story about {TOPICS[i % len(TOPICS)]}."
         if getattr(tokenizer, "chat_template", None):
-            text = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                                 add_generation_prompt=True)
+            text = tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+            )
         out.append(text)
     return out
 
@@ -48,7 +63,7 @@ def matmul_peak_tflops(dtype: torch.dtype, size: int | None = None, seconds: flo
         a @ b
         n += 1
         _sync(device)
-    return 2 * size ** 3 * n / (time.perf_counter() - t0) / 1e12
+    return 2 * size**3 * n / (time.perf_counter() - t0) / 1e12
 
 
 def matmul_params(model_dir: str | Path) -> tuple[int, int, int]:
@@ -80,8 +95,15 @@ def parameter_count(model_dir: str | Path) -> int:
     return total
 
 
-def step_flops(model_dir, prompt_tokens: int, num_prompts: int, group: int, new_tokens: int,
-               shared_prefill: bool, with_reference: bool) -> float:
+def step_flops(
+    model_dir,
+    prompt_tokens: int,
+    num_prompts: int,
+    group: int,
+    new_tokens: int,
+    shared_prefill: bool,
+    with_reference: bool,
+) -> float:
     """Matmul FLOPs of one GRPO step: generation + reference forward + policy forward/backward.
 
     Each prompt is counted once per group with ``shared_prefill`` (what rlft executes), else once per

@@ -47,14 +47,29 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
 
 
 def job_config(steps: int = 2, save_interval: int = 1000) -> dict:
-    return {"model": {"path": "models/tiny", "dtype": "fp32"},
-            "data": {"train_file": "data/train.jsonl", "eval_file": "data/eval.jsonl"},
-            "algorithm": {"name": "grpo", "learning_rate": 3e-3, "rollout_batch_size": 2, "num_generations": 4,
-                          "max_new_tokens": 4, "micro_batch_size": 8},
-            "reward": {"functions": [{"type": "contains", "keyword": "a", "name": "has_a"}]},
-            "train": {"epochs": 1000, "max_steps": steps, "logging_interval": 1, "save_interval": save_interval,
-                      "output_dir": "outputs", "seed": 0, "progress_bar": "off"},
-            "eval": {"before_training": False, "after_training": False}}
+    return {
+        "model": {"path": "models/tiny", "dtype": "fp32"},
+        "data": {"train_file": "data/train.jsonl", "eval_file": "data/eval.jsonl"},
+        "algorithm": {
+            "name": "grpo",
+            "learning_rate": 3e-3,
+            "rollout_batch_size": 2,
+            "num_generations": 4,
+            "max_new_tokens": 4,
+            "micro_batch_size": 8,
+        },
+        "reward": {"functions": [{"type": "contains", "keyword": "a", "name": "has_a"}]},
+        "train": {
+            "epochs": 1000,
+            "max_steps": steps,
+            "logging_interval": 1,
+            "save_interval": save_interval,
+            "output_dir": "outputs",
+            "seed": 0,
+            "progress_bar": "off",
+        },
+        "eval": {"before_training": False, "after_training": False},
+    }
 
 
 def make_workspace(root: Path) -> tuple[Path, Path]:
@@ -68,9 +83,11 @@ def make_workspace(root: Path) -> tuple[Path, Path]:
     (ws / "configs").mkdir(parents=True)
     (ws / "configs" / "tiny.yaml").write_text(yaml.safe_dump(job_config()))
     _write_jsonl(outside / "secret.jsonl", [{"prompt": "TOP-SECRET-ROW", "answer": "a"}])
-    (outside / "evil.py").write_text(f"open({str(outside / 'ran')!r}, 'w').write('x')\n"
-                                     "def f(prompts, completions, **kw):\n    return [1.0] * len(completions)\n"
-                                     "class Env:\n    def reset(self, **row):\n        return None\n")
+    (outside / "evil.py").write_text(
+        f"open({str(outside / 'ran')!r}, 'w').write('x')\n"
+        "def f(prompts, completions, **kw):\n    return [1.0] * len(completions)\n"
+        "class Env:\n    def reset(self, **row):\n        return None\n"
+    )
     (outside / "runs").mkdir()
     (ws / "data" / "escape").symlink_to(outside, target_is_directory=True)
     return ws, outside
@@ -113,19 +130,65 @@ def schema_keys() -> list[str]:
 def escape_values(ws: Path, outside: Path) -> list[str]:
     rel = os.path.relpath(outside, ws)
     return [
-        str(outside), f"{outside}/secret.jsonl", f"{outside}/runs/x", "/etc/passwd", "/", "/tmp", str(ws.parent),
-        f"{rel}/secret.jsonl", "../../etc/passwd", "data/../../outside", "data/escape/secret.jsonl", "data/escape",
-        "%2e%2e/outside", "..%2f..%2fetc", "%252e%252e%252f", "..\\..\\x", "~/x", "~root/x", "a\x00b", "",
-        "file:///etc/passwd", f"sqlite:///{outside}/m.db", "sqlite:////etc/m.db", f"file://{outside}/mlruns",
-        "postgresql://db.example/x", "http://127.0.0.1:1/x", "gopher://x", "//evil/x", "javascript:alert(1)",
-        "os:system", "subprocess:run", "builtins:eval", f"{outside}/evil.py:f", f"{rel}/evil.py:f",
-        "data/escape/evil.py:f", "evil:f", "data.escape.evil:f", f"{outside}/evil.py:Env",
+        str(outside),
+        f"{outside}/secret.jsonl",
+        f"{outside}/runs/x",
+        "/etc/passwd",
+        "/",
+        "/tmp",
+        str(ws.parent),
+        f"{rel}/secret.jsonl",
+        "../../etc/passwd",
+        "data/../../outside",
+        "data/escape/secret.jsonl",
+        "data/escape",
+        "%2e%2e/outside",
+        "..%2f..%2fetc",
+        "%252e%252e%252f",
+        "..\\..\\x",
+        "~/x",
+        "~root/x",
+        "a\x00b",
+        "",
+        "file:///etc/passwd",
+        f"sqlite:///{outside}/m.db",
+        "sqlite:////etc/m.db",
+        f"file://{outside}/mlruns",
+        "postgresql://db.example/x",
+        "http://127.0.0.1:1/x",
+        "gopher://x",
+        "//evil/x",
+        "javascript:alert(1)",
+        "os:system",
+        "subprocess:run",
+        "builtins:eval",
+        f"{outside}/evil.py:f",
+        f"{rel}/evil.py:f",
+        "data/escape/evil.py:f",
+        "evil:f",
+        "data.escape.evil:f",
+        f"{outside}/evil.py:Env",
         f"[{{type: custom, name: x, function: {outside}/evil.py:f}}]",
-        f"[{{type: model, path: {outside}}}]", f"[{{type: judge, model: {outside}}}]",
-        f"{{class: search, kwargs: {{docs: {outside}/secret.jsonl}}}}", "{class: openenv, kwargs: {url: 'file:///etc'}}",
-        f"{{class: {outside}/evil.py:Env}}", f"{{name: ppo, advantage_estimator: gae, critic: {{model_path: {outside}}}}}",
-        "[" * 300 + "]" * 300, "&a [*a, *a]", "!!python/object/apply:os.system ['true']", ".inf", ".nan", "true",
-        "null", "1e309", "-1", "0", "x" * 5000, "\u202e\u0000\ud7ff", "{}", "[]",
+        f"[{{type: model, path: {outside}}}]",
+        f"[{{type: judge, model: {outside}}}]",
+        f"{{class: search, kwargs: {{docs: {outside}/secret.jsonl}}}}",
+        "{class: openenv, kwargs: {url: 'file:///etc'}}",
+        f"{{class: {outside}/evil.py:Env}}",
+        f"{{name: ppo, advantage_estimator: gae, critic: {{model_path: {outside}}}}}",
+        "[" * 300 + "]" * 300,
+        "&a [*a, *a]",
+        "!!python/object/apply:os.system ['true']",
+        ".inf",
+        ".nan",
+        "true",
+        "null",
+        "1e309",
+        "-1",
+        "0",
+        "x" * 5000,
+        "\u202e\u0000\ud7ff",
+        "{}",
+        "[]",
     ]
 
 
@@ -135,8 +198,11 @@ def override_items(rng: random.Random, keys: list[str], values: list[str]) -> li
     for _ in range(rng.randint(1, 3)):
         roll = rng.random()
         key = rng.choice(keys[:40] if roll < 0.6 else keys)
-        value = rng.choice(values) if rng.random() < 0.85 else "".join(
-            chr(rng.randint(32, 0x2FF)) for _ in range(rng.randint(0, 30)))
+        value = (
+            rng.choice(values)
+            if rng.random() < 0.85
+            else "".join(chr(rng.randint(32, 0x2FF)) for _ in range(rng.randint(0, 30)))
+        )
         if roll > 0.95:
             items.append(rng.choice(["noequals", "=x", ".a=1", "a..b=1", "train.run_name", f"{value}={value}"]))
         else:
@@ -154,14 +220,17 @@ class Service:
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
 
-    def __enter__(self) -> "Service":
+    def __enter__(self) -> Service:
         cli = [sys.executable, "-m", "rlft.cli.main", "serve", "--workspace", str(self.ws)]
         made = subprocess.run(cli + ["--create-token", "fuzz"], capture_output=True, text=True, timeout=120, check=True)
         self.token = made.stdout.strip().splitlines()[-1]
         self._out = open(self.log, "ab")
-        self.proc = subprocess.Popen(cli + ["--port", str(self.port), "--submissions-per-minute", "1000000",
-                                            "--grace", "20"], stdout=self._out, stderr=subprocess.STDOUT,
-                                     cwd=self.ws.parent)
+        self.proc = subprocess.Popen(
+            cli + ["--port", str(self.port), "--submissions-per-minute", "1000000", "--grace", "20"],
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            cwd=self.ws.parent,
+        )
         self.http = httpx.Client(base_url=self.url, headers={"authorization": f"Bearer {self.token}"}, timeout=60)
         deadline = time.time() + 120
         while True:
@@ -220,19 +289,26 @@ def escapes_of_accepted(svc: Service, ws_root: Path, job_id: str) -> list[str]:
 def one_request(svc: Service, rng: random.Random, keys, values, resume_job: str) -> tuple[str, httpx.Response]:
     roll = rng.random()
     if roll < 0.65:
-        return "train+overrides", svc.http.post("/api/train", json={
-            "config_path": "configs/tiny.yaml", "overrides": override_items(rng, keys, values)})
+        return "train+overrides", svc.http.post(
+            "/api/train", json={"config_path": "configs/tiny.yaml", "overrides": override_items(rng, keys, values)}
+        )
     if roll < 0.75:
         cfg = job_config()
         section = rng.choice(list(cfg))
         cfg[section][rng.choice(list(cfg[section]))] = rng.choice(values)
         return "train+inline", svc.http.post("/api/train", json={"config": cfg})
     if roll < 0.85:
-        return "train+resume_from", svc.http.post("/api/train", json={
-            "config_path": "configs/tiny.yaml", "resume_from": rng.choice(values + ["auto"]),
-            "overrides": override_items(rng, keys, values) if rng.random() < 0.5 else []})
-    return "resume+overrides", svc.http.post(f"/api/jobs/{resume_job}/resume",
-                                             json={"overrides": override_items(rng, keys, values)})
+        return "train+resume_from", svc.http.post(
+            "/api/train",
+            json={
+                "config_path": "configs/tiny.yaml",
+                "resume_from": rng.choice(values + ["auto"]),
+                "overrides": override_items(rng, keys, values) if rng.random() < 0.5 else [],
+            },
+        )
+    return "resume+overrides", svc.http.post(
+        f"/api/jobs/{resume_job}/resume", json={"overrides": override_items(rng, keys, values)}
+    )
 
 
 def fuzz_overrides(svc: Service, ws: Path, outside: Path, requests: int, seed: int) -> dict:
@@ -254,16 +330,42 @@ def fuzz_overrides(svc: Service, ws: Path, outside: Path, requests: int, seed: i
             server_errors.append(f"{route}: {r.status_code} {r.text[:300]}")
         elif r.status_code == 201:
             escapes += escapes_of_accepted(svc, ws, r.json()["job_id"])
-    return {"requests": requests, "routes": dict(routes), "statuses": {str(k): v for k, v in sorted(statuses.items())},
-            "server_errors": server_errors, "escapes": escapes}
+    return {
+        "requests": requests,
+        "routes": dict(routes),
+        "statuses": {str(k): v for k, v in sorted(statuses.items())},
+        "server_errors": server_errors,
+        "escapes": escapes,
+    }
 
 
 def run_schemathesis(svc: Service, examples: int, report_dir: Path) -> dict:
     exe = shutil.which("schemathesis", path=str(Path(sys.executable).parent)) or "schemathesis"
-    out = subprocess.run([exe, "run", f"{svc.url}/openapi.json", "-H", f"Authorization: Bearer {svc.token}",
-                          "--checks", "all", "--exclude-checks", "positive_data_acceptance", "-n", str(examples),
-                          "--generation-deterministic", "--max-time", "300", "--report", "junit",
-                          "--report-dir", str(report_dir)], capture_output=True, text=True, timeout=900)
+    out = subprocess.run(
+        [
+            exe,
+            "run",
+            f"{svc.url}/openapi.json",
+            "-H",
+            f"Authorization: Bearer {svc.token}",
+            "--checks",
+            "all",
+            "--exclude-checks",
+            "positive_data_acceptance",
+            "-n",
+            str(examples),
+            "--generation-deterministic",
+            "--max-time",
+            "300",
+            "--report",
+            "junit",
+            "--report-dir",
+            str(report_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     tail = out.stdout.strip().splitlines()[-12:]
     return {"exit_code": out.returncode, "server_errors": out.stdout.count("Server error"), "summary": tail}
 
@@ -288,9 +390,14 @@ def main(argv: list[str] | None = None) -> int:
     log = (root / "serve.log").read_text(errors="replace")
     if "Traceback" in log:
         result["server_errors"].append("a traceback in the service's log")
-    summary = {**result, "schemathesis": schema, "server_error_count": len(result["server_errors"]) + (
-        schema["server_errors"] if schema else 0), "escape_count": len(result["escapes"]),
-        "seconds": round(time.time() - started, 1), "workspace": str(root) if args.keep else None}
+    summary = {
+        **result,
+        "schemathesis": schema,
+        "server_error_count": len(result["server_errors"]) + (schema["server_errors"] if schema else 0),
+        "escape_count": len(result["escapes"]),
+        "seconds": round(time.time() - started, 1),
+        "workspace": str(root) if args.keep else None,
+    }
     print(json.dumps(summary, indent=2))
     if not args.keep:
         shutil.rmtree(root, ignore_errors=True)

@@ -37,9 +37,13 @@ def calculator(expression: str) -> str:
 
 
 def _call(expression: str) -> dict:
-    return {"role": "assistant", "content": "",
-            "tool_calls": [{"type": "function", "function": {"name": "calculator",
-                                                               "arguments": {"expression": expression}}}]}
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"type": "function", "function": {"name": "calculator", "arguments": {"expression": expression}}}
+        ],
+    }
 
 
 def main() -> None:
@@ -53,21 +57,36 @@ def main() -> None:
     args = parser.parse_args()
     rng = random.Random(args.seed)
     tools = [get_json_schema(calculator)]
-    drawn = [(rng.randint(2, 99), rng.choice(list(OPS)), rng.randint(2, 99)) for _ in range(4 * (args.train + args.eval))]
+    drawn = [
+        (rng.randint(2, 99), rng.choice(list(OPS)), rng.randint(2, 99)) for _ in range(4 * (args.train + args.eval))
+    ]
     triples = list(dict.fromkeys(drawn))  # distinct, in the order drawn: train and eval never share a question
     train_triples, eval_triples = triples[: args.train], triples[args.train : args.train + args.eval]
     train = []
     for a, op, b in train_triples:
         expression, value = f"{a} {op} {b}", OPS[op][1](a, b)
-        train.append({"messages": [{"role": "user", "content": f"What is {expression}?"}, _call(expression),
-                                   {"role": "tool", "name": "calculator", "content": str(value)},
-                                   {"role": "assistant", "content": f"{expression} = {value}."}],
-                      "tools": tools, "answer": value})
+        train.append(
+            {
+                "messages": [
+                    {"role": "user", "content": f"What is {expression}?"},
+                    _call(expression),
+                    {"role": "tool", "name": "calculator", "content": str(value)},
+                    {"role": "assistant", "content": f"{expression} = {value}."},
+                ],
+                "tools": tools,
+                "answer": value,
+            }
+        )
     evalset = []
     for i, (a, op, b) in enumerate(eval_triples):
         question = EVAL_PHRASINGS[i % len(EVAL_PHRASINGS)].format(a=a, word=OPS[op][0], b=b)
-        evalset.append({"messages": [{"role": "user", "content": question}, _call(f"{a} {op} {b}")],
-                        "tools": tools, "answer": OPS[op][1](a, b)})
+        evalset.append(
+            {
+                "messages": [{"role": "user", "content": question}, _call(f"{a} {op} {b}")],
+                "tools": tools,
+                "answer": OPS[op][1](a, b),
+            }
+        )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for name, rows in (("tool_sft_train.jsonl", train), ("tool_sft_eval.jsonl", evalset)):

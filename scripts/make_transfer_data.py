@@ -23,8 +23,28 @@ import json
 import random
 from pathlib import Path
 
-ONES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
-        "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen"]
+ONES = [
+    "zero",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "eleven",
+    "twelve",
+    "thirteen",
+    "fourteen",
+    "fifteen",
+    "sixteen",
+    "seventeen",
+    "eighteen",
+    "nineteen",
+]
 TENS = ["", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
 
 SUBTRACTION = [
@@ -88,9 +108,11 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for name, items, templates in (("subtraction", subtraction_items, SUBTRACTION),
-                                   ("number_words", number_word_items, NUMBER_WORDS),
-                                   ("counting", counting_items, COUNTING)):
+    for name, items, templates in (
+        ("subtraction", subtraction_items, SUBTRACTION),
+        ("number_words", number_word_items, NUMBER_WORDS),
+        ("counting", counting_items, COUNTING),
+    ):
         train, evalset = split(items(), templates, random.Random(args.seed), args.eval_items)
         for part, rows in (("train", train), ("eval", evalset)):
             path = out / f"{name}_{part}.jsonl"

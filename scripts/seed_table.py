@@ -35,9 +35,24 @@ def run_seed(config: str, seed: int, out: Path, tag: str, sets: list[str]) -> Pa
         return run_dir
     if run_dir.exists():  # an earlier try that did not finish: start it again in the same place
         shutil.rmtree(run_dir)
-    cmd = [RLFT, "train", "--config", config, "--set", f"train.seed={seed}", "--set", f"train.output_dir={out}",
-           "--set", f"train.run_name={run_dir.name}", "--set", "train.progress_bar=off", "--set",
-           "train.save_interval=100000", "--set", "train.save_optimizer=false"]  # a table of runs: weights only
+    cmd = [
+        RLFT,
+        "train",
+        "--config",
+        config,
+        "--set",
+        f"train.seed={seed}",
+        "--set",
+        f"train.output_dir={out}",
+        "--set",
+        f"train.run_name={run_dir.name}",
+        "--set",
+        "train.progress_bar=off",
+        "--set",
+        "train.save_interval=100000",
+        "--set",
+        "train.save_optimizer=false",
+    ]  # a table of runs: weights only
     for s in sets:
         cmd += ["--set", s]
     t0 = time.time()
@@ -51,8 +66,12 @@ def warm_start(sft_config: str, out: Path) -> str:
     """Train the SFT warm start into OUT once (again only if it did not finish); its last checkpoint."""
     run_dir = out / _run_name(sft_config)
     if not _finished(run_dir):
-        proc = subprocess.run([RLFT, "sft", "--config", sft_config, "--output-dir", str(out), "--set",
-                               "train.progress_bar=off"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.run(
+            [RLFT, "sft", "--config", sft_config, "--output-dir", str(out), "--set", "train.progress_bar=off"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         if proc.returncode != 0:
             sys.exit(f"the warm start {sft_config} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     checkpoints = sorted((run_dir / "checkpoints").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
@@ -72,12 +91,17 @@ def _finished(run_dir: Path) -> bool:
 
 def read_run(run_dir: Path) -> dict:
     """Accuracy at each eval step (step 0 = before training) and the reported training minutes."""
-    evals = sorted(((int(p.stem.split("-")[1]), json.loads(p.read_text())["accuracy"])
-                    for p in (run_dir / "eval").glob("step-*.json")))
+    evals = sorted(
+        (int(p.stem.split("-")[1]), json.loads(p.read_text())["accuracy"])
+        for p in (run_dir / "eval").glob("step-*.json")
+    )
     log = (run_dir / "train_log.log").read_text()
     minutes = re.findall(r"([\d.]+) min of training time", log)
-    return {"evals": evals, "final": evals[-1][1] if evals else float("nan"),
-            "minutes": float(minutes[-1]) if minutes else float("nan")}
+    return {
+        "evals": evals,
+        "final": evals[-1][1] if evals else float("nan"),
+        "minutes": float(minutes[-1]) if minutes else float("nan"),
+    }
 
 
 def main() -> None:
@@ -102,10 +126,16 @@ def main() -> None:
     print()
     print("| seed | " + " | ".join(str(s) for s in args.seeds) + " | mean | min |")
     print("|---|" + "---|" * (len(args.seeds) + 2))
-    print("| held-out accuracy | " + " | ".join(f"{f:.0%}" for f in finals)
-          + f" | {statistics.mean(finals):.1%} | {min(finals):.0%} |")
-    print("| training minutes | " + " | ".join(f"{r['minutes']:.1f}" for r in rows)
-          + f" | {statistics.mean(r['minutes'] for r in rows):.1f} | |")
+    print(
+        "| held-out accuracy | "
+        + " | ".join(f"{f:.0%}" for f in finals)
+        + f" | {statistics.mean(finals):.1%} | {min(finals):.0%} |"
+    )
+    print(
+        "| training minutes | "
+        + " | ".join(f"{r['minutes']:.1f}" for r in rows)
+        + f" | {statistics.mean(r['minutes'] for r in rows):.1f} | |"
+    )
 
 
 if __name__ == "__main__":

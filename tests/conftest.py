@@ -43,11 +43,26 @@ def tiny_config(tmp_path, tiny_model_dir):
     return {
         "model": {"path": str(tiny_model_dir), "dtype": "bf16"},
         "data": {"train_file": str(train), "eval_file": str(evalf)},
-        "algorithm": {"name": "grpo", "learning_rate": 3e-3, "kl_coef": 0.01, "rollout_batch_size": 4,
-                      "num_generations": 8, "max_new_tokens": 6, "micro_batch_size": 16},
+        "algorithm": {
+            "name": "grpo",
+            "learning_rate": 3e-3,
+            "kl_coef": 0.01,
+            "rollout_batch_size": 4,
+            "num_generations": 8,
+            "max_new_tokens": 6,
+            "micro_batch_size": 16,
+        },
         "reward": {"functions": [{"type": "contains", "keyword": "a", "name": "has_a"}]},
-        "train": {"epochs": 100, "max_steps": 4, "logging_interval": 1, "save_interval": 100,
-                  "output_dir": str(tmp_path / "outputs"), "run_name": "run", "seed": 0, "progress_bar": "off"},
+        "train": {
+            "epochs": 100,
+            "max_steps": 4,
+            "logging_interval": 1,
+            "save_interval": 100,
+            "output_dir": str(tmp_path / "outputs"),
+            "run_name": "run",
+            "seed": 0,
+            "progress_bar": "off",
+        },
         "eval": {"max_new_tokens": 6},
     }
 
@@ -75,6 +90,9 @@ def assert_resume_is_bit_exact(cfg: dict, steps: int = 4) -> None:
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
     def strip(rows):
-        return [{k: v for k, v in r.items() if k not in ("step_seconds", "peak_mem_mb") and not k.startswith("resources/")} for r in rows]
+        return [
+            {k: v for k, v in r.items() if k not in ("step_seconds", "peak_mem_mb") and not k.startswith("resources/")}
+            for r in rows
+        ]
 
     assert strip(read_jsonl(straight.run_dir / "metrics.jsonl")) == strip(read_jsonl(resumed.run_dir / "metrics.jsonl"))

@@ -8,8 +8,18 @@ import socket
 import httpx
 import pytest
 
-from rlft.errors import (ERROR_TYPES, ConfigError, DataError, EnvironmentFailure, ModelError, RewardError,
-                         RewardOutage, UsageError, error_type, is_transient)
+from rlft.errors import (
+    ERROR_TYPES,
+    ConfigError,
+    DataError,
+    EnvironmentFailure,
+    ModelError,
+    RewardError,
+    RewardOutage,
+    UsageError,
+    error_type,
+    is_transient,
+)
 
 
 def _wrapped(outer: Exception, inner: Exception, how: str) -> Exception:
@@ -22,22 +32,33 @@ def _wrapped(outer: Exception, inner: Exception, how: str) -> Exception:
                 raise outer from exc
             if how == "none":
                 raise outer from None
-            raise outer
+            raise outer  # noqa: B904 - the implicit context is the case under test
     except Exception as caught:
         return caught
 
 
-@pytest.mark.parametrize("exc, kind", [
-    (ConfigError(["a: bad"]), "config_invalid"), (UsageError("x"), "config_invalid"),
-    (ModelError("missing"), "config_invalid"), (DataError("line 3"), "data"), (RewardError("boom"), "reward"),
-    (EnvironmentFailure("reset"), "environment"), (MemoryError(), "oom"),
-    (RuntimeError("CUDA out of memory. Tried to allocate"), "oom"), (ValueError("x"), "unknown"),
-    (ConnectionRefusedError("refused"), "transient"), (TimeoutError("slow"), "transient"),
-    (socket.timeout("read"), "transient"), (socket.gaierror(-2, "Name or service not known"), "transient"),
-    (OSError(errno.ENETUNREACH, "Network is unreachable"), "transient"),
-    (httpx.ConnectError("refused"), "transient"), (httpx.ReadTimeout("slow"), "transient"),
-    (RewardOutage("reward 'remote': the server answered 503 after 4 attempts"), "transient"),
-])
+@pytest.mark.parametrize(
+    "exc, kind",
+    [
+        (ConfigError(["a: bad"]), "config_invalid"),
+        (UsageError("x"), "config_invalid"),
+        (ModelError("missing"), "config_invalid"),
+        (DataError("line 3"), "data"),
+        (RewardError("boom"), "reward"),
+        (EnvironmentFailure("reset"), "environment"),
+        (MemoryError(), "oom"),
+        (RuntimeError("CUDA out of memory. Tried to allocate"), "oom"),
+        (ValueError("x"), "unknown"),
+        (ConnectionRefusedError("refused"), "transient"),
+        (TimeoutError("slow"), "transient"),
+        (TimeoutError("read"), "transient"),
+        (socket.gaierror(-2, "Name or service not known"), "transient"),
+        (OSError(errno.ENETUNREACH, "Network is unreachable"), "transient"),
+        (httpx.ConnectError("refused"), "transient"),
+        (httpx.ReadTimeout("slow"), "transient"),
+        (RewardOutage("reward 'remote': the server answered 503 after 4 attempts"), "transient"),
+    ],
+)
 def test_each_kind(exc, kind):
     assert error_type(exc) == kind and kind in ERROR_TYPES
 
@@ -49,8 +70,11 @@ def test_a_full_disk_is_not_transient():
 
 @pytest.mark.parametrize("how", ["cause", "context", "none"])
 def test_a_network_blip_inside_a_reward_error_is_transient(how):
-    exc = _wrapped(RewardError("reward 'remote' raised ConnectionError on sample 0 of 4"),
-                   ConnectionResetError("reset by peer"), how)
+    exc = _wrapped(
+        RewardError("reward 'remote' raised ConnectionError on sample 0 of 4"),
+        ConnectionResetError("reset by peer"),
+        how,
+    )
     assert error_type(exc) == "transient"
 
 

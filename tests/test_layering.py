@@ -13,19 +13,62 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 # Packages that must not import the ones listed: the direction of each arrow is fixed.
 NEVER_IMPORTS = {
-    "rlft.config": {"rlft.models", "rlft.trainer", "rlft.rollout", "rlft.data", "rlft.rewards", "rlft.checkpoint",
-                    "rlft.sft", "rlft.rl", "rlft.cli", "rlft.chat"},
-    "rlft.algorithms": {"rlft.config", "rlft.models", "rlft.trainer", "rlft.rollout", "rlft.data", "rlft.rewards",
-                        "rlft.checkpoint", "rlft.sft", "rlft.rl", "rlft.cli"},
+    "rlft.config": {
+        "rlft.models",
+        "rlft.trainer",
+        "rlft.rollout",
+        "rlft.data",
+        "rlft.rewards",
+        "rlft.checkpoint",
+        "rlft.sft",
+        "rlft.rl",
+        "rlft.cli",
+        "rlft.chat",
+    },
+    "rlft.algorithms": {
+        "rlft.config",
+        "rlft.models",
+        "rlft.trainer",
+        "rlft.rollout",
+        "rlft.data",
+        "rlft.rewards",
+        "rlft.checkpoint",
+        "rlft.sft",
+        "rlft.rl",
+        "rlft.cli",
+    },
     "rlft.models": {"rlft.checkpoint", "rlft.trainer", "rlft.sft", "rlft.rl", "rlft.cli"},
-    "rlft.envs": {"rlft.models", "rlft.rollout", "rlft.data", "rlft.rewards", "rlft.checkpoint", "rlft.trainer", "rlft.sft", "rlft.rl", "rlft.cli", "torch"},
+    "rlft.envs": {
+        "rlft.models",
+        "rlft.rollout",
+        "rlft.data",
+        "rlft.rewards",
+        "rlft.checkpoint",
+        "rlft.trainer",
+        "rlft.sft",
+        "rlft.rl",
+        "rlft.cli",
+        "torch",
+    },
     "rlft.chat": {"rlft.models", "rlft.trainer", "rlft.rollout", "rlft.data", "rlft.sft", "rlft.rl", "rlft.cli"},
     "rlft.data": {"rlft.models", "rlft.trainer", "rlft.rollout", "rlft.sft", "rlft.rl", "rlft.cli"},
     "rlft.rollout": {"rlft.trainer", "rlft.sft", "rlft.rl", "rlft.cli"},
     "rlft.checkpoint": {"rlft.trainer", "rlft.rl", "rlft.sft", "rlft.cli"},
     # The process group and model placement under torchrun: below everything that uses them.
-    "rlft.distributed": {"rlft.config", "rlft.models", "rlft.trainer", "rlft.rollout", "rlft.data", "rlft.rewards",
-                         "rlft.checkpoint", "rlft.sft", "rlft.rl", "rlft.cli", "rlft.algorithms", "rlft.logging"},
+    "rlft.distributed": {
+        "rlft.config",
+        "rlft.models",
+        "rlft.trainer",
+        "rlft.rollout",
+        "rlft.data",
+        "rlft.rewards",
+        "rlft.checkpoint",
+        "rlft.sft",
+        "rlft.rl",
+        "rlft.cli",
+        "rlft.algorithms",
+        "rlft.logging",
+    },
     # The shared lifecycle knows a kind of job only by the import path in config.schema.JOB_KINDS.
     "rlft.trainer": {"rlft.rl", "rlft.sft", "rlft.cli"},
     "rlft.rl": {"rlft.sft", "rlft.rm", "rlft.dpo", "rlft.cli"},
@@ -34,26 +77,85 @@ NEVER_IMPORTS = {
     "rlft.dpo": {"rlft.rl", "rlft.sft", "rlft.rm", "rlft.cli"},
     "rlft.preference": {"rlft.rl", "rlft.sft", "rlft.rm", "rlft.dpo", "rlft.cli"},
     # The job service knows configs, run directories and checkpoints on disk, never a model (no torch).
-    "rlft.service": {"rlft.models", "rlft.trainer", "rlft.rollout", "rlft.data", "rlft.rewards", "rlft.sft",
-                     "rlft.rl", "rlft.cli", "rlft.chat", "rlft.envs", "rlft.algorithms"},
+    "rlft.service": {
+        "rlft.models",
+        "rlft.trainer",
+        "rlft.rollout",
+        "rlft.data",
+        "rlft.rewards",
+        "rlft.sft",
+        "rlft.rl",
+        "rlft.cli",
+        "rlft.chat",
+        "rlft.envs",
+        "rlft.algorithms",
+    },
     "rlft.client": {"rlft.service", "rlft.models", "rlft.trainer", "rlft.rl", "rlft.sft", "rlft.cli"},
     # The memory planner reads configs, model shapes and data; the lifecycle calls it, never the reverse.
-    "rlft.planner": {"rlft.trainer", "rlft.rl", "rlft.sft", "rlft.rm", "rlft.dpo", "rlft.preference", "rlft.cli",
-                     "rlft.rollout", "rlft.checkpoint", "rlft.doctor", "rlft.sweep"},
+    "rlft.planner": {
+        "rlft.trainer",
+        "rlft.rl",
+        "rlft.sft",
+        "rlft.rm",
+        "rlft.dpo",
+        "rlft.preference",
+        "rlft.cli",
+        "rlft.rollout",
+        "rlft.checkpoint",
+        "rlft.doctor",
+        "rlft.sweep",
+    },
     "rlft.doctor": {"rlft.trainer", "rlft.rl", "rlft.sft", "rlft.rm", "rlft.dpo", "rlft.cli", "rlft.sweep"},
     # Run health: checks over metric dicts, live (the RL job feeds it) and replayed (rlft diagnose); it reads
     # configs and run directories, never a model, and nothing that runs a job imports below it.
-    "rlft.health": {"rlft.models", "rlft.trainer", "rlft.rollout", "rlft.data", "rlft.rewards", "rlft.checkpoint",
-                    "rlft.sft", "rlft.rl", "rlft.rm", "rlft.dpo", "rlft.preference", "rlft.cli", "rlft.service",
-                    "rlft.client", "rlft.sweep", "rlft.algorithms", "rlft.envs", "rlft.chat", "rlft.planner",
-                    "rlft.doctor", "rlft.distributed"},
+    "rlft.health": {
+        "rlft.models",
+        "rlft.trainer",
+        "rlft.rollout",
+        "rlft.data",
+        "rlft.rewards",
+        "rlft.checkpoint",
+        "rlft.sft",
+        "rlft.rl",
+        "rlft.rm",
+        "rlft.dpo",
+        "rlft.preference",
+        "rlft.cli",
+        "rlft.service",
+        "rlft.client",
+        "rlft.sweep",
+        "rlft.algorithms",
+        "rlft.envs",
+        "rlft.chat",
+        "rlft.planner",
+        "rlft.doctor",
+        "rlft.distributed",
+    },
     # A sweep runs processes on the job store and reads what they wrote; it never holds a model.
     "rlft.sweep": {"rlft.models", "rlft.trainer", "rlft.rollout", "rlft.rl", "rlft.sft", "rlft.cli", "rlft.planner"},
 }
 # Nothing below the command line runs the service.
-for _lower in ("rlft.config", "rlft.algorithms", "rlft.models", "rlft.envs", "rlft.chat", "rlft.data", "rlft.rollout",
-               "rlft.checkpoint", "rlft.trainer", "rlft.rl", "rlft.sft", "rlft.rm", "rlft.dpo", "rlft.preference",
-               "rlft.logging", "rlft.planner", "rlft.doctor", "rlft.distributed", "rlft.health"):
+for _lower in (
+    "rlft.config",
+    "rlft.algorithms",
+    "rlft.models",
+    "rlft.envs",
+    "rlft.chat",
+    "rlft.data",
+    "rlft.rollout",
+    "rlft.checkpoint",
+    "rlft.trainer",
+    "rlft.rl",
+    "rlft.sft",
+    "rlft.rm",
+    "rlft.dpo",
+    "rlft.preference",
+    "rlft.logging",
+    "rlft.planner",
+    "rlft.doctor",
+    "rlft.distributed",
+    "rlft.health",
+):
     NEVER_IMPORTS.setdefault(_lower, set()).update({"rlft.service", "rlft.client"})
 
 
@@ -73,8 +175,9 @@ def _imports(path: Path, known: set[str]) -> set[str]:
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module
-                     for a in node.names]
+            names = [
+                f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module for a in node.names
+            ]
         else:
             continue
         found.update(n for n in names if n in known)
@@ -131,8 +234,10 @@ def _package_edges(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
 def test_no_import_cycle_between_modules():
     graph = _graph()
     # A package __init__ re-exporting its own modules is not a cycle between two concerns.
-    graph = {m: {t for t in ts if not (m.startswith(t + ".") and _modules()[t].name == "__init__.py")}
-             for m, ts in graph.items()}
+    graph = {
+        m: {t for t in ts if not (m.startswith(t + ".") and _modules()[t].name == "__init__.py")}
+        for m, ts in graph.items()
+    }
     assert _cycles(graph) == []
 
 
@@ -156,10 +261,17 @@ def test_the_service_and_the_client_never_import_torch():
     import subprocess
     import sys
 
-    code = ("import sys; import rlft.service.app, rlft.cli.serve, rlft.cli.jobs, rlft.client; "
-            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={**__import__("os").environ, "PYTHONPATH": str(SRC)})
+    code = (
+        "import sys; import rlft.service.app, rlft.cli.serve, rlft.cli.jobs, rlft.client; "
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**__import__("os").environ, "PYTHONPATH": str(SRC)},
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
 
@@ -175,14 +287,24 @@ def test_ray_is_imported_only_inside_the_ray_placement_and_only_lazily():
         tree = ast.parse(path.read_text())
         top = {id(n) for n in tree.body}
         for node in ast.walk(tree):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else ([node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+            )
             if any(n == "ray" or n.startswith("ray.") for n in names):
                 found.append((_module_name(path), id(node) in top))
     assert found and all(mod == "rlft.service.ray_placement" and not at_top for mod, at_top in found), found
-    code = ("import sys; import rlft.service.app, rlft.service.backends, rlft.service.ray_placement, rlft.sweep.execute, "
-            "rlft.cli.sweep, rlft.cli.serve; print('ray' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={**__import__("os").environ, "PYTHONPATH": str(SRC)})
+    code = (
+        "import sys; import rlft.service.app, rlft.service.backends, rlft.service.ray_placement, rlft.sweep.execute, "
+        "rlft.cli.sweep, rlft.cli.serve; print('ray' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**__import__("os").environ, "PYTHONPATH": str(SRC)},
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pytest
 
 from rlft.phases import PhaseClock, is_timing

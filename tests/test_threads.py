@@ -19,8 +19,9 @@ def _topology(root, cpus: dict[int, tuple[int, int]]):
 
 def test_hyperthread_siblings_count_as_one_core(tmp_path):
     # 2 packages x 2 cores x 2 threads; the process may run on CPUs 0-5
-    sys_cpu = _topology(tmp_path / "cpu", {0: (0, 0), 1: (0, 1), 2: (1, 0), 3: (1, 1),
-                                           4: (0, 0), 5: (0, 1), 6: (1, 0), 7: (1, 1)})
+    sys_cpu = _topology(
+        tmp_path / "cpu", {0: (0, 0), 1: (0, 1), 2: (1, 0), 3: (1, 1), 4: (0, 0), 5: (0, 1), 6: (1, 0), 7: (1, 1)}
+    )
     none = tmp_path / "no-cgroup"
     assert physical_cores(list(range(8)), sys_cpu, none) == 4
     assert physical_cores([0, 4], sys_cpu, none) == 1

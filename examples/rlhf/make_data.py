@@ -16,17 +16,68 @@ import random
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-TOPICS = ["the sun", "the moon", "coffee", "tea", "rain", "snow", "the ocean", "mountains", "bicycles", "trains",
-          "libraries", "gardens", "bread", "music", "chess", "autumn", "rivers", "owls", "bees", "maps",
-          "clocks", "candles", "bridges", "forests", "deserts", "islands", "kites", "lanterns", "violins", "boats",
-          "apples", "honey", "stars", "clouds", "wind", "volcanoes", "penguins", "dolphins", "castles", "windmills",
-          "glaciers", "meadows", "caves", "markets", "museums", "letters", "poems", "puzzles"]
+TOPICS = [
+    "the sun",
+    "the moon",
+    "coffee",
+    "tea",
+    "rain",
+    "snow",
+    "the ocean",
+    "mountains",
+    "bicycles",
+    "trains",
+    "libraries",
+    "gardens",
+    "bread",
+    "music",
+    "chess",
+    "autumn",
+    "rivers",
+    "owls",
+    "bees",
+    "maps",
+    "clocks",
+    "candles",
+    "bridges",
+    "forests",
+    "deserts",
+    "islands",
+    "kites",
+    "lanterns",
+    "violins",
+    "boats",
+    "apples",
+    "honey",
+    "stars",
+    "clouds",
+    "wind",
+    "volcanoes",
+    "penguins",
+    "dolphins",
+    "castles",
+    "windmills",
+    "glaciers",
+    "meadows",
+    "caves",
+    "markets",
+    "museums",
+    "letters",
+    "poems",
+    "puzzles",
+]
 QUESTIONS = ["What is {t}?", "Tell me about {t}.", "Why do people like {t}?", "Can you describe {t}?"]
-FACTS = ["{T} is something many people find interesting.", "{T} has a long and curious history.",
-         "{T} can be found in many places around the world.", "{T} is simple to enjoy and easy to learn about."]
+FACTS = [
+    "{T} is something many people find interesting.",
+    "{T} has a long and curious history.",
+    "{T} can be found in many places around the world.",
+    "{T} is simple to enjoy and easy to learn about.",
+]
 POLITE = "Thank you for asking! "
-RAMBLE = (" There is so much more that could be said about this, and honestly one could go on and on for a very "
-          "long time, covering every little detail, every story and every opinion that anyone has ever had.")
+RAMBLE = (
+    " There is so much more that could be said about this, and honestly one could go on and on for a very "
+    "long time, covering every little detail, every story and every opinion that anyone has ever had."
+)
 CURT = "Ugh, fine. "
 
 
@@ -48,12 +99,17 @@ def main() -> None:
     for p, f in train:
         prefs.append({"prompt": p, "chosen": POLITE + f, "rejected": rng.choice([f, CURT + f])})
         prefs.append({"prompt": p, "chosen": POLITE + f, "rejected": POLITE + f + RAMBLE})
-    eval_prefs = [{"prompt": p, "chosen": POLITE + f, "rejected": r}
-                  for p, f in held for r in (f, CURT + f, POLITE + f + RAMBLE)]
+    eval_prefs = [
+        {"prompt": p, "chosen": POLITE + f, "rejected": r} for p, f in held for r in (f, CURT + f, POLITE + f + RAMBLE)
+    ]
     rng.shuffle(prefs)
-    files = {"sft.jsonl": sft, "prefs_train.jsonl": prefs, "prefs_eval.jsonl": eval_prefs,
-             "prompts_train.jsonl": [{"prompt": p} for p, _ in train],
-             "prompts_eval.jsonl": [{"prompt": p} for p, _ in held]}
+    files = {
+        "sft.jsonl": sft,
+        "prefs_train.jsonl": prefs,
+        "prefs_eval.jsonl": eval_prefs,
+        "prompts_train.jsonl": [{"prompt": p} for p, _ in train],
+        "prompts_eval.jsonl": [{"prompt": p} for p, _ in held],
+    }
     for name, rows in files.items():
         (HERE / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
         print(f"{name}: {len(rows)} rows")

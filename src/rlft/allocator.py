@@ -7,7 +7,8 @@ gradients) every time, so each one is faulted in again page by page: on a 2-core
 and shows as system time in ``time``. With ``mmap`` reserved for what the heap cannot serve
 (threads' arenas still use it) and trimming off, freed blocks are reused warm. The pages stay
 mapped between steps, and a fragmented heap can hold a little more at the peak than the step's
-live tensors (the benchmark's peak RSS stayed below TRL's; docs/performance.md). ``RLFT_KEEP_MEMORY=0`` leaves glibc's defaults.
+live tensors (the benchmark's peak RSS stayed below TRL's; docs/performance.md).
+``RLFT_KEEP_MEMORY=0`` leaves glibc's defaults.
 
 Other allocators (jemalloc, tcmalloc via ``LD_PRELOAD``) do the same by design; nothing is done
 where glibc is not the C library.
@@ -24,7 +25,7 @@ import platform
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def keep_freed_memory() -> bool:
     """Tune glibc's malloc for a training process (once); True if it applied."""
     if os.environ.get("RLFT_KEEP_MEMORY", "1") == "0" or platform.system() != "Linux":

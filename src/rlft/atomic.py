@@ -22,9 +22,9 @@ import errno
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 TMP_PREFIX = ".tmp-"
 
@@ -146,8 +146,12 @@ def disk_full_error(path: Path, exc: OSError | None = None):
     free = free_bytes(Path(path).parent)
     room = f"{free / 2**20:.0f} MB free" if free is not None else "free space unknown"
     quota = " (over the disk quota)" if exc is not None and exc.errno == errno.EDQUOT else ""
-    return DiskFullError(f"could not write {path}: the disk is full{quota} ({room}). Free some space; a training "
-                         f"run continues from its last checkpoint with --resume auto.", path=str(path), free=free)
+    return DiskFullError(
+        f"could not write {path}: the disk is full{quota} ({room}). Free some space; a training "
+        f"run continues from its last checkpoint with --resume auto.",
+        path=str(path),
+        free=free,
+    )
 
 
 @contextmanager
@@ -176,8 +180,9 @@ def check_writable(folder: Path, what: str) -> Path:
         os.unlink(probe)
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
-        raise UsageError(f"{what} {folder} is not writable ({reason}); choose a folder this user can write "
-                         f"to. Nothing was done.") from None
+        raise UsageError(
+            f"{what} {folder} is not writable ({reason}); choose a folder this user can write to. Nothing was done."
+        ) from None
     return folder
 
 

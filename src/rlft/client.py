@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import httpx
 
@@ -38,7 +39,7 @@ class Client:
     def close(self) -> None:
         self._http.close()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -66,10 +67,20 @@ class Client:
     def health(self) -> dict:
         return self._call("GET", "/api/health")
 
-    def submit(self, config_path: str | None = None, *, config: dict | None = None, resume_from: str | None = None,
-               overrides: list[str] | None = None) -> dict:
-        body = {"config_path": config_path, "config": config, "resume_from": resume_from,
-                "overrides": list(overrides or [])}
+    def submit(
+        self,
+        config_path: str | None = None,
+        *,
+        config: dict | None = None,
+        resume_from: str | None = None,
+        overrides: list[str] | None = None,
+    ) -> dict:
+        body = {
+            "config_path": config_path,
+            "config": config,
+            "resume_from": resume_from,
+            "overrides": list(overrides or []),
+        }
         return self._call("POST", "/api/train", json=body)
 
     def jobs(self, status: str | None = None) -> list[dict]:
@@ -92,8 +103,9 @@ class Client:
         connection is resumed from the last event's offset)."""
         while True:
             try:
-                with self._http.stream("GET", f"/api/jobs/{job_id}/metrics/stream", params={"offset": offset},
-                                       timeout=None) as response:
+                with self._http.stream(
+                    "GET", f"/api/jobs/{job_id}/metrics/stream", params={"offset": offset}, timeout=None
+                ) as response:
                     if response.status_code >= 400:
                         response.read()
                         self._call("GET", f"/api/jobs/{job_id}")  # raises the service's error

@@ -14,10 +14,9 @@ def check_env(verbose: bool = False) -> dict:
     """
     import torch
 
-    from rlft.threads import physical_cores
-
     from rlft.doctor.machine import cpu_model
     from rlft.models.precision import bf16_matmul_speedup, cpu_has_native_bf16
+    from rlft.threads import physical_cores
 
     info: dict = {
         "python": platform.python_version(),
@@ -39,8 +38,12 @@ def check_env(verbose: bool = False) -> dict:
     cores = physical_cores()
     info["physical_cores"] = cores
     # rlft's trainer sets one thread per physical core (rlft.threads); this says what torch does unset
-    info["thread_warning"] = (f"torch uses {info['cpu_threads']} threads on {cores} physical cores this process may "
-                              f"use; rlft train sets {cores} (train.num_threads)" if info["cpu_threads"] > cores else None)
+    info["thread_warning"] = (
+        f"torch uses {info['cpu_threads']} threads on {cores} physical cores this process may "
+        f"use; rlft train sets {cores} (train.num_threads)"
+        if info["cpu_threads"] > cores
+        else None
+    )
     required = ["transformers", "safetensors", "pydantic", "yaml", "gguf", "accelerate", "peft"]
     optional = ["vllm", "ray", "wandb", "mlflow", "trl", "fastapi", "uvicorn", "sqlalchemy", "matplotlib", "plotly"]
     info["missing_required"] = [m for m in required if importlib.util.find_spec(m) is None]
@@ -48,14 +51,20 @@ def check_env(verbose: bool = False) -> dict:
     info["ok"] = not info["missing_required"]
     if verbose:
         device = ", ".join(info["gpu_names"]) if info["cuda_available"] else "CPU"
-        print(f"python {info['python']} | torch {info['torch']} | device: {device} | "
-              f"CUDA available: {info['cuda_available']} | GPUs: {info['gpu_count']}")
-        print(f"CPU threads: {info['cpu_threads']} of {info['cpu_count']} cores | bf16 on CPU: {info['bf16_cpu']} "
-              f"({_bf16_verdict(info['bf16_cpu_speedup'])})")
+        print(
+            f"python {info['python']} | torch {info['torch']} | device: {device} | "
+            f"CUDA available: {info['cuda_available']} | GPUs: {info['gpu_count']}"
+        )
+        print(
+            f"CPU threads: {info['cpu_threads']} of {info['cpu_count']} cores | bf16 on CPU: {info['bf16_cpu']} "
+            f"({_bf16_verdict(info['bf16_cpu_speedup'])})"
+        )
         if info["thread_warning"]:
             print("WARNING: " + info["thread_warning"])
         print(f"CPU kernels: {info['native_kernels']}")
-        print("required packages: " + ("all present" if info["ok"] else "MISSING " + ", ".join(info["missing_required"])))
+        print(
+            "required packages: " + ("all present" if info["ok"] else "MISSING " + ", ".join(info["missing_required"]))
+        )
         print("optional: " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in info["optional"].items()))
         print(f"CPU: {info['cpu_model']}; disk, the service port and a run's memory plan: rlft doctor [--config X]")
     return info
@@ -76,5 +85,9 @@ def _bf16_verdict(speedup: float | None) -> str:
 
     if speedup is None:
         return "emulated: rlft computes in fp32 on this CPU"
-    pays = "model.dtype auto computes in bf16" if speedup >= BF16_PAYS else "slower than fp32: model.dtype auto computes in fp32"
+    pays = (
+        "model.dtype auto computes in bf16"
+        if speedup >= BF16_PAYS
+        else "slower than fp32: model.dtype auto computes in fp32"
+    )
     return f"native, matmuls measured {speedup:.2f}x fp32's speed; {pays}"

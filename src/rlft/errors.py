@@ -99,18 +99,42 @@ class DiskFullError(RlftError):
 
 
 # What a failed run's ``error_type`` in run.json (and a job's in the job service) can be.
-ERROR_TYPES = ("config_invalid", "data", "reward", "environment", "oom", "killed", "transient", "service_lost",
-               "disk_full", "unknown")
+ERROR_TYPES = (
+    "config_invalid",
+    "data",
+    "reward",
+    "environment",
+    "oom",
+    "killed",
+    "transient",
+    "service_lost",
+    "disk_full",
+    "unknown",
+)
 
 # Network and infrastructure failures: the same run may well succeed when started again a little
 # later (a reward server restarting, a dropped connection, a timeout). Third-party classes are told
 # by their module and class name, so neither httpx nor requests has to be imported to recognise them.
-_TRANSIENT_ERRNOS = frozenset({"ECONNRESET", "ECONNREFUSED", "ECONNABORTED", "ETIMEDOUT", "EHOSTUNREACH",
-                               "ENETUNREACH", "ENETDOWN", "ENETRESET", "EPIPE"})
-_TRANSIENT_NAMES = {"httpx": {"TransportError"}, "httpcore": {"NetworkError", "TimeoutException", "ProtocolError"},
-                    "requests": {"ConnectionError", "Timeout"}, "urllib3": {"NewConnectionError", "ProtocolError",
-                                                                            "TimeoutError", "MaxRetryError"},
-                    "aiohttp": {"ClientConnectionError", "ServerTimeoutError"}}
+_TRANSIENT_ERRNOS = frozenset(
+    {
+        "ECONNRESET",
+        "ECONNREFUSED",
+        "ECONNABORTED",
+        "ETIMEDOUT",
+        "EHOSTUNREACH",
+        "ENETUNREACH",
+        "ENETDOWN",
+        "ENETRESET",
+        "EPIPE",
+    }
+)
+_TRANSIENT_NAMES = {
+    "httpx": {"TransportError"},
+    "httpcore": {"NetworkError", "TimeoutException", "ProtocolError"},
+    "requests": {"ConnectionError", "Timeout"},
+    "urllib3": {"NewConnectionError", "ProtocolError", "TimeoutError", "MaxRetryError"},
+    "aiohttp": {"ClientConnectionError", "ServerTimeoutError"},
+}
 
 
 def error_type(exc: BaseException) -> str:
@@ -136,8 +160,12 @@ def error_type(exc: BaseException) -> str:
     if isinstance(exc, EnvironmentFailure):
         return "environment"
     text = str(exc).lower()
-    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or "out of memory" in text \
-            or "can't allocate memory" in text:
+    if (
+        isinstance(exc, MemoryError)
+        or type(exc).__name__ == "OutOfMemoryError"
+        or "out of memory" in text
+        or "can't allocate memory" in text
+    ):
         return "oom"
     return "unknown"
 

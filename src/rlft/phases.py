@@ -19,8 +19,18 @@ from collections import defaultdict
 from collections.abc import Iterator
 
 #: The phases a step is split into, in the order the per-phase table prints them.
-PHASES = ("weight_sync", "prefill", "decode", "environment", "reward", "reference", "old_logprobs", "critic", "policy",
-          "optimizer")
+PHASES = (
+    "weight_sync",
+    "prefill",
+    "decode",
+    "environment",
+    "reward",
+    "reference",
+    "old_logprobs",
+    "critic",
+    "policy",
+    "optimizer",
+)
 
 
 class PhaseClock:

@@ -54,8 +54,9 @@ def _import_module(where: str, name: str, error: type[RlftError]) -> Any:
         return importlib.import_module(name)
     except ModuleNotFoundError as exc:
         if exc.name and (name == exc.name or name.startswith(exc.name + ".")):
-            raise error(f"{where}: module '{name}' not found (is it installed or on PYTHONPATH? "
-                        f"a file path must end in .py)") from None
+            raise error(
+                f"{where}: module '{name}' not found (is it installed or on PYTHONPATH? a file path must end in .py)"
+            ) from None
         raise error(f"{where}: importing '{name}' failed: {exc}") from None
     except Exception as exc:
         raise error(f"{where}: importing '{name}' raised {type(exc).__name__}: {exc}") from None
@@ -92,7 +93,8 @@ def _identifier(text: str) -> str:
 
 def _hint(module: Any) -> str:
     names = sorted(
-        n for n, v in vars(module).items()
+        n
+        for n, v in vars(module).items()
         if callable(v) and not n.startswith("_") and getattr(v, "__module__", None) == module.__name__
     )
     return f" (functions defined there: {', '.join(names[:10])})" if names else ""

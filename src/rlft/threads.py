@@ -31,8 +31,9 @@ def physical_cores(cpus: list[int] | None = None, sys_cpu: Path = SYS_CPU, cpu_m
     for cpu in cpus:
         topology = sys_cpu / f"cpu{cpu}" / "topology"
         try:
-            cores.add(((topology / "physical_package_id").read_text().strip(),
-                       (topology / "core_id").read_text().strip()))
+            cores.add(
+                ((topology / "physical_package_id").read_text().strip(), (topology / "core_id").read_text().strip())
+            )
         except OSError:
             cores.add(("cpu", str(cpu)))  # unknown topology: count the CPU itself
     count = max(len(cores), 1)
@@ -65,6 +66,8 @@ def configure_threads(requested: int | None) -> tuple[int, str | None]:
         torch.set_num_threads(threads)
     warning = None
     if threads > cores:
-        warning = (f"{source}={threads} is more than the {cores} physical core(s) this process may use: every op "
-                   f"then waits on descheduled threads; {cores} is faster (or leave it unset)")
+        warning = (
+            f"{source}={threads} is more than the {cores} physical core(s) this process may use: every op "
+            f"then waits on descheduled threads; {cores} is faster (or leave it unset)"
+        )
     return threads, warning

@@ -23,9 +23,13 @@ def t(rows):
 
 
 def run(name, rewards, mask, group_size, /, *, token_rewards=None, values=None, **pool) -> Advantages:
-    inputs = AdvantageInputs(t(rewards), t(mask), group_size,
-                             None if token_rewards is None else t(token_rewards),
-                             None if values is None else t(values))
+    inputs = AdvantageInputs(
+        t(rewards),
+        t(mask),
+        group_size,
+        None if token_rewards is None else t(token_rewards),
+        None if values is None else t(values),
+    )
     return compute_advantages(name, inputs, **pool)
 
 
@@ -98,9 +102,10 @@ def test_tied_groups_are_compared_with_the_batch():
     torch.testing.assert_close(adv, t([0.5, -0.5, -0.1, -0.1, 0.1, 0.1]))
     # scaled: batch unbiased std = sqrt(6 * 0.25 / 5) = sqrt(0.3); group 1: +-0.5 / (sqrt(0.5) + eps)
     scaled = group_normalize(rewards, 2, scale=True, tied_weight=0.2)
-    s_group, s_batch = 0.5 ** 0.5 + EPS, 0.3 ** 0.5 + EPS
-    torch.testing.assert_close(scaled, t([0.5 / s_group, -0.5 / s_group, -0.1 / s_batch, -0.1 / s_batch,
-                                          0.1 / s_batch, 0.1 / s_batch]))
+    s_group, s_batch = 0.5**0.5 + EPS, 0.3**0.5 + EPS
+    torch.testing.assert_close(
+        scaled, t([0.5 / s_group, -0.5 / s_group, -0.1 / s_batch, -0.1 / s_batch, 0.1 / s_batch, 0.1 / s_batch])
+    )
 
 
 def test_tied_weight_zero_and_left_out_rows():
@@ -203,16 +208,18 @@ def test_rloo_equals_rescaled_mean_centring():
 # --------------------------------------------------------------------------- shared sequence-level behaviour
 
 
-@pytest.mark.parametrize("name,pool", [("grpo", {"scale_rewards": True}), ("grpo", {"scale_rewards": False}),
-                                       ("dr_grpo", {}), ("rloo", {})])
+@pytest.mark.parametrize(
+    "name,pool", [("grpo", {"scale_rewards": True}), ("grpo", {"scale_rewards": False}), ("dr_grpo", {}), ("rloo", {})]
+)
 def test_group_of_one_gives_zero_advantage(name, pool):
     out = run(name, [1.0, 5.0, -2.0], [[1, 1], [1, 0], [1, 1]], 1, **pool)
     assert torch.isfinite(out.advantages).all()
     assert out.advantages.abs().max() == 0
 
 
-@pytest.mark.parametrize("name,pool", [("grpo", {"scale_rewards": True}), ("grpo", {"scale_rewards": False}),
-                                       ("dr_grpo", {}), ("rloo", {})])
+@pytest.mark.parametrize(
+    "name,pool", [("grpo", {"scale_rewards": True}), ("grpo", {"scale_rewards": False}), ("dr_grpo", {}), ("rloo", {})]
+)
 def test_all_equal_rewards_give_exactly_zero_not_nan(name, pool):
     # three groups of four identical (exactly representable) rewards: 0.5, 1.0, 0.0
     out = run(name, [0.5] * 4 + [1.0] * 4 + [0.0] * 4, [[1, 1, 0]] * 12, 4, **pool)
@@ -243,8 +250,9 @@ def test_sequence_estimators_sum_token_rewards_into_reward():
 @pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo"])
 def test_sequence_estimators_long_and_single_token_sequences(name):
     # group [0, 2]: dr_grpo -> [-1, 1]; rloo -> [-2, 2]; grpo: std |0 - 2| / sqrt(2) = sqrt(2) -> +-1 / (sqrt(2) + 1e-4)
-    seq = {"dr_grpo": [-1.0, 1.0], "rloo": [-2.0, 2.0],
-           "grpo": [-1 / (math.sqrt(2) + EPS), 1 / (math.sqrt(2) + EPS)]}[name]
+    seq = {"dr_grpo": [-1.0, 1.0], "rloo": [-2.0, 2.0], "grpo": [-1 / (math.sqrt(2) + EPS), 1 / (math.sqrt(2) + EPS)]}[
+        name
+    ]
     for T in (1, 512):
         mask = [[1] * T, [1] * (T // 2) + [0] * (T - T // 2)] if T > 1 else [[1], [1]]
         out = run(name, [0.0, 2.0], mask, 2)
@@ -255,10 +263,14 @@ def test_sequence_estimators_long_and_single_token_sequences(name):
 
 
 def test_place_on_last_token_with_hole_and_empty_row():
-    mask = t([[1, 0, 1, 0],   # last loss token t=2
-              [0, 0, 0, 0],   # no loss token: gets nothing
-              [1, 1, 0, 1],   # hole at t=2, last loss token t=3
-              [0, 1, 0, 0]])  # only t=1
+    mask = t(
+        [
+            [1, 0, 1, 0],  # last loss token t=2
+            [0, 0, 0, 0],  # no loss token: gets nothing
+            [1, 1, 0, 1],  # hole at t=2, last loss token t=3
+            [0, 1, 0, 0],
+        ]
+    )  # only t=1
     dense = place_on_last_token(t([2.0, 3.0, 4.0, -5.0]), mask)
     torch.testing.assert_close(dense, t([[0, 0, 2, 0], [0, 0, 0, 0], [0, 0, 0, 4], [0, -5, 0, 0]]))
 
@@ -308,8 +320,14 @@ def test_reinforce_pp_adds_token_rewards_at_their_token():
     # row 1: outcome 0; token terms [0.3, -0.3, 0, (7.0 padding)] -> G1 = -0.3, G0 = 0.3 + 0.5 * -0.3 = 0.15
     # batch [0.1, 0.4, 0.8, 0.15, -0.3]: mean 1.15 / 5 = 0.23; deviations [-0.13, 0.17, 0.57, -0.08, -0.53]
     # squares 0.0169 + 0.0289 + 0.3249 + 0.0064 + 0.2809 = 0.658 -> var 0.1316
-    out = run("reinforce_pp", [1.0, 0.0], [[1, 1, 0, 1], [1, 1, 0, 0]], 2, gamma=0.5,
-              token_rewards=[[-0.1, 0.0, 5.0, -0.2], [0.3, -0.3, 0.0, 7.0]])
+    out = run(
+        "reinforce_pp",
+        [1.0, 0.0],
+        [[1, 1, 0, 1], [1, 1, 0, 0]],
+        2,
+        gamma=0.5,
+        token_rewards=[[-0.1, 0.0, 5.0, -0.2], [0.3, -0.3, 0.0, 7.0]],
+    )
     s = math.sqrt(0.1316 + WHITEN_EPS)
     torch.testing.assert_close(out.advantages, t([[-0.13 / s, 0.17 / s, 0, 0.57 / s], [-0.08 / s, -0.53 / s, 0, 0]]))
 
@@ -395,8 +413,17 @@ def test_gae_adds_token_rewards_at_their_token():
     # gamma 1, lam 1, V = 0: A_t = sum of later dense rewards on loss tokens.
     # dense row = [-0.1, 0, (5.0 in hole: ignored), 1 - 0.2 = 0.8, (3.0 in padding: ignored)]
     # A3 = 0.8, A1 = 0.8, A0 = -0.1 + 0.8 = 0.7
-    out = run("gae", [1.0], [GAE_MASK[0]], 1, values=[[0.0] * 5], token_rewards=[[-0.1, 0.0, 5.0, -0.2, 3.0]],
-              gamma=1.0, lam=1.0, whiten_advantages=False)
+    out = run(
+        "gae",
+        [1.0],
+        [GAE_MASK[0]],
+        1,
+        values=[[0.0] * 5],
+        token_rewards=[[-0.1, 0.0, 5.0, -0.2, 3.0]],
+        gamma=1.0,
+        lam=1.0,
+        whiten_advantages=False,
+    )
     torch.testing.assert_close(out.advantages, t([[0.7, 0.8, 0, 0.8, 0]]))
     torch.testing.assert_close(out.returns, t([[0.7, 0.8, 0, 0.8, 0]]))
 
@@ -432,8 +459,12 @@ def test_group_advantages_sum_to_zero_per_group(group_size, n_groups, data):
     n = group_size * n_groups
     rewards = data.draw(st.lists(st.floats(-10, 10, width=32), min_size=n, max_size=n))
     inputs = AdvantageInputs(t(rewards), torch.ones(n, 2), group_size)
-    for name, pool in (("grpo", {"scale_rewards": True}), ("grpo", {"scale_rewards": False}),
-                       ("dr_grpo", {}), ("rloo", {})):
+    for name, pool in (
+        ("grpo", {"scale_rewards": True}),
+        ("grpo", {"scale_rewards": False}),
+        ("dr_grpo", {}),
+        ("rloo", {}),
+    ):
         adv = compute_advantages(name, inputs, **pool).advantages[:, 0].view(n_groups, group_size)
         assert torch.isfinite(adv).all()
         # scaled grpo advantages are at most ~sqrt(G) in size; the others are bounded by the reward range

@@ -50,7 +50,7 @@ def test_groups_are_independent_and_all_valid_equals_no_mask(name):
     valid[GROUP + 2] = False  # only the middle group loses a member
     out, plain = _adv(name, rewards, mask, GROUP, valid=valid), _adv(name, rewards, mask, GROUP)
     torch.testing.assert_close(out[:GROUP], plain[:GROUP])
-    torch.testing.assert_close(out[2 * GROUP:], plain[2 * GROUP:])
+    torch.testing.assert_close(out[2 * GROUP :], plain[2 * GROUP :])
 
 
 @pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo"])
@@ -83,8 +83,13 @@ def test_batch_whitening_leaves_invalid_rows_out(name):
 
 
 def test_every_estimator_says_how_it_treats_invalid_rows():
-    assert {n: ADVANTAGES.trait(n, "excludes", None) for n in ("grpo", "dr_grpo", "rloo", "reinforce_pp", "gae")} \
-        == {"grpo": "group", "dr_grpo": "group", "rloo": "group", "reinforce_pp": "batch", "gae": "batch"}
+    assert {n: ADVANTAGES.trait(n, "excludes", None) for n in ("grpo", "dr_grpo", "rloo", "reinforce_pp", "gae")} == {
+        "grpo": "group",
+        "dr_grpo": "group",
+        "rloo": "group",
+        "reinforce_pp": "batch",
+        "gae": "batch",
+    }
 
 
 def test_dynamic_sampling_judges_a_group_by_its_valid_members():

@@ -45,7 +45,7 @@ def test_aggregation_divides_by_the_global_counts_not_the_local_ones():
     # one micro-batch row [1, 3] of a batch with 8 tokens in 4 sequences, max_len 5
     v, m = t([[1.0, 3.0]]), t([[1, 1]])
     kw = dict(num_tokens=8, num_seqs=4, max_len=5)
-    assert aggregate(v, m, "token_mean", **kw).item() == pytest.approx(4 / 8)          # token sum / 8
+    assert aggregate(v, m, "token_mean", **kw).item() == pytest.approx(4 / 8)  # token sum / 8
     assert aggregate(v, m, "seq_mean_token_mean", **kw).item() == pytest.approx(2 / 4)  # row mean 2, / 4 seqs
     assert aggregate(v, m, "seq_mean_token_sum_norm", **kw).item() == pytest.approx(4 / 5 / 4)  # (4/5) / 4
 
@@ -89,28 +89,48 @@ STAT_MASK = [[1, 1], [1, 0]]
 COUNTS = dict(num_tokens=3.0, num_seqs=2.0, max_len=4)
 
 
-@pytest.mark.parametrize("mode,expected", [
-    ("token_mean", (-1.2 - 1.0 + 0.8) / 3),                    # -1.4 / 3
-    ("seq_mean_token_mean", ((-1.2 - 1.0) / 2 + 0.8) / 2),     # (-1.1 + 0.8) / 2 = -0.15
-    ("seq_mean_token_sum_norm", ((-2.2) / 4 + 0.8 / 4) / 2),   # (-0.55 + 0.2) / 2 = -0.175
-])
+@pytest.mark.parametrize(
+    "mode,expected",
+    [
+        ("token_mean", (-1.2 - 1.0 + 0.8) / 3),  # -1.4 / 3
+        ("seq_mean_token_mean", ((-1.2 - 1.0) / 2 + 0.8) / 2),  # (-1.1 + 0.8) / 2 = -0.15
+        ("seq_mean_token_sum_norm", ((-2.2) / 4 + 0.8 / 4) / 2),  # (-0.55 + 0.2) / 2 = -0.175
+    ],
+)
 def test_objective_stats_hand_computed(mode, expected):
-    out = policy_objective(t(STAT_LP).requires_grad_(True), torch.zeros(2, 2), t(STAT_ADV), t(STAT_MASK), None,
-                           loss_name="ppo_clip", loss_params={"clip_low": 0.2, "clip_high": 0.2}, kl_coef=0.1,
-                           kl_estimator="k3", aggregation=mode, **COUNTS)
+    out = policy_objective(
+        t(STAT_LP).requires_grad_(True),
+        torch.zeros(2, 2),
+        t(STAT_ADV),
+        t(STAT_MASK),
+        None,
+        loss_name="ppo_clip",
+        loss_params={"clip_low": 0.2, "clip_high": 0.2},
+        kl_coef=0.1,
+        kl_estimator="k3",
+        aggregation=mode,
+        **COUNTS,
+    )
     assert out.loss.item() == pytest.approx(expected, rel=1e-6)
     assert out.stats["loss"] == pytest.approx(expected, rel=1e-6)
     assert out.stats["pg_loss"] == pytest.approx(expected, rel=1e-6)
-    assert out.stats["clip_frac"] == pytest.approx(2 / 3)          # 2 clipped of 3 loss tokens
-    assert out.stats["ratio/mean"] == pytest.approx(3.0 / 3)       # (1.5 + 1.0 + 0.5) / 3
-    assert "kl" not in out.stats                                    # no reference: no KL term at all
+    assert out.stats["clip_frac"] == pytest.approx(2 / 3)  # 2 clipped of 3 loss tokens
+    assert out.stats["ratio/mean"] == pytest.approx(3.0 / 3)  # (1.5 + 1.0 + 0.5) / 3
+    assert "kl" not in out.stats  # no reference: no KL term at all
 
 
 def test_objective_kl_coef_zero_reports_kl_but_does_not_add_it():
     lp = torch.zeros(1, 2, requires_grad=True)
     ref = torch.full((1, 2), -1.0)
-    kw = dict(loss_name="ppo_clip", loss_params={"clip_low": 0.2, "clip_high": 0.2}, kl_estimator="k3",
-              aggregation="token_mean", num_tokens=2.0, num_seqs=1.0, max_len=2)
+    kw = dict(
+        loss_name="ppo_clip",
+        loss_params={"clip_low": 0.2, "clip_high": 0.2},
+        kl_estimator="k3",
+        aggregation="token_mean",
+        num_tokens=2.0,
+        num_seqs=1.0,
+        max_len=2,
+    )
     adv = torch.zeros(1, 2)
     off = policy_objective(lp, lp.detach(), adv, torch.ones(1, 2), ref, kl_coef=0.0, **kw)
     on = policy_objective(lp, lp.detach(), adv, torch.ones(1, 2), ref, kl_coef=0.5, **kw)
@@ -126,9 +146,21 @@ def test_objective_kl_term_gradient():
     # k3 = e^(ref - lp) - (ref - lp) - 1, d k3 / d lp = 1 - e^(ref - lp) = 1 - e^-1 at lp 0, ref -1
     # token_mean over 2 tokens, coef 0.5, A = 0: grad = 0.5 * (1 - e^-1) / 2 per token
     lp = torch.zeros(1, 2, requires_grad=True)
-    out = policy_objective(lp, lp.detach(), torch.zeros(1, 2), torch.ones(1, 2), torch.full((1, 2), -1.0),
-                           loss_name="ppo_clip", loss_params={}, kl_coef=0.5, kl_estimator="k3",
-                           aggregation="token_mean", num_tokens=2.0, num_seqs=1.0, max_len=2)
+    out = policy_objective(
+        lp,
+        lp.detach(),
+        torch.zeros(1, 2),
+        torch.ones(1, 2),
+        torch.full((1, 2), -1.0),
+        loss_name="ppo_clip",
+        loss_params={},
+        kl_coef=0.5,
+        kl_estimator="k3",
+        aggregation="token_mean",
+        num_tokens=2.0,
+        num_seqs=1.0,
+        max_len=2,
+    )
     (grad,) = torch.autograd.grad(out.loss, lp)
     g = 0.5 * (1 - math.exp(-1)) / 2
     torch.testing.assert_close(grad, t([[g, g]]))
@@ -137,11 +169,30 @@ def test_objective_kl_term_gradient():
 def test_objective_takes_loss_hyperparameters_from_a_pool():
     # a pool like the algorithm config's: 'name' and unrelated keys are ignored; clip_high 0.6 reaches the loss
     # r 1.5, A +1 with clip_high 0.6: unclipped -> loss -1.5 (vs -1.2 at 0.2)
-    pool = {"name": "dapo", "clip_low": 0.2, "clip_high": 0.6, "dual_clip_c": 3.0, "learning_rate": 1e-6,
-            "gamma": 1.0, "scale_rewards": True}
-    out = policy_objective(t([[math.log(1.5)]]).requires_grad_(True), torch.zeros(1, 1), t([[1.0]]), t([[1]]), None,
-                           loss_name="ppo_clip", loss_params=pool, kl_coef=0.0, kl_estimator="k3",
-                           aggregation="token_mean", num_tokens=1.0, num_seqs=1.0, max_len=1)
+    pool = {
+        "name": "dapo",
+        "clip_low": 0.2,
+        "clip_high": 0.6,
+        "dual_clip_c": 3.0,
+        "learning_rate": 1e-6,
+        "gamma": 1.0,
+        "scale_rewards": True,
+    }
+    out = policy_objective(
+        t([[math.log(1.5)]]).requires_grad_(True),
+        torch.zeros(1, 1),
+        t([[1.0]]),
+        t([[1]]),
+        None,
+        loss_name="ppo_clip",
+        loss_params=pool,
+        kl_coef=0.0,
+        kl_estimator="k3",
+        aggregation="token_mean",
+        num_tokens=1.0,
+        num_seqs=1.0,
+        max_len=1,
+    )
     assert out.loss.item() == pytest.approx(-1.5, rel=1e-6)
     assert out.stats["clip_frac"] == 0.0
 
@@ -157,8 +208,9 @@ def _run_splits(lp, old, adv, mask, ref, kw, bounds, trim):
         if trim:  # each micro-batch cut to its own longest row, as a padding-aware collator would
             cols = m.sum(0).nonzero()
             T = int(cols.max()) + 1 if cols.numel() else 1
-        out = policy_objective(lp[a:b, :T], old[a:b, :T], adv[a:b, :T], m[:, :T],
-                               None if ref is None else ref[a:b, :T], **kw)
+        out = policy_objective(
+            lp[a:b, :T], old[a:b, :T], adv[a:b, :T], m[:, :T], None if ref is None else ref[a:b, :T], **kw
+        )
         grads.append(torch.autograd.grad(out.loss, lp)[0])
         total += out.loss.item()
         for k, v in out.stats.items():
@@ -190,8 +242,16 @@ def test_objective_independent_of_micro_batch_split(mode, splits):
     adv = torch.randn(B, 1, generator=g).expand(B, T)
     lengths = torch.randint(1, T + 1, (B,), generator=g)
     mask = (torch.arange(T)[None] < lengths[:, None]).float()
-    kw = dict(loss_name="ppo_clip", loss_params={"clip_low": 0.2, "clip_high": 0.28}, kl_coef=0.1,
-              kl_estimator="k3", aggregation=mode, num_tokens=float(mask.sum()), num_seqs=float(B), max_len=T)
+    kw = dict(
+        loss_name="ppo_clip",
+        loss_params={"clip_low": 0.2, "clip_high": 0.28},
+        kl_coef=0.1,
+        kl_estimator="k3",
+        aggregation=mode,
+        num_tokens=float(mask.sum()),
+        num_seqs=float(B),
+        max_len=T,
+    )
     full = policy_objective(lp, old, adv, mask, ref, **kw)
     (full_grad,) = torch.autograd.grad(full.loss, lp)
     bounds = [0]
@@ -216,9 +276,16 @@ def test_any_micro_batch_split_gives_same_loss_gradient_and_stats(loss_name, mod
     holes, with_ref, trim = (data.draw(st.booleans(), label=x) for x in ("holes", "with_ref", "trim"))
     lp, old, adv, mask, ref = _batch(seed, B, T, holes)
     ref = ref if with_ref else None
-    kw = dict(loss_name=loss_name, loss_params={"clip_low": 0.2, "clip_high": 0.28, "dual_clip_c": 3.0},
-              kl_coef=0.1, kl_estimator="k3", aggregation=mode,
-              num_tokens=float(mask.sum()), num_seqs=float(B), max_len=T)
+    kw = dict(
+        loss_name=loss_name,
+        loss_params={"clip_low": 0.2, "clip_high": 0.28, "dual_clip_c": 3.0},
+        kl_coef=0.1,
+        kl_estimator="k3",
+        aggregation=mode,
+        num_tokens=float(mask.sum()),
+        num_seqs=float(B),
+        max_len=T,
+    )
     full = policy_objective(lp, old, adv, mask, ref, **kw)
     (full_grad,) = torch.autograd.grad(full.loss, lp)
     total, grad, stats = _run_splits(lp, old, adv, mask, ref, kw, [0, *cuts, B], trim)

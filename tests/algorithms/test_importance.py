@@ -60,10 +60,22 @@ def test_mismatch_is_the_absolute_gap_on_loss_tokens():
 
 
 def _objective(lp, old, adv, mask, rollout, tis_cap, loss_name="ppo_clip"):
-    return policy_objective(lp, old, adv, mask, None, loss_name=loss_name,
-                            loss_params={"clip_low": 0.2, "clip_high": 0.2, "tis_cap": tis_cap}, kl_coef=0.0,
-                            kl_estimator="k3", aggregation="token_mean", num_tokens=float(mask.sum()),
-                            num_seqs=float(mask.shape[0]), max_len=mask.shape[1], rollout_logprobs=rollout)
+    return policy_objective(
+        lp,
+        old,
+        adv,
+        mask,
+        None,
+        loss_name=loss_name,
+        loss_params={"clip_low": 0.2, "clip_high": 0.2, "tis_cap": tis_cap},
+        kl_coef=0.0,
+        kl_estimator="k3",
+        aggregation="token_mean",
+        num_tokens=float(mask.sum()),
+        num_seqs=float(mask.shape[0]),
+        max_len=mask.shape[1],
+        rollout_logprobs=rollout,
+    )
 
 
 def _inputs():
@@ -130,9 +142,24 @@ def test_mismatch_and_clip_frac_add_up_over_micro_batches():
     old, adv, mask = _inputs()
     rollout = old + torch.linspace(-1.0, 1.0, old.numel()).reshape(old.shape)
     full = _objective(old.clone(), old, adv, mask, rollout, 1.2)
-    parts = [policy_objective(old[i:i + 1].clone(), old[i:i + 1], adv[i:i + 1], mask[i:i + 1], None,
-                              loss_name="ppo_clip", loss_params={"tis_cap": 1.2}, kl_coef=0.0, kl_estimator="k3",
-                              aggregation="token_mean", num_tokens=float(mask.sum()), num_seqs=3.0, max_len=5,
-                              rollout_logprobs=rollout[i:i + 1]) for i in range(3)]
+    parts = [
+        policy_objective(
+            old[i : i + 1].clone(),
+            old[i : i + 1],
+            adv[i : i + 1],
+            mask[i : i + 1],
+            None,
+            loss_name="ppo_clip",
+            loss_params={"tis_cap": 1.2},
+            kl_coef=0.0,
+            kl_estimator="k3",
+            aggregation="token_mean",
+            num_tokens=float(mask.sum()),
+            num_seqs=3.0,
+            max_len=5,
+            rollout_logprobs=rollout[i : i + 1],
+        )
+        for i in range(3)
+    ]
     for key in ("rollout/logprob_mismatch", "rollout/tis_clip_frac", "loss"):
         assert sum(p.stats[key] for p in parts) == pytest.approx(full.stats[key], rel=1e-5, abs=1e-7)

@@ -7,8 +7,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlft.algorithms import (KL_ESTIMATORS, VALUE_LOSSES, adaptive_kl_coef, explained_variance,
-                             groups_with_signal, kl_penalty, overlong_penalty)
+from rlft.algorithms import (
+    KL_ESTIMATORS,
+    VALUE_LOSSES,
+    adaptive_kl_coef,
+    explained_variance,
+    groups_with_signal,
+    kl_penalty,
+    overlong_penalty,
+)
 
 
 def t(rows):
@@ -74,14 +81,17 @@ def test_kl_penalty_unknown_estimator_lists_valid_names():
 # --------------------------------------------------------------------------- adaptive KL controller
 
 
-@pytest.mark.parametrize("observed,expected", [
-    (0.15, 0.102),   # e = 0.15/0.1 - 1 = 0.5  -> clipped to 0.2;  0.1 * (1 + 0.2 * 100/1000) = 0.102
-    (0.05, 0.098),   # e = -0.5 -> clipped to -0.2;               0.1 * (1 - 0.02) = 0.098
-    (0.0, 0.098),    # e = -1   -> -0.2
-    (0.11, 0.101),   # e = 0.1 (inside the clip);                 0.1 * (1 + 0.1 * 0.1) = 0.101
-    (0.09, 0.099),   # e = -0.1;                                   0.1 * (1 - 0.01) = 0.099
-    (0.10, 0.100),   # e = 0: unchanged
-])
+@pytest.mark.parametrize(
+    "observed,expected",
+    [
+        (0.15, 0.102),  # e = 0.15/0.1 - 1 = 0.5  -> clipped to 0.2;  0.1 * (1 + 0.2 * 100/1000) = 0.102
+        (0.05, 0.098),  # e = -0.5 -> clipped to -0.2;               0.1 * (1 - 0.02) = 0.098
+        (0.0, 0.098),  # e = -1   -> -0.2
+        (0.11, 0.101),  # e = 0.1 (inside the clip);                 0.1 * (1 + 0.1 * 0.1) = 0.101
+        (0.09, 0.099),  # e = -0.1;                                   0.1 * (1 - 0.01) = 0.099
+        (0.10, 0.100),  # e = 0: unchanged
+    ],
+)
 def test_adaptive_kl_coef_hand_table(observed, expected):
     new = adaptive_kl_coef(0.1, observed, target=0.1, horizon=1000, n_steps=100)
     assert new == pytest.approx(expected, rel=1e-9)
@@ -132,16 +142,19 @@ EV_MASK = t([[1, 1, 1, 0]])
 EV_RETURNS = t([[1.0, 2.0, 3.0, 50.0]])  # the 50 is on a masked token and must be ignored
 
 
-@pytest.mark.parametrize("values,expected", [
-    ([[1.0, 2.0, 3.0, -9.0]], 1.0),         # perfect critic: R - V = 0
-    ([[6.0, 7.0, 8.0, -9.0]], 1.0),         # perfect up to a constant offset: Var(R - V) = 0
-    ([[2.0, 2.0, 2.0, -9.0]], 0.0),         # constant = mean: Var(R - V) = Var(R)
-    # V = [2, 2, 4]: R - V = [-1, 0, -1], mean -2/3, Var = (1/9 + 4/9 + 1/9) / 3 = 2/9;
-    # Var(R) = (1 + 0 + 1) / 3 = 2/3 -> 1 - (2/9) / (2/3) = 2/3
-    ([[2.0, 2.0, 4.0, -9.0]], 2.0 / 3.0),
-    # V = [3, 2, 1]: R - V = [-2, 0, 2], Var = 8/3 -> 1 - 4 = -3 (worse than a constant)
-    ([[3.0, 2.0, 1.0, -9.0]], -3.0),
-])
+@pytest.mark.parametrize(
+    "values,expected",
+    [
+        ([[1.0, 2.0, 3.0, -9.0]], 1.0),  # perfect critic: R - V = 0
+        ([[6.0, 7.0, 8.0, -9.0]], 1.0),  # perfect up to a constant offset: Var(R - V) = 0
+        ([[2.0, 2.0, 2.0, -9.0]], 0.0),  # constant = mean: Var(R - V) = Var(R)
+        # V = [2, 2, 4]: R - V = [-1, 0, -1], mean -2/3, Var = (1/9 + 4/9 + 1/9) / 3 = 2/9;
+        # Var(R) = (1 + 0 + 1) / 3 = 2/3 -> 1 - (2/9) / (2/3) = 2/3
+        ([[2.0, 2.0, 4.0, -9.0]], 2.0 / 3.0),
+        # V = [3, 2, 1]: R - V = [-2, 0, 2], Var = 8/3 -> 1 - 4 = -3 (worse than a constant)
+        ([[3.0, 2.0, 1.0, -9.0]], -3.0),
+    ],
+)
 def test_explained_variance_hand_table(values, expected):
     assert explained_variance(t(values), EV_RETURNS, EV_MASK) == pytest.approx(expected, abs=1e-6)
 

@@ -111,8 +111,9 @@ def test_dual_clip_bounds_negative_advantages_from_below():
     # r=2.0: min(-4.0, -2.4) = -4.0 >= -6 (unclipped)               -> loss 4.0
     # r=3.5: min(-7.0, -2.4) = -7.0 < -6 -> lifted to -6            -> loss 6.0, clipped
     # r=5.0: -10 < -6 -> -6                                         -> loss 6.0, clipped
-    terms, grad = loss_and_grad("dual_clip", [[0.5, 1.0, 2.0, 3.5, 5.0]], [[-2.0] * 5],
-                                clip_low=0.2, clip_high=0.2, dual_clip_c=3.0)
+    terms, grad = loss_and_grad(
+        "dual_clip", [[0.5, 1.0, 2.0, 3.5, 5.0]], [[-2.0] * 5], clip_low=0.2, clip_high=0.2, dual_clip_c=3.0
+    )
     torch.testing.assert_close(terms.per_token_loss, t([[1.6, 2.0, 4.0, 6.0, 6.0]]))
     torch.testing.assert_close(terms.clipped, t([[1, 0, 0, 1, 1]]))
     # unclipped tokens: -A r = 2 r; lifted tokens have the constant c A: no gradient
@@ -199,9 +200,21 @@ def test_gspo_gradient_matches_sequence_objective_formula():
     # row 1: |y1| = 3, A = -1   -> +exp(-0.1) / 6 on each token
     lp = t(GSPO_LOG_RATIO).requires_grad_(True)
     adv = t([[1.5] * 3, [-1.0] * 3])
-    out = policy_objective(lp, torch.zeros(2, 3), adv, t(GSPO_MASK), None, loss_name="gspo",
-                           loss_params={"clip_low": 0.5, "clip_high": 0.5}, kl_coef=0.0, kl_estimator="k3",
-                           aggregation="seq_mean_token_mean", num_tokens=5.0, num_seqs=2.0, max_len=3)
+    out = policy_objective(
+        lp,
+        torch.zeros(2, 3),
+        adv,
+        t(GSPO_MASK),
+        None,
+        loss_name="gspo",
+        loss_params={"clip_low": 0.5, "clip_high": 0.5},
+        kl_coef=0.0,
+        kl_estimator="k3",
+        aggregation="seq_mean_token_mean",
+        num_tokens=5.0,
+        num_seqs=2.0,
+        max_len=3,
+    )
     (grad,) = torch.autograd.grad(out.loss, lp)
     g0, g1 = -1.5 * S0 / 4, S1 / 6
     torch.testing.assert_close(grad, t([[g0, g0, 0.0], [g1, g1, g1]]))
@@ -249,8 +262,7 @@ _token = st.tuples(st.floats(0.3, 3.0), st.floats(-5, 5).filter(lambda a: abs(a)
 
 
 @settings(max_examples=50, deadline=None)
-@given(tokens=st.lists(_token, min_size=1, max_size=8), clip_low=st.floats(0.01, 0.5),
-       clip_high=st.floats(0.01, 1.0))
+@given(tokens=st.lists(_token, min_size=1, max_size=8), clip_low=st.floats(0.01, 0.5), clip_high=st.floats(0.01, 1.0))
 def test_ppo_clip_acts_only_outside_its_range(tokens, clip_low, clip_high):
     ratios, advs = [[r for r, _ in tokens]], [[a for _, a in tokens]]
     terms, grad = loss_and_grad("ppo_clip", ratios, advs, clip_low=clip_low, clip_high=clip_high)

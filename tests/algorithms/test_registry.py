@@ -5,10 +5,18 @@ from typing import get_args
 import pytest
 import torch
 
-from rlft.algorithms import (ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, VALUE_LOSSES, AdvantageInputs,
-                             compute_advantages, policy_loss)
+from rlft.algorithms import (
+    ADVANTAGES,
+    AGGREGATIONS,
+    KL_ESTIMATORS,
+    POLICY_LOSSES,
+    VALUE_LOSSES,
+    AdvantageInputs,
+    compute_advantages,
+    policy_loss,
+)
 from rlft.algorithms.registry import Registry
-from rlft.config.schema import (AdvantageName, AggregationName, AlgorithmConfig, CriticConfig, PolicyLossName)
+from rlft.config.schema import AdvantageName, AggregationName, AlgorithmConfig, CriticConfig, PolicyLossName
 
 
 def toy_registry():
@@ -113,7 +121,9 @@ def test_declared_hyperparameters_are_config_fields():
     for reg in (ADVANTAGES, POLICY_LOSSES):
         for name in reg.names():
             # grpo's eps is the only constant not exposed in the config
-            missing = set(reg.hyperparameters(name)) - fields - ({"eps"} if (reg, name) == (ADVANTAGES, "grpo") else set())
+            missing = (
+                set(reg.hyperparameters(name)) - fields - ({"eps"} if (reg, name) == (ADVANTAGES, "grpo") else set())
+            )
             assert not missing, f"{reg.kind} '{name}' declares {missing}, which the config cannot supply"
     for name in VALUE_LOSSES.names():
         assert set(VALUE_LOSSES.hyperparameters(name)) <= set(CriticConfig.model_fields)
@@ -127,13 +137,17 @@ def test_aggregations_declare_the_global_counts():
 # --------------------------------------------------------------------------- registries == schema Literals
 
 
-@pytest.mark.parametrize("literal,registry", [
-    (AdvantageName, ADVANTAGES),
-    (PolicyLossName, POLICY_LOSSES),
-    (AggregationName, AGGREGATIONS),
-    (AlgorithmConfig.model_fields["kl_estimator"].annotation, KL_ESTIMATORS),
-    (CriticConfig.model_fields["value_loss"].annotation, VALUE_LOSSES),
-], ids=["advantage", "policy_loss", "aggregation", "kl_estimator", "value_loss"])
+@pytest.mark.parametrize(
+    "literal,registry",
+    [
+        (AdvantageName, ADVANTAGES),
+        (PolicyLossName, POLICY_LOSSES),
+        (AggregationName, AGGREGATIONS),
+        (AlgorithmConfig.model_fields["kl_estimator"].annotation, KL_ESTIMATORS),
+        (CriticConfig.model_fields["value_loss"].annotation, VALUE_LOSSES),
+    ],
+    ids=["advantage", "policy_loss", "aggregation", "kl_estimator", "value_loss"],
+)
 def test_schema_literal_matches_registry(literal, registry):
     assert sorted(get_args(literal)) == registry.names()
 

@@ -17,8 +17,27 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "engines_gpu.py"
 def test_harness_reports_each_engine(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(SCRIPT.parents[1] / "src")}
     out = tmp_path / "r.json"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--engines", "native", "hf", "--steps", "2",
-                           "--tokens", "3", "--json", str(out)], capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--device",
+            "cpu",
+            "--engines",
+            "native",
+            "hf",
+            "--steps",
+            "2",
+            "--tokens",
+            "3",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = json.loads(out.read_text())
     assert [r["engine"] for r in results] == ["native", "hf"]

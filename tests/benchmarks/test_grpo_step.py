@@ -37,8 +37,26 @@ def test_reward_has_trl_signature():
 def test_rlft_only_run_reports_step_times(tmp_path, capsys):
     bench = _load("grpo_step")
     out = tmp_path / "bench.json"
-    rc = bench.main(["--model", "tiny", "--frameworks", "rlft", "--warmup", "1", "--steps", "2",
-                     "--max-new-tokens", "8", "--dtype", "fp32", "bf16", "--interleave", "--json", str(out)])
+    rc = bench.main(
+        [
+            "--model",
+            "tiny",
+            "--frameworks",
+            "rlft",
+            "--warmup",
+            "1",
+            "--steps",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "--dtype",
+            "fp32",
+            "bf16",
+            "--interleave",
+            "--json",
+            str(out),
+        ]
+    )
     assert rc == 0
     results = json.loads(out.read_text())["results"]
     for dtype in ("fp32", "bf16"):  # one worker each, stepped in turn
@@ -55,9 +73,14 @@ def test_rlft_only_run_reports_step_times(tmp_path, capsys):
 
 
 def test_update_passes_reports_activations_that_fall_with_more_passes(capsys):
-    assert _load("update_passes").main(["--model", "tiny", "--max-new-tokens", "24", "--rows", "16", "4",
-                                        "--rounds", "1"]) == 0
-    rows = [line.split("|") for line in capsys.readouterr().out.splitlines() if line.startswith("| 16 ") or
-            line.startswith("| 4 ")]
+    assert (
+        _load("update_passes").main(["--model", "tiny", "--max-new-tokens", "24", "--rows", "16", "4", "--rounds", "1"])
+        == 0
+    )
+    rows = [
+        line.split("|")
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("| 16 ") or line.startswith("| 4 ")
+    ]
     kept = {int(r[1]): int(r[6].split()[0]) for r in rows}
     assert [int(r[2]) for r in rows] == [1, 4] and kept[4] < kept[16]

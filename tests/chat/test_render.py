@@ -8,14 +8,28 @@ from rlft.chat.render import tokenize_chat
 from rlft.chat.templates import HERMES_TEMPLATE, TemplateError, check_prefix_preservation, render
 from rlft.models.tiny import build_tiny_tokenizer
 
-TOOLS = [{"type": "function", "function": {
-    "name": "calculator", "description": "Evaluate an arithmetic expression.",
-    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate an arithmetic expression.",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string"}},
+                "required": ["expression"],
+            },
+        },
+    }
+]
 CHAT = [
     {"role": "system", "content": "Use the calculator."},
     {"role": "user", "content": "What is 6 * 7?"},
-    {"role": "assistant", "content": "", "tool_calls": [
-        {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "6 * 7"}}}]},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": "calculator", "arguments": {"expression": "6 * 7"}}}],
+    },
     {"role": "tool", "name": "calculator", "content": "42"},
     {"role": "assistant", "content": "6 * 7 = 42."},
 ]
@@ -48,8 +62,13 @@ def test_loss_mask_is_exactly_the_assistant_tokens(tok):
     trained = [text for v, text in _runs(tok, chat.input_ids, chat.loss_mask) if v == 1]
     assert trained == [CALL, ANSWER]  # the tool call and the answer, each with its end-of-turn token
     untrained = "".join(text for v, text in _runs(tok, chat.input_ids, chat.loss_mask) if v == 0)
-    for context in ("Use the calculator.", "What is 6 * 7?", "<tool_response>\n42\n</tool_response>",
-                    "<|im_start|>assistant\n", "<tools>"):
+    for context in (
+        "Use the calculator.",
+        "What is 6 * 7?",
+        "<tool_response>\n42\n</tool_response>",
+        "<|im_start|>assistant\n",
+        "<tools>",
+    ):
         assert context in untrained
     assert chat.num_trained == len(tok(CALL + ANSWER, add_special_tokens=False)["input_ids"])
 
@@ -90,9 +109,14 @@ def test_template_that_rewrites_earlier_turns_is_refused(tok):
         "{% for m in messages %}{% set c = m['content'] %}"
         "{% if m['role'] == 'assistant' and not loop.last %}{% set c = c.split('</think>')[-1] %}{% endif %}"
         "{{ '<|im_start|>' + m['role'] + '\\n' + c + '<|im_end|>\\n' }}{% endfor %}"
-        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
-    chat = [{"role": "user", "content": "Q1"}, {"role": "assistant", "content": "<think>hmm</think>A1"},
-            {"role": "user", "content": "Q2"}, {"role": "assistant", "content": "<think>ok</think>A2"}]
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    )
+    chat = [
+        {"role": "user", "content": "Q1"},
+        {"role": "assistant", "content": "<think>hmm</think>A1"},
+        {"role": "user", "content": "Q2"},
+        {"role": "assistant", "content": "<think>ok</think>A2"},
+    ]
     with pytest.raises(TemplateError, match="does not preserve prefixes"):
         check_prefix_preservation(tok, chat)
     with pytest.raises(TemplateError, match="does not preserve prefixes"):

@@ -7,9 +7,19 @@ import pytest
 from rlft.chat.messages import MessageError, normalise_messages, uses_tools
 from rlft.chat.tool_calls import ToolCall, check_call, parse_tool_calls
 
-TOOLS = [{"type": "function", "function": {
-    "name": "calculator", "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
-                                         "required": ["expression"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string"}},
+                "required": ["expression"],
+            },
+        },
+    }
+]
 
 
 def test_well_formed_calls_and_content():
@@ -19,12 +29,15 @@ def test_well_formed_calls_and_content():
     assert turn.errors == [] and turn.content == "Let me compute."
 
 
-@pytest.mark.parametrize("text, error", [
-    ('<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}', "unmatched <tool_call>"),
-    ("<tool_call>calculator(2+3)</tool_call>", "call 0: not JSON"),
-    ('<tool_call>{"arguments": {}}</tool_call>', "'name' string"),
-    ('<tool_call>{"name": "calculator", "arguments": "2+3"}</tool_call>', "'arguments' must be an object"),
-])
+@pytest.mark.parametrize(
+    "text, error",
+    [
+        ('<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}', "unmatched <tool_call>"),
+        ("<tool_call>calculator(2+3)</tool_call>", "call 0: not JSON"),
+        ('<tool_call>{"arguments": {}}</tool_call>', "'name' string"),
+        ('<tool_call>{"name": "calculator", "arguments": "2+3"}</tool_call>', "'arguments' must be an object"),
+    ],
+)
 def test_malformed_calls_are_reported(text, error):
     turn = parse_tool_calls(text)
     assert turn.calls == [] and any(error in e for e in turn.errors), turn.errors
@@ -38,22 +51,33 @@ def test_calls_checked_against_the_schema():
 
 
 def test_messages_normalised():
-    chat = normalise_messages([
-        {"role": "user", "content": "hi"},
-        {"role": "assistant", "tool_calls": [{"function": {"name": "calculator", "arguments": '{"expression": "1"}'}}]},
-        {"role": "tool", "content": "1"}])
+    chat = normalise_messages(
+        [
+            {"role": "user", "content": "hi"},
+            {
+                "role": "assistant",
+                "tool_calls": [{"function": {"name": "calculator", "arguments": '{"expression": "1"}'}}],
+            },
+            {"role": "tool", "content": "1"},
+        ]
+    )
     assert chat[1]["content"] == "" and chat[1]["tool_calls"][0] == {
-        "type": "function", "function": {"name": "calculator", "arguments": {"expression": "1"}}}
+        "type": "function",
+        "function": {"name": "calculator", "arguments": {"expression": "1"}},
+    }
     assert uses_tools(chat) and not uses_tools(chat[:1])
 
 
-@pytest.mark.parametrize("chat, problem", [
-    ([{"role": "user", "content": "x", "tool_calls": [{"function": {"name": "f"}}]}], "only assistant messages"),
-    ([{"role": "assistant", "tool_calls": []}], "non-empty list"),
-    ([{"role": "assistant", "tool_calls": [{"function": {"arguments": {}}}]}], "tool_calls\\[0\\] must be"),
-    ([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}]}], "not JSON"),
-    ([{"role": "tool", "content": None}], "content must be a string"),
-])
+@pytest.mark.parametrize(
+    "chat, problem",
+    [
+        ([{"role": "user", "content": "x", "tool_calls": [{"function": {"name": "f"}}]}], "only assistant messages"),
+        ([{"role": "assistant", "tool_calls": []}], "non-empty list"),
+        ([{"role": "assistant", "tool_calls": [{"function": {"arguments": {}}}]}], "tool_calls\\[0\\] must be"),
+        ([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}]}], "not JSON"),
+        ([{"role": "tool", "content": None}], "content must be a string"),
+    ],
+)
 def test_bad_messages(chat, problem):
     with pytest.raises(MessageError, match=problem):
         normalise_messages(chat)

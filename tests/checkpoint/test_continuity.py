@@ -18,20 +18,29 @@ RL_RULES = {**COMMON_RULES, **RLJob.CONTINUITY}
 
 
 def test_compare_configs_splits_breaking_from_harmless():
-    saved = {"model": {"path": "/m", "lora": None}, "algorithm": {"num_generations": 8, "learning_rate": 1e-5,
-                                                                  "critic": {"type": "separate", "value_clip": 0.2}},
-             "train": {"max_steps": 10, "logging_interval": 1}}
+    saved = {
+        "model": {"path": "/m", "lora": None},
+        "algorithm": {"num_generations": 8, "learning_rate": 1e-5, "critic": {"type": "separate", "value_clip": 0.2}},
+        "train": {"max_steps": 10, "logging_interval": 1},
+    }
     new = copy.deepcopy(saved)
     new["algorithm"].update(num_generations=4, learning_rate=2e-5)
     new["algorithm"]["critic"].update(type="value_head", value_clip=0.5)
     new["model"]["lora"] = {"r": 4}
     new["train"]["max_steps"] = 20
     breaking, harmless = compare_configs(saved, new, RL_RULES)
-    assert [b.split(":")[0] for b in breaking] == ["algorithm.critic.type", "algorithm.num_generations", "model.lora",
-                                                   "model.lora.r"]  # None -> {r: 4}
+    assert [b.split(":")[0] for b in breaking] == [
+        "algorithm.critic.type",
+        "algorithm.num_generations",
+        "model.lora",
+        "model.lora.r",
+    ]  # None -> {r: 4}
     assert "algorithm.num_generations: 8 -> 4 (the group size is part of the batch geometry)" in breaking
-    assert harmless == ["algorithm.critic.value_clip: 0.2 -> 0.5", "algorithm.learning_rate: 1e-05 -> 2e-05",
-                        "train.max_steps: 10 -> 20"]
+    assert harmless == [
+        "algorithm.critic.value_clip: 0.2 -> 0.5",
+        "algorithm.learning_rate: 1e-05 -> 2e-05",
+        "train.max_steps: 10 -> 20",
+    ]
     assert compare_configs(saved, copy.deepcopy(saved), RL_RULES) == ([], [])
 
 
@@ -111,6 +120,8 @@ def test_fresh_run_never_writes_into_an_existing_run(tiny_config):
     first = _first_run(tiny_config, steps=1)
     second = _first_run(tiny_config, steps=1)
     assert second.run_dir.name == first.run_dir.name + "-2"
-    assert json.loads((first.run_dir / "run.json").read_text())["run_id"] != \
-        json.loads((second.run_dir / "run.json").read_text())["run_id"]
+    assert (
+        json.loads((first.run_dir / "run.json").read_text())["run_id"]
+        != json.loads((second.run_dir / "run.json").read_text())["run_id"]
+    )
     assert len(read_jsonl(first.run_dir / "metrics.jsonl")) == 1

@@ -48,8 +48,13 @@ def test_sigkill_during_checkpoint_write_then_resume_auto(tmp_path, tiny_config)
     tiny_config["eval"].update(before_training=False, after_training=False)
     config = write_config(tmp_path, tiny_config)
     ckpts = tmp_path / "outputs" / "killed" / "checkpoints"
-    proc = subprocess.Popen([sys.executable, "-c", SLOW_SAVE, "train", "--config", str(config)], cwd=tmp_path,
-                            env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLOW_SAVE, "train", "--config", str(config)],
+        cwd=tmp_path,
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     # checkpoint-1 sleeps 30 s before its rename; kill while it is still a temporary directory.
     _kill_once_exists(proc, ckpts / ".tmp-checkpoint-1")
     assert proc.returncode == -signal.SIGKILL
@@ -66,9 +71,20 @@ def test_sigkill_during_checkpoint_write_then_resume_auto(tmp_path, tiny_config)
     assert [r["step"] for r in read_jsonl(next(first.glob("superseded-*/metrics.jsonl")))] == [1]
 
     # Second attempt: let checkpoint-1 complete, kill during checkpoint-2.
-    proc = subprocess.Popen([sys.executable, "-c", SLOW_SAVE.replace("time.sleep(30)", "time.sleep(0 if root.name.endswith('-1') else 30)"),
-                             "train", "--config", str(config)], cwd=tmp_path, env=_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            SLOW_SAVE.replace("time.sleep(30)", "time.sleep(0 if root.name.endswith('-1') else 30)"),
+            "train",
+            "--config",
+            str(config),
+        ],
+        cwd=tmp_path,
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     second = tmp_path / "outputs" / "killed-2"  # a fresh run never mixes its files with the killed one's
     _kill_once_exists(proc, second / "checkpoints" / ".tmp-checkpoint-2")
     assert (second / "checkpoints" / "checkpoint-1" / "trainer_state.json").is_file()

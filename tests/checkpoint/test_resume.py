@@ -14,6 +14,7 @@ from rlft.errors import UsageError
 from rlft.phases import is_timing
 from tests.conftest import read_jsonl
 
+
 def _strip(rows):
     return [{k: v for k, v in r.items() if not is_timing(k)} for r in rows]
 

@@ -15,7 +15,7 @@ from rlft.trainer.optim import build_optimizer, build_scheduler, lr_multiplier
 from tests.conftest import read_jsonl
 from tests.dpo.test_dpo_job import dpo_config  # noqa: F401 (fixture)
 from tests.rm.test_rm_job import rm_config  # noqa: F401 (fixture)
-from tests.sft.conftest import chatml_model_dir, sft_config  # noqa: F401 (fixtures)
+from tests.sft.conftest import chatml_model_dir, sft_config  # noqa: F401, F811 (fixtures)
 
 
 def _first(cfg: dict, steps: int = 2):
@@ -47,7 +47,7 @@ def test_rl_resume_trains_at_the_changed_learning_rate_and_weight_decay(tiny_con
     assert "optimizer settings of this config apply from step 3: peak lr 0.001 -> 0.005" in log
 
 
-def test_sft_resume_continues_the_schedule_with_the_new_peak(sft_config):
+def test_sft_resume_continues_the_schedule_with_the_new_peak(sft_config):  # noqa: F811 (the imported fixture)
     sft_config["sft"].update(learning_rate=1e-3, lr_scheduler="cosine", warmup_steps=1)
     sft_config["train"]["max_steps"] = 4
     first = _first(sft_config)
@@ -57,8 +57,10 @@ def test_sft_resume_continues_the_schedule_with_the_new_peak(sft_config):
     result = Trainer(config=sft_config, resume_from=first.final_checkpoint).train()
     rows = read_jsonl(result.run_dir / "metrics.jsonl")
     # the first run's schedule spans its 2 steps, the resumed one's 4 (max_steps is this config's too)
-    expected = [peak * lr_multiplier(s, total_steps=total, warmup_steps=1, schedule="cosine", min_ratio=0.0)
-                for s, peak, total in zip(range(4), [1e-3, 1e-3, 4e-3, 4e-3], [2, 2, 4, 4])]
+    expected = [
+        peak * lr_multiplier(s, total_steps=total, warmup_steps=1, schedule="cosine", min_ratio=0.0)
+        for s, peak, total in zip(range(4), [1e-3, 1e-3, 4e-3, 4e-3], [2, 2, 4, 4])
+    ]
     assert [r["lr"] for r in rows] == pytest.approx(expected, rel=1e-12)
     assert _saved_groups(result.final_checkpoint)[1]["base_lrs"] == [4e-3]
 
@@ -78,9 +80,11 @@ def test_preference_jobs_resume_at_the_changed_learning_rate(kind, request):
 
 def test_unchanged_settings_restore_the_saved_numbers_exactly():
     """The bit-exact resume depends on it: recomputing the rate gives the very float LambdaLR stepped to."""
+
     def build(lr):
-        opt = build_optimizer([torch.nn.Parameter(torch.ones(3))], lr=lr, weight_decay=0.0, betas=(0.9, 0.999),
-                              eps=1e-8)
+        opt = build_optimizer(
+            [torch.nn.Parameter(torch.ones(3))], lr=lr, weight_decay=0.0, betas=(0.9, 0.999), eps=1e-8
+        )
         return opt, build_scheduler(opt, total_steps=10, warmup_steps=3, schedule="cosine", min_ratio=0.1)
 
     opt, sched = build(3e-3)

@@ -27,8 +27,11 @@ def test_resume_from_an_older_checkpoint_sets_the_newer_timeline_aside(tiny_conf
     assert [p.name for p in list_checkpoints(run / "checkpoints")] == [f"checkpoint-{n}" for n in (1, 2, 3, 4)]
     aside = list(run.glob("superseded-*"))
     assert len(aside) == 1, aside
-    assert sorted(p.name for p in (aside[0] / "checkpoints").iterdir()) == ["checkpoint-4", "checkpoint-5",
-                                                                           "checkpoint-6"]
+    assert sorted(p.name for p in (aside[0] / "checkpoints").iterdir()) == [
+        "checkpoint-4",
+        "checkpoint-5",
+        "checkpoint-6",
+    ]
     assert [r["step"] for r in read_jsonl(aside[0] / "metrics.jsonl")] == [4, 5, 6]  # kept, not deleted
     assert sorted(p.name for p in (aside[0] / "eval").iterdir()) == ["step-4.json"]
     assert sorted(p.name for p in (run / "eval").iterdir()) == ["step-2.json"]

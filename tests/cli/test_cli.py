@@ -24,15 +24,26 @@ TRAIN_PY = REPO / "train.py"
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               PYTHONWARNINGS="ignore", NO_COLOR="1")
+    env.update(
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONWARNINGS="ignore",
+        NO_COLOR="1",
+    )
     return env
 
 
 def run_cli(args: list[str], cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess:
     """``python -m rlft.cli.main *args`` in ``cwd``."""
-    return subprocess.run([sys.executable, "-m", "rlft.cli.main", *args], cwd=cwd, env=_env(),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "rlft.cli.main", *args],
+        cwd=cwd,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def write_config(tmp_path: Path, cfg: dict, name: str = "config.yaml") -> Path:
@@ -62,7 +73,9 @@ def assert_user_error(proc: subprocess.CompletedProcess, code: int | None = 2) -
 
 
 def assert_ok(proc: subprocess.CompletedProcess) -> None:
-    assert proc.returncode == 0, f"rc={proc.returncode}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, (
+        f"rc={proc.returncode}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}"
+    )
 
 
 # --------------------------------------------------------------------------- config errors
@@ -100,8 +113,10 @@ def test_missing_config_file(tmp_path):
 
 def test_bad_set_override_is_reported(tmp_path, tiny_config):
     config = write_config(tmp_path, quick(tiny_config))
-    stderr = assert_user_error(run_cli(["validate", "--config", str(config), "--set", "algorithm.clip_hgh=0.3",
-                                        "--set", "oops"], tmp_path), code=2)
+    stderr = assert_user_error(
+        run_cli(["validate", "--config", str(config), "--set", "algorithm.clip_hgh=0.3", "--set", "oops"], tmp_path),
+        code=2,
+    )
     assert "--set oops: expected KEY=VALUE" in stderr, stderr
     assert "algorithm.clip_hgh: unknown key" in stderr and "did you mean 'clip_high'" in stderr, stderr
     assert "(from --set algorithm.clip_hgh=0.3)" in stderr, stderr
@@ -129,8 +144,22 @@ def test_malformed_jsonl_row_names_file_and_line(tmp_path, tiny_config):
 def test_set_overrides_skip_bad_row_and_name_the_run(tmp_path, tiny_config):
     """``--set data.on_bad_row=skip`` lets the run finish; ``--set train.run_name`` and ``--output-dir`` place it."""
     config, train = _train_with_bad_row(tmp_path, quick(tiny_config))
-    proc = run_cli(["train", "--config", str(config), "--set", "data.on_bad_row=skip", "--set", "train.run_name=abc",
-                    "--set", "algorithm.learning_rate=2e-4", "--output-dir", "elsewhere"], tmp_path)
+    proc = run_cli(
+        [
+            "train",
+            "--config",
+            str(config),
+            "--set",
+            "data.on_bad_row=skip",
+            "--set",
+            "train.run_name=abc",
+            "--set",
+            "algorithm.learning_rate=2e-4",
+            "--output-dir",
+            "elsewhere",
+        ],
+        tmp_path,
+    )
     assert_ok(proc)
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "outputs").exists()
@@ -156,7 +185,7 @@ def _custom_reward(tmp_path: Path, cfg: dict, source: str, function: str) -> Pat
     return write_config(tmp_path, cfg)
 
 
-RAISING_REWARD = '''
+RAISING_REWARD = """
 def picky(prompts, completions, **columns):
     out = []
     for prompt, completion in zip(prompts, completions):
@@ -164,7 +193,7 @@ def picky(prompts, completions, **columns):
             raise ValueError("cannot score prompt abc")
         out.append(float(len(completion) > 0))
     return out
-'''
+"""
 
 
 def test_reward_that_raises_names_reward_and_sample(tmp_path, tiny_config):
@@ -179,10 +208,10 @@ def test_reward_that_raises_names_reward_and_sample(tmp_path, tiny_config):
     assert info["status"] == "failed" and "picky" in info["error"], info
 
 
-NAN_REWARD = '''
+NAN_REWARD = """
 def shaky(prompts, completions, **columns):
     return [float("nan")] * len(completions)
-'''
+"""
 
 
 def test_reward_returning_nan_is_an_error(tmp_path, tiny_config):
@@ -202,14 +231,26 @@ def test_root_train_py_with_four_section_layout(tmp_path, tiny_config):
     config = {
         "model": {"path": tiny_config["model"]["path"], "dtype": "bf16"},
         "data": {"train_file": "data/train.jsonl", "prompt_field": "prompt"},
-        "algorithm": {"name": "grpo", "learning_rate": 1e-3, "rollout_batch_size": 2, "num_generations": 2,
-                      "max_new_tokens": 4, "micro_batch_size": 4},
+        "algorithm": {
+            "name": "grpo",
+            "learning_rate": 1e-3,
+            "rollout_batch_size": 2,
+            "num_generations": 2,
+            "max_new_tokens": 4,
+            "micro_batch_size": 4,
+        },
         "reward": {"functions": [{"type": "contains", "keyword": "a"}]},
         "train": {"max_steps": 50, "output_dir": "./outputs", "logging_interval": 1},
     }
     path = write_config(tmp_path, config, "grpo.yaml")
-    proc = subprocess.run([sys.executable, str(TRAIN_PY), "--config", "grpo.yaml", "--set", "train.max_steps=1"],
-                          cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        [sys.executable, str(TRAIN_PY), "--config", "grpo.yaml", "--set", "train.max_steps=1"],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert_ok(proc)
     runs = list((tmp_path / "outputs").iterdir())
     assert len(runs) == 1 and runs[0].name.endswith("-grpo"), runs
@@ -233,8 +274,13 @@ def test_validate_prints_resolved_yaml_with_defaults(tmp_path, tiny_config):
     assert resolved["algorithm"]["clip_low"] == 0.2  # a default, written out
     assert resolved["algorithm"]["kl_coef"] == 0.5  # the override
     assert resolved["data"]["on_bad_row"] == "error"
-    assert resolved["reward"]["functions"][0] == {"type": "contains", "weight": 1.0, "name": "has_a",
-                                                  "keyword": "a", "case_sensitive": True}
+    assert resolved["reward"]["functions"][0] == {
+        "type": "contains",
+        "weight": 1.0,
+        "name": "has_a",
+        "keyword": "a",
+        "case_sensitive": True,
+    }
     assert not (tmp_path / "outputs").exists(), "validate must not create a run"
 
 
@@ -253,7 +299,6 @@ def test_check_env_warns_about_oversubscribed_threads():
     import torch
 
     from rlft import check_env
-
     from rlft.threads import physical_cores
 
     before = torch.get_num_threads()
@@ -261,8 +306,10 @@ def test_check_env_warns_about_oversubscribed_threads():
     try:
         torch.set_num_threads(usable + 3)
         info = check_env()
-        assert info["thread_warning"] == (f"torch uses {usable + 3} threads on {usable} physical cores this process "
-                                          f"may use; rlft train sets {usable} (train.num_threads)")
+        assert info["thread_warning"] == (
+            f"torch uses {usable + 3} threads on {usable} physical cores this process "
+            f"may use; rlft train sets {usable} (train.num_threads)"
+        )
         torch.set_num_threads(usable)
         assert check_env()["thread_warning"] is None
     finally:
@@ -296,8 +343,11 @@ def test_two_configs_differing_only_in_algorithm_name_both_train(tmp_path, tiny_
     base = quick(tiny_config, steps=2)
     base["algorithm"].pop("kl_coef")
     for name in ("grpo", "rloo"):
-        cfg = {**base, "algorithm": {**base["algorithm"], "name": name},
-               "train": {**base["train"], "run_name": f"run-{name}"}}
+        cfg = {
+            **base,
+            "algorithm": {**base["algorithm"], "name": name},
+            "train": {**base["train"], "run_name": f"run-{name}"},
+        }
         config = write_config(tmp_path, cfg, f"{name}.yaml")
         proc = run_cli(["train", "--config", str(config)], tmp_path)
         assert_ok(proc)

@@ -18,8 +18,16 @@ from tests.conftest import read_jsonl
 
 # raw text, no chat template: the tiny random model answers every chat prompt with the same token
 PROMPTS = ["hello", "abc", "dog", "sun", "tree", "The quick brown fox", "1 + 2 =", "moon"]
-RUN_ONLY_FILES = ["optimizer.pt", "scheduler.pt", "rng_state.pt", "trainer_state.json", "config.yaml",
-                  "rlft_base_model.json", "adapter_config.json", "adapter_model.safetensors"]
+RUN_ONLY_FILES = [
+    "optimizer.pt",
+    "scheduler.pt",
+    "rng_state.pt",
+    "trainer_state.json",
+    "config.yaml",
+    "rlft_base_model.json",
+    "adapter_config.json",
+    "adapter_model.safetensors",
+]
 LORA = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
 
 
@@ -50,9 +58,14 @@ def _greedy(model, tokenizer) -> list[list[int]]:
     for prompt in PROMPTS:
         ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False).input_ids
         with torch.no_grad():
-            gen = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=8,
-                                 pad_token_id=tokenizer.pad_token_id)
-        out.append(gen[0, ids.shape[1]:].tolist())
+            gen = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=8,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+        out.append(gen[0, ids.shape[1] :].tolist())
     return out
 
 
@@ -169,8 +182,11 @@ def test_export_user_errors(tmp_path, tiny_model_dir):
     assert str(out) in stderr and "not empty" in stderr and "--force" in stderr, stderr
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
 
-    stderr = assert_user_error(run_cli(["export", "--checkpoint", str(tiny_model_dir), "--out",
-                                        str(tiny_model_dir.parent), "--force"], tmp_path))
+    stderr = assert_user_error(
+        run_cli(
+            ["export", "--checkpoint", str(tiny_model_dir), "--out", str(tiny_model_dir.parent), "--force"], tmp_path
+        )
+    )
     assert "would overwrite" in stderr, stderr
     assert (tiny_model_dir / "config.json").is_file()
 

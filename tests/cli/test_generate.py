@@ -17,14 +17,30 @@ def _run(args, cwd):
 
 
 def test_generate_single_prompt_and_batch(tiny_model_dir, tmp_path):
-    one = _run([str(ROOT / "inference.py"), "--model", str(tiny_model_dir), "--prompt", "abc", "--max_new_tokens", "5"],
-               tmp_path)
+    one = _run(
+        [str(ROOT / "inference.py"), "--model", str(tiny_model_dir), "--prompt", "abc", "--max_new_tokens", "5"],
+        tmp_path,
+    )
     assert one.returncode == 0, one.stderr
     assert "Traceback" not in one.stderr
     inp = write_jsonl(tmp_path / "in.jsonl", [{"prompt": "abc"}, {"prompt": "hello"}, {"prompt": "abc"}])
     out = tmp_path / "out.jsonl"
-    batch = _run(["-m", "rlft.cli.main", "generate", "--model", str(tiny_model_dir), "--input", str(inp),
-                  "--output", str(out), "--max_new_tokens", "5"], tmp_path)
+    batch = _run(
+        [
+            "-m",
+            "rlft.cli.main",
+            "generate",
+            "--model",
+            str(tiny_model_dir),
+            "--input",
+            str(inp),
+            "--output",
+            str(out),
+            "--max_new_tokens",
+            "5",
+        ],
+        tmp_path,
+    )
     assert batch.returncode == 0, batch.stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["prompt"] for r in rows] == ["abc", "hello", "abc"]

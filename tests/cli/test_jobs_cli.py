@@ -11,13 +11,20 @@ from tests.service.conftest import server, workspace  # noqa: F401 (fixtures)
 
 
 def _rlft(*args, url=None, cwd=None):
-    return subprocess.run([sys.executable, "-m", "rlft.cli.main", *args], capture_output=True, text=True, timeout=300,
-                          env={**_env(), "RLFT_URL": url or ""}, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "rlft.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**_env(), "RLFT_URL": url or ""},
+        cwd=cwd,
+    )
 
 
 def test_jobs_submit_wait_list_status_logs_and_plot(server, workspace, tmp_path):  # noqa: F811
-    out = _rlft("jobs", "submit", "--config", "configs/tiny.yaml", "--set", "train.max_steps=3", "--wait",
-                url=server.url)
+    out = _rlft(
+        "jobs", "submit", "--config", "configs/tiny.yaml", "--set", "train.max_steps=3", "--wait", url=server.url
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     job = json.loads(out.stdout[: out.stdout.rindex("}") + 1])
     assert f"job {job['job_id']}: success" in out.stdout

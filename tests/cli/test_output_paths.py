@@ -56,8 +56,18 @@ def test_export_checks_out_first(unwritable, tiny_model_dir, monkeypatch, capsys
 def test_generate_checks_output_first(unwritable, tiny_model_dir, tmp_path, monkeypatch, capsys):
     _no_work(monkeypatch, "rlft.models.save", "load_for_inference")
     prompts = write_jsonl(tmp_path / "in.jsonl", [{"prompt": "abc"}])
-    code, err = _main(["generate", "--model", str(tiny_model_dir), "--input", str(prompts), "--output",
-                       str(unwritable / "out.jsonl")], capsys)
+    code, err = _main(
+        [
+            "generate",
+            "--model",
+            str(tiny_model_dir),
+            "--input",
+            str(prompts),
+            "--output",
+            str(unwritable / "out.jsonl"),
+        ],
+        capsys,
+    )
     _assert_refused(code, err, "--output")
 
 

@@ -7,7 +7,8 @@ import yaml
 
 from rlft.config import config_to_yaml, load_config
 from rlft.errors import ConfigError
-from tests.config.test_loader import problems_of, project, write  # noqa: F401  (fixture)
+from tests.config.conftest import write
+from tests.config.test_loader import problems_of
 
 BASE = """\
 data: {train_file: train.jsonl}
@@ -29,9 +30,11 @@ def test_environment_round_trips_with_class_spelled_class(project):
 
 
 def test_every_environment_problem_is_listed(project):
-    text = BASE.replace('[{type: contains, keyword: "42"}]', "[]") + \
-        "rollout: {engine: hf}\nalgorithm: {max_new_tokens: 400}\n" \
+    text = (
+        BASE.replace('[{type: contains, keyword: "42"}]', "[]")
+        + "rollout: {engine: hf}\nalgorithm: {max_new_tokens: 400}\n"
         "environment: {max_turns: 0, tool_timeout: -1, max_episode_tokens: 300, clas: x}\n"
+    )
     with pytest.raises(ConfigError) as excinfo:
         load_text(project, text)
     probs = problems_of(excinfo)
@@ -41,8 +44,10 @@ def test_every_environment_problem_is_listed(project):
 
 
 def test_cross_checks_name_their_fields(project):
-    text = BASE + "rollout: {engine: hf}\nalgorithm: {max_new_tokens: 400}\n" \
+    text = (
+        BASE + "rollout: {engine: hf}\nalgorithm: {max_new_tokens: 400}\n"
         "environment: {tools: [t.py:f], max_episode_tokens: 300}\n"
+    )
     with pytest.raises(ConfigError) as excinfo:
         load_text(project, text)
     probs = problems_of(excinfo)
@@ -53,6 +58,9 @@ def test_cross_checks_name_their_fields(project):
     with pytest.raises(ConfigError, match="reward.functions: give at least one reward function"):
         load_text(project, BASE.replace('[{type: contains, keyword: "42"}]', "[]"))
     # an empty reward list is fine when the environment scores the episodes
-    cfg = load_text(project, BASE.replace('[{type: contains, keyword: "42"}]', "[]") +
-                    "environment: {class: guess_number}\neval: {accuracy_reward: environment}\n")
+    cfg = load_text(
+        project,
+        BASE.replace('[{type: contains, keyword: "42"}]', "[]")
+        + "environment: {class: guess_number}\neval: {accuracy_reward: environment}\n",
+    )
     assert cfg.reward.functions == [] and cfg.eval.accuracy_reward == "environment"

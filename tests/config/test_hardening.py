@@ -45,7 +45,9 @@ reward:
 @pytest.fixture
 def project(tmp_path, monkeypatch):
     (tmp_path / "train.jsonl").write_text('{"prompt": "hi"}\n')
-    (tmp_path / "rewards.py").write_text("def score(prompts, completions, **kw):\n    return [0.0] * len(completions)\n")
+    (tmp_path / "rewards.py").write_text(
+        "def score(prompts, completions, **kw):\n    return [0.0] * len(completions)\n"
+    )
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -74,8 +76,12 @@ def test_alias_bomb_in_kwargs_is_refused_at_once(project, capsys, text):
 def test_alias_bomb_cli_subprocess_exits_2(project):
     path = project / "bomb.yaml"
     path.write_text(BOMB_IN_ENV_KWARGS)
-    done = subprocess.run([sys.executable, "-m", "rlft.cli.main", "validate", "--config", str(path)],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "rlft.cli.main", "validate", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2
     assert "alias bomb" in done.stderr and "Traceback" not in done.stderr
 
@@ -95,11 +101,14 @@ def test_recursive_alias_is_refused():
         load_yaml_text("environment: {kwargs: {a: &x [1, *x]}}\n", "c.yaml")
     assert excinfo.value.problems == [
         "c.yaml, line 1: a YAML alias refers to the value that contains it (a recursive structure); "
-        "write the values out"]
+        "write the values out"
+    ]
 
 
 def test_a_few_legitimate_aliases_still_load(project):
-    text = MINIMAL + """\
+    text = (
+        MINIMAL
+        + """\
 environment:
   class: calculator
   kwargs:
@@ -107,6 +116,7 @@ environment:
     easy: *base
     hard: {<<: *base, high: 1000}
 """
+    )
     (project / "c.yaml").write_text(text)
     cfg = load_config(project / "c.yaml")
     kwargs = cfg.environment.kwargs
@@ -136,8 +146,7 @@ def test_dump_yaml_writes_no_alias_and_quotes_ambiguous_strings():
     shared = {"k": [1, 2]}
     text = dump_yaml({"a": shared, "b": shared, "s": "1e5", "t": "yes", "f": 1e-6})
     assert "&" not in text and "*" not in text
-    assert load_yaml_text(text) == yaml.safe_load(text) == {"a": shared, "b": shared, "s": "1e5", "t": "yes",
-                                                            "f": 1e-6}
+    assert load_yaml_text(text) == yaml.safe_load(text) == {"a": shared, "b": shared, "s": "1e5", "t": "yes", "f": 1e-6}
 
 
 # --------------------------------------------------------------------------- nesting
@@ -156,8 +165,10 @@ def test_deeply_nested_set_value_is_a_config_error(project, capsys):
     path.write_text(MINIMAL)
     code, err, _ = validate_cli(path, "environment.kwargs.x=" + "[" * 100_000, capsys=capsys)
     assert code == 2 and "Traceback" not in err
-    assert f"  - --set environment.kwargs.x=[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[...: nested deeper than " \
-           f"{MAX_DEPTH} levels" in err
+    assert (
+        f"  - --set environment.kwargs.x=[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[...: nested deeper than "
+        f"{MAX_DEPTH} levels" in err
+    )
     assert len(err) < 500  # the value is not repeated in full
 
 
@@ -208,10 +219,10 @@ distributed: {timeout_minutes: .inf}
 
 def test_non_finite_float_in_a_reward_and_an_override(project):
     problems = problems_for(project, "", "reward.functions.0.weight=.nan", "algorithm.adam_betas=[0.9, .inf]")
-    assert problems == ["algorithm.adam_betas.1: expected a finite number, got .inf "
-                        "(from --set algorithm.adam_betas=[0.9, .inf])",
-                        "reward.functions.0.weight: expected a finite number, got .nan "
-                        "(from --set reward.functions.0.weight=.nan)"]
+    assert problems == [
+        "algorithm.adam_betas.1: expected a finite number, got .inf (from --set algorithm.adam_betas=[0.9, .inf])",
+        "reward.functions.0.weight: expected a finite number, got .nan (from --set reward.functions.0.weight=.nan)",
+    ]
 
 
 def test_booleans_are_not_numbers_and_numbers_are_not_booleans(project):
@@ -234,7 +245,8 @@ model: {gradient_checkpointing: 0}
 
 def test_set_max_steps_true_is_refused(project):
     assert problems_for(project, "", "train.max_steps=true") == [
-        "train.max_steps: expected an integer, got true (from --set train.max_steps=true)"]
+        "train.max_steps: expected an integer, got true (from --set train.max_steps=true)"
+    ]
 
 
 def test_integers_and_number_text_still_fill_float_fields(project):
@@ -253,15 +265,20 @@ def test_integers_and_number_text_still_fill_float_fields(project):
 def test_json_inline_config_validates(project):
     import json
 
-    data = json.loads('{"data": {"train_file": "train.jsonl"}, "reward": {"functions": [{"type": "judge", '
-                      '"url": "http://127.0.0.1:1/v1", "scale": [0, 5]}]}, "algorithm": {"adam_betas": [0.9, 0.99], '
-                      '"learning_rate": 1e-6, "max_new_tokens": 64}, "train": {"save_optimizer": false}}')
+    data = json.loads(
+        '{"data": {"train_file": "train.jsonl"}, "reward": {"functions": [{"type": "judge", '
+        '"url": "http://127.0.0.1:1/v1", "scale": [0, 5]}]}, "algorithm": {"adam_betas": [0.9, 0.99], '
+        '"learning_rate": 1e-6, "max_new_tokens": 64}, "train": {"save_optimizer": false}}'
+    )
     cfg = load_config(data=data)
     assert cfg.reward.functions[0].scale == (0.0, 5.0) and cfg.algorithm.adam_betas == (0.9, 0.99)
 
 
-@pytest.mark.parametrize("path", sorted([*REPO.glob("configs/*.yaml"), *REPO.glob("examples/**/*.yaml")]),
-                         ids=lambda p: str(p.relative_to(REPO)))
+@pytest.mark.parametrize(
+    "path",
+    sorted([*REPO.glob("configs/*.yaml"), *REPO.glob("examples/**/*.yaml")]),
+    ids=lambda p: str(p.relative_to(REPO)),
+)
 def test_shipped_configs_still_validate(path):
     cfg = load_config(path, check_files=False)
     text = config_to_yaml(cfg)

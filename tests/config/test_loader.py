@@ -11,6 +11,7 @@ import yaml
 
 from rlft.config import RlftConfig, config_to_yaml, load_config, parse_overrides
 from rlft.errors import ConfigError
+from tests.config.conftest import write
 
 MINIMAL = """\
 data: {train_file: train.jsonl}
@@ -18,25 +19,8 @@ reward: {functions: [{type: contains, keyword: "42"}]}
 """
 
 
-def write(path: Path, text: str = "") -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    return path
-
-
 def problems_of(excinfo) -> list[str]:
     return excinfo.value.problems
-
-
-@pytest.fixture
-def project(tmp_path, monkeypatch):
-    """A project dir (the cwd) with data files and a model directory."""
-    write(tmp_path / "train.jsonl", '{"prompt": "hi"}\n')
-    write(tmp_path / "data" / "train.jsonl", '{"prompt": "hi"}\n')
-    write(tmp_path / "data" / "eval.jsonl", '{"prompt": "hi"}\n')
-    (tmp_path / "model").mkdir()
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
 
 
 def load_text(tmp_path: Path, text: str, **kwargs) -> RlftConfig:
@@ -58,7 +42,7 @@ def test_minimal_config_gets_defaults(project):
 
 def test_documented_four_section_layout_loads(project):
     text = f"""\
-model: {{path: {project / 'model'}, dtype: bf16}}
+model: {{path: {project / "model"}, dtype: bf16}}
 data: {{train_file: ./data/train.jsonl, eval_file: ./data/eval.jsonl}}
 algorithm: {{name: grpo, learning_rate: 2e-6, kl_coef: 0.05, rollout_batch_size: 16}}
 train: {{epochs: 1, save_interval: 200, logging_interval: 10, output_dir: ./outputs}}
@@ -91,8 +75,11 @@ def test_yaml_12_scalars_off_stays_a_string_and_empty_section_means_defaults(pro
 
 def test_config_to_yaml_round_trips(project):
     write(project / "rewards.py", "def f(prompts, completions, **kw):\n    return [0.0] * len(completions)\n")
-    cfg = load_text(project, MINIMAL.replace("}]}", "}, {type: custom, function: rewards.py:f}]}"),
-                    overrides=["algorithm.learning_rate=3e-6"])
+    cfg = load_text(
+        project,
+        MINIMAL.replace("}]}", "}, {type: custom, function: rewards.py:f}]}"),
+        overrides=["algorithm.learning_rate=3e-6"],
+    )
     text = config_to_yaml(cfg)
     assert text.index("model:") < text.index("data:") < text.index("algorithm:") < text.index("reward:")
     again = load_config(data=yaml.safe_load(text))
@@ -105,8 +92,13 @@ def test_config_to_yaml_round_trips(project):
 
 def test_parse_overrides_builds_nested_typed_dict():
     tree = parse_overrides(["a.b=3", "a.c=2e-6", "train.run_name=x", "f=true", "g=[a, b]", "h=hello world"])
-    assert tree == {"a": {"b": 3, "c": 2e-6}, "train": {"run_name": "x"}, "f": True, "g": ["a", "b"],
-                    "h": "hello world"}
+    assert tree == {
+        "a": {"b": 3, "c": 2e-6},
+        "train": {"run_name": "x"},
+        "f": True,
+        "g": ["a", "b"],
+        "h": "hello world",
+    }
 
 
 def test_parse_overrides_reports_malformed_items():
@@ -119,8 +111,11 @@ def test_parse_overrides_reports_malformed_items():
 
 
 def test_overrides_apply_on_top_of_file(project):
-    cfg = load_text(project, MINIMAL + "algorithm: {learning_rate: 2e-6}\n",
-                    overrides=["algorithm.learning_rate=1e-5", "train.max_steps=3", "reward.functions.0.weight=2"])
+    cfg = load_text(
+        project,
+        MINIMAL + "algorithm: {learning_rate: 2e-6}\n",
+        overrides=["algorithm.learning_rate=1e-5", "train.max_steps=3", "reward.functions.0.weight=2"],
+    )
     assert cfg.algorithm.learning_rate == pytest.approx(1e-5)
     assert cfg.train.max_steps == 3
     assert cfg.reward.functions[0].weight == 2.0
@@ -129,14 +124,16 @@ def test_overrides_apply_on_top_of_file(project):
 
 def test_bad_override_paths_are_reported(project):
     with pytest.raises(ConfigError) as excinfo:
-        load_text(project, MINIMAL, overrides=["train.max_stepz=3", "reward.functions.5.weight=1", "broken",
-                                               "algorithm.learning_rate=fast"])
+        load_text(
+            project,
+            MINIMAL,
+            overrides=["train.max_stepz=3", "reward.functions.5.weight=1", "broken", "algorithm.learning_rate=fast"],
+        )
     probs = problems_of(excinfo)
     assert probs[0].startswith("--set broken:")
     assert "train.max_stepz: unknown key (did you mean 'max_steps'?) (from --set train.max_stepz=3)" in probs
     assert any(p.startswith("reward.functions.5: no such list item") and "has 1" in p for p in probs)
-    assert "algorithm.learning_rate: expected a number, got 'fast' (from --set algorithm.learning_rate=fast)" \
-        in probs
+    assert "algorithm.learning_rate: expected a number, got 'fast' (from --set algorithm.learning_rate=fast)" in probs
 
 
 # --------------------------------------------------------------------------- schema problems
@@ -161,7 +158,8 @@ train: {epochs: 0}
         "model.dtype: 'f16' is not one of: auto, fp32, bf16 (did you mean 'bf16'?)",
         "data.train_file: required",
         "data.eval_split: must be < 1, got 2",
-        "algorithm.name: 'ppo2' is not one of: grpo, dr_grpo, dapo, gspo, rloo, reinforce_pp, ppo (did you mean 'ppo'?)",
+        "algorithm.name: 'ppo2' is not one of: grpo, dr_grpo, dapo, gspo, rloo, reinforce_pp, ppo "
+        "(did you mean 'ppo'?)",
         "algorithm.learning_rate: expected a number, got 'fast'",
         "algorithm.lerning_rate: unknown key (did you mean 'learning_rate'?)",
         "reward.functions.1.weight: expected a number, got 'heavy'",
@@ -170,8 +168,11 @@ train: {epochs: 0}
     for line in expected:
         assert line in probs
     tag = [p for p in probs if p.startswith("reward.functions.0.type:")]
-    assert tag == ["reward.functions.0.type: unknown reward type 'containz' (did you mean 'contains'?); "
-                   "choose one of contains, regex, exact_answer, numeric_answer, format, length_penalty, tool_call, custom, http, model, judge"]
+    assert tag == [
+        "reward.functions.0.type: unknown reward type 'containz' (did you mean 'contains'?); "
+        "choose one of contains, regex, exact_answer, numeric_answer, format, length_penalty, tool_call, custom, "
+        "http, model, judge"
+    ]
     assert any(p.startswith("reward.functions.2.type: required; choose one of contains") for p in probs)
     assert len(probs) == len(expected) + 2
     assert all("\n" not in p for p in probs)
@@ -179,14 +180,16 @@ train: {epochs: 0}
 
 
 def test_unknown_key_suggestions(project):
-    text = MINIMAL + "algoritm: {}\nlearning_rate: 1\nzzz: 1\ntrain: {qqqq: 1}\n" \
-        "model: {lora: {rank: 8}}\n"
+    text = MINIMAL + "algoritm: {}\nlearning_rate: 1\nzzz: 1\ntrain: {qqqq: 1}\nmodel: {lora: {rank: 8}}\n"
     with pytest.raises(ConfigError) as excinfo:
         load_text(project, text.replace("keyword", "kewyord"))
     probs = problems_of(excinfo)
     assert "algoritm: unknown key (did you mean 'algorithm'?)" in probs
     assert any(p.startswith("learning_rate: unknown key (did you mean 'algorithm.learning_rate'?") for p in probs)
-    assert "zzz: unknown key; allowed keys: kind, model, data, algorithm, rollout, reward, environment, train, eval, distributed" in probs
+    assert (
+        "zzz: unknown key; allowed keys: kind, model, data, algorithm, rollout, reward, environment, train, eval, "
+        "distributed" in probs
+    )
     assert any(p.startswith("train.qqqq: unknown key; allowed keys: epochs, max_steps,") for p in probs)
     assert "reward.functions.0.kewyord: unknown key (did you mean 'keyword'?)" in probs  # the contains model
     assert "reward.functions.0.keyword: required" in probs
@@ -219,8 +222,11 @@ eval: {accuracy_reward: nope}
 
 
 def test_custom_function_needs_exactly_one_colon(project):
-    text = MINIMAL.replace("}]}", "}, {type: custom, function: mymod}, {type: custom, function: 'a:b:c'}, "
-                                  "{type: custom, function: 'dir/mod:f'}, {type: custom, function: 'pkg.mod:g'}]}")
+    text = MINIMAL.replace(
+        "}]}",
+        "}, {type: custom, function: mymod}, {type: custom, function: 'a:b:c'}, "
+        "{type: custom, function: 'dir/mod:f'}, {type: custom, function: 'pkg.mod:g'}]}",
+    )
     with pytest.raises(ConfigError) as excinfo:
         load_text(project, text, check_files=False)
     probs = problems_of(excinfo)
@@ -305,8 +311,9 @@ def test_yaml_syntax_error_gives_line_and_column(tmp_path):
 def test_duplicate_yaml_key_is_an_error(tmp_path):
     with pytest.raises(ConfigError) as excinfo:
         load_text(tmp_path, "algorithm:\n  learning_rate: 1\n  learning_rate: 2\n")
-    assert problems_of(excinfo) == [f"{tmp_path / 'config.yaml'}, line 3, column 3: invalid YAML: "
-                                    "duplicate key 'learning_rate'"]
+    assert problems_of(excinfo) == [
+        f"{tmp_path / 'config.yaml'}, line 3, column 3: invalid YAML: duplicate key 'learning_rate'"
+    ]
 
 
 def test_top_level_must_be_a_mapping(tmp_path):
@@ -324,6 +331,8 @@ def test_missing_config_file(tmp_path):
 
 
 def test_loader_does_not_import_torch():
-    code = ("import sys; from rlft.config import load_config; "
-            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules")
+    code = (
+        "import sys; from rlft.config import load_config; "
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -7,10 +7,7 @@ import pytest
 from rlft.config.presets import PRESETS
 from rlft.config.schema import AlgorithmConfig
 from rlft.errors import ConfigError
-from tests.config import test_loader
 from tests.config.test_loader import MINIMAL, load_text, problems_of
-
-project = test_loader.project  # the same fixture: a project dir with data files as the cwd
 
 
 def test_every_preset_default_is_a_real_field():
@@ -67,8 +64,10 @@ def test_single_generation_is_fine_for_ppo_and_reinforce_pp(project):
 
 
 def test_bad_algorithm_pieces_are_listed_with_valid_names(project):
-    text = MINIMAL + ("algorithm: {advantage_estimator: vtrace, policy_loss: ppo2, kl_placement: both, "
-                      "critic: {type: shared}, kl_target: 0.1, kl_coef: 0}\n")
+    text = MINIMAL + (
+        "algorithm: {advantage_estimator: vtrace, policy_loss: ppo2, kl_placement: both, "
+        "critic: {type: shared}, kl_target: 0.1, kl_coef: 0}\n"
+    )
     with pytest.raises(ConfigError) as excinfo:
         load_text(project, text)
     probs = "\n".join(problems_of(excinfo))

@@ -18,15 +18,34 @@ from rlft.config.schema import JOB_KINDS
 # String fields that hold text, names or patterns, never a location. A new field that names a file,
 # folder, model, module or URL does not belong here: type it as a Reference (rlft.config.references).
 PLAIN_TEXT = {
-    "model.device", "model.lora.target_modules", "data.prompt_field", "data.messages_field", "data.system_prompt",
-    "data.tools_field", "data.response_field", "data.chosen_field", "data.rejected_field", "data.margin_field",
-    "train.tracking.project", "eval.accuracy_reward", "reward.functions.name", "reward.functions.keyword",
-    "reward.functions.pattern", "reward.functions.answer_field", "reward.functions.marker",
-    "reward.functions.required_tags", "reward.functions.tools_field", "reward.functions.api_model",
-    "reward.functions.rubric", "reward.functions.score_pattern", "reward.functions.device",
+    "model.device",
+    "model.lora.target_modules",
+    "data.prompt_field",
+    "data.messages_field",
+    "data.system_prompt",
+    "data.tools_field",
+    "data.response_field",
+    "data.chosen_field",
+    "data.rejected_field",
+    "data.margin_field",
+    "train.tracking.project",
+    "eval.accuracy_reward",
+    "reward.functions.name",
+    "reward.functions.keyword",
+    "reward.functions.pattern",
+    "reward.functions.answer_field",
+    "reward.functions.marker",
+    "reward.functions.required_tags",
+    "reward.functions.tools_field",
+    "reward.functions.api_model",
+    "reward.functions.rubric",
+    "reward.functions.score_pattern",
+    "reward.functions.device",
     # request headers, and keyword arguments handed to the user's own code (which must itself lie in the
     # workspace); a built-in environment's path arguments are references (BUILTIN_KWARG_REFERENCES)
-    "reward.functions.headers", "reward.functions.kwargs", "environment.kwargs",
+    "reward.functions.headers",
+    "reward.functions.kwargs",
+    "environment.kwargs",
 }
 
 
@@ -54,16 +73,28 @@ def _all_string_fields() -> dict[str, object]:
 def test_every_string_field_is_a_reference_or_known_plain_text():
     fields = _all_string_fields()
     unclassified = sorted(d for d, ref in fields.items() if ref is None and d not in PLAIN_TEXT)
-    assert not unclassified, (f"{unclassified}: type each as a Reference (FilePath, OutputDir, ModelPath, CodeRef, "
-                              f"UrlRef, ...) if it names a location, else add it to PLAIN_TEXT")
+    assert not unclassified, (
+        f"{unclassified}: type each as a Reference (FilePath, OutputDir, ModelPath, CodeRef, "
+        f"UrlRef, ...) if it names a location, else add it to PLAIN_TEXT"
+    )
     assert not sorted(d for d in PLAIN_TEXT if d not in fields), "PLAIN_TEXT names a field that no longer exists"
     refs = {d: ref.kind for d, ref in fields.items() if ref is not None}
     assert refs == {
-        "model.path": "model", "data.train_file": "file", "data.eval_file": "file", "data.chat_template": "file",
-        "train.output_dir": "dir", "train.run_name": "run_name", "train.tracking.mlflow_tracking_uri": "store",
-        "algorithm.critic.model_path": "model", "reward.functions.function": "code", "reward.functions.url": "url",
-        "reward.functions.path": "model", "reward.functions.model": "model", "environment.class": "code",
-        "environment.tools": "code"}
+        "model.path": "model",
+        "data.train_file": "file",
+        "data.eval_file": "file",
+        "data.chat_template": "file",
+        "train.output_dir": "dir",
+        "train.run_name": "run_name",
+        "train.tracking.mlflow_tracking_uri": "store",
+        "algorithm.critic.model_path": "model",
+        "reward.functions.function": "code",
+        "reward.functions.url": "url",
+        "reward.functions.path": "model",
+        "reward.functions.model": "model",
+        "environment.class": "code",
+        "environment.tools": "code",
+    }
 
 
 def test_every_builtin_environment_argument_is_a_reference_or_plain_data():
@@ -71,8 +102,12 @@ def test_every_builtin_environment_argument_is_a_reference_or_plain_data():
 
     from rlft.envs.builtin import BUILTIN_ENVIRONMENTS
 
-    plain = {"calculator": set(), "guess_number": {"low", "high", "progress_weight"}, "search": set(),
-             "openenv": {"timeout", "include_row"}}
+    plain = {
+        "calculator": set(),
+        "guess_number": {"low", "high", "progress_weight"},
+        "search": set(),
+        "openenv": {"timeout", "include_row"},
+    }
     assert set(BUILTIN_ENVIRONMENTS) == set(BUILTIN_ENVIRONMENT_NAMES)
     for name, env in BUILTIN_ENVIRONMENTS.items():
         module, _, cls = env.env_class.partition(":")
@@ -86,18 +121,34 @@ def _rl(**sections) -> dict:
 
 
 def test_references_walks_lists_unions_and_builtin_arguments_and_skips_builtin_names():
-    cfg = load_config(data=_rl(
-        reward={"functions": [{"type": "custom", "function": "r.py:f"}, {"type": "judge", "model": "judge"},
-                              {"type": "judge", "model": "smollm2-135m-instruct", "name": "j2"},
-                              {"type": "http", "url": "http://127.0.0.1:1/score"}]},
-        environment={"class": "search", "tools": ["t.py:a", "t.py:b"], "kwargs": {"docs": "c.jsonl", "k": "x"}},
-        train={"run_name": "exp/1", "tracking": {"mlflow_tracking_uri": "sqlite:///m.db"}}), check_files=False)
+    cfg = load_config(
+        data=_rl(
+            reward={
+                "functions": [
+                    {"type": "custom", "function": "r.py:f"},
+                    {"type": "judge", "model": "judge"},
+                    {"type": "judge", "model": "smollm2-135m-instruct", "name": "j2"},
+                    {"type": "http", "url": "http://127.0.0.1:1/score"},
+                ]
+            },
+            environment={"class": "search", "tools": ["t.py:a", "t.py:b"], "kwargs": {"docs": "c.jsonl", "k": "x"}},
+            train={"run_name": "exp/1", "tracking": {"mlflow_tracking_uri": "sqlite:///m.db"}},
+        ),
+        check_files=False,
+    )
     found = {d: v for d, _, v in references(cfg)}
-    assert found == {"data.train_file": "d.jsonl", "train.output_dir": "./outputs", "train.run_name": "exp/1",
-                     "train.tracking.mlflow_tracking_uri": "sqlite:///m.db", "reward.functions.0.function": "r.py:f",
-                     "reward.functions.1.model": "judge", "reward.functions.3.url": "http://127.0.0.1:1/score",
-                     "environment.tools.0": "t.py:a", "environment.tools.1": "t.py:b",
-                     "environment.kwargs.docs": "c.jsonl"}
+    assert found == {
+        "data.train_file": "d.jsonl",
+        "train.output_dir": "./outputs",
+        "train.run_name": "exp/1",
+        "train.tracking.mlflow_tracking_uri": "sqlite:///m.db",
+        "reward.functions.0.function": "r.py:f",
+        "reward.functions.1.model": "judge",
+        "reward.functions.3.url": "http://127.0.0.1:1/score",
+        "environment.tools.0": "t.py:a",
+        "environment.tools.1": "t.py:b",
+        "environment.kwargs.docs": "c.jsonl",
+    }
 
 
 @pytest.mark.parametrize("name", ["/tmp/run", "../up", "a/../../b", "~/run", " "])
@@ -115,8 +166,12 @@ def test_the_written_config_reads_back_as_the_same_config_for_every_kind(kind):
     from rlft.config.loader import config_to_yaml
     from rlft.config.yamlio import load_yaml_text
 
-    own = {"rm": {"rm": {"learning_rate": 3e-6}}, "dpo": {"dpo": {"beta": 0.5}}, "sft": {"sft": {"learning_rate": 3e-6}},
-           "rl": {"algorithm": {"learning_rate": 3e-6}, "reward": {"functions": [{"type": "contains", "keyword": "a"}]}}}
+    own = {
+        "rm": {"rm": {"learning_rate": 3e-6}},
+        "dpo": {"dpo": {"beta": 0.5}},
+        "sft": {"sft": {"learning_rate": 3e-6}},
+        "rl": {"algorithm": {"learning_rate": 3e-6}, "reward": {"functions": [{"type": "contains", "keyword": "a"}]}},
+    }
     cfg = load_config(data={"kind": kind, "data": {"train_file": "d.jsonl"}, **own[kind]}, check_files=False)
     again = load_config(data=load_yaml_text(config_to_yaml(cfg)), check_files=False)
     assert again == cfg

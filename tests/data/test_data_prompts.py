@@ -42,9 +42,11 @@ def test_missing_prompt_field_message(tmp_path):
     p = write_jsonl(tmp_path / "train.jsonl", [{"question": "a"}, {"question": "b"}, {"q": "c", "answer": 1}])
     with pytest.raises(DataError) as exc:
         build(p, prompt_field="question")
-    assert str(exc.value) == (f"{p} line 3: missing prompt field 'question': an RL row needs its prompt as text or as "
-                              f"a list of messages, or set data.prompt_field / data.messages_field (the row has "
-                              f"columns: q, answer)")
+    assert str(exc.value) == (
+        f"{p} line 3: missing prompt field 'question': an RL row needs its prompt as text or as "
+        f"a list of messages, or set data.prompt_field / data.messages_field (the row has "
+        f"columns: q, answer)"
+    )
 
 
 def test_bad_prompts_skipped_with_line_numbers(tmp_path):

@@ -50,7 +50,7 @@ def test_json_syntax_error_names_line(tmp_path):
 
 
 def test_csv_line_numbers(tmp_path):
-    p = write(tmp_path / "t.csv", "prompt,answer\nhello,1\n\"multi, comma\",2\n")
+    p = write(tmp_path / "t.csv", 'prompt,answer\nhello,1\n"multi, comma",2\n')
     r = read_rows(p)
     assert r.rows == [{"prompt": "hello", "answer": "1"}, {"prompt": "multi, comma", "answer": "2"}]
     assert r.row_numbers == [2, 3]

@@ -35,12 +35,16 @@ def _trained(tok, example) -> str:
     return tok.decode([t for t, m in zip(example.tokens.input_ids, example.tokens.loss_mask) if m])
 
 
-@pytest.mark.parametrize("row", [
-    {"messages": HI + HELLO},
-    {"prompt": "Hi", "completion": "Hello!"},
-    {"prompt": HI, "completion": HELLO},
-    {"prompt": "Hi", "response": "Hello!"},
-], ids=["messages", "prompt-completion", "conversational-prompt-completion", "prompt-response"])
+@pytest.mark.parametrize(
+    "row",
+    [
+        {"messages": HI + HELLO},
+        {"prompt": "Hi", "completion": "Hello!"},
+        {"prompt": HI, "completion": HELLO},
+        {"prompt": "Hi", "response": "Hello!"},
+    ],
+    ids=["messages", "prompt-completion", "conversational-prompt-completion", "prompt-response"],
+)
 def test_each_supervised_format_is_the_same_conversation(tmp_path, tok, row):
     reference = _sft(tmp_path, tok, [{"messages": HI + HELLO}], messages_field="messages").examples[0]
     (ex,) = _sft(tmp_path, tok, [{**row, "lang": "en"}]).examples
@@ -69,7 +73,9 @@ def test_explicit_field_keys_win_over_the_columns(tmp_path, tok):
     (ex,) = _sft(tmp_path, tok, [row], prompt_field="question", response_field="answer").examples
     assert _trained(tok, ex) == "from answer<|im_end|>"
     # a prompt_field of its own with no response_field: TRL's 'completion' column, else 'response'
-    (ex,) = _sft(tmp_path, tok, [{"question": "Q", "completion": "c", "response": "r"}], prompt_field="question").examples
+    (ex,) = _sft(
+        tmp_path, tok, [{"question": "Q", "completion": "c", "response": "r"}], prompt_field="question"
+    ).examples
     assert _trained(tok, ex) == "c<|im_end|>"
 
 
@@ -83,12 +89,18 @@ def test_a_row_in_no_format_names_the_formats_and_its_columns(tmp_path, tok):
     assert message.endswith("(the row has columns: input, output)")
 
 
-@pytest.mark.parametrize("row, problem", [
-    ({"prompt": "Hi", "completion": 3}, "field 'completion' must be non-empty text or a list of messages, got int"),
-    ({"prompt": "", "completion": "c"}, "field 'prompt' must be non-empty text or a list of messages, got empty text"),
-    ({"prompt": [{"role": "user"}], "completion": "c"}, "messages field 'prompt' item 0 must be an object with"),
-    ({"text": None}, "field 'text' must be non-empty text, got nothing"),
-])
+@pytest.mark.parametrize(
+    "row, problem",
+    [
+        ({"prompt": "Hi", "completion": 3}, "field 'completion' must be non-empty text or a list of messages, got int"),
+        (
+            {"prompt": "", "completion": "c"},
+            "field 'prompt' must be non-empty text or a list of messages, got empty text",
+        ),
+        ({"prompt": [{"role": "user"}], "completion": "c"}, "messages field 'prompt' item 0 must be an object with"),
+        ({"text": None}, "field 'text' must be non-empty text, got nothing"),
+    ],
+)
 def test_a_bad_row_in_a_known_format_says_what_is_wrong(tmp_path, tok, row, problem):
     with pytest.raises(DataError, match=f"line 1: {problem}"):
         _sft(tmp_path, tok, [row])
@@ -115,8 +127,11 @@ def test_a_folder_written_by_save_to_disk_loads_like_its_rows(tmp_path, tok):
     assert data.examples[4].source == f"{tmp_path / 'ds'}:5"
 
     DatasetDict(train=Dataset.from_list(rows), test=Dataset.from_list(rows[:2])).save_to_disk(str(tmp_path / "dd"))
-    with pytest.raises(DataError, match=r"a DatasetDict folder with the splits train, test; point the data file at "
-                                         r"one split's folder, e.g. .*dd/train"):
+    with pytest.raises(
+        DataError,
+        match=r"a DatasetDict folder with the splits train, test; point the data file at "
+        r"one split's folder, e.g. .*dd/train",
+    ):
         read_rows(tmp_path / "dd")
     assert len(read_rows(tmp_path / "dd" / "test").rows) == 2
 
@@ -128,6 +143,9 @@ def test_the_config_takes_a_saved_dataset_folder_and_refuses_any_other_folder(tm
     cfg = load_config(data={**tiny_config, "data": {**tiny_config["data"], "train_file": str(tmp_path / "ds")}})
     assert cfg.data.train_file == str(tmp_path / "ds")
     (tmp_path / "plain").mkdir()
-    with pytest.raises(ConfigError, match="data.train_file: expected a data file, or a folder written by datasets' "
-                                          "save_to_disk, but .*plain is a folder without one"):
+    with pytest.raises(
+        ConfigError,
+        match="data.train_file: expected a data file, or a folder written by datasets' "
+        "save_to_disk, but .*plain is a folder without one",
+    ):
         load_config(data={**tiny_config, "data": {**tiny_config["data"], "train_file": str(tmp_path / "plain")}})

@@ -28,7 +28,7 @@ def write_rows(path, rows):
 
 
 def huge_prompt() -> str:
-    text = ("the quick brown fox jumps over the lazy dog. " * (TEN_MB // 45 + 1))[:TEN_MB - 3]
+    text = ("the quick brown fox jumps over the lazy dog. " * (TEN_MB // 45 + 1))[: TEN_MB - 3]
     return text + "END"
 
 
@@ -46,7 +46,8 @@ def test_a_10_mb_prompt_is_warned_about_and_cut_to_the_limit(tmp_path, tokenizer
     assert warnings == [
         f"{path}: 2 of 3 prompts are longer than data.max_prompt_length (64 tokens) and keep only their last 64 "
         f"tokens (the longest has {_formatted_length(big, cfg, tokenizer):,} "
-        f"characters; the first is {path} line 2); raise data.max_prompt_length or shorten them"]
+        f"characters; the first is {path} line 2); raise data.max_prompt_length or shorten them"
+    ]
     assert len(prompts.examples[1].text) == 64 * CHARS_PER_TOKEN
     assert prompts.examples[1].prompt == big  # rewards still see the row's prompt as it is
 
@@ -74,8 +75,9 @@ def test_no_warning_when_every_prompt_fits(tmp_path, tokenizer, caplog):
 
 def test_without_a_tokenizer_to_measure_with_nothing_is_cut(tmp_path):
     path = write_rows(tmp_path / "train.jsonl", [{"prompt": "y" * 5000}])
-    prompts = load_prompts(DataConfig(train_file=str(path), max_prompt_length=8, use_chat_template=False), None,
-                           "train", seed=0)
+    prompts = load_prompts(
+        DataConfig(train_file=str(path), max_prompt_length=8, use_chat_template=False), None, "train", seed=0
+    )
     assert prompts.truncated is None and len(prompts.examples[0].text) == 5000
 
 

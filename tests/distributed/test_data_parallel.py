@@ -53,11 +53,26 @@ def _config(workdir: Path, model_dir: Path, algorithm: str, **algo) -> dict:
         "model": {"path": str(model_dir), "dtype": "fp32"},
         "data": {"train_file": str(workdir / "train.jsonl")},
         # A reward most completions of the random tiny model get sometimes: every step has signal.
-        "algorithm": {"name": algorithm, "learning_rate": 3e-3, "kl_coef": 0.01, "rollout_batch_size": 4,
-                      "num_generations": 4, "max_new_tokens": 6, "micro_batch_size": 4, **algo},
+        "algorithm": {
+            "name": algorithm,
+            "learning_rate": 3e-3,
+            "kl_coef": 0.01,
+            "rollout_batch_size": 4,
+            "num_generations": 4,
+            "max_new_tokens": 6,
+            "micro_batch_size": 4,
+            **algo,
+        },
         "reward": {"functions": [{"type": "regex", "pattern": "[a-h]", "name": "early_letter"}]},
-        "train": {"epochs": 100, "max_steps": STEPS, "logging_interval": 1, "save_interval": 2, "seed": 3,
-                  "output_dir": str(workdir / "out"), "progress_bar": "off"},
+        "train": {
+            "epochs": 100,
+            "max_steps": STEPS,
+            "logging_interval": 1,
+            "save_interval": 2,
+            "seed": 3,
+            "output_dir": str(workdir / "out"),
+            "progress_bar": "off",
+        },
         "eval": {"before_training": False, "after_training": False},
     }
 
@@ -70,16 +85,31 @@ def _write(workdir: Path, name: str, cfg: dict) -> Path:
 
 def _torchrun(config: Path, *args: str, nproc: int = 2) -> subprocess.CompletedProcess:
     # --standalone: torchrun's own rendezvous on a free local port (no port picked here and raced for)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           str(ROOT / "train.py"), "--config", str(config), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        str(ROOT / "train.py"),
+        "--config",
+        str(config),
+        *args,
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT, env=env)
 
 
 def _one_process(config: Path, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
-    return subprocess.run([sys.executable, str(ROOT / "train.py"), "--config", str(config), *args],
-                          capture_output=True, text=True, timeout=240, cwd=ROOT, env=env)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "--config", str(config), *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
+        env=env,
+    )
 
 
 def _ok(proc: subprocess.CompletedProcess) -> None:
@@ -117,14 +147,25 @@ def runs(workdir, tiny_model_dir) -> dict[str, Path]:
     rpp = _config(workdir, tiny_model_dir, "reinforce_pp")
     dapo = _config(workdir, tiny_model_dir, "dapo", max_sampling_rounds=3)
     ppo = _config(workdir, tiny_model_dir, "ppo")
-    plan = {"grpo-1": (grpo, None), "grpo-ddp": (grpo, "ddp"), "grpo-fsdp2": (grpo, "fsdp2"),
-            "rpp-1": (rpp, None), "rpp-ddp": (rpp, "ddp"), "dapo-1": (dapo, None), "dapo-ddp": (dapo, "ddp"),
-            "ppo-1": (ppo, None), "ppo-ddp": (ppo, "ddp")}
+    plan = {
+        "grpo-1": (grpo, None),
+        "grpo-ddp": (grpo, "ddp"),
+        "grpo-fsdp2": (grpo, "fsdp2"),
+        "rpp-1": (rpp, None),
+        "rpp-ddp": (rpp, "ddp"),
+        "dapo-1": (dapo, None),
+        "dapo-ddp": (dapo, "ddp"),
+        "ppo-1": (ppo, None),
+        "ppo-ddp": (ppo, "ddp"),
+    }
     for name, (cfg, strategy) in plan.items():
         config = _write(workdir, name, cfg)
         named = ("--set", f"train.run_name={name}")
-        _ok(_one_process(config, *named) if strategy is None
-            else _torchrun(config, *named, "--set", f"distributed.strategy={strategy}"))
+        _ok(
+            _one_process(config, *named)
+            if strategy is None
+            else _torchrun(config, *named, "--set", f"distributed.strategy={strategy}")
+        )
     return {name: out / name for name in plan}
 
 
@@ -137,8 +178,16 @@ def test_rewards_vary_so_the_comparison_means_something(runs):
     assert moved > 100 * SAME_WEIGHTS_ATOL  # one step moves the weights far more than the tolerance
 
 
-@pytest.mark.parametrize("one, two", [("grpo-1", "grpo-ddp"), ("grpo-1", "grpo-fsdp2"), ("rpp-1", "rpp-ddp"),
-                                      ("dapo-1", "dapo-ddp"), ("ppo-1", "ppo-ddp")])
+@pytest.mark.parametrize(
+    "one, two",
+    [
+        ("grpo-1", "grpo-ddp"),
+        ("grpo-1", "grpo-fsdp2"),
+        ("rpp-1", "rpp-ddp"),
+        ("dapo-1", "dapo-ddp"),
+        ("ppo-1", "ppo-ddp"),
+    ],
+)
 def test_two_processes_train_what_one_process_trains(runs, one, two):
     _assert_same_trajectory(runs[one], runs[two])
     _assert_same_weights(runs[one], runs[two], SAME_WEIGHTS_ATOL)
@@ -151,8 +200,12 @@ def test_dynamic_sampling_dropped_and_resampled_groups(runs):
 
 def test_only_rank_zero_writes(runs, workdir):
     one, two = runs["grpo-1"], runs["grpo-ddp"]
-    listing = lambda run: sorted(str(p.relative_to(run)) for p in run.rglob("*")  # noqa: E731
-                                 if "optimizer" not in p.parts and p.name != "optimizer.pt")
+
+    def listing(run):
+        return sorted(
+            str(p.relative_to(run)) for p in run.rglob("*") if "optimizer" not in p.parts and p.name != "optimizer.pt"
+        )
+
     assert listing(two) == listing(one)  # the same files: nothing per rank, no second run directory
     assert len(read_jsonl(two / "metrics.jsonl")) == STEPS
     assert "[rank 1]" not in (two / "train_log.log").read_text()
@@ -168,8 +221,15 @@ def _resumed(runs, workdir, source: str, name: str, launch) -> Path:
     target = workdir / "out" / name
     shutil.copytree(runs[source], target)
     shutil.rmtree(target / "checkpoints" / f"checkpoint-{STEPS}")
-    _ok(launch(workdir / f"{source}.yaml", "--set", f"train.run_name={name}",
-               "--resume", str(target / "checkpoints" / "checkpoint-2")))
+    _ok(
+        launch(
+            workdir / f"{source}.yaml",
+            "--set",
+            f"train.run_name={name}",
+            "--resume",
+            str(target / "checkpoints" / "checkpoint-2"),
+        )
+    )
     return target
 
 
@@ -177,23 +237,44 @@ def test_resume_at_another_world_size(runs, workdir):
     # Saved by two ddp processes, continued by one; saved by one, continued by two under fsdp2.
     down = _resumed(runs, workdir, "grpo-ddp", "ddp-to-1", _one_process)
     _assert_same_weights(runs["grpo-1"], down, SAME_WEIGHTS_ATOL)
-    up = _resumed(runs, workdir, "grpo-1", "1-to-fsdp2",
-                  lambda *a: _torchrun(*a, "--set", "distributed.strategy=fsdp2"))
+    up = _resumed(
+        runs, workdir, "grpo-1", "1-to-fsdp2", lambda *a: _torchrun(*a, "--set", "distributed.strategy=fsdp2")
+    )
     _assert_same_weights(runs["grpo-1"], up, SAME_WEIGHTS_ATOL)
     assert read_jsonl(up / "metrics.jsonl")[-1]["reward/mean"] == pytest.approx(
-        read_jsonl(runs["grpo-1"] / "metrics.jsonl")[-1]["reward/mean"])
+        read_jsonl(runs["grpo-1"] / "metrics.jsonl")[-1]["reward/mean"]
+    )
 
 
 def test_two_nodes_on_loopback(runs, workdir):
     """Two torchrun invocations, one process each, joined over 127.0.0.1 as two nodes would be."""
     port = _free_port()
     config = workdir / "grpo-1.yaml"
-    procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={rank}",
-                               "--nproc_per_node=1", "--master_addr=127.0.0.1", f"--master_port={port}",
-                               str(ROOT / "train.py"), "--config", str(config), "--set", "train.run_name=nodes"],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)})
-             for rank in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=2",
+                f"--node_rank={rank}",
+                "--nproc_per_node=1",
+                "--master_addr=127.0.0.1",
+                f"--master_port={port}",
+                str(ROOT / "train.py"),
+                "--config",
+                str(config),
+                "--set",
+                "train.run_name=nodes",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        for rank in (0, 1)
+    ]
     outputs = [p.communicate(timeout=240)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outputs)
     _assert_same_trajectory(runs["grpo-1"], workdir / "out" / "nodes")
@@ -217,8 +298,18 @@ atexit.register(lambda: Path({str(tmp_path)!r}, "rank" + rank).write_text(str(pr
     cfg = _config(workdir, tiny_model_dir, "grpo")
     cfg["model"]["dtype"] = "auto"
     cfg["train"]["max_steps"] = 1
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(ROOT / "train.py"), "--config", str(_write(workdir, "auto", cfg)), "--set", "train.run_name=auto"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(ROOT / "train.py"),
+        "--config",
+        str(_write(workdir, "auto", cfg)),
+        "--set",
+        "train.run_name=auto",
+    ]
     env = {**os.environ, "PYTHONPATH": f"{hook}{os.pathsep}{ROOT}"}
     _ok(subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT, env=env))
     assert [(tmp_path / f"rank{r}").read_text() for r in (0, 1)] == ["3.0", "3.0"]
@@ -230,8 +321,12 @@ def test_a_kind_without_data_parallel_is_refused_under_torchrun(tmp_path, tiny_m
     from rlft.errors import UsageError
 
     write_jsonl(tmp_path / "sft.jsonl", [{"prompt": "a", "completion": "b"}] * 4)
-    cfg = {"kind": "sft", "model": {"path": str(tiny_model_dir)}, "data": {"train_file": str(tmp_path / "sft.jsonl")},
-           "train": {"output_dir": str(tmp_path / "out"), "progress_bar": "off"}}
+    cfg = {
+        "kind": "sft",
+        "model": {"path": str(tiny_model_dir)},
+        "data": {"train_file": str(tmp_path / "sft.jsonl")},
+        "train": {"output_dir": str(tmp_path / "out"), "progress_bar": "off"},
+    }
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(UsageError, match="kind sft runs in one process.*2 independent copies"):
         Trainer(config=copy.deepcopy(cfg)).setup()
@@ -247,10 +342,24 @@ def test_sigterm_to_one_process_stops_all_at_the_same_step_with_a_checkpoint(run
     cfg["train"].update(max_steps=500, save_interval=1000, run_name="stopped")
     config = _write(workdir, "stopped", cfg)
     run = workdir / "out" / "stopped"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(ROOT / "train.py"), "--config", str(config)]
-    launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                                env={**os.environ, "PYTHONPATH": str(ROOT)})
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(ROOT / "train.py"),
+        "--config",
+        str(config),
+    ]
+    launcher = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     import time
 
     deadline = time.time() + 120

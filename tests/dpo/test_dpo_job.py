@@ -18,13 +18,23 @@ from tests.rm.test_rm_job import HELD_OUT_WORDS, _pairs
 def dpo_config(tmp_path, tiny_model_dir):
     train = write_jsonl(tmp_path / "prefs" / "train.jsonl", _pairs(16))
     evalf = write_jsonl(tmp_path / "prefs" / "eval.jsonl", _pairs(8, HELD_OUT_WORDS))
-    return {"kind": "dpo", "model": {"path": str(tiny_model_dir), "dtype": "fp32"},
-            "data": {"train_file": str(train), "eval_file": str(evalf), "max_length": 256},
-            "dpo": {"learning_rate": 1e-3, "beta": 0.1, "batch_size": 8, "micro_batch_size": 4,
-                    "lr_scheduler": "constant"},
-            "train": {"epochs": 50, "max_steps": 8, "logging_interval": 1, "save_interval": 100,
-                      "output_dir": str(tmp_path / "outputs"), "run_name": "dpo", "seed": 0, "progress_bar": "off"},
-            "eval": {}}
+    return {
+        "kind": "dpo",
+        "model": {"path": str(tiny_model_dir), "dtype": "fp32"},
+        "data": {"train_file": str(train), "eval_file": str(evalf), "max_length": 256},
+        "dpo": {"learning_rate": 1e-3, "beta": 0.1, "batch_size": 8, "micro_batch_size": 4, "lr_scheduler": "constant"},
+        "train": {
+            "epochs": 50,
+            "max_steps": 8,
+            "logging_interval": 1,
+            "save_interval": 100,
+            "output_dir": str(tmp_path / "outputs"),
+            "run_name": "dpo",
+            "seed": 0,
+            "progress_bar": "off",
+        },
+        "eval": {},
+    }
 
 
 def test_dpo_loss_matches_hand_computed_values():
@@ -36,8 +46,9 @@ def test_dpo_loss_matches_hand_computed_values():
     assert loss.item() == pytest.approx(expected, abs=1e-6)
     assert stats.accuracy == 0.5 and stats.margin == pytest.approx(0.25) and stats.chosen == pytest.approx(0.25)
     smooth, _ = dpo_loss(pc, pr, rc, rr, beta=0.5, label_smoothing=0.1)
-    assert smooth.item() == pytest.approx(0.9 * expected + 0.1 * (math.log1p(math.exp(1.0)) + math.log1p(math.exp(-0.5))) / 2,
-                                          abs=1e-6)
+    assert smooth.item() == pytest.approx(
+        0.9 * expected + 0.1 * (math.log1p(math.exp(1.0)) + math.log1p(math.exp(-0.5))) / 2, abs=1e-6
+    )
     ipo, _ = dpo_loss(pc, pr, rc, rr, beta=0.5, loss="ipo", num_pairs=4)
     assert ipo.item() == pytest.approx(((2 - 1) ** 2 + (-1 - 1) ** 2) / 4, abs=1e-6)
 
@@ -55,6 +66,7 @@ def test_reward_accuracy_rises_on_separable_pairs(dpo_config):
 
 def test_resume_is_bit_exact(dpo_config):
     assert_resume_is_bit_exact(dpo_config)
+
 
 def test_dpo_with_lora_uses_the_base_as_its_reference(dpo_config):
     """A LoRA policy's reference is the base with the adapter off: no second copy of the weights, the

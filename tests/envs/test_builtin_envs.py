@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rlft.envs.builtin import BUILTIN_ENVIRONMENTS, builtin_module
-from rlft.envs.builtin import calculator, guess, search
+from rlft.envs.builtin import BUILTIN_ENVIRONMENTS, builtin_module, calculator, guess, search
 from rlft.envs.tools import environment_methods, tool_schema
 from rlft.errors import EnvironmentFailure
 
@@ -33,6 +32,7 @@ def docs(tmp_path_factory) -> str:
 
 # ---------------------------------------------------------------- registry and schemas
 
+
 def test_registry_names_modules_and_classes():
     from rlft.config.environment import BUILTIN_ENVIRONMENT_NAMES
     from rlft.plugins import load_object
@@ -51,14 +51,18 @@ def test_registry_names_modules_and_classes():
 
 
 def test_registry_import_is_light():
-    code = ("import sys, rlft.envs.builtin; "
-            "print(sorted(m for m in ('bm25s', 'transformers', 'torch') if m in sys.modules))")
+    code = (
+        "import sys, rlft.envs.builtin; "
+        "print(sorted(m for m in ('bm25s', 'transformers', 'torch') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("cls, tools", [(calculator.CalculatorEnv, ["calculate"]), (search.SearchEnv, ["search"]),
-                                        (guess.GuessNumberEnv, ["guess"])])
+@pytest.mark.parametrize(
+    "cls, tools",
+    [(calculator.CalculatorEnv, ["calculate"]), (search.SearchEnv, ["search"]), (guess.GuessNumberEnv, ["guess"])],
+)
 def test_every_tool_has_a_schema(cls, tools):
     methods = environment_methods(cls)
     assert sorted(methods) == tools
@@ -71,20 +75,57 @@ def test_every_tool_has_a_schema(cls, tools):
 
 # ---------------------------------------------------------------- calculator
 
-@pytest.mark.parametrize("expression, expected", [
-    ("47 * 86", "4042"), ("123 + 456", "579"), ("(2 + 3) * 4", "20"), ("-5 + 2", "-3"), ("-(3 - 10)", "7"),
-    ("84 / 2", "42"), ("7 / 2", "3.5"), ("10 / 3", "3.333333333"), ("1.5 * 2", "3"), ("47 × 86", "4042"),
-    (" 12*12 ", "144"), ("99 - 100", "-1"),
-])
+
+@pytest.mark.parametrize(
+    "expression, expected",
+    [
+        ("47 * 86", "4042"),
+        ("123 + 456", "579"),
+        ("(2 + 3) * 4", "20"),
+        ("-5 + 2", "-3"),
+        ("-(3 - 10)", "7"),
+        ("84 / 2", "42"),
+        ("7 / 2", "3.5"),
+        ("10 / 3", "3.333333333"),
+        ("1.5 * 2", "3"),
+        ("47 × 86", "4042"),
+        (" 12*12 ", "144"),
+        ("99 - 100", "-1"),
+    ],
+)
 def test_calculate_arithmetic(expression, expected):
     assert calculator.CalculatorEnv().calculate(expression) == expected
 
 
-@pytest.mark.parametrize("expression", [
-    "__import__('os')", "__import__('os').system('echo hi')", "().__class__", "open('/etc/passwd')", "2 ** 10",
-    "lambda: 1", "[1, 2]", "1 if 1 else 0", "x + 1", "True + 1", "1 < 2", "'a' * 3", "5 // 2", "5 % 2", "1j",
-    "+5", "", "47 *", "1 / 0", "1e309", "1e300 * 1e300", "1" * 201, None, 42,
-])
+@pytest.mark.parametrize(
+    "expression",
+    [
+        "__import__('os')",
+        "__import__('os').system('echo hi')",
+        "().__class__",
+        "open('/etc/passwd')",
+        "2 ** 10",
+        "lambda: 1",
+        "[1, 2]",
+        "1 if 1 else 0",
+        "x + 1",
+        "True + 1",
+        "1 < 2",
+        "'a' * 3",
+        "5 // 2",
+        "5 % 2",
+        "1j",
+        "+5",
+        "",
+        "47 *",
+        "1 / 0",
+        "1e309",
+        "1e300 * 1e300",
+        "1" * 201,
+        None,
+        42,
+    ],
+)
 def test_calculate_refuses_with_an_error_string(expression):
     out = calculator.CalculatorEnv().calculate(expression)
     assert isinstance(out, str) and out.startswith("error: ")
@@ -129,13 +170,17 @@ def test_calculator_demonstration():
         demo = calculator.demonstration(row)
         user, call, tool, final = demo["messages"]
         assert user == {"role": "user", "content": row["prompt"]}
-        assert call["tool_calls"][0]["function"] == {"name": "calculate", "arguments": {"expression": row["expression"]}}
+        assert call["tool_calls"][0]["function"] == {
+            "name": "calculate",
+            "arguments": {"expression": row["expression"]},
+        }
         assert tool == {"role": "tool", "name": "calculate", "content": row["answer"]}
         assert final == {"role": "assistant", "content": f"The answer is {row['answer']}."}
         assert [t["function"]["name"] for t in demo["tools"]] == ["calculate"]
 
 
 # ---------------------------------------------------------------- search
+
 
 def test_corpus_is_invented_and_unique():
     corpus = search.make_corpus(0)
@@ -176,8 +221,12 @@ def test_search_index_is_cached_per_path_and_mtime(docs, tmp_path):
     copy.write_text(Path(docs).read_text())
     first = search.SearchEnv(str(copy))
     assert first.retriever is not search.SearchEnv(docs).retriever
-    copy.write_text(json.dumps({"id": "x", "title": "Zintarra", "text": "Zintarra was founded in 1700."}) + "\n"
-                    + json.dumps({"id": "y", "title": "Oddly", "text": "Oddly is a place."}) + "\n")
+    copy.write_text(
+        json.dumps({"id": "x", "title": "Zintarra", "text": "Zintarra was founded in 1700."})
+        + "\n"
+        + json.dumps({"id": "y", "title": "Oddly", "text": "Oddly is a place."})
+        + "\n"
+    )
     os.utime(copy, ns=(os.stat(copy).st_atime_ns, os.stat(copy).st_mtime_ns + 10**9))
     changed = search.SearchEnv(str(copy))
     assert changed.retriever is not first.retriever
@@ -211,6 +260,7 @@ def test_search_demonstration(docs):
 
 
 # ---------------------------------------------------------------- guess the number
+
 
 def test_guess_feedback_done_and_reward():
     env = guess.GuessNumberEnv()
@@ -255,8 +305,10 @@ def test_guess_demonstration_is_binary_search(low, high, most):
         results = [m["content"] for m in messages if m["role"] == "tool"]
         assert results[-1] == "Correct!" and all(r in ("Too low.", "Too high.") for r in results[:-1])
         assert len(results) <= most
-        assert messages[-2]["role"] == "tool" and messages[-1] == {"role": "assistant",
-                                                                   "content": f"The number is {secret}."}
+        assert messages[-2]["role"] == "tool" and messages[-1] == {
+            "role": "assistant",
+            "content": f"The number is {secret}.",
+        }
         assert messages[-3]["tool_calls"][0]["function"]["arguments"] == {"number": secret}
 
 
@@ -274,6 +326,7 @@ def test_guess_rows():
 
 
 # ---------------------------------------------------------------- determinism and the data files
+
 
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_rows_are_deterministic_and_match_the_data_files(name):

@@ -31,8 +31,11 @@ class _Counter(BaseHTTPRequestHandler):
                 return
             guess = body["action"].get("guess")
             hit = guess == target
-            out = {"observation": {"message": "yes" if hit else ("higher" if guess < target else "lower")},
-                   "reward": 1.0 if hit else 0.0, "done": hit}
+            out = {
+                "observation": {"message": "yes" if hit else ("higher" if guess < target else "lower")},
+                "reward": 1.0 if hit else 0.0,
+                "done": hit,
+            }
         else:
             self.send_error(404)
             return

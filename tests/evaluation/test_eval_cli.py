@@ -31,8 +31,10 @@ def _train(tmp_path: Path, cfg: dict) -> Path:
 def _config(tmp_path: Path, tiny_config: dict, steps: int = 2) -> dict:
     cfg = quick(tiny_config, steps=steps, evaluate=True)
     write_jsonl(Path(cfg["data"]["eval_file"]), [{"prompt": p, "answer": "a"} for p in EVAL_PROMPTS])
-    cfg["reward"]["functions"] = [{"type": "regex", "pattern": "[a-m]", "name": "early"},
-                                  {"type": "contains", "keyword": "a", "name": "has_a", "weight": 0.5}]
+    cfg["reward"]["functions"] = [
+        {"type": "regex", "pattern": "[a-m]", "name": "early"},
+        {"type": "contains", "keyword": "a", "name": "has_a", "weight": 0.5},
+    ]
     cfg["algorithm"].update(max_new_tokens=6, learning_rate=3e-2)
     cfg["eval"].update(max_new_tokens=6, num_samples=4, pass_k=[1, 2, 4])
     return cfg
@@ -56,20 +58,37 @@ def test_eval_base_and_checkpoint_side_by_side(tmp_path, tiny_config):
     ckpt = run / "checkpoints" / "checkpoint-2"
     config = write_config(tmp_path, cfg)
     out = tmp_path / "cmp"
-    proc = run_cli(["eval", "--config", str(config), "--base", "--checkpoint", str(ckpt), "--out", str(out),
-                    "--examples", "10"], tmp_path)
+    proc = run_cli(
+        ["eval", "--config", str(config), "--base", "--checkpoint", str(ckpt), "--out", str(out), "--examples", "10"],
+        tmp_path,
+    )
     assert_ok(proc)
     labels = ["base", "checkpoint-2"]
     for name in ["base.json", "checkpoint-2.json", "side_by_side.jsonl", "report.md", "report.html"]:
         assert (out / name).is_file(), name
 
     results = {label: json.loads((out / f"{label}.json").read_text()) for label in labels}
-    in_training = {"base": json.loads((run / "eval" / "step-0.json").read_text()),
-                   "checkpoint-2": json.loads((run / "eval" / "step-2.json").read_text())}
+    in_training = {
+        "base": json.loads((run / "eval" / "step-0.json").read_text()),
+        "checkpoint-2": json.loads((run / "eval" / "step-2.json").read_text()),
+    }
     for label, res in results.items():
-        for key in ("label", "model", "accuracy", "sampled_accuracy", "pass_at_k", "reward_mean", "rewards",
-                    "sampled_rewards", "completion_length_mean", "truncation_rate", "repetition_mean",
-                    "num_prompts", "num_samples", "samples"):
+        for key in (
+            "label",
+            "model",
+            "accuracy",
+            "sampled_accuracy",
+            "pass_at_k",
+            "reward_mean",
+            "rewards",
+            "sampled_rewards",
+            "completion_length_mean",
+            "truncation_rate",
+            "repetition_mean",
+            "num_prompts",
+            "num_samples",
+            "samples",
+        ):
             assert key in res, (label, key)
         assert res["label"] == label and res["num_prompts"] == 4 and res["num_samples"] == 4
         assert set(res["rewards"]) == set(res["sampled_rewards"]) == {"early", "has_a"}
@@ -98,10 +117,18 @@ def test_eval_base_and_checkpoint_side_by_side(tmp_path, tiny_config):
     assert table[0] == ["metric", *labels]
     assert all(len(r) == 3 for r in table), table
     names = [r[0] for r in table[2:]]
-    for wanted in ("pass@1", "pass@2", "pass@4", "reward early, greedy", "reward has_a, sampled",
-                   "truncation rate, greedy"):
+    for wanted in (
+        "pass@1",
+        "pass@2",
+        "pass@4",
+        "reward early, greedy",
+        "reward has_a, sampled",
+        "truncation rate, greedy",
+    ):
         assert wanted in names, names
-    assert any(n.startswith("accuracy, greedy") for n in names) and any(n.startswith("accuracy, sampled") for n in names)
+    assert any(n.startswith("accuracy, greedy") for n in names) and any(
+        n.startswith("accuracy, sampled") for n in names
+    )
     assert any(n.startswith("repetition") for n in names) and any(n.startswith("completion length") for n in names)
     assert _table(proc.stdout) == table  # the table printed to stdout
 
@@ -148,8 +175,10 @@ def test_eval_user_errors(tmp_path, tiny_config, capsys):
         (["--config", str(config), "--base", "--checkpoint", str(run_dir)], "run directory"),
         (["--config", str(config), "--checkpoint", str(not_a_model)], str(not_a_model)),
         (["--config", str(config), "--checkpoint", str(stray_file)], str(stray_file)),
-        (["--config", str(config), "--base", "--set", "eval.num_samples=2", "--set", "eval.pass_k=[1,4]"],
-         "eval.pass_k"),
+        (
+            ["--config", str(config), "--base", "--set", "eval.num_samples=2", "--set", "eval.pass_k=[1,4]"],
+            "eval.pass_k",
+        ),
         (["--config", str(no_eval), "--base"], "no eval prompts"),
         (["--config", str(tmp_path / "nope.yaml"), "--base"], "nope.yaml"),
     ]
@@ -170,9 +199,7 @@ def test_eval_report_carries_the_runs_reward_hacking_flags(tmp_path, tiny_config
     result = Trainer(config=tiny_config).train()
     config = write_config(tmp_path, tiny_config)
     out = tmp_path / "report"
-    assert main(["eval", "--config", str(config), "--checkpoint", str(result.final_checkpoint),
-                 "--out", str(out)]) == 0
+    assert main(["eval", "--config", str(config), "--checkpoint", str(result.final_checkpoint), "--out", str(out)]) == 0
     report = (out / "report.md").read_text()
-    assert ("run health (checkpoint-2's run, warning, step 1, reward_dominance): reward 'has_b' carried"
-            in report)
+    assert "run health (checkpoint-2's run, warning, step 1, reward_dominance): reward 'has_b' carried" in report
     assert "run health" in (out / "report.html").read_text()

@@ -41,27 +41,47 @@ class ScriptedEngine:
         T = max(lengths)
         mask = torch.tensor([[1] * n + [0] * (T - n) for n in lengths])
         N = len(order)
-        return RolloutBatch(prompt_ids=torch.zeros(N, 1, dtype=torch.long), prompt_mask=torch.ones(N, 1),
-                            completion_ids=torch.zeros(N, T, dtype=torch.long), completion_mask=mask,
-                            texts=[t for _, t in order],
-                            finish_reasons=["length" if n >= sampling.max_new_tokens else "stop" for n in lengths],
-                            prompt_index=[i for i, _ in order])
+        return RolloutBatch(
+            prompt_ids=torch.zeros(N, 1, dtype=torch.long),
+            prompt_mask=torch.ones(N, 1),
+            completion_ids=torch.zeros(N, T, dtype=torch.long),
+            completion_mask=mask,
+            texts=[t for _, t in order],
+            finish_reasons=["length" if n >= sampling.max_new_tokens else "stop" for n in lengths],
+            prompt_index=[i for i, _ in order],
+        )
 
 
 def _examples():
-    return [PromptExample(prompt=p, text=p, columns={"answer": "x"}, source=f"eval.jsonl:{i + 1}")
-            for i, p in enumerate(GREEDY)]
+    return [
+        PromptExample(prompt=p, text=p, columns={"answer": "x"}, source=f"eval.jsonl:{i + 1}")
+        for i, p in enumerate(GREEDY)
+    ]
 
 
 def _rewards():
-    return RewardManager.from_specs([ContainsReward(type="contains", keyword="x", name="has_x"),
-                                     ContainsReward(type="contains", keyword="y", name="has_y", weight=0.5)])
+    return RewardManager.from_specs(
+        [
+            ContainsReward(type="contains", keyword="x", name="has_x"),
+            ContainsReward(type="contains", keyword="y", name="has_y", weight=0.5),
+        ]
+    )
 
 
 def test_greedy_and_sampled_metrics_by_hand():
     engine = ScriptedEngine()
-    res = evaluate(engine, _examples(), _rewards(), max_new_tokens=4, batch_size=8, accuracy_reward="has_x",
-                   success_threshold=1.0, num_samples=4, temperature=0.7, pass_k=[4, 1, 2])
+    res = evaluate(
+        engine,
+        _examples(),
+        _rewards(),
+        max_new_tokens=4,
+        batch_size=8,
+        accuracy_reward="has_x",
+        success_threshold=1.0,
+        num_samples=4,
+        temperature=0.7,
+        pass_k=[4, 1, 2],
+    )
     # greedy: "x" ok, "y" not, "x x x x" ok (4 words = max_new_tokens: truncated, trigram xxx twice)
     assert res.accuracy == pytest.approx(2 / 3)
     assert res.rewards == pytest.approx({"has_x": 2 / 3, "has_y": 1 / 3})
@@ -94,12 +114,31 @@ def test_greedy_and_sampled_metrics_by_hand():
 
 
 def test_old_call_is_greedy_only_and_serialisable():
-    res = evaluate(ScriptedEngine(), _examples(), _rewards(), max_new_tokens=8, batch_size=2,
-                   accuracy_reward="has_x", success_threshold=1.0, greedy=True)
+    res = evaluate(
+        ScriptedEngine(),
+        _examples(),
+        _rewards(),
+        max_new_tokens=8,
+        batch_size=2,
+        accuracy_reward="has_x",
+        success_threshold=1.0,
+        greedy=True,
+    )
     summary = res.summary()
     json.dumps(summary)
-    for key in ("accuracy", "reward_mean", "rewards", "num_prompts", "completion_length_mean", "truncation_rate",
-                "seconds", "repetition_mean", "sampled_accuracy", "pass_at_k", "sampled_rewards"):
+    for key in (
+        "accuracy",
+        "reward_mean",
+        "rewards",
+        "num_prompts",
+        "completion_length_mean",
+        "truncation_rate",
+        "seconds",
+        "repetition_mean",
+        "sampled_accuracy",
+        "pass_at_k",
+        "sampled_rewards",
+    ):
         assert key in summary
     assert res.num_samples == 0 and res.sampled_accuracy is None and res.pass_at_k == {}
     assert res.truncation_rate == 0.0
@@ -118,8 +157,17 @@ def test_bad_arguments_are_rejected():
 def test_seed_gives_its_own_stream_and_leaves_the_global_one_alone():
     torch.manual_seed(123)
     before = torch.get_rng_state()
-    evaluate(ScriptedEngine(), _examples(), _rewards(), max_new_tokens=4, batch_size=8, accuracy_reward="has_x",
-             success_threshold=1.0, num_samples=2, seed=7)
+    evaluate(
+        ScriptedEngine(),
+        _examples(),
+        _rewards(),
+        max_new_tokens=4,
+        batch_size=8,
+        accuracy_reward="has_x",
+        success_threshold=1.0,
+        num_samples=2,
+        seed=7,
+    )
     assert torch.equal(torch.get_rng_state(), before)
 
 
@@ -131,8 +179,15 @@ def test_real_engine_samples_are_seeded_and_grouped(tiny_model_dir):
     engine = NativeEngine(load_model_dir(tiny_model_dir), tok, max_prompt_length=64, autocast_dtype=None)
     examples = [PromptExample(prompt=p, text=p, source=f"e:{i}") for i, p in enumerate(["hello", "abc", "dog"])]
     rewards = RewardManager.from_specs([ContainsReward(type="contains", keyword="e", name="has_e")])
-    kw = dict(max_new_tokens=5, batch_size=4, accuracy_reward="has_e", success_threshold=1.0, num_samples=3,
-              pass_k=[1, 2, 3], seed=0)
+    kw = dict(
+        max_new_tokens=5,
+        batch_size=4,
+        accuracy_reward="has_e",
+        success_threshold=1.0,
+        num_samples=3,
+        pass_k=[1, 2, 3],
+        seed=0,
+    )
     a = evaluate(engine, examples, rewards, **kw)
     b = evaluate(engine, examples, rewards, **kw)
     assert [s["sampled"] for s in a.samples] == [s["sampled"] for s in b.samples]  # same seed, same samples

@@ -6,26 +6,34 @@ import math
 
 import pytest
 
-from rlft.evaluation.metrics import (mean, mean_by_key, mean_pass_at_k, pass_at_k, pass_at_k_table, rate,
-                                     repetition_score, word_ngrams)
+from rlft.evaluation.metrics import (
+    mean,
+    mean_by_key,
+    mean_pass_at_k,
+    pass_at_k,
+    pass_at_k_table,
+    rate,
+    repetition_score,
+    word_ngrams,
+)
 
 # (n, c, k, expected) -- each worked out by hand from 1 - C(n-c, k) / C(n, k)
 PASS_AT_K = [
-    (1, 0, 1, 0.0),            # c = 0: never
-    (1, 1, 1, 1.0),            # c = n
-    (5, 0, 5, 0.0),            # c = 0 and k = n
-    (5, 5, 3, 1.0),            # c = n
-    (5, 2, 5, 1.0),            # k = n with any correct sample
-    (4, 1, 1, 0.25),           # pass@1 = c / n
-    (4, 1, 2, 0.5),            # 1 - C(3,2)/C(4,2) = 1 - 3/6
-    (4, 1, 4, 1.0),            # n - c = 3 < k = 4
-    (4, 2, 2, 5 / 6),          # 1 - C(2,2)/C(4,2) = 1 - 1/6
-    (4, 2, 3, 1.0),            # n - c = 2 < k = 3
-    (4, 3, 2, 1.0),            # n - c = 1 < k = 2
+    (1, 0, 1, 0.0),  # c = 0: never
+    (1, 1, 1, 1.0),  # c = n
+    (5, 0, 5, 0.0),  # c = 0 and k = n
+    (5, 5, 3, 1.0),  # c = n
+    (5, 2, 5, 1.0),  # k = n with any correct sample
+    (4, 1, 1, 0.25),  # pass@1 = c / n
+    (4, 1, 2, 0.5),  # 1 - C(3,2)/C(4,2) = 1 - 3/6
+    (4, 1, 4, 1.0),  # n - c = 3 < k = 4
+    (4, 2, 2, 5 / 6),  # 1 - C(2,2)/C(4,2) = 1 - 1/6
+    (4, 2, 3, 1.0),  # n - c = 2 < k = 3
+    (4, 3, 2, 1.0),  # n - c = 1 < k = 2
     (10, 3, 1, 0.3),
-    (10, 3, 5, 11 / 12),       # 1 - C(7,5)/C(10,5) = 1 - 21/252
-    (10, 1, 9, 0.9),           # 1 - C(9,9)/C(10,9) = 1 - 1/10
-    (200, 1, 100, 0.5),        # 1 - C(199,100)/C(200,100) = 1 - 100/200 (huge binomials, stable product)
+    (10, 3, 5, 11 / 12),  # 1 - C(7,5)/C(10,5) = 1 - 21/252
+    (10, 1, 9, 0.9),  # 1 - C(9,9)/C(10,9) = 1 - 1/10
+    (200, 1, 100, 0.5),  # 1 - C(199,100)/C(200,100) = 1 - 100/200 (huge binomials, stable product)
 ]
 
 
@@ -63,14 +71,14 @@ def test_mean_pass_at_k_and_table():
 # (text, n, expected)
 REPETITION = [
     ("", 3, 0.0),
-    ("a b", 3, 0.0),                           # fewer words than n: no n-grams
-    ("the cat sat on the mat", 3, 0.0),        # 'the' repeats but no trigram does
-    ("a b c a b c a b c", 3, 4 / 7),           # 7 trigrams, the last 4 repeat earlier ones
-    ("go go go go go", 3, 2 / 3),              # 3 identical trigrams
-    ("a  b\nc a\tb c", 3, 1 / 4),              # any whitespace separates words: abc bca cab abc
-    ("A b c a b c", 3, 0.0),                   # words compare exactly (case-sensitive)
+    ("a b", 3, 0.0),  # fewer words than n: no n-grams
+    ("the cat sat on the mat", 3, 0.0),  # 'the' repeats but no trigram does
+    ("a b c a b c a b c", 3, 4 / 7),  # 7 trigrams, the last 4 repeat earlier ones
+    ("go go go go go", 3, 2 / 3),  # 3 identical trigrams
+    ("a  b\nc a\tb c", 3, 1 / 4),  # any whitespace separates words: abc bca cab abc
+    ("A b c a b c", 3, 0.0),  # words compare exactly (case-sensitive)
     ("a b a", 1, 1 / 3),
-    ("a b a b", 2, 1 / 3),                     # ab ba ab
+    ("a b a b", 2, 1 / 3),  # ab ba ab
 ]
 
 

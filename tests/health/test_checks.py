@@ -106,6 +106,7 @@ def test_length_shrinking_to_a_short_answer_is_not_a_collapse():
 
 # ---------------------------------------------------------------- held-out accuracy vs training reward
 
+
 def test_the_issues_noisy_fifty_prompt_eval_does_not_cry_wolf():
     # issue 36: 0 -> 40 -> 44 -> 54 -> 38 -> 72 -> 82 % on 50 prompts while the reward rose
     accs = [0.0, 0.40, 0.44, 0.54, 0.38, 0.72, 0.82]

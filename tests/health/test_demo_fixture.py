@@ -33,7 +33,7 @@ def test_the_same_run_logged_every_ten_steps_is_healthy_too(tmp_path):
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     with open(run / "metrics.jsonl", "w") as f:
         for end in range(10, len(rows) + 1, 10):
-            chunk = rows[end - 10:end]
+            chunk = rows[end - 10 : end]
             keys = set().union(*chunk)
             mean = {k: sum(r[k] for r in chunk if k in r) / sum(k in r for r in chunk) for k in keys}
             f.write(json.dumps({**mean, "step": end}) + "\n")

@@ -21,8 +21,10 @@ def write_run(root, rows, evals=(), health=None):
     (root / "eval").mkdir()
     for step, acc, n in evals:
         (root / "eval" / f"step-{step}.json").write_text(json.dumps({"step": step, "accuracy": acc, "num_prompts": n}))
-    config = {"reward": {"functions": [{"type": "contains", "keyword": "a", "name": "correct"}]},
-              "train": {"health": health or {}}}
+    config = {
+        "reward": {"functions": [{"type": "contains", "keyword": "a", "name": "correct"}]},
+        "train": {"health": health or {}},
+    }
     (root / "config.yaml").write_text(json.dumps(config))  # JSON is YAML
     (root / "run.json").write_text(json.dumps({"status": "completed", "step": rows[-1]["step"], "total_steps": 60}))
     return root
@@ -30,8 +32,10 @@ def write_run(root, rows, evals=(), health=None):
 
 def sparse(every=10, steps=60, broken=None, start=30):
     """Rows every ``every`` steps, as metrics.jsonl has them; ``broken`` values from ``start`` on."""
-    return [{"step": s, **healthy_row(s), **(broken if broken and s >= start else {})}
-            for s in range(every, steps + 1, every)]
+    return [
+        {"step": s, **healthy_row(s), **(broken if broken and s >= start else {})}
+        for s in range(every, steps + 1, every)
+    ]
 
 
 def test_a_healthy_run_is_healthy_with_a_report_and_exit_0(tmp_path, capsys):
@@ -51,7 +55,10 @@ def test_no_signal_and_nan_make_it_unhealthy_exit_3_with_a_plot_per_finding(tmp_
     assert main(["diagnose", str(run), "--out", str(tmp_path / "report")]) == 3
     out = capsys.readouterr().out
     assert "bad: unhealthy" in out
-    assert "step 30 (still at step 60) [no_signal, unhealthy]: no learning signal on 100% of the last 20 steps (40 in a row now)" in out
+    assert (
+        "step 30 (still at step 60) [no_signal, unhealthy]: no learning signal on 100% of the last 20 steps "
+        "(40 in a row now)" in out
+    )
     assert "step 60 [nonfinite, unhealthy]: non-finite metrics kl" in out
     report = (tmp_path / "report" / "report.md").read_text()
     assert "| 1 | no_signal | unhealthy | step 30 | step 60 | algorithm.temperature" in report
@@ -84,11 +91,14 @@ def test_evals_are_replayed_between_the_steps_around_them(tmp_path):
     assert [(f.check, f.step, f.severity) for f in d.findings] == [("accuracy_falls", 40, "unhealthy")]
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda p: p, "no such directory"),
-    (lambda p: p.mkdir() or p, "metrics.jsonl: no such file"),
-    (lambda p: p.mkdir() or (p / "metrics.jsonl").write_text("") or p, "has no logged step yet"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda p: p, "no such directory"),
+        (lambda p: p.mkdir() or p, "metrics.jsonl: no such file"),
+        (lambda p: p.mkdir() or (p / "metrics.jsonl").write_text("") or p, "has no logged step yet"),
+    ],
+)
 def test_usage_errors_exit_2_with_a_clear_message(tmp_path, capsys, make, message):
     assert main(["diagnose", str(make(tmp_path / "run"))]) == 2
     err = capsys.readouterr().err

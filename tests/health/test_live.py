@@ -47,9 +47,12 @@ def test_findings_reach_the_log_the_eval_files_and_run_json(tiny_config):
 
 def test_a_constant_reward_is_unhealthy_and_stops_when_asked_with_exit_3(tmp_path, tiny_config, capsys):
     _custom_reward(tmp_path, tiny_config, CONSTANT, "constant")
-    tiny_config["train"].update(max_steps=20, save_interval=100, logging_interval=2,
-                                health={"no_signal_patience": 2, "signal_window": 3, "stop_on_no_signal": 3,
-                                        "fail_on_unhealthy": True})
+    tiny_config["train"].update(
+        max_steps=20,
+        save_interval=100,
+        logging_interval=2,
+        health={"no_signal_patience": 2, "signal_window": 3, "stop_on_no_signal": 3, "fail_on_unhealthy": True},
+    )
     tiny_config["eval"].update(before_training=False)
     config = tmp_path / "constant.yaml"
     config.write_text(yaml.safe_dump(tiny_config))
@@ -57,7 +60,11 @@ def test_a_constant_reward_is_unhealthy_and_stops_when_asked_with_exit_3(tmp_pat
     assert "the run completed but is unhealthy" in capsys.readouterr().err
     run_dir = tmp_path / "outputs" / "run"
     info = json.loads((run_dir / "run.json").read_text())
-    assert info["status"] == "completed" and info["step"] == 3 and "no learning signal for 3 steps" in info["halted"]["reason"]
+    assert (
+        info["status"] == "completed"
+        and info["step"] == 3
+        and "no learning signal for 3 steps" in info["halted"]["reason"]
+    )
     assert (run_dir / "checkpoints" / "checkpoint-3").is_dir()
     assert info["health"]["verdict"] == "unhealthy" and info["health"]["findings"][0]["check"] == "no_signal"
     log = (run_dir / "train_log.log").read_text()
@@ -134,10 +141,16 @@ def test_a_tool_that_always_fails_shows_its_error_rate(tmp_path, tiny_config, mo
 
     _always_call_the_tool(monkeypatch)
     (tmp_path / "broken_env.py").write_text(BROKEN_ENV)
-    tiny_config["model"] = {"path": str(build_tiny_model_dir(tmp_path / "chatml", chat_format="chatml")),
-                            "dtype": "fp32"}
-    tiny_config["environment"] = {"class": f"{tmp_path}/broken_env.py:BrokenEnv", "max_turns": 2,
-                                  "max_episode_tokens": 96, "max_tool_response_tokens": 16}
+    tiny_config["model"] = {
+        "path": str(build_tiny_model_dir(tmp_path / "chatml", chat_format="chatml")),
+        "dtype": "fp32",
+    }
+    tiny_config["environment"] = {
+        "class": f"{tmp_path}/broken_env.py:BrokenEnv",
+        "max_turns": 2,
+        "max_episode_tokens": 96,
+        "max_tool_response_tokens": 16,
+    }
     tiny_config["algorithm"].update(max_new_tokens=32, kl_coef=0.0)
     tiny_config["train"].update(max_steps=2, health={"window": 2})
     tiny_config["eval"].update(before_training=False, after_training=False)

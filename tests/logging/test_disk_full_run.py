@@ -30,10 +30,12 @@ def _strays(run: Path) -> list[str]:
     return [str(p.relative_to(run)) for p in run.rglob("*") if p.name.endswith(".tmp") or ".tmp-" in p.name]
 
 
-@pytest.mark.parametrize("name, evaluate", [("metrics.jsonl", False), ("samples.jsonl", False),
-                                            ("step-2.json.tmp", True)])
-def test_a_full_disk_while_logging_fails_the_run_with_one_clear_error(tmp_path, tiny_config, monkeypatch, capsys,
-                                                                      name, evaluate):
+@pytest.mark.parametrize(
+    "name, evaluate", [("metrics.jsonl", False), ("samples.jsonl", False), ("step-2.json.tmp", True)]
+)
+def test_a_full_disk_while_logging_fails_the_run_with_one_clear_error(
+    tmp_path, tiny_config, monkeypatch, capsys, name, evaluate
+):
     code, err, run = _train(tmp_path, tiny_config, monkeypatch, capsys, lambda p: p.name == name, evaluate)
     shown = name.removesuffix(".tmp")
     assert code == 1, err
@@ -45,8 +47,9 @@ def test_a_full_disk_while_logging_fails_the_run_with_one_clear_error(tmp_path, 
     assert _strays(run) == []
 
 
-def test_when_run_json_itself_cannot_be_written_its_last_complete_version_stays(tmp_path, tiny_config, monkeypatch,
-                                                                               capsys):
+def test_when_run_json_itself_cannot_be_written_its_last_complete_version_stays(
+    tmp_path, tiny_config, monkeypatch, capsys
+):
     def full(path: Path) -> bool:  # the disk fills up once training has begun
         if path.name != "run.json.tmp" or not (path.parent / "run.json").exists():
             return False
@@ -71,8 +74,12 @@ def test_every_full_disk_is_the_disk_full_error_type():
 
     assert error_type(DiskFullError("could not write x: the disk is full (5 MB free)")) == "disk_full"
     assert error_type(OSError(errno.ENOSPC, "No space left on device")) == "disk_full"
-    assert error_type(CheckpointError("could not write checkpoint checkpoint-2 to c: the disk is full (5 MB free). "
-                                      "free space")) == "disk_full"
+    assert (
+        error_type(
+            CheckpointError("could not write checkpoint checkpoint-2 to c: the disk is full (5 MB free). free space")
+        )
+        == "disk_full"
+    )
     assert error_type(CheckpointError("could not write checkpoint checkpoint-2 to c: PermissionError: no")) == "unknown"
     wrapped = RewardError("reward crashed")
     wrapped.__cause__ = OSError(errno.ENOSPC, "No space left on device")

@@ -21,24 +21,38 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 def _run_a(root: Path) -> Path:
     """GRPO-like metrics with two reward functions, and two evaluations."""
-    rows = [{"step": s, "reward/mean": 0.1 * s, "reward/std": 0.3, "reward/format/mean": 0.05 * s,
-             "reward/correct/mean": 0.2 * s, "groups_zero_std": 0.5 - 0.05 * s, "kl": 0.01 * s,
-             "completion_len/mean": 40.0 + s, "truncation_rate": 0.1, "lr": 1e-5 * (1 - s / 10)}
-            for s in range(1, 9)]
+    rows = [
+        {
+            "step": s,
+            "reward/mean": 0.1 * s,
+            "reward/std": 0.3,
+            "reward/format/mean": 0.05 * s,
+            "reward/correct/mean": 0.2 * s,
+            "groups_zero_std": 0.5 - 0.05 * s,
+            "kl": 0.01 * s,
+            "completion_len/mean": 40.0 + s,
+            "truncation_rate": 0.1,
+            "lr": 1e-5 * (1 - s / 10),
+        }
+        for s in range(1, 9)
+    ]
     run = root / "run-a"
     write_jsonl(run / "metrics.jsonl", rows)
     (run / "eval").mkdir()
     for step, acc in ((4, 0.25), (8, 0.5)):
-        (run / "eval" / f"step-{step}.json").write_text(json.dumps(
-            {"step": step, "tag": "", "accuracy": acc, "reward_mean": acc, "samples": []}))
+        (run / "eval" / f"step-{step}.json").write_text(
+            json.dumps({"step": step, "tag": "", "accuracy": acc, "reward_mean": acc, "samples": []})
+        )
     return run
 
 
 def _run_b(root: Path) -> Path:
     """Another run: fewer metrics (entropy only here), no eval directory, a half-written last line."""
     run = root / "run-b"
-    write_jsonl(run / "metrics.jsonl", [{"step": s, "reward/mean": 0.05 * s, "kl": 0.02 * s, "entropy": 2 - 0.1 * s}
-                                        for s in range(1, 7)])
+    write_jsonl(
+        run / "metrics.jsonl",
+        [{"step": s, "reward/mean": 0.05 * s, "kl": 0.02 * s, "entropy": 2 - 0.1 * s} for s in range(1, 7)],
+    )
     with open(run / "metrics.jsonl", "a") as f:
         f.write('{"step": 7, "reward/me')  # a run still appending
     return run
@@ -86,8 +100,7 @@ def test_series_per_reward_function_and_runs_without_a_metric(tmp_path):
 
 def test_only_the_panels_some_run_has_are_written(tmp_path):
     run = tmp_path / "sft-run"
-    write_jsonl(run / "metrics.jsonl", [{"step": s, "loss": 1 / s, "lr": 1e-4, "grad_norm": 0.5}
-                                        for s in (1, 2)])
+    write_jsonl(run / "metrics.jsonl", [{"step": s, "loss": 1 / s, "lr": 1e-4, "grad_norm": 0.5} for s in (1, 2)])
     paths = plot_runs([run], tmp_path / "out", dpi=50)
     assert sorted(p.name for p in paths) == ["grad_norm.png", "lr.png", "overview.png"]
     assert all(p.read_bytes()[:8] == PNG_MAGIC for p in paths)
@@ -96,8 +109,10 @@ def test_only_the_panels_some_run_has_are_written(tmp_path):
 def test_same_named_runs_are_told_apart_in_the_legend(tmp_path):
     from rlft.logging.plots import _unique_names
 
-    runs = [load_run(write_jsonl(tmp_path / x / "run" / "metrics.jsonl", [{"step": 1, "kl": 0.1}]).parent)
-            for x in ("one", "two")]
+    runs = [
+        load_run(write_jsonl(tmp_path / x / "run" / "metrics.jsonl", [{"step": 1, "kl": 0.1}]).parent)
+        for x in ("one", "two")
+    ]
     _unique_names(runs)
     assert [r.name for r in runs] == ["one/run", "two/run"]
 

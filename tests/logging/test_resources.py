@@ -58,8 +58,10 @@ def test_training_goes_on_when_the_monitor_dies(tiny_config, monkeypatch):
     result = Trainer(config=tiny_config).train()
     assert result.steps == 2
     assert json.loads((result.run_dir / "run.json").read_text())["status"] == "completed"
-    assert "resource monitor stopped after 3 failed samples (OSError: no /proc)" in \
-        (result.run_dir / "train_log.log").read_text()
+    assert (
+        "resource monitor stopped after 3 failed samples (OSError: no /proc)"
+        in (result.run_dir / "train_log.log").read_text()
+    )
 
 
 def test_resources_reach_the_metrics_of_a_run(tiny_config, monkeypatch):
@@ -96,9 +98,23 @@ def test_an_out_of_memory_error_is_recorded_with_the_peak_and_advice(tiny_config
 
 
 def _samples(path, available_mb: float, limit_mb: int = 1000) -> None:
-    path.write_text("".join(json.dumps({"time": i, "step": 7, "rss_mb": limit_mb - available_mb,
-                                        "rss_peak_mb": limit_mb - available_mb, "limit_mb": limit_mb,
-                                        "available_mb": available_mb}) + "\n" for i in range(3)) + '{"half')
+    path.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "time": i,
+                    "step": 7,
+                    "rss_mb": limit_mb - available_mb,
+                    "rss_peak_mb": limit_mb - available_mb,
+                    "limit_mb": limit_mb,
+                    "available_mb": available_mb,
+                }
+            )
+            + "\n"
+            for i in range(3)
+        )
+        + '{"half'
+    )
 
 
 def test_a_sigkill_with_memory_exhausted_is_an_oom(tmp_path):

@@ -18,18 +18,26 @@ import pytest
 
 from rlft.logging.trackers import TRACKERS, Trackers, flatten_config, numeric_leaves, open_trackers
 
-CONFIG = {"train": {"max_steps": 4, "report_to": ["tensorboard"], "tracking": {"project": "rlft-test"}},
-          "reward": {"functions": [{"type": "contains", "name": "has_a"}]},
-          "eval": {"pass_k": [1], "max_samples": None}}
+CONFIG = {
+    "train": {"max_steps": 4, "report_to": ["tensorboard"], "tracking": {"project": "rlft-test"}},
+    "reward": {"functions": [{"type": "contains", "name": "has_a"}]},
+    "eval": {"pass_k": [1], "max_samples": None},
+}
 
 
 @pytest.fixture(autouse=True)
 def _offline_wandb(tmp_path, monkeypatch):
     """W&B offline and quiet, with its settings, cache and logs under tmp_path rather than $HOME."""
     home = tmp_path / "wandb-home"
-    for var, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(home),
-                       "WANDB_CACHE_DIR": str(home / "cache"), "WANDB_CONFIG_DIR": str(home / "config"),
-                       "WANDB_DATA_DIR": str(home / "data"), "WANDB_ARTIFACT_DIR": str(home / "artifacts")}.items():
+    for var, value in {
+        "WANDB_MODE": "offline",
+        "WANDB_SILENT": "true",
+        "WANDB_DIR": str(home),
+        "WANDB_CACHE_DIR": str(home / "cache"),
+        "WANDB_CONFIG_DIR": str(home / "config"),
+        "WANDB_DATA_DIR": str(home / "data"),
+        "WANDB_ARTIFACT_DIR": str(home / "artifacts"),
+    }.items():
         monkeypatch.setenv(var, value)
 
 
@@ -76,10 +84,10 @@ def wandb_records(path: Path) -> list:
         if block - pos % block < 7:  # a block's tail too short for a header is padding
             pos += block - pos % block
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
         if pos + 7 + length > len(data):  # a chunk still being written
             break
-        pending += data[pos + 7:pos + 7 + length]
+        pending += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):
             record = wandb_internal_pb2.Record()
@@ -117,8 +125,10 @@ def wandb_history(run_dir: Path, key: str) -> list[tuple[str, list[tuple[int, fl
 
 
 def test_importing_trackers_imports_no_tracker_library():
-    code = ("import sys, rlft.logging.trackers\n"
-            "print([m for m in ('torch', 'tensorboard', 'wandb', 'mlflow') if m in sys.modules])")
+    code = (
+        "import sys, rlft.logging.trackers\n"
+        "print([m for m in ('torch', 'tensorboard', 'wandb', 'mlflow') if m in sys.modules])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -134,8 +144,9 @@ def test_flatten_and_numeric_leaves():
     flat = flatten_config(CONFIG)
     assert flat["train.tracking.project"] == "rlft-test"
     assert flat["reward.functions.0.name"] == "has_a" and flat["eval.pass_k"] == [1]
-    assert numeric_leaves({"a": 1, "b": {"c": 2.5, "d": "x", "e": [1]}, "f": True, "g": None, "h": float("nan")},
-                          "eval/").keys() == {"eval/a", "eval/b/c", "eval/h"}
+    assert numeric_leaves(
+        {"a": 1, "b": {"c": 2.5, "d": "x", "e": [1]}, "f": True, "g": None, "h": float("nan")}, "eval/"
+    ).keys() == {"eval/a", "eval/b/c", "eval/h"}
 
 
 def _log_steps(trackers: Trackers, steps, scale: float = 1.0) -> None:
@@ -199,8 +210,9 @@ class _FailsAtLog:
         pass
 
 
-def test_failing_trackers_are_disabled_with_one_warning_and_the_others_keep_logging(tmp_path, monkeypatch,
-                                                                                    warnings_of_rlft):
+def test_failing_trackers_are_disabled_with_one_warning_and_the_others_keep_logging(
+    tmp_path, monkeypatch, warnings_of_rlft
+):
     monkeypatch.setitem(TRACKERS, "fails_at_start", _FailsAtStart)
     monkeypatch.setitem(TRACKERS, "fails_at_log", _FailsAtLog)
     trackers = open_trackers(["fails_at_start", "fails_at_log", "tensorboard"], tmp_path, CONFIG, "run")
@@ -211,7 +223,8 @@ def test_failing_trackers_are_disabled_with_one_warning_and_the_others_keep_logg
     disabled = "is disabled for the rest of this run (metrics.jsonl has every metric)"
     assert warnings_of_rlft == [
         f"tracker fails_at_start failed at start and {disabled}: RuntimeError: no server at start",
-        f"tracker fails_at_log failed at log and {disabled}: ConnectionError: server went away"]
+        f"tracker fails_at_log failed at log and {disabled}: ConnectionError: server went away",
+    ]
     assert [s for s, _ in tb_scalars(tmp_path / "tensorboard", "loss")] == [1, 2, 3]
 
 
@@ -243,8 +256,13 @@ def test_resume_continues_the_same_tracker_runs(tmp_path):
     _log_steps(second, [3, 4, 5], scale=10.0)
     second.close("completed")
 
-    assert tb_scalars(tmp_path / "tensorboard", "loss") == [(1, 1.0), (2, 0.5), (3, pytest.approx(10 / 3)),
-                                                          (4, 2.5), (5, 2.0)]
+    assert tb_scalars(tmp_path / "tensorboard", "loss") == [
+        (1, 1.0),
+        (2, 0.5),
+        (3, pytest.approx(10 / 3)),
+        (4, 2.5),
+        (5, 2.0),
+    ]
     run_id = first.ids["mlflow_run_id"]
     from mlflow.tracking import MlflowClient
 
@@ -285,8 +303,9 @@ def test_training_run_and_its_resume_report_the_metrics_jsonl_values(tiny_config
     assert [s for s, _ in want] == [1, 2, 3]
     assert tb_scalars(run / "tensorboard", "reward/mean") == want
     assert mlflow_history(run, ids["mlflow_run_id"], "reward/mean") == want
-    evals = {int(p.stem.split("-")[1]): json.loads(p.read_text())["accuracy"]
-             for p in (run / "eval").glob("step-*.json")}
+    evals = {
+        int(p.stem.split("-")[1]): json.loads(p.read_text())["accuracy"] for p in (run / "eval").glob("step-*.json")
+    }
     assert sorted(evals) == [0, 2, 3]
     want_eval = [(step, pytest.approx(acc)) for step, acc in sorted(evals.items())]
     assert tb_scalars(run / "tensorboard", "eval/accuracy") == want_eval

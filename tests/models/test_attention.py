@@ -23,8 +23,9 @@ class _Module(torch.nn.Module):
 
 def _inputs(B=3, H=6, KVH=2, L=5, S=9, D=8, seed=0):
     g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(B, n, length, D, generator=g, requires_grad=True)
-               for n, length in ((H, L), (KVH, S), (KVH, S)))
+    q, k, v = (
+        torch.randn(B, n, length, D, generator=g, requires_grad=True) for n, length in ((H, L), (KVH, S), (KVH, S))
+    )
     mask = torch.ones(L, S, dtype=torch.bool).tril(S - L)[None, None].repeat(B, 1, 1, 1)
     mask[1, :, :, :3] = False  # a left-padded row
     return q, k, v, mask
@@ -32,14 +33,20 @@ def _inputs(B=3, H=6, KVH=2, L=5, S=9, D=8, seed=0):
 
 def _sdpa(q, k, v, mask, groups):
     out = torch.nn.functional.scaled_dot_product_attention(
-        q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), attn_mask=mask)
+        q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), attn_mask=mask
+    )
     return out.transpose(1, 2)
 
 
 def _assert_matches_sdpa(ours, q, k, v, mask) -> None:
     """``ours`` and its gradients against SDPA's with ``mask`` (None: causal), 3 query heads a kv head."""
-    ref = _sdpa(q, k, v, mask, 3) if mask is not None else torch.nn.functional.scaled_dot_product_attention(
-        q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), is_causal=True).transpose(1, 2)
+    ref = (
+        _sdpa(q, k, v, mask, 3)
+        if mask is not None
+        else torch.nn.functional.scaled_dot_product_attention(
+            q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), is_causal=True
+        ).transpose(1, 2)
+    )
     torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
     grads = torch.autograd.grad(ours.square().sum(), (q, k, v))
     ref_grads = torch.autograd.grad(ref.square().sum(), (q, k, v))
@@ -107,8 +114,12 @@ def test_rows_too_long_for_one_native_call_go_in_blocks_not_to_sdpa(monkeypatch)
     monkeypatch.setattr(attention, "NATIVE_ELEMENTS", 3 * 6 * 4 * 16)
     ours, _ = attention_forward(_Module(3), q, k, v, mask)
     torch.testing.assert_close(ours, _sdpa(q, k, v, mask, 3), rtol=1e-5, atol=1e-6)
-    assert attention._query_blocks(mask[:, 0], 16, 16, whole_fits=False) == [(0, 4, 16), (4, 8, 16), (8, 12, 16),
-                                                                             (12, 16, 16)]
+    assert attention._query_blocks(mask[:, 0], 16, 16, whole_fits=False) == [
+        (0, 4, 16),
+        (4, 8, 16),
+        (8, 12, 16),
+        (12, 16, 16),
+    ]
 
 
 def test_blocks_that_would_skip_few_scores_stay_one_call():
@@ -139,8 +150,10 @@ def test_large_blocks_and_unsupported_options_go_to_sdpa(monkeypatch):
 
 def test_a_model_on_rlft_attention_gives_sdpa_logprobs_and_gradients(tiny_model_dir, attention_path):
     """The update's shape: a shared left-padded prompt cache, then right-padded completions."""
-    models = [AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa")
-              for _ in range(2)]
+    models = [
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa")
+        for _ in range(2)
+    ]
     use_rlft_attention(models[1])
     assert models[1].config._attn_implementation == "rlft"
     prompt = torch.tensor([[0, 0, 5, 6, 7], [8, 9, 10, 11, 12]])

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from rlft.config.schema import ModelConfig
-from rlft.models.sources import ensure_builtin
 from rlft.models.loading import load_policy, load_tokenizer
+from rlft.models.sources import ensure_builtin
 
 pytestmark = pytest.mark.real_model
 
@@ -32,5 +32,5 @@ def test_builtin_smollm2_converts_and_answers():
     )
     with torch.no_grad():
         out = model.generate(**enc, max_new_tokens=12, do_sample=False)
-    reply = tok.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    reply = tok.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True)
     assert "5" in reply, reply

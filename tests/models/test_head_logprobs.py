@@ -23,11 +23,14 @@ def _both(n=37, V=101, D=16, temperature=0.7, autocast=False, seed=0, keep_probs
     for chunked in (False, True):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             if chunked:
-                lp, ent = head_logprobs(hidden, weight, targets, temperature, with_entropy=True,
-                                        keep_probs=keep_probs)
+                lp, ent = head_logprobs(hidden, weight, targets, temperature, with_entropy=True, keep_probs=keep_probs)
             else:
-                lp, ent = token_logprobs(torch.nn.functional.linear(hidden, weight)[:, None], targets[:, None],
-                                         temperature, with_entropy=True)
+                lp, ent = token_logprobs(
+                    torch.nn.functional.linear(hidden, weight)[:, None],
+                    targets[:, None],
+                    temperature,
+                    with_entropy=True,
+                )
                 lp, ent = lp[:, 0], ent[:, 0]
         grads = torch.autograd.grad((lp * upstream).sum(), (hidden, weight))
         out.append((lp.detach(), ent, *grads))
@@ -88,8 +91,9 @@ def test_the_update_uses_it_for_long_batches_with_the_same_result(tiny_model_dir
     results = []
     for threshold in (1 << 40, 0):  # probabilities kept, then recomputed chunk by chunk
         monkeypatch.setattr(logprobs, "KEPT_PROBS_BYTES", threshold)
-        lp, ent = grouped_completion_logprobs(model, prompt, pmask, rows, completions, cmask, temperature=0.8,
-                                              with_entropy=True, loss_mask=cmask)
+        lp, ent = grouped_completion_logprobs(
+            model, prompt, pmask, rows, completions, cmask, temperature=0.8, with_entropy=True, loss_mask=cmask
+        )
         (grad,) = torch.autograd.grad(lp.sum(), [model.lm_head.weight])
         results.append((lp, ent, grad))
     assert len(calls) == 2

@@ -50,7 +50,7 @@ def _reference_attention(qkv, cos, sin, keys, values, valid, col, heads):
     half = D // 2
     swapped = torch.cat([x[..., half:], x[..., :half]], dim=-1)[:, : heads + kv_heads]
     rotated = x[:, : heads + kv_heads] * cos.double() + swapped * sin.double()
-    q, k_new, v_new = rotated[:, :heads], rotated[:, heads:], x[:, heads + kv_heads:]
+    q, k_new, v_new = rotated[:, :heads], rotated[:, heads:], x[:, heads + kv_heads :]
     k, v = keys.double().clone(), values.double().clone()
     k[:, :, col], v[:, :, col] = k_new.to(keys.dtype).double(), v_new
     q = q.to(keys.dtype).double()  # the query is rounded to the compute dtype, as the PyTorch path rounds it
@@ -61,12 +61,15 @@ def _reference_attention(qkv, cos, sin, keys, values, valid, col, heads):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("heads,kv_heads,head_dim,columns", [
-    (9, 3, 64, 200),   # SmolLM2's heads; more keys than one block of the online softmax
-    (4, 4, 128, 40),   # no grouping, a 128-wide head
-    (4, 2, 8, 30),     # the tiny test model's head: the scalar path
-    (6, 2, 40, 70),    # a head size that is not a multiple of the vector width
-])
+@pytest.mark.parametrize(
+    "heads,kv_heads,head_dim,columns",
+    [
+        (9, 3, 64, 200),  # SmolLM2's heads; more keys than one block of the online softmax
+        (4, 4, 128, 40),  # no grouping, a 128-wide head
+        (4, 2, 8, 30),  # the tiny test model's head: the scalar path
+        (6, 2, 40, 70),  # a head size that is not a multiple of the vector width
+    ],
+)
 def test_decode_attention_matches_a_float64_reference(kernels, dtype, heads, kv_heads, head_dim, columns):
     g = torch.Generator().manual_seed(1)
     B, D, A, col = 3, head_dim, columns, columns - 5
@@ -76,12 +79,13 @@ def test_decode_attention_matches_a_float64_reference(kernels, dtype, heads, kv_
     values = torch.randn(B, kv_heads, A, D, generator=g).to(dtype)
     valid = torch.zeros(B, A, dtype=torch.bool)
     valid[0, : col + 1] = True
-    valid[1, min(70, col): col + 1] = True  # left padding that covers the first block of keys entirely
-    valid[2, col - 3: col + 1] = True
+    valid[1, min(70, col) : col + 1] = True  # left padding that covers the first block of keys entirely
+    valid[2, col - 3 : col + 1] = True
     want, k_new, v_new = _reference_attention(qkv, cos, sin, keys, values, valid, col, heads)
     before_k, before_v = keys.clone(), values.clone()
-    out = kernels.decode_attention(qkv, cos, sin, keys, values, valid, col, heads,
-                                   torch.empty(B, heads * D, dtype=dtype))
+    out = kernels.decode_attention(
+        qkv, cos, sin, keys, values, valid, col, heads, torch.empty(B, heads * D, dtype=dtype)
+    )
     _close(out, want, dtype)
     _close(keys[:, :, col], k_new, dtype)
     assert torch.equal(values[:, :, col], v_new.to(dtype))
@@ -102,8 +106,17 @@ def test_bad_tensors_are_refused_with_a_message_not_read(kernels):
         kernels.silu_mul(torch.randn(4, 30), torch.empty(4, 16))
     keys = torch.zeros(1, 1, 8, 16)
     with pytest.raises(ValueError, match="shapes do not agree"):
-        kernels.decode_attention(torch.zeros(1, 48), torch.zeros(1, 2, 16), torch.zeros(1, 2, 16), keys, keys.clone(),
-                                 torch.ones(1, 8, dtype=torch.bool), 8, 1, torch.empty(1, 16))  # col past the cache
+        kernels.decode_attention(
+            torch.zeros(1, 48),
+            torch.zeros(1, 2, 16),
+            torch.zeros(1, 2, 16),
+            keys,
+            keys.clone(),
+            torch.ones(1, 8, dtype=torch.bool),
+            8,
+            1,
+            torch.empty(1, 16),
+        )  # col past the cache
 
 
 @pytest.mark.parametrize("rows", [1, 5, 16, 37])
@@ -119,7 +132,7 @@ def test_the_thin_bf16_matmul_is_a_rounded_float_matmul(kernels, rows, out_featu
     exact = x.double() @ w.double().T
     assert out.dtype == torch.bfloat16 and out.shape == (rows, out_features)
     # fp32 sums in another order than float64's, rounded once: at most a bf16 step apart
-    torch.testing.assert_close(out.double(), exact, atol=1e-4, rtol=2 ** -7)
+    torch.testing.assert_close(out.double(), exact, atol=1e-4, rtol=2**-7)
 
 
 def _reference_pack(w: torch.Tensor) -> torch.Tensor:
@@ -131,15 +144,18 @@ def _reference_pack(w: torch.Tensor) -> torch.Tensor:
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bit for bit, except that a NaN's payload may differ (PyTorch's own casts disagree on it)."""
     nan = a.isnan()
-    return (a.shape == b.shape and torch.equal(nan, b.isnan())
-            and torch.equal(a.masked_fill(nan, 0).view(torch.int16), b.masked_fill(nan, 0).view(torch.int16)))
+    return (
+        a.shape == b.shape
+        and torch.equal(nan, b.isnan())
+        and torch.equal(a.masked_fill(nan, 0).view(torch.int16), b.masked_fill(nan, 0).view(torch.int16))
+    )
 
 
 def test_packing_rounds_like_pytorch_and_lays_out_the_rows_of_every_source(kernels):
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(n, 96, generator=g) for n in (48, 8, 8))  # sources need not be multiples of 16
     # ties at the bf16 rounding point (both directions), a NaN, infinities, a subnormal
-    q[0, :6] = torch.tensor([1 + 2 ** -8, 1 + 3 * 2 ** -8, float("nan"), float("inf"), -float("inf"), 1e-40])
+    q[0, :6] = torch.tensor([1 + 2**-8, 1 + 3 * 2**-8, float("nan"), float("inf"), -float("inf"), 1e-40])
     whole = torch.cat([q, k, v])
     packed = kernels.pack_bf16([q, k, v])
     ref = _reference_pack(whole)
@@ -224,8 +240,9 @@ def test_sampling_draws_the_tokens_pytorchs_sampler_draws(kernels, temperature):
         tokens, logprobs = sample_next(logits, sampling, banned, u, kernels=kernels)
         want_tokens, want_logprobs = sample_next(logits, sampling, banned, u)
         same += int((tokens == want_tokens).sum())
-        torch.testing.assert_close(logprobs[tokens == want_tokens], want_logprobs[tokens == want_tokens],
-                                   atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            logprobs[tokens == want_tokens], want_logprobs[tokens == want_tokens], atol=2e-5, rtol=1e-5
+        )
         if banned is not None:
             assert not torch.isin(tokens, banned).any()
     assert same >= 0.997 * 40 * 64, same
@@ -237,7 +254,10 @@ def test_sampling_keeps_pytorchs_path_for_filters_and_greedy(kernels, monkeypatc
 
     monkeypatch.setattr(kernels, "sample", lambda *a, **k: pytest.fail("top-k/top-p/greedy must not use the kernel"))
     logits = torch.randn(4, 50)
-    for sampling in (SamplingParams(max_new_tokens=1, top_k=5), SamplingParams(max_new_tokens=1, top_p=0.9),
-                     SamplingParams(max_new_tokens=1, greedy=True)):
+    for sampling in (
+        SamplingParams(max_new_tokens=1, top_k=5),
+        SamplingParams(max_new_tokens=1, top_p=0.9),
+        SamplingParams(max_new_tokens=1, greedy=True),
+    ):
         tokens, _ = sample_next(logits, sampling, kernels=kernels)
         assert tokens.shape == (4,)

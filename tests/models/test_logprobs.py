@@ -29,7 +29,9 @@ def grouped_path(request, monkeypatch):
 
     calls = []
     attend = attention.PromptGroups.attend
-    monkeypatch.setattr(attention.PromptGroups, "attend", lambda self, *a, **k: calls.append(1) or attend(self, *a, **k))
+    monkeypatch.setattr(
+        attention.PromptGroups, "attend", lambda self, *a, **k: calls.append(1) or attend(self, *a, **k)
+    )
     if request.param == "cache":
         monkeypatch.setattr("rlft.models.logprobs.packs_prompt_groups", lambda model: False)
     yield request.param
@@ -37,15 +39,17 @@ def grouped_path(request, monkeypatch):
 
 
 def test_grouped_matches_full_forward(tiny_model_dir, grouped_path):
-    model = load_policy(ModelConfig(path=str(tiny_model_dir), dtype="fp32"), torch.device("cpu"),
-                        model_dir=tiny_model_dir)
+    model = load_policy(
+        ModelConfig(path=str(tiny_model_dir), dtype="fp32"), torch.device("cpu"), model_dir=tiny_model_dir
+    )
     prompt_ids, prompt_mask, row_prompt, comp_ids, comp_mask = _batch()
     full_ids = torch.cat([prompt_ids[row_prompt], comp_ids], 1)
     full_mask = torch.cat([prompt_mask[row_prompt], comp_mask], 1)
     ref_lp, ref_ent = completion_logprobs(model, full_ids, full_mask, 4, temperature=0.7, with_entropy=True)
     (ref_grad,) = torch.autograd.grad((ref_lp * comp_mask).sum(), model.model.layers[0].self_attn.q_proj.weight)
-    lp, ent = grouped_completion_logprobs(model, prompt_ids, prompt_mask, row_prompt, comp_ids, comp_mask,
-                                          temperature=0.7, with_entropy=True)
+    lp, ent = grouped_completion_logprobs(
+        model, prompt_ids, prompt_mask, row_prompt, comp_ids, comp_mask, temperature=0.7, with_entropy=True
+    )
     (grad,) = torch.autograd.grad((lp * comp_mask).sum(), model.model.layers[0].self_attn.q_proj.weight)
     m = comp_mask.bool()
     torch.testing.assert_close(lp[m], ref_lp[m], atol=1e-5, rtol=1e-5)
@@ -57,8 +61,11 @@ def test_grouped_under_gradient_checkpointing_matches_plain(tiny_model_dir, grou
     """Checkpointed layers drop the KV cache in a training forward; the grouped forward must notice
     and still give every completion its prompt (it once returned log-probs off by up to 15 nats)."""
     plain = load_policy(ModelConfig(path=str(tiny_model_dir)), torch.device("cpu"), model_dir=tiny_model_dir)
-    ckpt = load_policy(ModelConfig(path=str(tiny_model_dir), gradient_checkpointing=True), torch.device("cpu"),
-                       model_dir=tiny_model_dir)
+    ckpt = load_policy(
+        ModelConfig(path=str(tiny_model_dir), gradient_checkpointing=True),
+        torch.device("cpu"),
+        model_dir=tiny_model_dir,
+    )
     prompt_ids, prompt_mask, row_prompt, comp_ids, comp_mask = _batch()
     results = []
     for model in (plain.train(), ckpt.train()):
@@ -85,8 +92,9 @@ def test_grouped_gradients_are_bitwise_repeatable(tmp_path, grouped_path):
     params = [p for p in model.parameters() if p.requires_grad]
     grads = []
     for _ in range(4):
-        lp, _ = grouped_completion_logprobs(model, prompt_ids, torch.ones_like(prompt_ids), row_prompt, comp_ids,
-                                            comp_mask)
+        lp, _ = grouped_completion_logprobs(
+            model, prompt_ids, torch.ones_like(prompt_ids), row_prompt, comp_ids, comp_mask
+        )
         grads.append(torch.autograd.grad((lp * torch.linspace(-1, 1, 16)[:, None]).sum(), params))
     for other in grads[1:]:
         assert all(torch.equal(a, b) for a, b in zip(grads[0], other))
@@ -107,8 +115,9 @@ def test_packed_and_cached_forms_give_a_critic_the_same_values(tiny_model_dir, m
     for packed in (True, False):
         if not packed:
             monkeypatch.setattr("rlft.models.logprobs.packs_prompt_groups", lambda model: False)
-        (values,) = grouped_forward(critic, prompt_ids, prompt_mask, row_prompt, comp_ids, comp_mask,
-                                    lambda out, _: (out.squeeze(-1).float(),))
+        (values,) = grouped_forward(
+            critic, prompt_ids, prompt_mask, row_prompt, comp_ids, comp_mask, lambda out, _: (out.squeeze(-1).float(),)
+        )
         (grad,) = torch.autograd.grad((values * comp_mask).sum(), critic.head.weight)
         results.append((values.detach(), grad))
     m = comp_mask.bool()

@@ -16,8 +16,9 @@ def test_the_token_budget_is_half_the_memory_left_after_the_model_states(monkeyp
     per_token = memory.activation_bytes_per_token(_Model.config, 2)
     assert 1e6 < per_token < 2e6  # SmolLM2-135M in bf16: about 1.4 MB a token
     monkeypatch.setattr(memory, "device_memory_bytes", lambda device: 6 * 2**30)
-    tokens, why = memory.activation_token_budget(_Model(), device=torch.device("cpu"), compute_bytes=2,
-                                                 resident_bytes=2 * 2**30)
+    tokens, why = memory.activation_token_budget(
+        _Model(), device=torch.device("cpu"), compute_bytes=2, resident_bytes=2 * 2**30
+    )
     assert tokens == (2 * 2**30) // per_token and f"up to {tokens} tokens" in why and "of 6 GB" in why
     # rows follow the batch's length: short rows, more of them; never zero, never more than the batch
     assert memory.rows_for(tokens, 64, 100) == min(64, tokens // 100)

@@ -11,8 +11,6 @@ from rlft.models.reference import make_reference
 CPU = torch.device("cpu")
 
 
-
-
 def test_lora_reference_is_base_model(tiny_dir, ids):
     base = load_policy(ModelConfig(path=str(tiny_dir)), CPU)
     with torch.no_grad():

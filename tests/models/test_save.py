@@ -15,8 +15,6 @@ from rlft.models.save import BASE_MODEL_FILE, adapter_base_dir, load_for_inferen
 CPU = torch.device("cpu")
 
 
-
-
 def _perturb(model, name_part: str = "") -> None:
     torch.manual_seed(3)
     with torch.no_grad():

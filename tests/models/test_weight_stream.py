@@ -13,7 +13,9 @@ from rlft.models.weight_stream import UnmergeableAdapter, checkpoint_weights
 
 
 def _model(tiny_model_dir):
-    return load_policy(ModelConfig(path=str(tiny_model_dir), dtype="fp32"), torch.device("cpu"), model_dir=tiny_model_dir)
+    return load_policy(
+        ModelConfig(path=str(tiny_model_dir), dtype="fp32"), torch.device("cpu"), model_dir=tiny_model_dir
+    )
 
 
 def test_a_full_model_streams_its_state_dict_by_reference(tiny_model_dir):
@@ -43,7 +45,8 @@ def test_modules_saved_whole_are_refused(tiny_model_dir):
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model
 
-    model = get_peft_model(_model(tiny_model_dir), PeftLoraConfig(r=4, target_modules=["q_proj"],
-                                                                 modules_to_save=["model.norm"]))
+    model = get_peft_model(
+        _model(tiny_model_dir), PeftLoraConfig(r=4, target_modules=["q_proj"], modules_to_save=["model.norm"])
+    )
     with pytest.raises(UnmergeableAdapter, match="saved whole"):
         dict(checkpoint_weights(model))

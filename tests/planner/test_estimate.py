@@ -11,7 +11,7 @@ import pytest
 from rlft.config.loader import load_config
 from rlft.config.sections import ModelConfig
 from rlft.planner.advice import advise
-from rlft.planner.devices import GiB, DeviceSpec, describe_device
+from rlft.planner.devices import DeviceSpec, GiB, describe_device
 from rlft.planner.estimate import estimate_memory
 from rlft.planner.shape import model_shape
 from tests.cli.test_cli import run_cli
@@ -40,8 +40,13 @@ def test_breakdown_is_pinned_on_the_tiny_model(tiny_config):
     assert (g.forward_tokens, g.scored_tokens) == (16 * 6 + 2 * 10, 16 * 6)
     kept = {"weights": 87424, "optimizer": 174848, "reference": 57088, "decode weights": 43392}
     # the head's logits: hidden states and a chunk of fp32 logits, and the 96 x 102 probabilities kept in bf16
-    assert est.phases["update"] == {**kept, "gradients": 87424, "activations": 665932, "logits": 135936 + 96 * 102 * 2,
-                                    "autocast weights": 43392}
+    assert est.phases["update"] == {
+        **kept,
+        "gradients": 87424,
+        "activations": 665932,
+        "logits": 135936 + 96 * 102 * 2,
+        "autocast weights": 43392,
+    }
     assert est.phases["rollout"] == {**kept, "kv cache": 131072, "prefill": 61440, "logits": 52224}
     assert set(est.phases) == {"rollout", "scoring", "update", "evaluation"}
     assert est.peak_phase == "update" and est.peak == GiB // 2 + sum(est.phases["update"].values())
@@ -70,7 +75,9 @@ def test_kv_cache_grows_with_completion_length_and_checkpointing_cuts_activation
 
 
 def test_advice_goes_cheapest_first_and_each_knob_lowers_the_peak(tiny_config):
-    tiny_config["algorithm"].update(rollout_batch_size=256, num_generations=16, max_new_tokens=400, micro_batch_size=512)
+    tiny_config["algorithm"].update(
+        rollout_batch_size=256, num_generations=16, max_new_tokens=400, micro_batch_size=512
+    )
     cfg = load_config(data=tiny_config)
     small = DeviceSpec("small", "cuda", GiB, GiB // 4)
     est = estimate_memory(cfg, small, prompt_tokens=10)
@@ -145,18 +152,36 @@ def test_estimate_cli_prints_the_breakdown_and_exits_1_when_it_does_not_fit(tiny
     out = json.loads(proc.stdout)
     assert out["fits"] and out["peak_phase"] == "update" and out["advice"] == []
     assert set(out["phases"]["update"]) >= {"weights", "gradients", "optimizer", "activations", "logits"}
-    proc = run_cli(["estimate", "--config", str(path), "--device", "T4-16GB", "--set",
-                    "algorithm.rollout_batch_size=4096", "--set", "algorithm.num_generations=64",
-                    "--set", "algorithm.max_new_tokens=4096"], tmp_path)
+    proc = run_cli(
+        [
+            "estimate",
+            "--config",
+            str(path),
+            "--device",
+            "T4-16GB",
+            "--set",
+            "algorithm.rollout_batch_size=4096",
+            "--set",
+            "algorithm.num_generations=64",
+            "--set",
+            "algorithm.max_new_tokens=4096",
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 1, proc.stderr
     assert "does NOT fit T4-16GB" in proc.stdout and "to fit, apply in this order" in proc.stdout
 
 
 def test_advice_skips_knobs_the_kind_refuses(tiny_model_dir, tmp_path):
     (tmp_path / "pairs.jsonl").write_text('{"prompt": "p", "chosen": "a", "rejected": "b"}\n')
-    cfg = load_config(data={"kind": "rm", "model": {"path": str(tiny_model_dir), "dtype": "fp32"},
-                            "data": {"train_file": str(tmp_path / "pairs.jsonl"), "max_length": 512},
-                            "rm": {"batch_size": 512, "micro_batch_size": 512}})
+    cfg = load_config(
+        data={
+            "kind": "rm",
+            "model": {"path": str(tiny_model_dir), "dtype": "fp32"},
+            "data": {"train_file": str(tmp_path / "pairs.jsonl"), "max_length": 512},
+            "rm": {"batch_size": 512, "micro_batch_size": 512},
+        }
+    )
     est = estimate_memory(cfg, DeviceSpec("small", "cuda", GiB // 2, GiB // 8), prompt_tokens=512)
     settings = [k.setting for k in advise(cfg, est)]
     assert settings and not any(s.startswith("model.lora") for s in settings), settings  # RM training has no LoRA

@@ -8,8 +8,8 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import httpx
 import pytest
@@ -22,8 +22,12 @@ from rlft.rewards.remote import HttpReward
 from tests.cli.test_cli import _env
 from tests.service.conftest import free_port
 
-RULES = {"functions": [{"type": "numeric_answer", "name": "correct", "answer_field": "answer", "extract": "only"},
-                       {"type": "contains", "name": "polite", "keyword": "please", "weight": 0.5}]}
+RULES = {
+    "functions": [
+        {"type": "numeric_answer", "name": "correct", "answer_field": "answer", "extract": "only"},
+        {"type": "contains", "name": "polite", "keyword": "please", "weight": 0.5},
+    ]
+}
 PROMPTS = [f"{i} + 1?" for i in range(8)]
 COMPLETIONS = ["1", "2 please", "x", "4", "please 5", "6", "0", "8"]
 ANSWERS = [str(i + 1) for i in range(8)]
@@ -34,9 +38,22 @@ def reward_server(tmp_path_factory):
     folder = tmp_path_factory.mktemp("reward-server")
     (folder / "rewards.yaml").write_text(yaml.safe_dump({"reward": RULES}))
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "rlft.cli.main", "serve-reward", "--reward-config",
-                             str(folder / "rewards.yaml"), "--port", str(port)], env=_env(), cwd=folder,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rlft.cli.main",
+            "serve-reward",
+            "--reward-config",
+            str(folder / "rewards.yaml"),
+            "--port",
+            str(port),
+        ],
+        env=_env(),
+        cwd=folder,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 60
     while True:
@@ -137,8 +154,11 @@ def test_transient_failures_are_retried_then_succeed(flaky):
 
 def test_persistent_5xx_and_timeouts_end_in_a_clear_error(flaky):
     fn = _reward(flaky("500"), retries=2)
-    with pytest.raises(RewardError, match=r"reward 'remote' \(http://127\.0\.0\.1:\d+/score, completions 0\.\.1\): "
-                                          r"the server answered 500 after 3 attempts"):
+    with pytest.raises(
+        RewardError,
+        match=r"reward 'remote' \(http://127\.0\.0\.1:\d+/score, completions 0\.\.1\): "
+        r"the server answered 500 after 3 attempts",
+    ):
         fn(["p", "q"], ["a", "b"])
     slow = _reward(flaky("sleep"), retries=1, timeout=0.2)
     with pytest.raises(RewardError, match="ReadTimeout after 2 attempts"):
@@ -146,10 +166,16 @@ def test_persistent_5xx_and_timeouts_end_in_a_clear_error(flaky):
     assert slow.requests == 2
 
 
-@pytest.mark.parametrize("answer, message", [("garbage", "not JSON"), ("short", "1 scores for 2 completions"),
-                                             ("nan", "score 0 is nan, not a finite number"),
-                                             ("text", "score 0 is 'high', not a number"),
-                                             ("404", "answered 404: ")])
+@pytest.mark.parametrize(
+    "answer, message",
+    [
+        ("garbage", "not JSON"),
+        ("short", "1 scores for 2 completions"),
+        ("nan", "score 0 is nan, not a finite number"),
+        ("text", "score 0 is 'high', not a number"),
+        ("404", "answered 404: "),
+    ],
+)
 def test_wrong_answers_are_errors_at_once_without_retries(flaky, answer, message):
     fn = _reward(flaky(answer))
     with pytest.raises(RewardError, match=message):
@@ -167,8 +193,11 @@ def test_a_manager_passes_the_http_error_through_without_rescoring_each_sample(f
 def test_the_url_must_be_http():
     from rlft.config.loader import load_config
 
-    cfg = {"model": {"path": "smollm2-135m-instruct"}, "data": {"train_file": "x.jsonl"},
-           "reward": {"functions": [{"type": "http", "url": "file:///etc/passwd"}]}}
+    cfg = {
+        "model": {"path": "smollm2-135m-instruct"},
+        "data": {"train_file": "x.jsonl"},
+        "reward": {"functions": [{"type": "http", "url": "file:///etc/passwd"}]},
+    }
     with pytest.raises(ConfigError, match=r"reward\.functions\.0\.url"):
         load_config(data=cfg, check_files=False)
 
@@ -176,7 +205,6 @@ def test_the_url_must_be_http():
 def test_grpo_trains_on_a_served_reward(reward_server, tiny_config):
     """The RL loop end to end with its reward served over HTTP."""
     from rlft import Trainer
-
     from tests.conftest import write_jsonl
 
     write_jsonl(Path(tiny_config["data"]["train_file"]), [{"prompt": p, "answer": "1"} for p in PROMPTS])

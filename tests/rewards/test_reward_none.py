@@ -18,7 +18,7 @@ from rlft.rewards.remote import _scores
 
 SPEC = TypeAdapter(RewardSpec)
 
-REWARDS = '''
+REWARDS = """
 def code_only(completions, kind, **kw):
     # applies to the code rows only, as a TRL reward for one kind of task does
     return [float(len(c)) if k == "code" else None for c, k in zip(completions, kind)]
@@ -28,14 +28,18 @@ def nothing(completions, **kw):
 
 def everything(completions, **kw):
     return [1.0] * len(completions)
-'''
+"""
 
 
 def manager(tmp_path, *weighted):
     path = tmp_path / "mixed_rewards.py"
     path.write_text(REWARDS, encoding="utf-8")
-    return RewardManager.from_specs([SPEC.validate_python({"type": "custom", "function": f"{path}:{name}",
-                                                            "weight": weight}) for name, weight in weighted])
+    return RewardManager.from_specs(
+        [
+            SPEC.validate_python({"type": "custom", "function": f"{path}:{name}", "weight": weight})
+            for name, weight in weighted
+        ]
+    )
 
 
 def test_a_none_adds_nothing_to_the_total_and_is_left_out_of_the_mean(tmp_path):
@@ -69,8 +73,10 @@ def test_a_sample_no_reward_applies_to_gets_zero_and_one_warning(tmp_path, caplo
     assert all(math.isfinite(v) for v in res.total.tolist())
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1, warnings
-    assert warnings[0].startswith("no reward applies to sample 1 of 3 (every reward returned None: code_only, "
-                                  "nothing); its total reward is 0. 2 such samples in this batch")
+    assert warnings[0].startswith(
+        "no reward applies to sample 1 of 3 (every reward returned None: code_only, "
+        "nothing); its total reward is 0. 2 such samples in this batch"
+    )
     assert "'bb'" in warnings[0]
 
 
@@ -94,13 +100,17 @@ def test_the_reward_server_answers_null_where_a_reward_does_not_apply(tmp_path):
 
     path = tmp_path / "mixed_rewards.py"
     path.write_text(REWARDS, encoding="utf-8")
-    cfg = RewardConfig(functions=[{"type": "custom", "function": f"{path}:code_only"},
-                                  {"type": "custom", "function": f"{path}:everything"}])
+    cfg = RewardConfig(
+        functions=[
+            {"type": "custom", "function": f"{path}:code_only"},
+            {"type": "custom", "function": f"{path}:everything"},
+        ]
+    )
     answer = TestClient(create_reward_app(cfg)).post(
-        "/score", json={"prompts": ["", ""], "completions": ["abc", "d"], "columns": {"kind": ["code", "math"]}})
+        "/score", json={"prompts": ["", ""], "completions": ["abc", "d"], "columns": {"kind": ["code", "math"]}}
+    )
     assert answer.status_code == 200, answer.text
-    assert answer.json() == {"rewards": [4.0, 1.0], "per_reward": {"code_only": [3.0, None],
-                                                                   "everything": [1.0, 1.0]}}
+    assert answer.json() == {"rewards": [4.0, 1.0], "per_reward": {"code_only": [3.0, None], "everything": [1.0, 1.0]}}
     assert torch.tensor([3.0, float("nan")]).nanmean().item() == 3.0
 
 
@@ -115,16 +125,31 @@ def test_step_metrics_and_evaluation_average_a_reward_over_the_samples_it_applie
 
     m = manager(tmp_path, ("code_only", 1.0), ("everything", 1.0))
     res = m.score([""] * 4, ["a", "bbb", "cc", "d"], {"kind": ["code", "math", "code", "math"]})
-    metrics = rollout_metrics(res.total, res.per_reward, torch.tensor([1, 3, 2, 1]), ["stop"] * 4, 2,
-                              weights={"code_only": 1.0, "everything": 1.0})
+    metrics = rollout_metrics(
+        res.total,
+        res.per_reward,
+        torch.tensor([1, 3, 2, 1]),
+        ["stop"] * 4,
+        2,
+        weights={"code_only": 1.0, "everything": 1.0},
+    )
     assert metrics["reward/code_only/mean"] == pytest.approx(1.5) and metrics["reward/everything/mean"] == 1.0
     assert all(math.isfinite(v) for v in metrics.values())
 
     skip_p1 = manager(tmp_path, ("code_only", 1.0), ("everything", 1.0))
-    examples = [type(ex)(prompt=ex.prompt, text=ex.text, columns={"kind": "math" if i == 1 else "code"},
-                         source=ex.source) for i, ex in enumerate(_examples())]
-    result = evaluate(ScriptedEngine(), examples, skip_p1, max_new_tokens=8, batch_size=8,
-                      accuracy_reward="code_only", success_threshold=1.0)
+    examples = [
+        type(ex)(prompt=ex.prompt, text=ex.text, columns={"kind": "math" if i == 1 else "code"}, source=ex.source)
+        for i, ex in enumerate(_examples())
+    ]
+    result = evaluate(
+        ScriptedEngine(),
+        examples,
+        skip_p1,
+        max_new_tokens=8,
+        batch_size=8,
+        accuracy_reward="code_only",
+        success_threshold=1.0,
+    )
     assert result.rewards["code_only"] == pytest.approx((1 + 7) / 2)  # "x" and "x x x x", not p1's "y"
     assert result.samples[1]["rewards"]["code_only"] is None and not result.samples[1]["correct"]
     json.loads(json.dumps(result.samples, allow_nan=False))

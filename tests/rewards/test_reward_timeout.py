@@ -20,7 +20,7 @@ from rlft.rewards.timed import RewardTimeout, call_with_timeout
 
 SPEC = TypeAdapter(RewardSpec)
 
-SLOW = '''
+SLOW = """
 import threading, time
 
 CALLS = {"thread": None}
@@ -46,13 +46,15 @@ def needs_main_thread(completions, **kw):
     import signal
     signal.signal(signal.SIGALRM, signal.getsignal(signal.SIGALRM))
     return [1.0] * len(completions)
-'''
+"""
 
 
 def manager(tmp_path, function, **spec):
     path = tmp_path / "slow_rewards.py"
     path.write_text(SLOW, encoding="utf-8")
-    return RewardManager.from_specs([SPEC.validate_python({"type": "custom", "function": f"{path}:{function}", **spec})])
+    return RewardManager.from_specs(
+        [SPEC.validate_python({"type": "custom", "function": f"{path}:{function}", **spec})]
+    )
 
 
 def test_the_default_timeout_and_null_and_bad_values():
@@ -79,8 +81,11 @@ def test_the_timeout_is_not_re_run_sample_by_sample_but_a_failure_is(tmp_path):
     # the batch raises, so each sample is scored alone to find the culprit; one alone hangs: its timeout says so
     m = manager(tmp_path, "picky", timeout=0.3)
     start = time.perf_counter()
-    with pytest.raises(RewardError, match=r"reward 'picky' raised RuntimeError: batch too big .*\(on the batch of 3\); "
-                                          r"scored alone, sample 0 exceeded its timeout of 0.3 s"):
+    with pytest.raises(
+        RewardError,
+        match=r"reward 'picky' raised RuntimeError: batch too big .*\(on the batch of 3\); "
+        r"scored alone, sample 0 exceeded its timeout of 0.3 s",
+    ):
         m.score(["p"] * 3, ["a", "b", "c"], {})
     assert time.perf_counter() - start < 5
 

@@ -142,10 +142,26 @@ def test_length_penalty():
 def test_tool_call_reward():
     from rlft.rewards.builtin import tool_call
 
-    tools = [{"type": "function", "function": {"name": "calculator", "parameters": {
-        "type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "calculator",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"expression": {"type": "string"}},
+                    "required": ["expression"],
+                },
+            },
+        }
+    ]
     good = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2+3"}}\n</tool_call>'
-    completions = [good, "The answer is 5.", good.replace("calculator", "search"), good + "<tool_call>{oops",
-                   '<tool_call>{"name": "calculator", "arguments": {}}</tool_call>']
+    completions = [
+        good,
+        "The answer is 5.",
+        good.replace("calculator", "search"),
+        good + "<tool_call>{oops",
+        '<tool_call>{"name": "calculator", "arguments": {}}</tool_call>',
+    ]
     assert tool_call([""] * 5, completions, tools=[tools] * 5) == [1.0, 0.0, 0.0, 0.0, 0.0]
     assert tool_call([""] * 2, [completions[2], completions[4]]) == [1.0, 1.0]  # no tools column: format only

@@ -40,12 +40,20 @@ def test_custom_reward_from_file(tmp_path):
 
 def test_custom_reward_file_imports_its_neighbour(tmp_path):
     write_module(tmp_path, "helper_mod_xyz.py", "VALUE = 3.0\n")
-    p = write_module(tmp_path, "uses_helper.py", "from helper_mod_xyz import VALUE\ndef r(completions, **kw):\n    return [VALUE] * len(completions)\n")
+    p = write_module(
+        tmp_path,
+        "uses_helper.py",
+        "from helper_mod_xyz import VALUE\ndef r(completions, **kw):\n    return [VALUE] * len(completions)\n",
+    )
     assert load_custom_reward(f"{p}:r")(completions=["a"]) == [3.0]
 
 
 def test_custom_reward_from_module(tmp_path, monkeypatch):
-    write_module(tmp_path, "rlft_test_reward_mod.py", "def score(prompts, completions, **kw):\n    return [2.0] * len(completions)\n")
+    write_module(
+        tmp_path,
+        "rlft_test_reward_mod.py",
+        "def score(prompts, completions, **kw):\n    return [2.0] * len(completions)\n",
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "rlft_test_reward_mod", raising=False)
     fn = load_custom_reward("rlft_test_reward_mod:score")
@@ -88,7 +96,9 @@ def test_missing_attribute_lists_defined_functions(tmp_path):
 
 
 def test_trl_style_function_works_unchanged(tmp_path):
-    p = write_module(tmp_path, "trl_style.py", "def r(completions, **kwargs):\n    return [len(c) for c in completions]\n")
+    p = write_module(
+        tmp_path, "trl_style.py", "def r(completions, **kwargs):\n    return [len(c) for c in completions]\n"
+    )
     m = RewardManager.from_specs(specs({"type": "custom", "function": f"{p}:r"}))
     res = m.score(["p1", "p2"], ["abc", "de"], {"answer": [1, 2]})
     assert m.names == ["r"]
@@ -175,7 +185,9 @@ def test_crashing_reward_names_reward_and_sample(tmp_path):
 def test_batch_only_failure_reported_without_index(tmp_path):
     p = crash_module(tmp_path)
     m = RewardManager.from_specs(specs({"type": "custom", "function": f"{p}:batch_only"}))
-    with pytest.raises(RewardError, match=r"reward 'batch_only' raised RuntimeError: batch too big.*every sample passed"):
+    with pytest.raises(
+        RewardError, match=r"reward 'batch_only' raised RuntimeError: batch too big.*every sample passed"
+    ):
         m.score(["", ""], ["a", "b"], {})
 
 

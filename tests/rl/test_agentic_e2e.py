@@ -49,14 +49,37 @@ def agent_config(tmp_path):
     return {
         "model": {"path": str(model), "dtype": "fp32"},
         "data": {"train_file": str(train), "eval_file": str(train)},
-        "environment": {"class": f"{tmp_path}/echo_env.py:EchoEnv", "max_turns": 2, "max_episode_tokens": 64,
-                        "max_tool_response_tokens": 16},
-        "algorithm": {"name": "grpo", "learning_rate": 5e-3, "kl_coef": 0.0, "rollout_batch_size": 4,
-                      "num_generations": 8, "max_new_tokens": 6, "micro_batch_size": 32},
-        "reward": {"functions": [{"type": "custom", "function": f"{tmp_path}/letter_reward.py:letter_in_answer",
-                                  "name": "letter"}]},
-        "train": {"epochs": 100, "max_steps": 40, "logging_interval": 1, "save_interval": 100, "samples_per_log": 2,
-                  "output_dir": str(tmp_path / "outputs"), "run_name": "agent", "seed": 0, "progress_bar": "off"},
+        "environment": {
+            "class": f"{tmp_path}/echo_env.py:EchoEnv",
+            "max_turns": 2,
+            "max_episode_tokens": 64,
+            "max_tool_response_tokens": 16,
+        },
+        "algorithm": {
+            "name": "grpo",
+            "learning_rate": 5e-3,
+            "kl_coef": 0.0,
+            "rollout_batch_size": 4,
+            "num_generations": 8,
+            "max_new_tokens": 6,
+            "micro_batch_size": 32,
+        },
+        "reward": {
+            "functions": [
+                {"type": "custom", "function": f"{tmp_path}/letter_reward.py:letter_in_answer", "name": "letter"}
+            ]
+        },
+        "train": {
+            "epochs": 100,
+            "max_steps": 40,
+            "logging_interval": 1,
+            "save_interval": 100,
+            "samples_per_log": 2,
+            "output_dir": str(tmp_path / "outputs"),
+            "run_name": "agent",
+            "seed": 0,
+            "progress_bar": "off",
+        },
         "eval": {"max_new_tokens": 6, "max_samples": 4, "accuracy_reward": "letter"},
     }
 
@@ -66,9 +89,16 @@ def test_multi_turn_run_learns_and_records_episodes(agent_config):
     result = Trainer(config=agent_config).train()
     rows = read_jsonl(result.run_dir / "metrics.jsonl")
     assert len(rows) == 40
-    for key in ("episode/turns_mean", "episode/tool_calls_mean", "tool/success_rate", "tool/error_rate",
-                "tool/timeouts", "episode/observation_token_share", "reward/environment/mean",
-                "episode/finish/answered"):
+    for key in (
+        "episode/turns_mean",
+        "episode/tool_calls_mean",
+        "tool/success_rate",
+        "tool/error_rate",
+        "tool/timeouts",
+        "episode/observation_token_share",
+        "reward/environment/mean",
+        "episode/finish/answered",
+    ):
         assert key in rows[0], key
     rewards = [r["reward/letter/mean"] for r in rows]
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5

@@ -7,8 +7,8 @@ import torch
 from rlft.config.schema import ModelConfig
 from rlft.models.loading import load_policy
 from rlft.models.logprobs import completion_logprobs
-from rlft.rollout.base import RolloutBatch
 from rlft.rl.batch import UpdateBatch
+from rlft.rollout.base import RolloutBatch
 
 # One episode: the model's turn (3 tokens), a tool result (2 tokens, not trained), the model's next turn
 # (2 tokens), then right padding.
@@ -21,18 +21,26 @@ def _episode_batch(loss_mask=TRAINED) -> UpdateBatch:
     g = torch.Generator().manual_seed(0)
     prompt_ids = torch.randint(5, 60, (1, 5), generator=g)
     completion_ids = torch.randint(5, 60, (2, 8), generator=g)
-    rollout = RolloutBatch(prompt_ids=prompt_ids.repeat(2, 1), prompt_mask=torch.ones(2, 5, dtype=torch.long),
-                           completion_ids=completion_ids * SEEN, completion_mask=SEEN, texts=["", ""],
-                           finish_reasons=["stop", "stop"], prompt_index=[0, 0], loss_mask=loss_mask,
-                           turn_index=TURNS)
+    rollout = RolloutBatch(
+        prompt_ids=prompt_ids.repeat(2, 1),
+        prompt_mask=torch.ones(2, 5, dtype=torch.long),
+        completion_ids=completion_ids * SEEN,
+        completion_mask=SEEN,
+        texts=["", ""],
+        finish_reasons=["stop", "stop"],
+        prompt_index=[0, 0],
+        loss_mask=loss_mask,
+        turn_index=TURNS,
+    )
     return UpdateBatch.from_rollout(rollout)
 
 
 def test_tokens_after_a_masked_turn_see_it(tiny_model_dir):
     """Log-probs of the turn after a tool result equal a plain forward over the whole sequence: the
     result is out of the loss but in the model's view."""
-    model = load_policy(ModelConfig(path=str(tiny_model_dir), dtype="fp32"), torch.device("cpu"),
-                        model_dir=tiny_model_dir)
+    model = load_policy(
+        ModelConfig(path=str(tiny_model_dir), dtype="fp32"), torch.device("cpu"), model_dir=tiny_model_dir
+    )
     batch = _episode_batch()
     full_ids = torch.cat([batch.prompt_ids[batch.row_prompt], batch.completion_ids], 1)
     full_mask = torch.cat([batch.prompt_mask[batch.row_prompt], batch.completion_mask], 1)
@@ -63,9 +71,15 @@ def test_micro_batch_cut_keeps_all_three_masks_aligned():
 
 def test_single_turn_rollout_trains_every_real_token():
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
-    rollout = RolloutBatch(prompt_ids=torch.ones(2, 2, dtype=torch.long), prompt_mask=torch.ones(2, 2),
-                           completion_ids=torch.ones(2, 3, dtype=torch.long), completion_mask=mask,
-                           texts=["a", "b"], finish_reasons=["stop", "length"], prompt_index=[0, 1])
+    rollout = RolloutBatch(
+        prompt_ids=torch.ones(2, 2, dtype=torch.long),
+        prompt_mask=torch.ones(2, 2),
+        completion_ids=torch.ones(2, 3, dtype=torch.long),
+        completion_mask=mask,
+        texts=["a", "b"],
+        finish_reasons=["stop", "length"],
+        prompt_index=[0, 1],
+    )
     assert torch.equal(rollout.loss_mask, mask)
     assert rollout.turn_index.tolist() == [[0, 0, 0], [0, 0, 0]]
     assert rollout.completion_lengths.tolist() == [2, 3]

@@ -22,8 +22,13 @@ def test_slow_settings_are_named(tiny_config):
 
 def test_the_defaults_are_quiet(tiny_config):
     log = _log(Trainer(config=tiny_config))
-    for phrase in ("rollout.fused_decode is false", "rollout.decode_copy is false", "gradient_checkpointing is true",
-                   "gradient_checkpointing auto: on", "train.native_kernels"):
+    for phrase in (
+        "rollout.fused_decode is false",
+        "rollout.decode_copy is false",
+        "gradient_checkpointing is true",
+        "gradient_checkpointing auto: on",
+        "train.native_kernels",
+    ):
         assert phrase not in log
     from rlft.models.kernels.build import compiler
 
@@ -44,7 +49,8 @@ def test_native_kernels_that_do_not_build_are_named_with_the_reason(tiny_config,
 def test_a_fixed_micro_batch_is_named_only_when_its_passes_are_too_small_for_full_speed(tiny_config):
     tiny_config["algorithm"]["micro_batch_size"] = 2  # 2 rows of ~16 tokens a pass, far below a full-speed pass
     assert "algorithm.micro_batch_size 2 splits each update into 16 forward/backward passes" in _log(
-        Trainer(config=tiny_config))
+        Trainer(config=tiny_config)
+    )
     # passes of 8 rows x 300 tokens are at full speed on a CPU already: splitting them costs nothing
     tiny_config["algorithm"].update(micro_batch_size=8, max_new_tokens=300)
     tiny_config["train"]["run_name"] = "long"

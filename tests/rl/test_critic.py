@@ -15,8 +15,9 @@ from rlft.trainer.optim import build_optimizer
 
 
 def _policy(tiny_model_dir):
-    return load_policy(ModelConfig(path=str(tiny_model_dir), dtype="fp32"), torch.device("cpu"),
-                       model_dir=tiny_model_dir)
+    return load_policy(
+        ModelConfig(path=str(tiny_model_dir), dtype="fp32"), torch.device("cpu"), model_dir=tiny_model_dir
+    )
 
 
 def _batch():
@@ -27,16 +28,26 @@ def _batch():
     mask[4, 1:] = 0
     prompt_mask = torch.ones(2, 4, dtype=torch.long)
     prompt_mask[1, 0] = 0  # left padding
-    return UpdateBatch(prompt_ids=torch.randint(5, 60, (2, 4), generator=g), prompt_mask=prompt_mask,
-                       row_prompt=torch.tensor([0, 0, 0, 1, 1, 1]),
-                       completion_ids=torch.randint(5, 60, (n, T), generator=g), completion_mask=mask,
-                       loss_mask=mask)
+    return UpdateBatch(
+        prompt_ids=torch.randint(5, 60, (2, 4), generator=g),
+        prompt_mask=prompt_mask,
+        row_prompt=torch.tensor([0, 0, 0, 1, 1, 1]),
+        completion_ids=torch.randint(5, 60, (n, T), generator=g),
+        completion_mask=mask,
+        loss_mask=mask,
+    )
 
 
 def _critic(model, lr=1e-2, micro=4):
     opt = build_optimizer(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.999), eps=1e-8)
-    params = CriticParams(value_loss="clipped_mse", value_clip=10.0, ppo_epochs=1, mini_batch_size=None,
-                          micro_batch_size=micro, max_grad_norm=1e9)
+    params = CriticParams(
+        value_loss="clipped_mse",
+        value_clip=10.0,
+        ppo_epochs=1,
+        mini_batch_size=None,
+        micro_batch_size=micro,
+        max_grad_norm=1e9,
+    )
     return CriticUpdater(model, opt, params, None)
 
 
@@ -53,7 +64,7 @@ def test_grouped_values_match_a_plain_forward_per_row(tiny_model_dir):
             plain = critic(ids).logits[0, :, 0]
             P = int(p.sum())
             # the value of the state before completion token t sits at position P - 1 + t
-            expect = plain[P - 1: P - 1 + batch.loss_mask.shape[1]]
+            expect = plain[P - 1 : P - 1 + batch.loss_mask.shape[1]]
             m = batch.loss_mask[i].bool()
             torch.testing.assert_close(grouped[i][m], expect[m], atol=1e-5, rtol=1e-4)
 

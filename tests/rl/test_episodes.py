@@ -8,8 +8,9 @@ from rlft.rl.episodes import prompt_with_observation, reward_manager, row_of
 
 def _cfg(tmp_path, functions, env):
     (tmp_path / "t.jsonl").write_text('{"prompt": "hi"}\n')
-    return RLConfig.model_validate({"data": {"train_file": str(tmp_path / "t.jsonl")},
-                                    "reward": {"functions": functions}, "environment": env})
+    return RLConfig.model_validate(
+        {"data": {"train_file": str(tmp_path / "t.jsonl")}, "reward": {"functions": functions}, "environment": env}
+    )
 
 
 def test_environment_reward_alone_or_after_the_configured_ones(tmp_path):
@@ -17,12 +18,14 @@ def test_environment_reward_alone_or_after_the_configured_ones(tmp_path):
     assert alone.names == ["environment"]
     scored = alone.score(["p", "q"], ["a", "b"], {"environment_reward": [1.0, 0.0]})
     assert scored.total.tolist() == [1.0, 0.0]
-    both = reward_manager(_cfg(tmp_path, [{"type": "contains", "keyword": "a"}],
-                               {"class": "guess_number", "reward_weight": 0.5}))
+    both = reward_manager(
+        _cfg(tmp_path, [{"type": "contains", "keyword": "a"}], {"class": "guess_number", "reward_weight": 0.5})
+    )
     assert both.names == ["contains", "environment"] and both.weights["environment"] == 0.5
     # a class without get_reward adds nothing
-    assert reward_manager(_cfg(tmp_path, [{"type": "contains", "keyword": "a"}], {"class": "calculator"})).names \
-        == ["contains"]
+    assert reward_manager(_cfg(tmp_path, [{"type": "contains", "keyword": "a"}], {"class": "calculator"})).names == [
+        "contains"
+    ]
 
 
 class _Ex:

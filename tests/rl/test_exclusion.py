@@ -27,9 +27,16 @@ FINISHES = ["answered"] * 3 + ["tool_timeout"] + ["answered"] * 4
 def _batch(n: int = G) -> UpdateBatch:
     mask = torch.ones(n, T, dtype=torch.long)
     ones = torch.ones(n, 2, dtype=torch.long)
-    rollout = RolloutBatch(prompt_ids=ones, prompt_mask=ones,
-                           completion_ids=torch.full((n, T), 5), completion_mask=mask, texts=[""] * n,
-                           finish_reasons=["stop"] * n, prompt_index=[0] * n, loss_mask=mask.clone())
+    rollout = RolloutBatch(
+        prompt_ids=ones,
+        prompt_mask=ones,
+        completion_ids=torch.full((n, T), 5),
+        completion_mask=mask,
+        texts=[""] * n,
+        finish_reasons=["stop"] * n,
+        prompt_index=[0] * n,
+        loss_mask=mask.clone(),
+    )
     return UpdateBatch.from_rollout(rollout)
 
 
@@ -55,8 +62,12 @@ def test_one_tool_timeout_leaves_the_others_advantages_as_in_a_group_of_seven(na
     torch.testing.assert_close(batch.advantages[others], alone.advantages, rtol=1e-5, atol=1e-6)
     assert torch.equal(batch.advantages[3], torch.zeros(T)) and int(batch.loss_mask[3].sum()) == 0
     assert int(batch.loss_mask[others].sum()) == (G - 1) * T
-    assert excluded.metrics == {"excluded/tool_timeout": 1.0, "excluded/env_error": 0.0,
-                                "excluded/reward_outage": 0.0, "excluded/total": 1.0}
+    assert excluded.metrics == {
+        "excluded/tool_timeout": 1.0,
+        "excluded/env_error": 0.0,
+        "excluded/reward_outage": 0.0,
+        "excluded/total": 1.0,
+    }
 
 
 @pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo"])
@@ -74,8 +85,12 @@ def test_reasons_are_counted_once_per_row():
     failed = torch.tensor([True, False, True, False])
     excluded = ExclusionPolicy(True, logging.getLogger("test")).assess(finishes, failed)
     assert excluded.valid.tolist() == [False, False, False, True]
-    assert excluded.metrics == {"excluded/tool_timeout": 1.0, "excluded/env_error": 1.0,
-                                "excluded/reward_outage": 2.0, "excluded/total": 3.0}
+    assert excluded.metrics == {
+        "excluded/tool_timeout": 1.0,
+        "excluded/env_error": 1.0,
+        "excluded/reward_outage": 2.0,
+        "excluded/total": 3.0,
+    }
 
 
 def test_a_batch_with_every_row_excluded_is_skipped_then_stops_the_run(caplog):
@@ -102,9 +117,21 @@ def test_the_policy_loss_ignores_an_excluded_row():
     g = torch.Generator().manual_seed(0)
     lp = torch.randn(G, T, generator=g, requires_grad=True)
     old = lp.detach() + 0.1 * torch.randn(G, T, generator=g)
-    out = policy_objective(lp, old, batch.advantages, batch.loss_mask, None, loss_name="ppo_clip",
-                           loss_params={}, kl_coef=0.0, kl_estimator="k3", aggregation="token_mean",
-                           num_tokens=float(batch.loss_mask.sum()), num_seqs=float(G), max_len=T)
+    out = policy_objective(
+        lp,
+        old,
+        batch.advantages,
+        batch.loss_mask,
+        None,
+        loss_name="ppo_clip",
+        loss_params={},
+        kl_coef=0.0,
+        kl_estimator="k3",
+        aggregation="token_mean",
+        num_tokens=float(batch.loss_mask.sum()),
+        num_seqs=float(G),
+        max_len=T,
+    )
     out.loss.backward()
     assert torch.equal(lp.grad[3], torch.zeros(T)) and lp.grad[[0, 1, 2]].abs().sum() > 0
 
@@ -150,8 +177,9 @@ def _http_manager(url, **kw):
     from rlft.config.rewards import HttpReward as HttpSpec
     from rlft.rewards.manager import RewardManager
 
-    return RewardManager.from_specs([HttpSpec(type="http", url=url, name="served", retries=0, backoff=0.0,
-                                              max_concurrency=1, **kw)])
+    return RewardManager.from_specs(
+        [HttpSpec(type="http", url=url, name="served", retries=0, backoff=0.0, max_concurrency=1, **kw)]
+    )
 
 
 def test_an_outage_marks_only_the_samples_it_lost(down_server):
@@ -179,12 +207,19 @@ def test_a_run_goes_on_through_a_reward_outage_and_counts_it(down_server, tiny_c
     """Step 1's second request (of two) answers 503: its 16 samples are excluded and the run goes on;
     turned off, the same outage stops the run."""
     from rlft import Trainer
-
     from tests.conftest import read_jsonl
 
-    tiny_config["reward"]["functions"].append({"type": "http", "url": down_server(1), "name": "served",
-                                               "retries": 0, "backoff": 0.0, "batch_size": 16,
-                                               "max_concurrency": 1})
+    tiny_config["reward"]["functions"].append(
+        {
+            "type": "http",
+            "url": down_server(1),
+            "name": "served",
+            "retries": 0,
+            "backoff": 0.0,
+            "batch_size": 16,
+            "max_concurrency": 1,
+        }
+    )
     tiny_config["train"].update(max_steps=2, samples_per_log=1000)
     tiny_config["eval"].update(before_training=False, after_training=False)
     result = Trainer(config=tiny_config).train()
@@ -222,15 +257,21 @@ def test_an_excluded_row_leaves_the_update_as_without_it(tiny_model_dir, aggrega
     import copy
     import dataclasses
 
-    from tests.rl.test_update import _batch as update_batch, _model, _updater
+    from tests.rl.test_update import _batch as update_batch
+    from tests.rl.test_update import _model, _updater
 
     base = _model(tiny_model_dir)
     batch = update_batch([1.0, -0.5, -1.0, 0.25, 0.0, 0.5])
     keep = torch.tensor([True, False, True, True, True, True])
     kept = torch.arange(6)[keep]
-    alone = dataclasses.replace(batch, row_prompt=batch.row_prompt[kept], completion_ids=batch.completion_ids[kept],
-                                completion_mask=batch.completion_mask[kept], loss_mask=batch.loss_mask[kept],
-                                advantages=batch.advantages[kept])
+    alone = dataclasses.replace(
+        batch,
+        row_prompt=batch.row_prompt[kept],
+        completion_ids=batch.completion_ids[kept],
+        completion_mask=batch.completion_mask[kept],
+        loss_mask=batch.loss_mask[kept],
+        advantages=batch.advantages[kept],
+    )
     exclude_rows(batch, keep)
     grads = []
     for b in (batch, alone):
@@ -250,7 +291,8 @@ def test_an_in_step_filler_pass_over_an_excluded_row_adds_nothing(tiny_model_dir
     import dataclasses
 
     import rlft.rl.update as update
-    from tests.rl.test_update import _batch as update_batch, _model, _updater
+    from tests.rl.test_update import _batch as update_batch
+    from tests.rl.test_update import _model, _updater
 
     base = _model(tiny_model_dir)
     grads = []
@@ -271,7 +313,8 @@ def test_filler_passes_over_a_share_with_every_row_excluded_give_a_zero_gradient
     import dataclasses
 
     import rlft.rl.update as update
-    from tests.rl.test_update import _batch as update_batch, _model, _updater
+    from tests.rl.test_update import _batch as update_batch
+    from tests.rl.test_update import _model, _updater
 
     monkeypatch.setattr(update, "micro_batch_rounds", lambda n, dist: n + 2)
     batch = update_batch([0.3, 1.0, -1.0, 0.25, 0.0, 0.5])
@@ -309,13 +352,15 @@ def test_dynamic_sampling_drops_a_group_whose_counted_rows_tie():
     from rlft.rl.collect import CollectParams, RolloutCollector
     from rlft.rollout import SamplingParams
 
-    rewards = RewardManager([NamedReward("is_b", lambda prompts, completions, **_: [float(c == "b")
-                                                                                    for c in completions])])
+    rewards = RewardManager(
+        [NamedReward("is_b", lambda prompts, completions, **_: [float(c == "b") for c in completions])]
+    )
     data = type("Data", (), {"examples": [_Ex(0), _Ex(1)]})()
     kept = {}
     for on in (True, False):
-        params = CollectParams(SamplingParams(max_new_tokens=4, n=4), 2, dynamic_sampling=True, max_rounds=1,
-                               exclude_machinery_failures=on)
+        params = CollectParams(
+            SamplingParams(max_new_tokens=4, n=4), 2, dynamic_sampling=True, max_rounds=1, exclude_machinery_failures=on
+        )
         out = RolloutCollector(_Engine(), rewards, data, PromptSampler(2, 2, seed=0, shuffle=False), params).collect()
         kept[on] = out.stats["dynamic_sampling/kept_groups"]
     assert kept == {True: 1.0, False: 2.0}
@@ -323,19 +368,21 @@ def test_dynamic_sampling_drops_a_group_whose_counted_rows_tie():
 
 def test_a_step_with_every_sample_lost_skips_its_update_and_the_run_goes_on(down_server, tiny_config, capfd):
     from rlft import Trainer
-
     from tests.conftest import read_jsonl
 
-    tiny_config["reward"]["functions"] = [{"type": "http", "url": down_server(0), "name": "served", "retries": 0,
-                                           "backoff": 0.0}]
+    tiny_config["reward"]["functions"] = [
+        {"type": "http", "url": down_server(0), "name": "served", "retries": 0, "backoff": 0.0}
+    ]
     tiny_config["train"].update(max_steps=2)
     tiny_config["eval"].update(before_training=False, after_training=False)
     result = Trainer(config=tiny_config).train()
     rows = read_jsonl(result.run_dir / "metrics.jsonl")
     assert [r["excluded/reward_outage"] for r in rows] == [32.0, 0.0]
     assert "loss" not in rows[0] and "loss" in rows[1]
-    assert "step 1: every completion was ended or left unscored by the machinery (32 reward_outage); the update " \
-           "is skipped" in capfd.readouterr().err
+    assert (
+        "step 1: every completion was ended or left unscored by the machinery (32 reward_outage); the update "
+        "is skipped" in capfd.readouterr().err
+    )
 
 
 def test_the_counts_are_logged_from_the_first_failure_on():
@@ -365,8 +412,9 @@ def test_reward_statistics_count_only_the_rows_the_policy_answered():
     total = torch.tensor([1.0, 0.0, 0.0, 0.0])  # groups of two: [1, 0] and [0, 0 (lost)]
     per = {"correct": total.clone()}
     valid = torch.tensor([True, True, True, False])
-    m = rollout_metrics(total, per, torch.tensor([2, 2, 2, 9]), ["stop", "stop", "stop", "tool_timeout"], 2,
-                        valid=valid)
+    m = rollout_metrics(
+        total, per, torch.tensor([2, 2, 2, 9]), ["stop", "stop", "stop", "tool_timeout"], 2, valid=valid
+    )
     assert m["reward/mean"] == pytest.approx(1 / 3) and m["reward/correct/mean"] == pytest.approx(1 / 3)
     assert m["reward/std"] == pytest.approx(torch.tensor([1.0, 0.0, 0.0]).std().item())
     assert m["groups_zero_std"] == 0.5  # [1, 0] differs; the second group's one counted row is tied

@@ -44,8 +44,9 @@ def test_an_update_with_tis_reports_the_mismatch_and_clip_fraction(tiny_model_di
     assert stats["rollout/logprob_mismatch"] == pytest.approx(math.log(3.0), rel=1e-4)
     assert stats["rollout/tis_clip_frac"] == pytest.approx(1.0)
     off = _updater(copy.deepcopy(model), micro=micro).update(batch, kl_coef=0.0)
-    assert "rollout/tis_clip_frac" not in off and off["rollout/logprob_mismatch"] == pytest.approx(math.log(3.0),
-                                                                                                    rel=1e-4)
+    assert "rollout/tis_clip_frac" not in off and off["rollout/logprob_mismatch"] == pytest.approx(
+        math.log(3.0), rel=1e-4
+    )
     assert stats["pg_loss"] == pytest.approx(2.0 * off["pg_loss"], rel=1e-4)  # every weight capped at 2
 
 

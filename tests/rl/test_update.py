@@ -9,17 +9,26 @@ import torch
 
 from rlft.config.schema import ModelConfig
 from rlft.models.loading import load_policy
-from rlft.trainer.optim import build_optimizer, build_scheduler
 from rlft.rl.batch import UpdateBatch
 from rlft.rl.update import PolicyUpdater, UpdateParams
+from rlft.trainer.optim import build_optimizer, build_scheduler
 
 
 def _updater(model, micro=3):
     opt = build_optimizer(model.parameters(), lr=1e-2, weight_decay=0.0, betas=(0.9, 0.999), eps=1e-8)
     sched = build_scheduler(opt, total_steps=10, warmup_steps=0, schedule="constant", min_ratio=0.0)
-    params = UpdateParams(loss_name="ppo_clip", loss_params={"clip_low": 0.2, "clip_high": 0.2}, kl_estimator="k3",
-                          aggregation="token_mean", temperature=1.0, ppo_epochs=1, mini_batch_size=None,
-                          micro_batch_size=micro, max_grad_norm=1e9, max_len=4)
+    params = UpdateParams(
+        loss_name="ppo_clip",
+        loss_params={"clip_low": 0.2, "clip_high": 0.2},
+        kl_estimator="k3",
+        aggregation="token_mean",
+        temperature=1.0,
+        ppo_epochs=1,
+        mini_batch_size=None,
+        micro_batch_size=micro,
+        max_grad_norm=1e9,
+        max_len=4,
+    )
     return PolicyUpdater(model, None, opt, sched, params, None)
 
 
@@ -28,14 +37,21 @@ def _batch(adv_per_row):
     n = len(adv_per_row)
     mask = torch.ones(n, 4, dtype=torch.long)
     mask[::2, 3] = 0
-    return UpdateBatch(prompt_ids=torch.randint(5, 60, (2, 5), generator=g), prompt_mask=torch.ones(2, 5, dtype=torch.long),
-                       row_prompt=torch.tensor([0] * (n // 2) + [1] * (n - n // 2)),
-                       completion_ids=torch.randint(5, 60, (n, 4), generator=g), completion_mask=mask, loss_mask=mask,
-                       advantages=torch.tensor(adv_per_row)[:, None] * mask)
+    return UpdateBatch(
+        prompt_ids=torch.randint(5, 60, (2, 5), generator=g),
+        prompt_mask=torch.ones(2, 5, dtype=torch.long),
+        row_prompt=torch.tensor([0] * (n // 2) + [1] * (n - n // 2)),
+        completion_ids=torch.randint(5, 60, (n, 4), generator=g),
+        completion_mask=mask,
+        loss_mask=mask,
+        advantages=torch.tensor(adv_per_row)[:, None] * mask,
+    )
 
 
 def _model(tiny_model_dir):
-    return load_policy(ModelConfig(path=str(tiny_model_dir), dtype="fp32"), torch.device("cpu"), model_dir=tiny_model_dir)
+    return load_policy(
+        ModelConfig(path=str(tiny_model_dir), dtype="fp32"), torch.device("cpu"), model_dir=tiny_model_dir
+    )
 
 
 def test_skipping_zero_advantage_rows_is_exact(tiny_model_dir):
@@ -98,7 +114,7 @@ def test_multi_step_update_uses_rollout_logprobs_as_old(tiny_model_dir):
         up = _updater(model, micro=2)
         up.p = UpdateParams(**{**up.p.__dict__, "ppo_epochs": 2, "mini_batch_size": 3})
         calls = []
-        up._logprobs_no_grad = lambda module, b, f=up._logprobs_no_grad: calls.append(1) or f(module, b)
+        up._logprobs_no_grad = lambda module, b, f=up._logprobs_no_grad, calls=calls: calls.append(1) or f(module, b)
         batch.rollout_logprobs, batch.old_logprobs = rollout_lp, None
         up.score(batch, kl_coef=0.0)
         runs[name] = (up.update(batch, kl_coef=0.0), model, len(calls))
@@ -112,9 +128,14 @@ def test_a_token_budget_buckets_rows_by_length_and_covers_each_once():
     n = 8
     lengths = torch.tensor([2, 9, 3, 9, 1, 5, 9, 4])
     mask = (torch.arange(9)[None] < lengths[:, None]).long()
-    batch = UpdateBatch(prompt_ids=torch.ones(2, 3, dtype=torch.long), prompt_mask=torch.ones(2, 3, dtype=torch.long),
-                        row_prompt=torch.tensor([0] * 4 + [1] * 4), completion_ids=mask.clone(), completion_mask=mask,
-                        loss_mask=mask)
+    batch = UpdateBatch(
+        prompt_ids=torch.ones(2, 3, dtype=torch.long),
+        prompt_mask=torch.ones(2, 3, dtype=torch.long),
+        row_prompt=torch.tensor([0] * 4 + [1] * 4),
+        completion_ids=mask.clone(),
+        completion_mask=mask,
+        loss_mask=mask,
+    )
     everything = torch.arange(n)
     assert [c.tolist() for c in batch.micro_batches(3, None, everything)] == [[0, 1, 2], [3, 4, 5], [6, 7]]
     # 30 tokens: the three 9-token rows (3 + 9 = 12 columns each) go two at a time; the short ones pack
@@ -127,10 +148,14 @@ def test_a_token_budget_buckets_rows_by_length_and_covers_each_once():
 def test_a_full_speed_size_splits_a_long_batch_in_even_passes_and_leaves_a_short_one_whole():
     def batch(length):
         mask = torch.ones(16, length, dtype=torch.long)
-        return UpdateBatch(prompt_ids=torch.ones(2, 40, dtype=torch.long),
-                           prompt_mask=torch.ones(2, 40, dtype=torch.long),
-                           row_prompt=torch.arange(2).repeat_interleave(8), completion_ids=mask.clone(),
-                           completion_mask=mask, loss_mask=mask)
+        return UpdateBatch(
+            prompt_ids=torch.ones(2, 40, dtype=torch.long),
+            prompt_mask=torch.ones(2, 40, dtype=torch.long),
+            row_prompt=torch.arange(2).repeat_interleave(8),
+            completion_ids=mask.clone(),
+            completion_mask=mask,
+            loss_mask=mask,
+        )
 
     long = batch(256).micro_batches(16, 10**6, full_speed=2048)
     assert [len(c) for c in long] == [8, 8] and sorted(torch.cat(long).tolist()) == list(range(16))

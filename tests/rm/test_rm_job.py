@@ -25,8 +25,9 @@ def _pairs(n: int, words: list[str] = WORDS) -> list[dict]:
     for i in range(n):
         w = words[i % len(words)]
         rude = f"{w}. whatever" if i % 2 == 0 else f"{w}. whatever, I do not care about the {w} or you at all."
-        out.append({"prompt": f"Tell me about the {w}.", "chosen": f"Please, the {w} is nice. Thank you!",
-                    "rejected": rude})
+        out.append(
+            {"prompt": f"Tell me about the {w}.", "chosen": f"Please, the {w} is nice. Thank you!", "rejected": rude}
+        )
     return out
 
 
@@ -34,12 +35,23 @@ def _pairs(n: int, words: list[str] = WORDS) -> list[dict]:
 def rm_config(tmp_path, tiny_model_dir):
     train = write_jsonl(tmp_path / "prefs" / "train.jsonl", _pairs(24))
     evalf = write_jsonl(tmp_path / "prefs" / "eval.jsonl", _pairs(8, HELD_OUT_WORDS))
-    return {"kind": "rm", "model": {"path": str(tiny_model_dir), "dtype": "fp32"},
-            "data": {"train_file": str(train), "eval_file": str(evalf), "max_length": 256},
-            "rm": {"learning_rate": 3e-3, "batch_size": 8, "micro_batch_size": 4, "lr_scheduler": "constant"},
-            "train": {"epochs": 50, "max_steps": 12, "logging_interval": 1, "save_interval": 100,
-                      "output_dir": str(tmp_path / "outputs"), "run_name": "rm", "seed": 0, "progress_bar": "off"},
-            "eval": {}}
+    return {
+        "kind": "rm",
+        "model": {"path": str(tiny_model_dir), "dtype": "fp32"},
+        "data": {"train_file": str(train), "eval_file": str(evalf), "max_length": 256},
+        "rm": {"learning_rate": 3e-3, "batch_size": 8, "micro_batch_size": 4, "lr_scheduler": "constant"},
+        "train": {
+            "epochs": 50,
+            "max_steps": 12,
+            "logging_interval": 1,
+            "save_interval": 100,
+            "output_dir": str(tmp_path / "outputs"),
+            "run_name": "rm",
+            "seed": 0,
+            "progress_bar": "off",
+        },
+        "eval": {},
+    }
 
 
 def test_bradley_terry_loss_matches_hand_computed_values():
@@ -81,9 +93,9 @@ def test_pairwise_accuracy_rises_and_the_checkpoint_loads_with_plain_transformer
     assert json.loads((ckpt / "config.json").read_text())["architectures"][0].endswith("ForSequenceClassification")
     plain = AutoModelForSequenceClassification.from_pretrained(str(ckpt)).eval()
     tok = AutoTokenizer.from_pretrained(str(ckpt))
+    from rlft.config.loader import load_config
     from rlft.models.reward_model import left_pad, load_reward_model, sequence_scores
     from rlft.preference.data import load_pairs
-    from rlft.config.loader import load_config
 
     cfg = load_config(data=rm_config)
     pairs = load_pairs(cfg.data, tok, "eval", 0).pairs[:3]
@@ -133,8 +145,9 @@ def test_grpo_on_a_trained_reward_model_raises_its_score(rm_config, tiny_config,
     rm_config["eval"].update(before_training=False, after_training=False)
     rm_config["train"]["max_steps"] = 12
     rm = Trainer(config=rm_config).train().final_checkpoint
-    tiny_config["reward"] = {"functions": [{"type": "model", "name": "rm", "path": str(rm), "output": "logit",
-                                            "clip": 20.0}]}
+    tiny_config["reward"] = {
+        "functions": [{"type": "model", "name": "rm", "path": str(rm), "output": "logit", "clip": 20.0}]
+    }
     tiny_config["train"].update(max_steps=12)
     tiny_config["algorithm"].update(max_new_tokens=8, learning_rate=5e-3)
     tiny_config["eval"].update(before_training=False, after_training=False)
@@ -155,8 +168,8 @@ def test_grpo_on_a_trained_reward_model_raises_its_score(rm_config, tiny_config,
 
 
 def test_a_model_reward_must_name_a_reward_model(tiny_config, tiny_model_dir):
-    from rlft.errors import ConfigError, RewardError
     from rlft.config.loader import load_config
+    from rlft.errors import ConfigError, RewardError
     from rlft.rewards.manager import RewardManager
 
     tiny_config["reward"] = {"functions": [{"type": "model", "path": "nowhere/rm"}]}
@@ -176,15 +189,20 @@ def test_conversation_layout_pairs(rm_config, tmp_path):
     from rlft.preference.data import load_pairs
 
     rows = _pairs(4)
-    convs = [{"chosen": [{"role": "user", "content": r["prompt"]}, {"role": "assistant", "content": r["chosen"]}],
-              "rejected": [{"role": "user", "content": r["prompt"]}, {"role": "assistant", "content": r["rejected"]}]}
-             for r in rows]
+    convs = [
+        {
+            "chosen": [{"role": "user", "content": r["prompt"]}, {"role": "assistant", "content": r["chosen"]}],
+            "rejected": [{"role": "user", "content": r["prompt"]}, {"role": "assistant", "content": r["rejected"]}],
+        }
+        for r in rows
+    ]
     rm_config["data"]["train_file"] = str(write_jsonl(tmp_path / "prefs" / "conv.jsonl", convs))
     cfg = load_config(data=rm_config)
     tok = load_tokenizer(cfg.model.path)
     as_conversations = load_pairs(cfg.data, tok, "train", 0).pairs
     rm_config["data"]["train_file"] = str(write_jsonl(tmp_path / "prefs" / "plain.jsonl", rows))
     as_strings = load_pairs(load_config(data=rm_config).data, tok, "train", 0).pairs
-    assert [(p.chosen, p.rejected, p.prompt_len) for p in as_conversations] == \
-           [(p.chosen, p.rejected, p.prompt_len) for p in as_strings]
+    assert [(p.chosen, p.rejected, p.prompt_len) for p in as_conversations] == [
+        (p.chosen, p.rejected, p.prompt_len) for p in as_strings
+    ]
     assert all(0 < p.prompt_len < min(len(p.chosen), len(p.rejected)) for p in as_strings)

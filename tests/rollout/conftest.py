@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 
 @pytest.fixture(scope="module")
@@ -11,3 +12,20 @@ def wide_head_model_dir(tmp_path_factory):
 
     # four heads of 64: the native kernels' vector path (the default tiny model's heads of 8 take their scalar one)
     return build_tiny_model_dir(tmp_path_factory.mktemp("wide-heads") / "model", hidden_size=256)
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    """A native engine on a tiny chatml model with the Hermes tool-call template."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlft.chat.templates import HERMES_TEMPLATE
+    from rlft.models.tiny import build_tiny_model_dir
+    from rlft.rollout.native_engine import NativeEngine
+
+    path = build_tiny_model_dir(tmp_path_factory.mktemp("mt") / "model", chat_format="chatml")
+    tok = AutoTokenizer.from_pretrained(path)
+    tok.chat_template = HERMES_TEMPLATE
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    return NativeEngine(model, tok, max_prompt_length=1024, autocast_dtype=None)

@@ -15,8 +15,9 @@ PROMPTS = ["hello there", "abc", "a much longer prompt here"]
 
 
 def _engines(tiny_model_dir):
-    model = load_policy(ModelConfig(path=str(tiny_model_dir), dtype="fp32"), torch.device("cpu"),
-                        model_dir=tiny_model_dir)
+    model = load_policy(
+        ModelConfig(path=str(tiny_model_dir), dtype="fp32"), torch.device("cpu"), model_dir=tiny_model_dir
+    )
     tok = load_tokenizer(tiny_model_dir)
     kw = dict(max_prompt_length=64, autocast_dtype=None, add_special_tokens=False)
     return model, NativeEngine(model, tok, **kw), HFGenerateEngine(model, tok, **kw)
@@ -30,7 +31,9 @@ def test_greedy_matches_hf_generate(tiny_model_dir):
     assert a.finish_reasons == b.finish_reasons
     T = min(a.completion_ids.shape[1], b.completion_ids.shape[1])
     torch.testing.assert_close(a.completion_mask[:, :T], b.completion_mask[:, :T])
-    assert torch.equal(a.completion_ids[:, :T] * a.completion_mask[:, :T], b.completion_ids[:, :T] * b.completion_mask[:, :T])
+    assert torch.equal(
+        a.completion_ids[:, :T] * a.completion_mask[:, :T], b.completion_ids[:, :T] * b.completion_mask[:, :T]
+    )
     # both engines report the log-probs of what they picked, and they agree
     torch.testing.assert_close(a.logprobs[:, :T], b.logprobs[:, :T], atol=1e-4, rtol=1e-4)
     assert (a.logprobs[a.completion_mask.bool()] < 0).all()
@@ -51,6 +54,7 @@ def test_sampled_logprobs_match_forward_pass(tiny_model_dir, engine):
 def test_eos_ends_completion_and_mask_includes_it(tiny_model_dir):
     model, native, _ = _engines(tiny_model_dir)
     eos = native.eos_ids[0]
+
     def boost_eos(module, inputs, output):  # make EOS overwhelmingly likely
         output[..., eos] += 100.0
         return output
@@ -67,8 +71,10 @@ def test_min_new_tokens_suppresses_eos_in_both_engines(tiny_model_dir):
     eos = native.eos_ids[0]
     model.lm_head.register_forward_hook(lambda m, i, out: out.index_fill(-1, torch.tensor([eos]), 50.0))
     for engine in (native, hf):
-        for sp in (SamplingParams(max_new_tokens=6, min_new_tokens=3, n=2, greedy=True),
-                   SamplingParams(max_new_tokens=6, min_new_tokens=3, n=2, temperature=1.0)):
+        for sp in (
+            SamplingParams(max_new_tokens=6, min_new_tokens=3, n=2, greedy=True),
+            SamplingParams(max_new_tokens=6, min_new_tokens=3, n=2, temperature=1.0),
+        ):
             r = engine.generate(PROMPTS, sp)
             # EOS is forced as soon as it is allowed: every completion is exactly 3 tokens + EOS
             assert r.completion_mask.sum(-1).tolist() == [4] * 6, type(engine).__name__

@@ -8,25 +8,27 @@ import torch
 import rlft.rollout.native_engine as native_engine
 from rlft.config.schema import ModelConfig
 from rlft.models.fused_decode import FusedDecoder, unsupported_reason
-from rlft.models.static_kv import StaticKV
 from rlft.models.loading import load_policy, load_tokenizer
 from rlft.models.logprobs import completion_logprobs
 from rlft.models.precision import cpu_has_native_bf16
+from rlft.models.static_kv import StaticKV
 from rlft.rollout import NativeEngine, SamplingParams
 
 PROMPTS = ["hello there", "abc", "a much longer prompt here"]
 
 
 def _policy(tiny_model_dir):
-    model = load_policy(ModelConfig(path=str(tiny_model_dir), dtype="fp32"), torch.device("cpu"),
-                        model_dir=tiny_model_dir)
+    model = load_policy(
+        ModelConfig(path=str(tiny_model_dir), dtype="fp32"), torch.device("cpu"), model_dir=tiny_model_dir
+    )
     return model, load_tokenizer(tiny_model_dir)
 
 
 def _forward_logprobs(model, r, autocast: bool, temperature: float = 1.0) -> torch.Tensor:
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        lp, _ = completion_logprobs(model, r.input_ids, r.attention_mask, r.completion_ids.shape[1],
-                                    temperature=temperature)
+        lp, _ = completion_logprobs(
+            model, r.input_ids, r.attention_mask, r.completion_ids.shape[1], temperature=temperature
+        )
     return lp
 
 
@@ -80,8 +82,9 @@ def test_fused_greedy_decode_matches_the_generic_path(tiny_model_dir, monkeypatc
 
 
 def test_the_static_cache_grows_by_blocks_keeping_what_it_holds():
-    kv = StaticKV(layers=2, rows=3, kv_heads=2, capacity=70, head_dim=4, dtype=torch.float32,
-                  device=torch.device("cpu"))
+    kv = StaticKV(
+        layers=2, rows=3, kv_heads=2, capacity=70, head_dim=4, dtype=torch.float32, device=torch.device("cpu")
+    )
     kv.reserve(5)
     assert kv.allocated == StaticKV.BLOCK
     kv.k.normal_()
@@ -90,7 +93,7 @@ def test_the_static_cache_grows_by_blocks_keeping_what_it_holds():
     kv.reserve(StaticKV.BLOCK + 1)
     assert kv.allocated == 2 * StaticKV.BLOCK and kv.k.is_contiguous()
     torch.testing.assert_close(kv.k[..., : StaticKV.BLOCK, :], before)
-    assert kv.k[..., StaticKV.BLOCK:, :].abs().sum() == 0 and kv.valid.sum() == 15
+    assert kv.k[..., StaticKV.BLOCK :, :].abs().sum() == 0 and kv.valid.sum() == 15
     kv.reserve(70)
     assert kv.allocated == 70  # never past the capacity
     with pytest.raises(ValueError, match="cannot hold 71"):
@@ -107,8 +110,11 @@ def test_a_model_with_forward_hooks_decodes_through_its_own_forward(tiny_model_d
 
 def test_gradient_checkpointing_keeps_the_fused_decode(tiny_model_dir):
     """Checkpointing hooks the embedding to make its output require grad; a decode has no autograd."""
-    model = load_policy(ModelConfig(path=str(tiny_model_dir), dtype="fp32", gradient_checkpointing=True),
-                        torch.device("cpu"), model_dir=tiny_model_dir)
+    model = load_policy(
+        ModelConfig(path=str(tiny_model_dir), dtype="fp32", gradient_checkpointing=True),
+        torch.device("cpu"),
+        model_dir=tiny_model_dir,
+    )
     assert model.model.embed_tokens._forward_hooks  # the hook is there
     assert unsupported_reason(model) is None
     engine = NativeEngine(model, load_tokenizer(tiny_model_dir), max_prompt_length=64, autocast_dtype=None)
@@ -171,9 +177,11 @@ def test_the_bf16_copy_is_exactly_the_autocast_forward(tiny_model_dir):
 def test_a_lora_policy_decodes_from_a_merged_copy_that_follows_its_adapters(tiny_model_dir):
     from rlft.models.decode_weights import DecodeWeights
 
-    model = load_policy(ModelConfig(path=str(tiny_model_dir), dtype="fp32",
-                                    lora={"r": 4, "alpha": 8, "target_modules": "all-linear"}),
-                        torch.device("cpu"), model_dir=tiny_model_dir)
+    model = load_policy(
+        ModelConfig(path=str(tiny_model_dir), dtype="fp32", lora={"r": 4, "alpha": 8, "target_modules": "all-linear"}),
+        torch.device("cpu"),
+        model_dir=tiny_model_dir,
+    )
     copy = DecodeWeights(model, torch.float32)  # fp32: the merge is then exact up to summation order
     assert copy.merged_lora and not hasattr(copy.module, "peft_config")
     assert unsupported_reason(copy.module) is None  # a plain llama: the fused decode applies
@@ -185,8 +193,9 @@ def test_a_lora_policy_decodes_from_a_merged_copy_that_follows_its_adapters(tiny
         opt.step()
         opt.zero_grad()
         with torch.no_grad():
-            torch.testing.assert_close(copy.current()(input_ids=ids).logits, model(input_ids=ids).logits,
-                                       atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(
+                copy.current()(input_ids=ids).logits, model(input_ids=ids).logits, atol=1e-5, rtol=1e-5
+            )
     with torch.no_grad(), model.disable_adapter():
         base = model(input_ids=ids).logits
     assert not torch.allclose(copy.current()(input_ids=ids).logits, base, atol=1e-3)
@@ -207,8 +216,9 @@ def test_the_native_kernels_decode_what_the_pytorch_ops_decode(wide_head_model_d
     assert lengths[0] == 2 and lengths[4] == 4 and len(set(lengths)) >= 4, lengths
     m = out[True].completion_mask.bool()
     torch.testing.assert_close(out[True].logprobs[m], out[False].logprobs[m], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(out[True].logprobs[m], _forward_logprobs(model, out[True], False, 0.9)[m],
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        out[True].logprobs[m], _forward_logprobs(model, out[True], False, 0.9)[m], atol=1e-5, rtol=1e-5
+    )
 
 
 @pytest.mark.skipif(not cpu_has_native_bf16(), reason="bf16 numerics are checked where bf16 matmuls are native")
@@ -216,8 +226,9 @@ def test_the_native_kernels_in_bf16_stay_as_close_to_the_forward_as_the_pytorch_
     model, tok = _policy(wide_head_model_dir)
     diffs = {}
     for native in (True, False):
-        engine = NativeEngine(model, tok, max_prompt_length=64, autocast_dtype=torch.bfloat16, decode_copy=True,
-                              native_kernels=native)
+        engine = NativeEngine(
+            model, tok, max_prompt_length=64, autocast_dtype=torch.bfloat16, decode_copy=True, native_kernels=native
+        )
         r = engine.generate(PROMPTS, SamplingParams(max_new_tokens=24, n=2, seed=1))
         kernels = engine.kernels()
         # where rlft's AVX512-BF16 matmul runs the decode (no AMX), it is what is checked here
@@ -243,7 +254,9 @@ def test_the_one_call_layer_loop_decodes_bit_for_bit_what_the_per_layer_calls_de
     calls = []
     kernels = _thin_kernels()
     loop = type(kernels).decode_layers_bf16
-    monkeypatch.setattr(type(kernels), "decode_layers_bf16", lambda self, *a, **k: calls.append(1) or loop(self, *a, **k))
+    monkeypatch.setattr(
+        type(kernels), "decode_layers_bf16", lambda self, *a, **k: calls.append(1) or loop(self, *a, **k)
+    )
     out, real_sampler = {}, native_engine.sample_next
     for one_call in (True, False):
         calls.clear()

@@ -47,8 +47,9 @@ def test_the_static_step_decodes_what_the_dropping_rows_decode(wide_head_model_d
     assert torch.equal(out[True].completion_ids, out[False].completion_ids)
     m = out[True].completion_mask.bool()
     torch.testing.assert_close(out[True].logprobs[m], out[False].logprobs[m], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(out[True].logprobs[m], _forward_logprobs(model, out[True], False, 0.9)[m],
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        out[True].logprobs[m], _forward_logprobs(model, out[True], False, 0.9)[m], atol=1e-5, rtol=1e-5
+    )
 
 
 def test_step_at_writes_the_column_it_is_given_as_step_writes_its_own(wide_head_model_dir):
@@ -84,8 +85,9 @@ def test_cuda_graphs_is_a_native_engine_option():
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_the_captured_graph_decodes_what_the_eager_static_step_decodes(wide_head_model_dir, monkeypatch, dtype):
     cuda = torch.device("cuda")
-    model = load_policy(ModelConfig(path=str(wide_head_model_dir), dtype=dtype, device="cuda"), cuda,
-                        model_dir=wide_head_model_dir)
+    model = load_policy(
+        ModelConfig(path=str(wide_head_model_dir), dtype=dtype, device="cuda"), cuda, model_dir=wide_head_model_dir
+    )
     tok = load_tokenizer(wide_head_model_dir)
     autocast = torch.bfloat16 if dtype == "bf16" else None
     out, made = {}, {}

@@ -51,30 +51,19 @@ class ScriptedRunner(EpisodeRunner):
         return tokens, logprobs
 
 
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from rlft.chat.templates import HERMES_TEMPLATE
-    from rlft.models.tiny import build_tiny_model_dir
-    from rlft.rollout.native_engine import NativeEngine
-
-    path = build_tiny_model_dir(tmp_path_factory.mktemp("mt") / "model", chat_format="chatml")
-    tok = AutoTokenizer.from_pretrained(path)
-    tok.chat_template = HERMES_TEMPLATE
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(path).eval()
-    return NativeEngine(model, tok, max_prompt_length=1024, autocast_dtype=None)
-
-
 def make_runner(engine, scripts, isolation="process", **limits):
     spec = EnvironmentSpec("AddEnv", AddEnv, {}, [], [])
     from rlft.envs.tools import schemas_of
 
     spec.schemas = schemas_of(AddEnv, [])
-    runner = ScriptedRunner(engine, spec, EpisodeLimits(**{"tool_timeout": 5.0, **limits}),
-                            prompt_for=lambda ex, obs: ex.text, row_for=lambda ex: {"prompt": ex.prompt, **ex.columns},
-                            isolation=isolation)
+    runner = ScriptedRunner(
+        engine,
+        spec,
+        EpisodeLimits(**{"tool_timeout": 5.0, **limits}),
+        prompt_for=lambda ex, obs: ex.text,
+        row_for=lambda ex: {"prompt": ex.prompt, **ex.columns},
+        isolation=isolation,
+    )
     runner.scripts = scripts
     return runner
 
@@ -85,8 +74,12 @@ def examples(engine, n=1, **columns):
     out = []
     for i in range(n):
         prompt = f"{i}+2?"
-        text = render(engine.tokenizer, [{"role": "user", "content": prompt}],
-                      tools=make_runner(engine, {}).spec.schemas, add_generation_prompt=True)
+        text = render(
+            engine.tokenizer,
+            [{"role": "user", "content": prompt}],
+            tools=make_runner(engine, {}).spec.schemas,
+            add_generation_prompt=True,
+        )
         out.append(Ex(prompt, text, dict(columns)))
     return out
 
@@ -122,15 +115,21 @@ def test_two_turn_episode_masks_ids_and_logprobs(engine):
     second = tok("It is 42.", add_special_tokens=False)["input_ids"] + [engine.eos_ids[0]]
     trained = [i for i, m in zip(ids, loss) if m]
     assert trained == first + second
-    assert ids[: len(first)] == first and ids[-len(second):] == second
+    assert ids[: len(first)] == first and ids[-len(second) :] == second
     observation = tok.decode([i for i, m in zip(ids, loss) if not m])
-    assert observation == "<|im_end|>\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        observation
+        == "<|im_end|>\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
     # the whole transcript renders exactly as the chat template renders the conversation
     from rlft.chat.templates import render
 
-    conversation = [{"role": "user", "content": "0+2?"},
-                    {"role": "assistant", "content": "", "tool_calls": traj[0]["tool_calls"]},
-                    {"role": "tool", "content": "42"}, {"role": "assistant", "content": "It is 42."}]
+    conversation = [
+        {"role": "user", "content": "0+2?"},
+        {"role": "assistant", "content": "", "tool_calls": traj[0]["tool_calls"]},
+        {"role": "tool", "content": "42"},
+        {"role": "assistant", "content": "It is 42."},
+    ]
     whole = render(tok, conversation, tools=runner.spec.schemas)
     got = tok.decode(batch.input_ids[0][batch.attention_mask[0].bool()].tolist())
     assert got + "\n" == whole  # all but the template's newline after the last end-of-turn
@@ -144,10 +143,12 @@ def test_two_turn_episode_masks_ids_and_logprobs(engine):
 
 
 def test_group_shares_prompt_and_all_faults_are_reported(engine):
-    scripts = {0: ['<tool_call>\n{"name": "add", "arguments": {"a": 1\n</tool_call>', "bad json seen"],
-               1: [call("nope", x="1"), "unknown seen"],
-               2: [call("add", a=1), "missing arg seen"],
-               3: [call("boom", x="1"), "raise seen"]}
+    scripts = {
+        0: ['<tool_call>\n{"name": "add", "arguments": {"a": 1\n</tool_call>', "bad json seen"],
+        1: [call("nope", x="1"), "unknown seen"],
+        2: [call("add", a=1), "missing arg seen"],
+        3: [call("boom", x="1"), "raise seen"],
+    }
     runner = make_runner(engine, scripts)
     batch = runner.run(examples(engine, 1), SamplingParams(max_new_tokens=80, n=4))
     assert batch.prompt_index == [0, 0, 0, 0]
@@ -161,8 +162,9 @@ def test_group_shares_prompt_and_all_faults_are_reported(engine):
 
 
 def test_hanging_tool_is_cut_off_without_stalling_others(engine):
-    runner = make_runner(engine, {0: [call("hang", x="1"), "never"], 1: [call("add", a=1, b=1), "two"]},
-                         tool_timeout=1.0)
+    runner = make_runner(
+        engine, {0: [call("hang", x="1"), "never"], 1: [call("add", a=1, b=1), "two"]}, tool_timeout=1.0
+    )
     start = time.monotonic()
     batch = runner.run(examples(engine, 2), SamplingParams(max_new_tokens=80, n=1))
     assert time.monotonic() - start < 20
@@ -181,8 +183,9 @@ def test_budgets_cut_where_they_say(engine):
     batch = make_runner(engine, {0: ["x" * 50]}).run(examples(engine), SamplingParams(max_new_tokens=10))
     assert batch.finish_reasons == ["length"] and int(batch.loss_mask.sum()) == 10
     # the episode budget: a tool result that would not fit ends the episode (rolled back)
-    batch = make_runner(engine, {0: loop}, max_episode_tokens=100).run(examples(engine),
-                                                                          SamplingParams(max_new_tokens=80))
+    batch = make_runner(engine, {0: loop}, max_episode_tokens=100).run(
+        examples(engine), SamplingParams(max_new_tokens=80)
+    )
     assert batch.finish_reasons == ["budget"] and int(batch.completion_mask.sum()) <= 100
     # tool responses are truncated to max_tool_response_tokens, with the marker
     runner = make_runner(engine, {0: [call("add", a=10**20, b=1), "done"]}, max_tool_response_tokens=8)
@@ -202,8 +205,11 @@ def test_model_writing_its_own_tool_response_is_stopped(engine):
 
 def test_reset_failure_names_environment_and_row(engine):
     runner = make_runner(engine, {0: ["x"]})
-    with pytest.raises(EnvironmentFailure, match=r"environment 'AddEnv': reset failed on data row t.jsonl:1: "
-                                                 r"ValueError: no such puzzle"):
+    with pytest.raises(
+        EnvironmentFailure,
+        match=r"environment 'AddEnv': reset failed on data row t.jsonl:1: "
+        r"ValueError: no such puzzle",
+    ):
         runner.run(examples(engine, explode=True), SamplingParams(max_new_tokens=8))
 
 
@@ -244,9 +250,11 @@ def test_fused_decode_runs_episodes_as_the_generic_path_does(engine, monkeypatch
     import rlft.models.fused_decode as fd
     from rlft.rollout import kv
 
-    scripts = {0: [call("add", a=1, b=2), call("add", a=3, b=3), "done: 3 and 6"],
-               1: ["no tools needed here"],
-               2: [call("add", a=20, b=22), "42 it is"]}
+    scripts = {
+        0: [call("add", a=1, b=2), call("add", a=3, b=3), "done: 3 and 6"],
+        1: ["no tools needed here"],
+        2: [call("add", a=20, b=22), "42 it is"],
+    }
     steps = {"fused": 0}
     real_step = kv.FusedKVBatch.step
 
@@ -267,16 +275,18 @@ def test_fused_decode_runs_episodes_as_the_generic_path_does(engine, monkeypatch
     torch.testing.assert_close(fused.logprobs, generic.logprobs, atol=2e-5, rtol=1e-5)
     full = full_logprobs(engine, fused, 0)
     mask = fused.loss_mask[0][fused.completion_mask[0].bool()].bool()
-    torch.testing.assert_close(fused.logprobs[0][fused.completion_mask[0].bool()][mask], full[mask],
-                               atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        fused.logprobs[0][fused.completion_mask[0].bool()][mask], full[mask], atol=2e-4, rtol=1e-4
+    )
 
 
 @pytest.mark.skipif(not cpu_has_native_bf16(), reason="bf16 numerics are checked where bf16 matmuls are native")
 def test_bf16_episodes_decode_from_packed_weights_without_a_module_copy(engine):
     from rlft.rollout.native_engine import NativeEngine
 
-    bf16 = NativeEngine(engine.model, engine.tokenizer, max_prompt_length=1024, autocast_dtype=torch.bfloat16,
-                        decode_copy=True)
+    bf16 = NativeEngine(
+        engine.model, engine.tokenizer, max_prompt_length=1024, autocast_dtype=torch.bfloat16, decode_copy=True
+    )
     scripts = {0: [call("add", a=1, b=2), "done: 3"], 1: ["no tools needed here"]}
     batch = make_runner(bf16, scripts).run(examples(bf16, 2), SamplingParams(max_new_tokens=80))
     assert bf16._copy is None and bf16._fused[0] is engine.model  # packed from the policy itself

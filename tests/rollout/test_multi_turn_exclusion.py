@@ -18,20 +18,34 @@ from rlft.rl.metrics import episode_metrics
 from rlft.rollout.base import SamplingParams
 from rlft.rollout.episode import EpisodeLimits
 from tests.rollout.envs_for_tests import DyingEnv
-from tests.rollout.test_multi_turn import ScriptedRunner, call, engine, examples  # noqa: F401 (a fixture)
+from tests.rollout.test_multi_turn import ScriptedRunner, call, examples
 
 G = 4
 # Per episode (2 groups of 4): row 1 calls a tool that never returns, row 6 one that kills its worker.
-SCRIPTS = {0: ["It is 2."], 1: [call("hang", x="1"), "never"], 2: [call("add", a=1, b=1), "2."], 3: ["two"],
-           4: ["3"], 5: [call("add", a=1, b=2), "It is 3."], 6: [call("die", x="1"), "never"], 7: ["three"]}
+SCRIPTS = {
+    0: ["It is 2."],
+    1: [call("hang", x="1"), "never"],
+    2: [call("add", a=1, b=1), "2."],
+    3: ["two"],
+    4: ["3"],
+    5: [call("add", a=1, b=2), "It is 3."],
+    6: [call("die", x="1"), "never"],
+    7: ["three"],
+}
 REWARDS = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 0.5, 0.0, 0.25])
 
 
 def _rollout(engine):
     spec = EnvironmentSpec("DyingEnv", DyingEnv, {}, [], [])
     spec.schemas = schemas_of(DyingEnv, [])
-    runner = ScriptedRunner(engine, spec, EpisodeLimits(tool_timeout=1.0), prompt_for=lambda ex, obs: ex.text,
-                            row_for=lambda ex: {"prompt": ex.prompt, **ex.columns}, isolation="process")
+    runner = ScriptedRunner(
+        engine,
+        spec,
+        EpisodeLimits(tool_timeout=1.0),
+        prompt_for=lambda ex, obs: ex.text,
+        row_for=lambda ex: {"prompt": ex.prompt, **ex.columns},
+        isolation="process",
+    )
     runner.scripts = SCRIPTS
     return runner.run(examples(engine, 2), SamplingParams(max_new_tokens=120, n=G))
 
@@ -43,8 +57,12 @@ def test_timed_out_and_crashed_episodes_are_excluded_and_counted(engine):
     assert "worker died" in rollout.columns["trajectories"][6][-1]["content"]
     assert episode_metrics(rollout.episodes)["episode/finish/env_error"] == 1 / 8
     excluded = ExclusionPolicy(True, logging.getLogger("test")).assess(rollout.finish_reasons, None)
-    assert excluded.metrics == {"excluded/tool_timeout": 1.0, "excluded/env_error": 1.0,
-                                "excluded/reward_outage": 0.0, "excluded/total": 2.0}
+    assert excluded.metrics == {
+        "excluded/tool_timeout": 1.0,
+        "excluded/env_error": 1.0,
+        "excluded/reward_outage": 0.0,
+        "excluded/total": 2.0,
+    }
     batch = UpdateBatch.from_rollout(rollout)
     assert int(batch.loss_mask[1].sum()) > 0 and int(batch.loss_mask[6].sum()) > 0  # the model's own tokens
     exclude_rows(batch, excluded.valid)

@@ -23,7 +23,7 @@ def test_uniforms_are_a_function_of_seed_row_and_position():
     rows = torch.arange(20000)
     u = row_uniforms(7, rows, 3)
     assert float(u.min()) >= 0.0 and float(u.max()) < 1.0
-    assert abs(float(u.mean()) - 0.5) < 0.01 and abs(float(u.std()) - 12 ** -0.5) < 0.01
+    assert abs(float(u.mean()) - 0.5) < 0.01 and abs(float(u.std()) - 12**-0.5) < 0.01
     assert torch.equal(row_uniforms(7, rows[5:9], 3), u[5:9])  # a subset draws the same numbers
     assert not torch.equal(row_uniforms(8, rows[:50], 3), u[:50])  # another seed, other numbers
     assert not torch.equal(row_uniforms(7, rows[:50], 4), u[:50])  # another position, other numbers
@@ -32,10 +32,12 @@ def test_uniforms_are_a_function_of_seed_row_and_position():
 
 @pytest.mark.parametrize("fused", [True, False])
 def test_a_shard_of_the_prompts_samples_what_the_whole_batch_samples(tiny_model_dir, fused):
-    model = load_policy(ModelConfig(path=str(tiny_model_dir), dtype="fp32"), torch.device("cpu"),
-                        model_dir=tiny_model_dir)
-    engine = NativeEngine(model, load_tokenizer(tiny_model_dir), max_prompt_length=64, autocast_dtype=None,
-                          fused_decode=fused)
+    model = load_policy(
+        ModelConfig(path=str(tiny_model_dir), dtype="fp32"), torch.device("cpu"), model_dir=tiny_model_dir
+    )
+    engine = NativeEngine(
+        model, load_tokenizer(tiny_model_dir), max_prompt_length=64, autocast_dtype=None, fused_decode=fused
+    )
     params = SamplingParams(max_new_tokens=10, n=3, temperature=1.0, seed=batch_seed(0, 0, 4))
     whole = engine.generate(PROMPTS, params)
     torch.manual_seed(123)  # the process's own stream plays no part

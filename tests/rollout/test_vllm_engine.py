@@ -137,8 +137,9 @@ class RecordingLLM:
 
     def apply_model(self, fn):
         self.calls.append("push")
-        fake_model = SimpleNamespace(load_weights=lambda weights: self.loaded.append(
-            {name: tensor.clone() for name, tensor in weights}))
+        fake_model = SimpleNamespace(
+            load_weights=lambda weights: self.loaded.append({name: tensor.clone() for name, tensor in weights})
+        )
         return [fn(fake_model)]
 
     def reset_prefix_cache(self):
@@ -157,8 +158,9 @@ class RecordingLLM:
         for i, (req, p) in enumerate(zip(requests, params)):
             tokens, reason = self.script(i, req, p)
             logprobs = [{tok: SimpleNamespace(logprob=-0.1 * (j + 1))} for j, tok in enumerate(tokens)]
-            outs.append(SimpleNamespace(outputs=[SimpleNamespace(token_ids=tokens, logprobs=logprobs,
-                                                                 finish_reason=reason)]))
+            outs.append(
+                SimpleNamespace(outputs=[SimpleNamespace(token_ids=tokens, logprobs=logprobs, finish_reason=reason)])
+            )
         return outs
 
 
@@ -176,8 +178,9 @@ def stand_in(tiny_model_dir, monkeypatch):
     from rlft.models.loading import load_policy, load_tokenizer
 
     _fake_vllm_module(monkeypatch)
-    model = load_policy(ModelConfig(path=str(tiny_model_dir), dtype="fp32"), torch.device("cpu"),
-                        model_dir=tiny_model_dir)
+    model = load_policy(
+        ModelConfig(path=str(tiny_model_dir), dtype="fp32"), torch.device("cpu"), model_dir=tiny_model_dir
+    )
     tok = load_tokenizer(tiny_model_dir)
     eos = tok.eos_token_id
 
@@ -187,8 +190,11 @@ def stand_in(tiny_model_dir, monkeypatch):
 
     llm = {}
     monkeypatch.setattr(ve, "require_vllm", lambda device: None)
-    monkeypatch.setattr(ve, "start_vllm", lambda model_dir, util: llm.setdefault(
-        "llm", RecordingLLM(script, model_dir=model_dir, util=util)))
+    monkeypatch.setattr(
+        ve,
+        "start_vllm",
+        lambda model_dir, util: llm.setdefault("llm", RecordingLLM(script, model_dir=model_dir, util=util)),
+    )
     engine = ve.VLLMEngine(model, tok, max_prompt_length=64, autocast_dtype=None, gpu_memory_utilization=0.25)
     return engine, model, llm["llm"]
 
@@ -205,8 +211,9 @@ def test_batch_layout_matches_the_rollout_contract(stand_in):
     # the sampled tokens' log-probs, 0 on padding
     torch.testing.assert_close(r.logprobs[0], torch.tensor([-0.1, -0.2, -0.3, 0.0, 0.0]))
     # prompts: left-padded like the other engines, and vLLM got each one unpadded, n times in a row
-    native_ids, native_mask = ENGINES["native"](model, engine.tokenizer, max_prompt_length=64,
-                                                autocast_dtype=None).tokenize_prompts(PROMPTS)
+    native_ids, native_mask = ENGINES["native"](
+        model, engine.tokenizer, max_prompt_length=64, autocast_dtype=None
+    ).tokenize_prompts(PROMPTS)
     assert torch.equal(r.prompt_ids, native_ids.repeat_interleave(3, 0))
     requests, _ = llm.last
     assert requests[3] == requests[4] == {"prompt_token_ids": native_ids[1][native_mask[1].bool()].tolist()}
@@ -216,8 +223,9 @@ def test_batch_layout_matches_the_rollout_contract(stand_in):
 
 def test_sampling_parameters_map_onto_vllms(stand_in):
     engine, _, llm = stand_in
-    engine.generate(PROMPTS[:1], SamplingParams(max_new_tokens=4, min_new_tokens=2, n=2, temperature=0.7,
-                                                top_p=0.9, top_k=5))
+    engine.generate(
+        PROMPTS[:1], SamplingParams(max_new_tokens=4, min_new_tokens=2, n=2, temperature=0.7, top_p=0.9, top_k=5)
+    )
     _, params = llm.last
     p = params[0]
     assert (p["max_tokens"], p["min_tokens"], p["temperature"], p["top_p"], p["top_k"]) == (4, 2, 0.7, 0.9, 5)
@@ -270,8 +278,11 @@ def test_sleep_between_steps_wakes_weights_pushes_then_wakes_the_cache(stand_in)
 
 
 def test_a_completion_without_its_logprobs_is_an_error_not_a_silent_zero():
-    good = SimpleNamespace(token_ids=[7, 1], logprobs=[{7: SimpleNamespace(logprob=-0.5)},
-                                                         {1: SimpleNamespace(logprob=-1.5)}], finish_reason="stop")
+    good = SimpleNamespace(
+        token_ids=[7, 1],
+        logprobs=[{7: SimpleNamespace(logprob=-0.5)}, {1: SimpleNamespace(logprob=-1.5)}],
+        finish_reason="stop",
+    )
     assert ve.completion_row(good) == ([7, 1], [-0.5, -1.5], True)
     with pytest.raises(RuntimeError, match="log-probs"):
         ve.completion_row(SimpleNamespace(token_ids=[7, 1], logprobs=None, finish_reason="length"))
@@ -283,6 +294,7 @@ def test_the_engine_starts_vllm_from_the_policys_directory(stand_in, tiny_model_
 
 
 # --------------------------------------------------------------------------- on a GPU with vllm
+
 
 def _gpu_or_skip():
     if not torch.cuda.is_available():
@@ -301,8 +313,14 @@ def gpu_engine(tmp_path_factory):
     model_dir = build_tiny_model_dir(tmp_path_factory.mktemp("vllm-tiny") / "model", hidden_size=256, num_layers=2)
     model = load_policy(ModelConfig(path=str(model_dir), dtype="bf16"), torch.device("cuda"), model_dir=model_dir)
     tok = load_tokenizer(model_dir)
-    engine = ve.VLLMEngine(model, tok, max_prompt_length=64, autocast_dtype=torch.bfloat16,
-                           gpu_memory_utilization=0.2, sleep_between_steps=True)
+    engine = ve.VLLMEngine(
+        model,
+        tok,
+        max_prompt_length=64,
+        autocast_dtype=torch.bfloat16,
+        gpu_memory_utilization=0.2,
+        sleep_between_steps=True,
+    )
     return engine, model
 
 
@@ -310,8 +328,9 @@ def _trainer_logprobs(model, r, temperature):
     from rlft.models.logprobs import completion_logprobs
 
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
-        lp, _ = completion_logprobs(model, r.input_ids, r.attention_mask, r.completion_ids.shape[1],
-                                    temperature=temperature)
+        lp, _ = completion_logprobs(
+            model, r.input_ids, r.attention_mask, r.completion_ids.shape[1], temperature=temperature
+        )
     return lp.float()
 
 

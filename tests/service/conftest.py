@@ -26,11 +26,26 @@ def job_config(steps: int = 2, **train) -> dict:
     return {
         "model": {"path": "models/tiny", "dtype": "fp32"},
         "data": {"train_file": "data/train.jsonl", "eval_file": "data/eval.jsonl"},
-        "algorithm": {"name": "grpo", "learning_rate": 3e-3, "kl_coef": 0.01, "rollout_batch_size": 2,
-                      "num_generations": 4, "max_new_tokens": 4, "micro_batch_size": 8},
+        "algorithm": {
+            "name": "grpo",
+            "learning_rate": 3e-3,
+            "kl_coef": 0.01,
+            "rollout_batch_size": 2,
+            "num_generations": 4,
+            "max_new_tokens": 4,
+            "micro_batch_size": 8,
+        },
         "reward": {"functions": [{"type": "contains", "keyword": "a", "name": "has_a"}]},
-        "train": {"epochs": 1000, "max_steps": steps, "logging_interval": 1, "save_interval": 1000,
-                  "output_dir": "outputs", "seed": 0, "progress_bar": "off", **train},
+        "train": {
+            "epochs": 1000,
+            "max_steps": steps,
+            "logging_interval": 1,
+            "save_interval": 1000,
+            "output_dir": "outputs",
+            "seed": 0,
+            "progress_bar": "off",
+            **train,
+        },
         "eval": {"before_training": False, "after_training": True, "max_new_tokens": 4},
     }
 
@@ -67,12 +82,28 @@ class Server:
         self.proc: subprocess.Popen | None = None
         self.log = ws.parent / f"serve-{self.port}.log"
 
-    def start(self, timeout: float = 60) -> "Server":
+    def start(self, timeout: float = 60) -> Server:
         env = {**_env(), "RLFT_HEARTBEAT_SECONDS": "0.5"}
         self._out = open(self.log, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "rlft.cli.main", "serve", "--workspace", str(self.ws),
-                                      "--port", str(self.port), "--grace", "60", *self.args],
-                                     cwd=self.ws.parent, env=env, stdout=self._out, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "rlft.cli.main",
+                "serve",
+                "--workspace",
+                str(self.ws),
+                "--port",
+                str(self.port),
+                "--grace",
+                "60",
+                *self.args,
+            ],
+            cwd=self.ws.parent,
+            env=env,
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.time() + timeout
         while True:
             try:

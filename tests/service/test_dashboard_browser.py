@@ -15,8 +15,15 @@ from tests.service.conftest import job_config, write_config
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # Playwright adds --headless and a fresh profile of its own; these keep Chromium off the (closed) network.
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 @pytest.fixture
@@ -70,8 +77,9 @@ def test_dashboard_shows_jobs_charts_and_samples_and_its_buttons_work(server, wo
     new.first.wait_for(timeout=30_000)
     new_id = new.first.get_attribute("data-job-id")
     page.locator(f'.job-row[data-job-id="{new_id}"]').click()
-    page.wait_for_function(f"document.querySelector('.job-row[data-job-id=\"{new_id}\"]')"
-                           f".dataset.status === 'running'", timeout=60_000)
+    page.wait_for_function(
+        f"document.querySelector('.job-row[data-job-id=\"{new_id}\"]').dataset.status === 'running'", timeout=60_000
+    )
     page.locator("#cancel-btn:not([disabled])").click(timeout=30_000)
     assert c.wait(new_id, timeout=120)["status"] == "cancelled"
     assert errors == []

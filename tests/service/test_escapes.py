@@ -14,7 +14,7 @@ from rlft.config.loader import load_config
 from rlft.config.references import references
 from rlft.service.workspace import PathRefused, Workspace
 from tests.conftest import write_jsonl
-from tests.service.conftest import PROMPTS, job_config, wait_for, write_config
+from tests.service.conftest import job_config, wait_for, write_config
 
 
 @pytest.fixture
@@ -23,30 +23,44 @@ def outside(tmp_path) -> Path:
     out = tmp_path / "outside"
     write_jsonl(out / "secret.jsonl", [{"prompt": "TOP-SECRET-ROW", "answer": "a"}])
     mark = out / "ran"
-    (out / "evil.py").write_text(f"open({str(mark)!r}, 'w').write('x')\n"
-                                 "def f(prompts, completions, **kw):\n    return [1.0] * len(completions)\n")
+    (out / "evil.py").write_text(
+        f"open({str(mark)!r}, 'w').write('x')\n"
+        "def f(prompts, completions, **kw):\n    return [1.0] * len(completions)\n"
+    )
     return out
 
 
 def _every_reference_outside(outside: Path) -> list[dict]:
     """Configs whose every reference (but the run name, which the schema already refuses) points outside."""
-    base = {"data": {"train_file": str(outside / "secret.jsonl"), "eval_file": f"../{outside.name}/secret.jsonl",
-                     "chat_template": str(outside / "t.jinja")},
-            "model": {"path": str(outside)},
-            "train": {"output_dir": str(outside / "runs"),
-                      "tracking": {"mlflow_tracking_uri": f"sqlite:///{outside}/mlflow.db"}},
-            "algorithm": {"name": "ppo", "advantage_estimator": "gae", "critic": {"model_path": str(outside)}},
-            "reward": {"functions": [{"type": "custom", "function": f"{outside}/evil.py:f"},
-                                     {"type": "model", "path": str(outside)},
-                                     {"type": "judge", "model": str(outside)}]},
-            "environment": {"class": "search", "kwargs": {"docs": str(outside / "secret.jsonl")},
-                            "tools": ["os:system"]}}
-    return [base,
-            {**base, "environment": {"class": f"{outside}/evil.py:Env", "tools": []}},
-            {**base, "environment": {"class": "os:system", "tools": []}},
-            {**base, "environment": {"class": "openenv", "kwargs": {"url": "file:///etc/passwd"}}},
-            {**base, "train": {**base["train"], "tracking": {"mlflow_tracking_uri": "postgresql://db.example/mlflow"}}},
-            {**base, "train": {**base["train"], "tracking": {"mlflow_tracking_uri": f"file://{outside}/mlruns"}}}]
+    base = {
+        "data": {
+            "train_file": str(outside / "secret.jsonl"),
+            "eval_file": f"../{outside.name}/secret.jsonl",
+            "chat_template": str(outside / "t.jinja"),
+        },
+        "model": {"path": str(outside)},
+        "train": {
+            "output_dir": str(outside / "runs"),
+            "tracking": {"mlflow_tracking_uri": f"sqlite:///{outside}/mlflow.db"},
+        },
+        "algorithm": {"name": "ppo", "advantage_estimator": "gae", "critic": {"model_path": str(outside)}},
+        "reward": {
+            "functions": [
+                {"type": "custom", "function": f"{outside}/evil.py:f"},
+                {"type": "model", "path": str(outside)},
+                {"type": "judge", "model": str(outside)},
+            ]
+        },
+        "environment": {"class": "search", "kwargs": {"docs": str(outside / "secret.jsonl")}, "tools": ["os:system"]},
+    }
+    return [
+        base,
+        {**base, "environment": {"class": f"{outside}/evil.py:Env", "tools": []}},
+        {**base, "environment": {"class": "os:system", "tools": []}},
+        {**base, "environment": {"class": "openenv", "kwargs": {"url": "file:///etc/passwd"}}},
+        {**base, "train": {**base["train"], "tracking": {"mlflow_tracking_uri": "postgresql://db.example/mlflow"}}},
+        {**base, "train": {**base["train"], "tracking": {"mlflow_tracking_uri": f"file://{outside}/mlruns"}}},
+    ]
 
 
 def test_the_check_refuses_every_reference_that_leaves_the_workspace(tmp_path, outside):
@@ -64,12 +78,24 @@ def test_references_inside_the_workspace_pass(tmp_path):
     ws = Workspace(tmp_path / "ws")
     (ws.root / "data").mkdir()
     (ws.root / "r.py").write_text("def f(p, c, **k):\n    return [0.0] * len(c)\n")
-    cfg = load_config(data={
-        "data": {"train_file": "data/t.jsonl", "eval_file": str(ws.root / "data" / "e.jsonl")},
-        "train": {"output_dir": "out", "run_name": "a/b", "tracking": {"mlflow_tracking_uri": "sqlite:///out/m.db"}},
-        "reward": {"functions": [{"type": "custom", "function": "r.py:f"},
-                                 {"type": "http", "url": "http://127.0.0.1:9/score"}]},
-        "environment": {"class": "openenv", "kwargs": {"url": "http://127.0.0.1:8000"}}}, check_files=False)
+    cfg = load_config(
+        data={
+            "data": {"train_file": "data/t.jsonl", "eval_file": str(ws.root / "data" / "e.jsonl")},
+            "train": {
+                "output_dir": "out",
+                "run_name": "a/b",
+                "tracking": {"mlflow_tracking_uri": "sqlite:///out/m.db"},
+            },
+            "reward": {
+                "functions": [
+                    {"type": "custom", "function": "r.py:f"},
+                    {"type": "http", "url": "http://127.0.0.1:9/score"},
+                ]
+            },
+            "environment": {"class": "openenv", "kwargs": {"url": "http://127.0.0.1:8000"}},
+        },
+        check_files=False,
+    )
     assert ws.check_config(cfg) == []
 
 
@@ -83,13 +109,19 @@ def _escaping_submissions(ws: Path, outside: Path) -> list[dict]:
         {"config_path": "configs/tiny.yaml", "overrides": [f"train.run_name={rel}/run"]},
         {"config_path": "configs/tiny.yaml", "overrides": [f"train.run_name={outside}/run"], "resume_from": "auto"},
         {"config_path": "configs/tiny.yaml", "overrides": [f"train.output_dir={outside}"]},
-        {"config_path": "configs/tiny.yaml", "overrides": ["train.report_to=[mlflow]",
-                                                           f"train.tracking.mlflow_tracking_uri=sqlite:///{outside}/m.db"]},
+        {
+            "config_path": "configs/tiny.yaml",
+            "overrides": ["train.report_to=[mlflow]", f"train.tracking.mlflow_tracking_uri=sqlite:///{outside}/m.db"],
+        },
         {"config_path": "configs/tiny.yaml", "overrides": [f"data.eval_file={outside}/secret.jsonl"]},
-        {"config_path": "configs/tiny.yaml",
-         "overrides": [f"reward.functions=[{{type: custom, name: correct, function: {outside}/evil.py:f}}]"]},
-        {"config_path": "configs/tiny.yaml",
-         "overrides": [f"environment={{class: search, kwargs: {{docs: {outside}/secret.jsonl}}}}"]},
+        {
+            "config_path": "configs/tiny.yaml",
+            "overrides": [f"reward.functions=[{{type: custom, name: correct, function: {outside}/evil.py:f}}]"],
+        },
+        {
+            "config_path": "configs/tiny.yaml",
+            "overrides": [f"environment={{class: search, kwargs: {{docs: {outside}/secret.jsonl}}}}"],
+        },
     ]
 
 
@@ -111,15 +143,23 @@ def test_the_resume_route_checks_its_overrides_like_a_submission(server, workspa
     wait_for(lambda: any((run / "checkpoints").glob("checkpoint-*/trainer_state.json")), what="a checkpoint")
     c.cancel(job["job_id"])
     assert c.wait(job["job_id"], timeout=120)["status"] == "cancelled"
-    escapes = [[f"reward.functions=[{{type: custom, name: correct, function: {outside}/evil.py:f}}]",
-                f"data.eval_file={outside}/secret.jsonl", "eval.after_training=true"],
-               [f"data.eval_file={outside}/secret.jsonl"],
-               [f"train.tracking.mlflow_tracking_uri=file://{outside}/mlruns", "train.report_to=[mlflow]"]]
+    escapes = [
+        [
+            f"reward.functions=[{{type: custom, name: correct, function: {outside}/evil.py:f}}]",
+            f"data.eval_file={outside}/secret.jsonl",
+            "eval.after_training=true",
+        ],
+        [f"data.eval_file={outside}/secret.jsonl"],
+        [f"train.tracking.mlflow_tracking_uri=file://{outside}/mlruns", "train.report_to=[mlflow]"],
+    ]
     for overrides in escapes:
         r = httpx.post(f"{server.url}/api/jobs/{job['job_id']}/resume", json={"overrides": overrides})
         assert r.status_code == 422 and "outside the workspace" in r.text, (overrides, r.status_code, r.text)
     assert [j["id"] for j in httpx.get(server.url + "/api/jobs").json()["jobs"]] == [job["job_id"]]
     assert not (outside / "ran").exists()
-    served = json.dumps([json.loads(p.read_text()) for p in (run / "eval").glob("*.json")]) if (run / "eval").is_dir() \
+    served = (
+        json.dumps([json.loads(p.read_text()) for p in (run / "eval").glob("*.json")])
+        if (run / "eval").is_dir()
         else ""
+    )
     assert "TOP-SECRET-ROW" not in served

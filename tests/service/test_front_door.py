@@ -50,8 +50,14 @@ def secret(tmp_path) -> Path:
 def test_an_origin_on_another_port_of_the_same_host_is_refused(app_ws):
     client, _, _ = app_ws
     body = {"config_path": "configs/missing.yaml"}
-    for origin in ("http://127.0.0.1:1", "http://localhost:9999", "https://127.0.0.1:8765", "http://127.0.0.1",
-                   "http://127.0.0.1:8765.evil.example", "null"):
+    for origin in (
+        "http://127.0.0.1:1",
+        "http://localhost:9999",
+        "https://127.0.0.1:8765",
+        "http://127.0.0.1",
+        "http://127.0.0.1:8765.evil.example",
+        "null",
+    ):
         r = client.post("/api/train", json=body, headers={"origin": origin})
         assert r.status_code == 403, (origin, r.text)
         assert "cross-origin" in r.json()["detail"] and origin in r.json()["detail"]
@@ -89,8 +95,11 @@ def test_a_chunked_body_over_the_limit_is_413_with_a_clear_message(app_ws):
     r = client.post("/api/train", content=chunks(), headers={"content-type": "application/json"})
     assert r.status_code == 413, r.text
     assert "over the limit of 1000 bytes" in r.json()["detail"]
-    small = client.post("/api/train", content=iter([b'{"config_path": ', b'"configs/missing.yaml"}']),
-                        headers={"content-type": "application/json"})
+    small = client.post(
+        "/api/train",
+        content=iter([b'{"config_path": ', b'"configs/missing.yaml"}']),
+        headers={"content-type": "application/json"},
+    )
     assert small.status_code == 422, small.text  # a chunked body under the limit reaches the route whole
 
 
@@ -115,8 +124,11 @@ def test_every_file_route_refuses_a_link_out_of_the_job(app_ws, secret, tmp_path
     (run / "eval" / "step-1.json").symlink_to(secret)
     job = store.get(job_id)
     Path(job.stderr_log).symlink_to(secret)
-    for path, name in ((f"/api/jobs/{job_id}/samples", "samples.jsonl"), (f"/api/jobs/{job_id}/eval", "step-1.json"),
-                       (f"/api/jobs/{job_id}/logs?stream=stderr", "stderr.log")):
+    for path, name in (
+        (f"/api/jobs/{job_id}/samples", "samples.jsonl"),
+        (f"/api/jobs/{job_id}/eval", "step-1.json"),
+        (f"/api/jobs/{job_id}/logs?stream=stderr", "stderr.log"),
+    ):
         r = client.get(path)
         assert r.status_code == 403, (path, r.text)
         assert f"refused to serve {name}" in r.json()["detail"] and "hunter2" not in r.text

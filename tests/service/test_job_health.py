@@ -12,9 +12,21 @@ from rlft.service.app import create_app
 from rlft.service.security import Settings
 from rlft.service.store import NewJob
 
-STUCK = {"verdict": "unhealthy", "findings": [
-    {"check": "no_signal", "step": 14, "severity": "unhealthy", "message": "no learning signal on 95% of the last 20 "
-     "steps", "knob": "algorithm.temperature", "metrics": ["advantage/abs_mean"], "last_step": 60, "count": 9}]}
+STUCK = {
+    "verdict": "unhealthy",
+    "findings": [
+        {
+            "check": "no_signal",
+            "step": 14,
+            "severity": "unhealthy",
+            "message": "no learning signal on 95% of the last 20 steps",
+            "knob": "algorithm.temperature",
+            "metrics": ["advantage/abs_mean"],
+            "last_step": 60,
+            "count": 9,
+        }
+    ],
+}
 
 
 def test_the_job_api_shows_each_runs_health_verdict(tmp_path):
@@ -23,13 +35,19 @@ def test_the_job_api_shows_each_runs_health_verdict(tmp_path):
     app = create_app(Settings(workspace=str(ws), port=8765), start_runner=False)
     store = app.state.service.store
     ids = {}
-    for name, health in (("stuck", STUCK), ("fine", {"verdict": "healthy", "findings": []}), ("old", None),
-                         ("odd", {"verdict": "great"})):
+    for name, health in (
+        ("stuck", STUCK),
+        ("fine", {"verdict": "healthy", "findings": []}),
+        ("old", None),
+        ("odd", {"verdict": "great"}),
+    ):
         ids[name] = job_id = store.new_id()
         run = ws / "outputs" / name
         run.mkdir(parents=True)
         store.create(job_id, NewJob("rl", "x: 1", None, str(ws / ".rlft" / "jobs" / job_id), str(run)))
-        (run / "run.json").write_text(json.dumps({"status": "completed", "step": 60, **({"health": health} if health else {})}))
+        (run / "run.json").write_text(
+            json.dumps({"status": "completed", "step": 60, **({"health": health} if health else {})})
+        )
     with TestClient(app, base_url="http://127.0.0.1:8765") as client:
         stuck = client.get(f"/api/jobs/{ids['stuck']}").json()
         assert stuck["health"] == "unhealthy" and stuck["health_findings"][0]["check"] == "no_signal"

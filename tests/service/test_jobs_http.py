@@ -71,8 +71,10 @@ def test_cancel_running_job_leaves_a_checkpoint_then_resume_finishes_it(server, 
     path = write_config(workspace, "long.yaml", job_config(steps=500, save_interval=1000))
     job = c.submit(path)
     run = Path(job["run_dir"])
-    wait_for(lambda: (run / "metrics.jsonl").exists() and len((run / "metrics.jsonl").read_text().splitlines()) >= 2,
-             what="two steps")
+    wait_for(
+        lambda: (run / "metrics.jsonl").exists() and len((run / "metrics.jsonl").read_text().splitlines()) >= 2,
+        what="two steps",
+    )
     assert c.cancel(job["job_id"])["cancel_requested"]
     done = c.wait(job["job_id"], timeout=120)
     assert done["status"] == "cancelled" and done["exit_code"] == 143, done
@@ -134,10 +136,18 @@ def test_malformed_and_oversize_bodies_and_foreign_requests_are_4xx(server, work
     big = json.dumps({"config": {"model": {"path": "x" * (2 << 20)}}}).encode()
     assert httpx.post(url, content=big, headers=headers).status_code == 413
     # a form another site posts (no JSON content type), a foreign Origin, a rebinding Host
-    assert httpx.post(url, content=b'{"config_path": "configs/tiny.yaml"}',
-                      headers={"content-type": "text/plain"}).status_code == 415
-    assert httpx.post(url, json={"config_path": "configs/tiny.yaml"},
-                      headers={"origin": "http://evil.example"}).status_code == 403
+    assert (
+        httpx.post(
+            url, content=b'{"config_path": "configs/tiny.yaml"}', headers={"content-type": "text/plain"}
+        ).status_code
+        == 415
+    )
+    assert (
+        httpx.post(
+            url, json={"config_path": "configs/tiny.yaml"}, headers={"origin": "http://evil.example"}
+        ).status_code
+        == 403
+    )
     assert httpx.get(server.url + "/api/jobs", headers={"host": "evil.example"}).status_code == 421
     assert server.client().jobs() == []
 
@@ -151,12 +161,21 @@ def test_an_sft_job_runs_as_its_own_kind(server, workspace):
     build_tiny_model_dir(workspace / "models" / "chatml", chat_format="chatml")
     rows = [calculator_chat(a, b) for a, b in [(1, 2), (3, 4), (5, 6), (7, 1), (2, 2), (8, 1)]]
     write_jsonl(workspace / "data" / "chats.jsonl", rows)
-    cfg = {"kind": "sft", "model": {"path": "models/chatml", "dtype": "fp32"},
-           "data": {"train_file": "data/chats.jsonl", "messages_field": "messages", "max_length": 1800},
-           "sft": {"learning_rate": 3e-3, "batch_size": 2, "micro_batch_size": 2, "packing": True},
-           "train": {"epochs": 20, "max_steps": 2, "logging_interval": 1, "output_dir": "outputs", "seed": 0,
-                     "progress_bar": "off"},
-           "eval": {"before_training": False, "after_training": False}}
+    cfg = {
+        "kind": "sft",
+        "model": {"path": "models/chatml", "dtype": "fp32"},
+        "data": {"train_file": "data/chats.jsonl", "messages_field": "messages", "max_length": 1800},
+        "sft": {"learning_rate": 3e-3, "batch_size": 2, "micro_batch_size": 2, "packing": True},
+        "train": {
+            "epochs": 20,
+            "max_steps": 2,
+            "logging_interval": 1,
+            "output_dir": "outputs",
+            "seed": 0,
+            "progress_bar": "off",
+        },
+        "eval": {"before_training": False, "after_training": False},
+    }
     c = server.client()
     job = c.submit(config=cfg)
     done = c.wait(job["job_id"], timeout=180)

@@ -7,10 +7,9 @@ import json
 import os
 import subprocess
 import sys
-import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import psutil
 
@@ -47,8 +46,13 @@ def _started_job(ws: Path, exiting_seconds: float) -> Iterator[tuple[JobStore, s
     (run / "run.json").write_text(json.dumps({"status": "running", "step": 2}))
     store.create(job_id, NewJob("rl", "x: 1", None, str(ws / ".rlft" / "jobs" / job_id), str(run)))
     store.claim_next("old-service")
-    proc = subprocess.Popen([sys.executable, "-c", FAKE_RUN, str(run), str(exiting_seconds)], start_new_session=True,
-                            env={**os.environ, "RLFT_JOB_ID": job_id}, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", FAKE_RUN, str(run), str(exiting_seconds)],
+        start_new_session=True,
+        env={**os.environ, "RLFT_JOB_ID": job_id},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout.readline().strip() == "ready"
     store.set_process(job_id, proc.pid, psutil.Process(proc.pid).create_time())
     try:

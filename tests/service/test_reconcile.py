@@ -15,11 +15,10 @@ from rlft.service.runner import Runner
 from rlft.service.store import JobStore, NewJob, default_url
 from tests.service.conftest import Server, job_config, wait_for, write_config
 
-
 # The live job's reward: from its second batch on it waits for the file "open" beside it, so the job
 # cannot finish before the restarted service has re-attached to it (a 12-step job on the tiny model
 # could end during the restart, and the test then saw a finished job instead of a running one).
-GATE = '''
+GATE = """
 import pathlib, time
 
 _calls = 0
@@ -32,7 +31,7 @@ def gated(prompts, completions, **columns):
     while _calls > 1 and not pathlib.Path(__file__).with_name("open").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     return [float("a" in c) for c in completions]
-'''
+"""
 
 
 def _steps(run: Path) -> int:
@@ -92,8 +91,10 @@ def _alive(pid: int) -> bool:
 def test_reconcile_requeues_a_claimed_job_that_never_started_and_finishes_one_that_ended(workspace):
     store = JobStore(default_url(workspace))
     never = store.new_id()
-    store.create(never, NewJob("rl", "x: 1", None, str(workspace / ".rlft" / "jobs" / never),
-                               str(workspace / "outputs" / "never")))
+    store.create(
+        never,
+        NewJob("rl", "x: 1", None, str(workspace / ".rlft" / "jobs" / never), str(workspace / "outputs" / "never")),
+    )
     ended = store.new_id()
     run = workspace / "outputs" / "ended"
     run.mkdir(parents=True)
@@ -118,11 +119,17 @@ def test_cancel_escalates_to_sigkill_after_the_grace_period(workspace):
 
     store = JobStore(default_url(workspace))
     job_id = store.new_id()
-    store.create(job_id, NewJob("rl", "x: 1", None, str(workspace / ".rlft" / "jobs" / job_id),
-                                str(workspace / "outputs" / "stubborn")))
+    store.create(
+        job_id,
+        NewJob("rl", "x: 1", None, str(workspace / ".rlft" / "jobs" / job_id), str(workspace / "outputs" / "stubborn")),
+    )
     store.claim_next("w")
-    proc = subprocess.Popen(["bash", "-c", "trap '' TERM; echo ready; sleep 60 & wait"], start_new_session=True,
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        ["bash", "-c", "trap '' TERM; echo ready; sleep 60 & wait"],
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     # the SIGTERM must come after bash has set its trap: sent during bash's start-up it ends the
     # process at once (seen in a CI run: -15 where the grace period was still running)
     assert proc.stdout.readline().strip() == "ready"
@@ -156,11 +163,15 @@ def test_a_job_the_oom_killer_ended_is_recorded_as_oom_with_advice(workspace):
     job_id = store.new_id()
     run = workspace / "outputs" / "greedy"
     run.mkdir(parents=True)
-    (run / "run.json").write_text(json.dumps({"status": "running", "memory": {
-        "if_out_of_memory": ["model.gradient_checkpointing=true"]}}))
-    (run / "resources.jsonl").write_text("".join(json.dumps(
-        {"step": 4, "rss_mb": 990.0, "rss_peak_mb": 995.0, "limit_mb": 1000, "available_mb": 5.0}) + "\n"
-        for _ in range(3)))
+    (run / "run.json").write_text(
+        json.dumps({"status": "running", "memory": {"if_out_of_memory": ["model.gradient_checkpointing=true"]}})
+    )
+    (run / "resources.jsonl").write_text(
+        "".join(
+            json.dumps({"step": 4, "rss_mb": 990.0, "rss_peak_mb": 995.0, "limit_mb": 1000, "available_mb": 5.0}) + "\n"
+            for _ in range(3)
+        )
+    )
     store.create(job_id, NewJob("rl", "x: 1", None, str(workspace / ".rlft" / "jobs" / job_id), str(run)))
     store.claim_next("w")
     proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
@@ -182,8 +193,9 @@ def test_a_live_process_is_known_by_its_job_id_not_by_a_start_time_a_clock_step_
     """A VM resumed or an NTP step moves psutil's create_time; the job's environment does not move."""
     from rlft.service.placement import alive
 
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
-                            env={**os.environ, "RLFT_JOB_ID": "job-a"})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(30)"], env={**os.environ, "RLFT_JOB_ID": "job-a"}
+    )
     try:
         started = psutil.Process(proc.pid).create_time()
         assert alive(proc.pid, started - 3600, "job-a") is not None  # the clock stepped an hour: still the job

@@ -24,9 +24,16 @@ def ws(tmp_path) -> Workspace:
 
 
 def _config(**train):
-    return load_config(data={"model": {"path": "smollm2-135m-instruct"}, "data": {"train_file": "data/train.jsonl"},
-                             "reward": {"functions": [{"type": "contains", "keyword": "a"}]},
-                             "train": {"output_dir": "outputs", **train}}, base_dir=None, check_files=False)
+    return load_config(
+        data={
+            "model": {"path": "smollm2-135m-instruct"},
+            "data": {"train_file": "data/train.jsonl"},
+            "reward": {"functions": [{"type": "contains", "keyword": "a"}]},
+            "train": {"output_dir": "outputs", **train},
+        },
+        base_dir=None,
+        check_files=False,
+    )
 
 
 def _checkpoint(run: Path, step: int) -> Path:
@@ -44,8 +51,16 @@ def _cancelled_job(store: JobStore, ws: Workspace, run: Path) -> object:
     (run / "run.json").write_text(json.dumps({"status": "cancelled"}))
     job_id = store.new_id()
     (ws.jobs_dir() / job_id).mkdir(parents=True)
-    store.create(job_id, NewJob(kind="rl", config_yaml=config_to_yaml(_config()), config_source="<inline>",
-                                job_dir=str(ws.jobs_dir() / job_id), run_dir=str(run)))
+    store.create(
+        job_id,
+        NewJob(
+            kind="rl",
+            config_yaml=config_to_yaml(_config()),
+            config_source="<inline>",
+            job_dir=str(ws.jobs_dir() / job_id),
+            run_dir=str(run),
+        ),
+    )
     store.claim_next("test")
     store.finish(job_id, "cancelled", exit_code=143)
     return store.get(job_id)
@@ -91,12 +106,21 @@ def test_resume_auto_with_a_run_name_continues_that_run_in_place(store, ws):
     run = ws.root / "outputs" / "named"
     run.mkdir(parents=True)
     (run / "run.json").write_text(json.dumps({"status": "cancelled"}))
-    job = submit(store, ws, Submission(config={**json.loads(json.dumps(_config(run_name="named").model_dump(
-        mode="json", by_alias=True)))}, resume_from="auto"))
+    job = submit(
+        store,
+        ws,
+        Submission(
+            config={**json.loads(json.dumps(_config(run_name="named").model_dump(mode="json", by_alias=True)))},
+            resume_from="auto",
+        ),
+    )
     assert job.run_dir == str(run) and job.resume_from == "auto"
     ck = _checkpoint(run, 3)
     (ck / "scheduler.pt").write_bytes(b"")
     with pytest.raises(Refused) as err:
-        submit(store, ws, Submission(config=_config(run_name="named").model_dump(mode="json", by_alias=True),
-                                     resume_from=str(ck)))
+        submit(
+            store,
+            ws,
+            Submission(config=_config(run_name="named").model_dump(mode="json", by_alias=True), resume_from=str(ck)),
+        )
     assert err.value.status == 422 and "scheduler.pt" in " ".join(err.value.problems)

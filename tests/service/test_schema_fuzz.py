@@ -25,8 +25,13 @@ def _fuzz():
 
 
 def test_schemathesis_with_a_token_finds_no_server_error_and_no_schema_violation(workspace, tmp_path):
-    made = subprocess.run([sys.executable, "-m", "rlft.cli.main", "serve", "--workspace", str(workspace),
-                           "--create-token", "fuzz"], env=_env(), capture_output=True, text=True, timeout=60)
+    made = subprocess.run(
+        [sys.executable, "-m", "rlft.cli.main", "serve", "--workspace", str(workspace), "--create-token", "fuzz"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     token = made.stdout.strip().splitlines()[-1]
     srv = Server(workspace, "--submissions-per-minute", "1000000").start()
     try:
@@ -35,11 +40,33 @@ def test_schemathesis_with_a_token_finds_no_server_error_and_no_schema_violation
         # as a config (a missing file), which is a 422 with its problem list, by design.
         # --max-time 45: on a slow 2-core machine the 25 examples per route do not finish in 90 s either,
         # and this one test was 1.5 of CI's 15 minutes; scripts/fuzz_service.py is the fuzz at full size.
-        out = subprocess.run([st, "run", f"{srv.url}/openapi.json", "-H", f"Authorization: Bearer {token}",
-                              "--checks", "all", "--exclude-checks", "positive_data_acceptance", "-n", "25",
-                              "--generation-deterministic", "--max-time", "45",
-                              "--report", "junit", "--report-dir", str(tmp_path / "report")],
-                             capture_output=True, text=True, timeout=300, env=_env(), cwd=tmp_path)
+        out = subprocess.run(
+            [
+                st,
+                "run",
+                f"{srv.url}/openapi.json",
+                "-H",
+                f"Authorization: Bearer {token}",
+                "--checks",
+                "all",
+                "--exclude-checks",
+                "positive_data_acceptance",
+                "-n",
+                "25",
+                "--generation-deterministic",
+                "--max-time",
+                "45",
+                "--report",
+                "junit",
+                "--report-dir",
+                str(tmp_path / "report"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=_env(),
+            cwd=tmp_path,
+        )
         assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-2000:]
         assert "passed" in out.stdout
     finally:

@@ -14,13 +14,18 @@ from hypothesis import strategies as st
 
 from rlft.service.workspace import PathRefused, Workspace
 from tests.cli.test_cli import _env
-from tests.service.conftest import PROMPTS, Server, free_port, job_config, write_config
 from tests.conftest import write_jsonl
+from tests.service.conftest import PROMPTS, Server, free_port, job_config, write_config
 
 
 def _create_token(ws: Path, name: str) -> str:
-    out = subprocess.run([sys.executable, "-m", "rlft.cli.main", "serve", "--workspace", str(ws), "--create-token",
-                          name], env=_env(), capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "rlft.cli.main", "serve", "--workspace", str(ws), "--create-token", name],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout.strip().splitlines()[-1]
 
@@ -30,12 +35,19 @@ def test_tokens_are_required_once_one_exists_except_for_health(server, workspace
     assert httpx.get(url + "/api/jobs").status_code == 200  # loopback with no token yet: open
     token = _create_token(workspace, "alice")
     assert httpx.get(url + "/api/health").status_code == 200
-    for method, path in (("GET", "/api/jobs"), ("GET", "/api/jobs/x"), ("GET", "/api/jobs/x/logs"),
-                         ("GET", "/api/jobs/x/metrics"), ("POST", "/api/jobs/x/cancel"), ("POST", "/api/train")):
+    for method, path in (
+        ("GET", "/api/jobs"),
+        ("GET", "/api/jobs/x"),
+        ("GET", "/api/jobs/x/logs"),
+        ("GET", "/api/jobs/x/metrics"),
+        ("POST", "/api/jobs/x/cancel"),
+        ("POST", "/api/train"),
+    ):
         r = httpx.request(method, url + path, json={} if method == "POST" else None)
         assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer", (path, r.text)
-        wrong = httpx.request(method, url + path, headers={"authorization": "Bearer rlft_wrong"},
-                              json={} if method == "POST" else None)
+        wrong = httpx.request(
+            method, url + path, headers={"authorization": "Bearer rlft_wrong"}, json={} if method == "POST" else None
+        )
         assert wrong.status_code == 401
     ok = httpx.get(url + "/api/jobs", headers={"authorization": f"Bearer {token}"})
     assert ok.status_code == 200 and ok.json() == {"jobs": []}
@@ -45,9 +57,24 @@ def test_tokens_are_required_once_one_exists_except_for_health(server, workspace
 
 
 def test_a_public_bind_without_a_token_is_refused(workspace):
-    out = subprocess.run([sys.executable, "-m", "rlft.cli.main", "serve", "--workspace", str(workspace), "--host",
-                          "0.0.0.0", "--port", str(free_port())], env=_env(), capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlft.cli.main",
+            "serve",
+            "--workspace",
+            str(workspace),
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(free_port()),
+        ],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2 and "refusing to listen on 0.0.0.0" in out.stderr and "--create-token" in out.stderr
     assert "Traceback" not in out.stderr
 
@@ -80,25 +107,40 @@ def _escapes(ws: Path, outside: Path, tiny_model_dir: Path) -> list[dict]:
     (ws / "data" / "escape").symlink_to(outside, target_is_directory=True)
     (ws / "outlink").symlink_to(outside, target_is_directory=True)
     rel = os.path.relpath(outside, ws)
-    bodies = [{"config_path": p} for p in (f"{rel}/config.yaml", str(outside / "config.yaml"), "configs/link.yaml",
-                                           "%2e%2e/outside/config.yaml", "..%2foutside%2fconfig.yaml",
-                                           "%252e%252e%252foutside", "..\\outside\\config.yaml", "/etc/passwd",
-                                           "~/config.yaml")]
+    bodies = [
+        {"config_path": p}
+        for p in (
+            f"{rel}/config.yaml",
+            str(outside / "config.yaml"),
+            "configs/link.yaml",
+            "%2e%2e/outside/config.yaml",
+            "..%2foutside%2fconfig.yaml",
+            "%252e%252e%252foutside",
+            "..\\outside\\config.yaml",
+            "/etc/passwd",
+            "~/config.yaml",
+        )
+    ]
 
     def inline(section: str, key: str, value):
         cfg = job_config()
         cfg[section][key] = value
         return {"config": cfg}
 
-    bodies += [inline("data", "train_file", f"{rel}/train.jsonl"), inline("data", "train_file", "data/escape/train.jsonl"),
-               inline("data", "eval_file", str(outside / "train.jsonl")), inline("model", "path", str(tiny_model_dir)),
-               inline("train", "output_dir", "../elsewhere"), inline("train", "output_dir", "outlink"),
-               inline("train", "output_dir", str(outside)),
-               inline("reward", "functions", [{"type": "custom", "function": f"{rel}/evil.py:f"}]),
-               inline("reward", "functions", [{"type": "custom", "function": "os:system"}]),
-               {"config": {**job_config(), "environment": {"tools": [str(outside / "evil.py") + ":f"]}}},
-               {"config_path": "configs/tiny.yaml", "resume_from": f"{rel}"},
-               {"config_path": "configs/tiny.yaml", "resume_from": "/etc"}]
+    bodies += [
+        inline("data", "train_file", f"{rel}/train.jsonl"),
+        inline("data", "train_file", "data/escape/train.jsonl"),
+        inline("data", "eval_file", str(outside / "train.jsonl")),
+        inline("model", "path", str(tiny_model_dir)),
+        inline("train", "output_dir", "../elsewhere"),
+        inline("train", "output_dir", "outlink"),
+        inline("train", "output_dir", str(outside)),
+        inline("reward", "functions", [{"type": "custom", "function": f"{rel}/evil.py:f"}]),
+        inline("reward", "functions", [{"type": "custom", "function": "os:system"}]),
+        {"config": {**job_config(), "environment": {"tools": [str(outside / "evil.py") + ":f"]}}},
+        {"config_path": "configs/tiny.yaml", "resume_from": f"{rel}"},
+        {"config_path": "configs/tiny.yaml", "resume_from": "/etc"},
+    ]
     return bodies
 
 
@@ -134,22 +176,28 @@ def test_logs_and_metrics_are_read_only_inside_the_jobs_folders(server, workspac
 def test_submissions_are_rate_limited_per_token(workspace):
     srv = Server(workspace, "--submissions-per-minute", "2").start()
     try:
-        codes = [httpx.post(srv.url + "/api/train", json={"config_path": "configs/missing.yaml"}).status_code
-                 for _ in range(3)]
+        codes = [
+            httpx.post(srv.url + "/api/train", json={"config_path": "configs/missing.yaml"}).status_code
+            for _ in range(3)
+        ]
         assert codes[:2] == [422, 422] and codes[2] == 429
     finally:
         srv.stop()
 
 
 def test_cors_is_off(server):
-    r = httpx.options(server.url + "/api/train", headers={"origin": "http://evil.example",
-                                                           "access-control-request-method": "POST"})
+    r = httpx.options(
+        server.url + "/api/train", headers={"origin": "http://evil.example", "access-control-request-method": "POST"}
+    )
     assert "access-control-allow-origin" not in r.headers
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.sampled_from(list("./\\%2e5cfoa~_-") + ["..", "%2e", "%2f", "%252e", "/etc", "\x00", "link"]),
-                max_size=12).map("".join))
+@given(
+    st.lists(
+        st.sampled_from(list("./\\%2e5cfoa~_-") + ["..", "%2e", "%2f", "%252e", "/etc", "\x00", "link"]), max_size=12
+    ).map("".join)
+)
 def test_resolve_returns_a_path_inside_the_workspace_or_refuses(tmp_path_factory, raw):
     ws = Workspace(tmp_path_factory.getbasetemp() / "fuzz-ws")
     if not (ws.root / "link").exists():

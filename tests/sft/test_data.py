@@ -36,20 +36,29 @@ def test_tool_conversations_switch_the_built_in_chatml_template_to_hermes(tmp_pa
     assert data.examples[0].tools == TOOLS and data.examples[0].columns["answer"] == 5
 
 
-@pytest.mark.parametrize("row, problem", [
-    ({"messages": [{"role": "user", "content": "hi"}]}, "no assistant turn"),
-    ({"messages": [{"role": "assistant", "content": "hi"}]}, "starts with an assistant turn"),
-    ({"messages": [{"role": "user", "content": "x" * 2000}, {"role": "assistant", "content": "y"}]},
-     "tokens, more than data.max_length \\(1500\\)"),
-    ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": 3}]}, "content must be a string"),
-    ({"chat": []}, "missing messages field 'messages'"),
-])
+@pytest.mark.parametrize(
+    "row, problem",
+    [
+        ({"messages": [{"role": "user", "content": "hi"}]}, "no assistant turn"),
+        ({"messages": [{"role": "assistant", "content": "hi"}]}, "starts with an assistant turn"),
+        (
+            {"messages": [{"role": "user", "content": "x" * 2000}, {"role": "assistant", "content": "y"}]},
+            "tokens, more than data.max_length \\(1500\\)",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": 3}]},
+            "content must be a string",
+        ),
+        ({"chat": []}, "missing messages field 'messages'"),
+    ],
+)
 def test_bad_rows_name_file_and_line(tmp_path, row, problem):
     rows = [calculator_chat(1, 2), row]
     with pytest.raises(DataError, match=f"train.jsonl line 2: .*{problem}"):
         _load(tmp_path, rows, messages_field="messages", max_length=1500)
-    path, data, _ = _load(tmp_path, rows + [calculator_chat(3, 4)], messages_field="messages", max_length=1500,
-                          on_bad_row="skip")
+    path, data, _ = _load(
+        tmp_path, rows + [calculator_chat(3, 4)], messages_field="messages", max_length=1500, on_bad_row="skip"
+    )
     assert len(data.examples) == 2 and [n for n, _ in data.skipped] == [2]
     assert data.skipped[0][1].startswith(f"{path} line 2: ")
 

@@ -18,8 +18,9 @@ from tests.sft.conftest import calculator_chat
 def _setup(tmp_path, model_dir, n=5):
     model = load_policy(ModelConfig(path=str(model_dir), dtype="fp32"), torch.device("cpu"), model_dir=model_dir)
     tok = load_tokenizer(model_dir)
-    rows = [calculator_chat(a, a + 1) for a in range(1, n + 1)] + [{"messages": [
-        {"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi there"}]}]
+    rows = [calculator_chat(a, a + 1) for a in range(1, n + 1)] + [
+        {"messages": [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi there"}]}
+    ]
     path = write_jsonl(tmp_path / "t.jsonl", rows)
     data = load_sft(SFTDataConfig(train_file=str(path), messages_field="messages", max_length=4000), tok, "train", 0)
     return model, tok, data.examples
@@ -32,8 +33,10 @@ def _loss_and_grad(model, rows, pad_id, micro=None):
     total = 0.0
     for i in range(0, len(rows), micro):
         b = collate(rows[i : i + micro], pad_id)
-        loss = sft_loss(marked_token_logprobs(model, b.input_ids, b.attention_mask, b.position_ids, b.loss_mask),
-                        num_tokens=num_tokens)
+        loss = sft_loss(
+            marked_token_logprobs(model, b.input_ids, b.attention_mask, b.position_ids, b.loss_mask),
+            num_tokens=num_tokens,
+        )
         loss.backward()
         total += float(loss.detach())
     return total, model.model.layers[0].self_attn.q_proj.weight.grad.clone()
@@ -73,8 +76,11 @@ def test_micro_batches_add_up_to_the_batch(tmp_path, chatml_model_dir):
 
 def test_gradient_checkpointing_gives_the_same_loss_and_gradient(tmp_path, chatml_model_dir):
     model, tok, examples = _setup(tmp_path, chatml_model_dir, n=3)
-    ckpt = load_policy(ModelConfig(path=str(chatml_model_dir), dtype="fp32", gradient_checkpointing=True),
-                       torch.device("cpu"), model_dir=chatml_model_dir)
+    ckpt = load_policy(
+        ModelConfig(path=str(chatml_model_dir), dtype="fp32", gradient_checkpointing=True),
+        torch.device("cpu"),
+        model_dir=chatml_model_dir,
+    )
     rows = training_rows(examples, 4000, packing=True)
     loss_a, grad_a = _loss_and_grad(model.train(), rows, tok.pad_token_id)
     loss_b, grad_b = _loss_and_grad(ckpt.train(), rows, tok.pad_token_id)

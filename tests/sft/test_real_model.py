@@ -35,8 +35,10 @@ def test_smollm2_needs_and_gets_the_hermes_template(tokenizer):
     chat = tokenize_chat(tokenizer, row["messages"], tools=row["tools"])
     trained = [t for t, m in zip(chat.input_ids, chat.loss_mask) if m]
     call, answer = row["messages"][1]["tool_calls"][0]["function"], row["messages"][3]["content"]
-    expected = (f'<tool_call>\n{{"name": "calculator", "arguments": {json.dumps(call["arguments"])}}}\n'
-                f"</tool_call><|im_end|>{answer}<|im_end|>")
+    expected = (
+        f'<tool_call>\n{{"name": "calculator", "arguments": {json.dumps(call["arguments"])}}}\n'
+        f"</tool_call><|im_end|>{answer}<|im_end|>"
+    )
     assert tokenizer.decode(trained) == expected
 
 
@@ -48,8 +50,13 @@ def test_two_sft_steps_on_smollm2(tmp_path):
         "model": {"path": "smollm2-135m-instruct", "dtype": "fp32"},
         "data": {"train_file": str(data), "eval_file": str(data), "messages_field": "messages", "max_length": 600},
         "sft": {"learning_rate": 1e-4, "batch_size": 2, "micro_batch_size": 1, "packing": True},
-        "train": {"max_steps": 2, "logging_interval": 1, "output_dir": str(tmp_path / "outputs"), "seed": 0,
-                  "progress_bar": "off"},
+        "train": {
+            "max_steps": 2,
+            "logging_interval": 1,
+            "output_dir": str(tmp_path / "outputs"),
+            "seed": 0,
+            "progress_bar": "off",
+        },
     }
     result = Trainer(config=config).train()
     assert result.eval_after.loss < result.eval_before.loss

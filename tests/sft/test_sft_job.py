@@ -43,8 +43,18 @@ def test_sft_lowers_held_out_loss_and_writes_the_run(sft_config):
     info = json.loads((run / "run.json").read_text())
     assert info["status"] == "completed" and info["kind"] == "sft"
     log = (run / "train_log.log").read_text()
-    order = [log.index(s) for s in ["config loaded", "model loaded", "chat template: hermes", "data loaded",
-                                    "sft: 16 examples", "step 1/12", "held-out loss: before"]]
+    order = [
+        log.index(s)
+        for s in [
+            "config loaded",
+            "model loaded",
+            "chat template: hermes",
+            "data loaded",
+            "sft: 16 examples",
+            "step 1/12",
+            "held-out loss: before",
+        ]
+    ]
     assert order == sorted(order)
 
 
@@ -183,13 +193,23 @@ def test_a_template_that_does_not_preserve_prefixes_is_refused_at_start_up(sft_c
         "{% for m in messages %}{% set c = m['content'] %}"
         "{% if m['role'] == 'assistant' and not loop.last %}{% set c = c.split('</think>')[-1] %}{% endif %}"
         "{{ '<|im_start|>' + m['role'] + '\\n' + c + '<|im_end|>\\n' }}{% endfor %}"
-        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
-    rows = [{"messages": [{"role": "user", "content": "Q1"}, {"role": "assistant", "content": "<think>a</think>A1"},
-                          {"role": "user", "content": "Q2"}, {"role": "assistant", "content": "A2"}]}] * 4
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    )
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": "Q1"},
+                {"role": "assistant", "content": "<think>a</think>A1"},
+                {"role": "user", "content": "Q2"},
+                {"role": "assistant", "content": "A2"},
+            ]
+        }
+    ] * 4
     from tests.conftest import write_jsonl
 
-    sft_config["data"].update(train_file=str(write_jsonl(tmp_path / "think.jsonl", rows)), eval_file=None,
-                              chat_template=str(template))
+    sft_config["data"].update(
+        train_file=str(write_jsonl(tmp_path / "think.jsonl", rows)), eval_file=None, chat_template=str(template)
+    )
     trainer = Trainer(config=sft_config)
     with pytest.raises(ConfigError, match="data.chat_template: the chat template does not preserve prefixes"):
         trainer.train()

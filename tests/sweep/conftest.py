@@ -15,7 +15,7 @@ from tests.conftest import write_jsonl
 from tests.service.conftest import PROMPTS, job_config
 
 # A reward that raises ConnectionError once per marker: on call number ``fail_on_call``, then works.
-FLAKY = '''
+FLAKY = """
 from pathlib import Path
 
 
@@ -29,7 +29,7 @@ def score(prompts, completions, marker, fail_on_call=1, **columns):
             marker.write_text("failed once")
             raise ConnectionError("connection reset by the reward server (injected)")
     return [1.0 if "a" in c else 0.0 for c in completions]
-'''
+"""
 
 
 @pytest.fixture
@@ -40,11 +40,16 @@ def ws(tmp_path, tiny_model_dir, monkeypatch) -> Path:
     write_jsonl(root / "data" / "train.jsonl", PROMPTS)
     write_jsonl(root / "data" / "eval.jsonl", PROMPTS[:4])
     broken = root / "data" / "broken.jsonl"
-    broken.write_text(json.dumps(PROMPTS[0]) + "\n{\"prompt\": oops\n")
+    broken.write_text(json.dumps(PROMPTS[0]) + '\n{"prompt": oops\n')
     (root / "flaky.py").write_text(FLAKY)
     monkeypatch.chdir(root)
-    for key, value in dict(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-                           PYTHONWARNINGS="ignore", NO_COLOR="1").items():
+    for key, value in dict(
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONWARNINGS="ignore",
+        NO_COLOR="1",
+    ).items():
         monkeypatch.setenv(key, value)
     return root
 
@@ -64,8 +69,14 @@ def write(folder: Path, name: str, cfg: dict) -> Path:
 
 def flaky_config(marker: Path, fail_on_call: int = 1, steps: int = 2, **train) -> dict:
     cfg = config(steps=steps, **train)
-    cfg["reward"]["functions"] = [{"type": "custom", "function": "flaky.py:score", "name": "flaky",
-                                   "kwargs": {"marker": str(marker), "fail_on_call": fail_on_call}}]
+    cfg["reward"]["functions"] = [
+        {
+            "type": "custom",
+            "function": "flaky.py:score",
+            "name": "flaky",
+            "kwargs": {"marker": str(marker), "fail_on_call": fail_on_call},
+        }
+    ]
     return cfg
 
 

@@ -14,8 +14,9 @@ def _failed(error_type: str) -> dict:
     return {"status": "failed", "error": "X: y", "error_type": error_type}
 
 
-@pytest.mark.parametrize("recorded", ["config_invalid", "data", "reward", "environment", "oom", "disk_full",
-                                      "transient", "unknown"])
+@pytest.mark.parametrize(
+    "recorded", ["config_invalid", "data", "reward", "environment", "oom", "disk_full", "transient", "unknown"]
+)
 def test_the_runs_own_record_wins_over_the_exit_code(recorded):
     assert classify(_failed(recorded), 1) == recorded
     assert classify(_failed(recorded), 2) == recorded  # a DataError also exits 2: the record tells them apart
@@ -26,14 +27,21 @@ def test_record_aliases_and_strangers():
     assert classify(_failed("something_new"), 1) == "unknown"
 
 
-@pytest.mark.parametrize("info, code, expected", [
-    ({}, 2, "config_invalid"),  # argparse or a config error before run.json existed
-    ({"status": "running"}, -9, "killed"), ({"status": "running"}, 137, "killed"),
-    ({"status": "running"}, -15, "killed"), ({"status": "running"}, 143, "killed"),
-    ({"status": "starting"}, -6, "killed"),
-    ({"status": "running"}, None, "killed"),  # died while nobody watched, without a record
-    ({}, 1, "unknown"), ({}, None, "unknown"), ({"status": "completed"}, 3, "unknown"),
-])
+@pytest.mark.parametrize(
+    "info, code, expected",
+    [
+        ({}, 2, "config_invalid"),  # argparse or a config error before run.json existed
+        ({"status": "running"}, -9, "killed"),
+        ({"status": "running"}, 137, "killed"),
+        ({"status": "running"}, -15, "killed"),
+        ({"status": "running"}, 143, "killed"),
+        ({"status": "starting"}, -6, "killed"),
+        ({"status": "running"}, None, "killed"),  # died while nobody watched, without a record
+        ({}, 1, "unknown"),
+        ({}, None, "unknown"),
+        ({"status": "completed"}, 3, "unknown"),
+    ],
+)
 def test_no_record_means_the_exit_code(info, code, expected):
     assert classify(info, code) == expected
     assert expected in FAILURE_CLASSES

@@ -19,8 +19,11 @@ def test_grid_is_the_cartesian_product_with_the_values_applied(ws):
     grid = parse_grid(["algorithm.kl_coef=0.01,0.05", "algorithm.learning_rate=1e-6,2e-6,3e-6"])
     specs = from_grid(str(base), grid, sets=["train.max_steps=7"])
     assert len(specs) == 6 and all(s.valid for s in specs)
-    assert [s.name for s in specs[:3]] == ["base-kl_coef=0.01-learning_rate=1e-6", "base-kl_coef=0.01-learning_rate=2e-6",
-                                           "base-kl_coef=0.01-learning_rate=3e-6"]
+    assert [s.name for s in specs[:3]] == [
+        "base-kl_coef=0.01-learning_rate=1e-6",
+        "base-kl_coef=0.01-learning_rate=2e-6",
+        "base-kl_coef=0.01-learning_rate=3e-6",
+    ]
     seen = set()
     for spec in specs:
         cfg = yaml.safe_load(spec.config_yaml)
@@ -33,8 +36,10 @@ def test_grid_is_the_cartesian_product_with_the_values_applied(ws):
 def test_grid_names_keep_the_full_key_when_two_keys_end_alike(ws):
     base = write(ws / "configs", "base.yaml", config())
     specs = from_grid(str(base), parse_grid(["algorithm.max_new_tokens=4", "eval.max_new_tokens=4,6"]), [])
-    assert [s.name for s in specs] == ["base-algorithm.max_new_tokens=4-eval.max_new_tokens=4",
-                                       "base-algorithm.max_new_tokens=4-eval.max_new_tokens=6"]
+    assert [s.name for s in specs] == [
+        "base-algorithm.max_new_tokens=4-eval.max_new_tokens=4",
+        "base-algorithm.max_new_tokens=4-eval.max_new_tokens=6",
+    ]
 
 
 def test_a_grid_value_that_does_not_validate_is_one_invalid_run(ws):
@@ -44,8 +49,17 @@ def test_a_grid_value_that_does_not_validate_is_one_invalid_run(ws):
     assert "algorithm.kl_coef" in specs[1].error and "(from --set algorithm.kl_coef=-1)" in specs[1].error
 
 
-@pytest.mark.parametrize("bad", ["algorithm.kl_coef", "=1,2", "algorithm.kl_coef=", "algorithm.kl_coef=1,,2",
-                                 "algorithm kl=1", "algorithm.kl_coef=1,1"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "algorithm.kl_coef",
+        "=1,2",
+        "algorithm.kl_coef=",
+        "algorithm.kl_coef=1,,2",
+        "algorithm kl=1",
+        "algorithm.kl_coef=1,1",
+    ],
+)
 def test_bad_grid_is_a_usage_error(bad):
     with pytest.raises(UsageError, match="--grid"):
         parse_grid([bad])
@@ -112,13 +126,22 @@ def test_an_invalid_config_is_recorded_as_config_invalid_without_a_process(ws, c
 def test_the_sweep_package_stays_above_the_service_and_below_the_cli():
     graph = _graph()
     mine = {m: t for m, t in graph.items() if m.startswith("rlft.sweep")}
-    assert mine and not any(t.startswith(("rlft.cli", "rlft.trainer", "rlft.models", "rlft.rl", "rlft.sft"))
-                            for ts in mine.values() for t in ts)
-    assert not any(t.startswith("rlft.sweep") for m, ts in graph.items() if not m.startswith(("rlft.sweep", "rlft.cli"))
-                   for t in ts)
+    assert mine and not any(
+        t.startswith(("rlft.cli", "rlft.trainer", "rlft.models", "rlft.rl", "rlft.sft"))
+        for ts in mine.values()
+        for t in ts
+    )
+    assert not any(
+        t.startswith("rlft.sweep")
+        for m, ts in graph.items()
+        if not m.startswith(("rlft.sweep", "rlft.cli"))
+        for t in ts
+    )
 
 
 def test_planning_and_summarising_import_no_torch():
-    code = ("import sys, rlft.cli.sweep, rlft.sweep.execute, rlft.sweep.summary, rlft.sweep.plan; "
-            "assert 'torch' not in sys.modules, 'torch imported'")
+    code = (
+        "import sys, rlft.cli.sweep, rlft.sweep.execute, rlft.sweep.summary, rlft.sweep.plan; "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -50,7 +50,9 @@ def test_a_ray_sweep_of_two_tiny_configs_finishes_and_is_recorded_in_the_registr
     for row in runs:
         assert (row["status"], row["exit_code"], row["failure_class"], row["attempt"]) == ("success", 0, None, 1)
         assert row["pid"] and row["pid_started"] and row["started_at"] <= row["finished_at"]
-        assert json.loads(row["metrics_final"])["loss"] is not None and "eval/accuracy" in json.loads(row["metrics_best"])
+        assert json.loads(row["metrics_final"])["loss"] is not None and "eval/accuracy" in json.loads(
+            row["metrics_best"]
+        )
         run = Path(row["run_dir"])
         assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [1, 2]
         assert json.loads((run / "run.json").read_text())["status"] == "completed"

@@ -34,9 +34,13 @@ def test_a_0001_store_is_upgraded_in_place_and_its_jobs_keep_working(tmp_path):
     engine = make_engine(url)
     with engine.begin() as conn:
         assert not SWEEP_COLUMNS & {c["name"] for c in inspect(conn).get_columns("jobs")}
-        conn.execute(text("INSERT INTO jobs (id, seq, kind, status, created_at, config_yaml, job_dir, run_dir, "
-                          "stdout_log, stderr_log, cancel_requested) VALUES ('old', 1, 'rl', 'pending', 0, 'x: 1', "
-                          "'j', 'r', 'o', 'e', 0)"))
+        conn.execute(
+            text(
+                "INSERT INTO jobs (id, seq, kind, status, created_at, config_yaml, job_dir, run_dir, "
+                "stdout_log, stderr_log, cancel_requested) VALUES ('old', 1, 'rl', 'pending', 0, 'x: 1', "
+                "'j', 'r', 'o', 'e', 0)"
+            )
+        )
     engine.dispose()
     store = JobStore(url)  # migrates to 0002
     assert SWEEP_COLUMNS <= {c["name"] for c in inspect(store.engine).get_columns("jobs")}
@@ -61,8 +65,12 @@ def test_the_service_and_a_sweep_share_a_database_without_taking_each_others_job
     store = open_registry(sweep_dir, f"sqlite:///{tmp_path / 'shared.db'}")
     spec = RunSpec(name="a", source="a.yaml", config_yaml="train: {}\n")
     mine = add_attempt(store, sweep_dir, spec, tmp_path / "runs" / "a", attempt=1)
-    service = store.create(store.new_id(), NewJob(kind="rl", config_yaml="x: 1", config_source=None,
-                                                  job_dir=str(tmp_path / "j"), run_dir=str(tmp_path / "r")))
+    service = store.create(
+        store.new_id(),
+        NewJob(
+            kind="rl", config_yaml="x: 1", config_source=None, job_dir=str(tmp_path / "j"), run_dir=str(tmp_path / "r")
+        ),
+    )
     assert (sweep_dir / "jobs" / mine.id / "config.yaml").read_text() == "train: {}\n"
     assert mine.sweep == sweep_id(sweep_dir) and mine.name == "a" and mine.attempt == 1
     assert store.claim_next("service").id == service.id and store.claim_next("service") is None

@@ -14,14 +14,28 @@ def _run(tmp_path, name, health=None):
     run_dir.mkdir()
     (run_dir / "run.json").write_text(json.dumps({"status": "completed", **({"health": health} if health else {})}))
     verdict, checks = health_of(str(run_dir))
-    return RunRow(name=name, status="success", failure_class=None, attempts=1, seconds=3.0, run_dir=str(run_dir),
-                  config_source=None, final={"loss": 0.1}, best={"loss": 0.1}, health=verdict, health_checks=checks)
+    return RunRow(
+        name=name,
+        status="success",
+        failure_class=None,
+        attempts=1,
+        seconds=3.0,
+        run_dir=str(run_dir),
+        config_source=None,
+        final={"loss": 0.1},
+        best={"loss": 0.1},
+        health=verdict,
+        health_checks=checks,
+    )
 
 
 def test_each_runs_verdict_is_in_every_summary(tmp_path):
     stuck = {"verdict": "unhealthy", "findings": [{"check": "no_signal"}, {"check": "zero_std_groups"}]}
-    rows = [_run(tmp_path, "ok", {"verdict": "healthy", "findings": []}), _run(tmp_path, "stuck", stuck),
-            _run(tmp_path, "old")]  # a run from before rlft.health: no verdict, no claim
+    rows = [
+        _run(tmp_path, "ok", {"verdict": "healthy", "findings": []}),
+        _run(tmp_path, "stuck", stuck),
+        _run(tmp_path, "old"),
+    ]  # a run from before rlft.health: no verdict, no claim
     assert (rows[1].health, rows[1].health_checks) == ("unhealthy", ["no_signal", "zero_std_groups"])
     assert rows[2].health is None
     sweep = tmp_path / "sweep"
@@ -38,4 +52,7 @@ def test_each_runs_verdict_is_in_every_summary(tmp_path):
     out = io.StringIO()
     print_table(rows, sweep, file=out)
     text = out.getvalue()
-    assert "unhealthy" in text and f"stuck is unhealthy (no_signal, zero_std_groups): rlft diagnose {rows[1].run_dir}" in text
+    assert (
+        "unhealthy" in text
+        and f"stuck is unhealthy (no_signal, zero_std_groups): rlft diagnose {rows[1].run_dir}" in text
+    )

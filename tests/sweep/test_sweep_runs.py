@@ -35,7 +35,9 @@ def test_three_configs_one_with_broken_data_two_succeed_one_fails_as_data_not_re
         (row,) = runs[name]
         assert row["status"] == "success" and row["attempt"] == 1 and row["failure_class"] is None
         assert row["exit_code"] == 0 and row["started_at"] <= row["finished_at"]
-        assert json.loads(row["metrics_final"])["loss"] is not None and "eval/accuracy" in json.loads(row["metrics_best"])
+        assert json.loads(row["metrics_final"])["loss"] is not None and "eval/accuracy" in json.loads(
+            row["metrics_best"]
+        )
         assert Path(row["run_dir"]).name.endswith(tuple("0123456789abcdef")) and "-tiny-grpo-" in row["run_dir"]
         assert row["config_source"] == str(exp / f"{name}.yaml") and "kl_coef" in row["config_yaml"]
         assert Path(row["stdout_log"]).is_file() and Path(row["stderr_log"]).is_file()
@@ -46,7 +48,11 @@ def test_three_configs_one_with_broken_data_two_succeed_one_fails_as_data_not_re
     with open(ws / "s" / "summary.csv", newline="") as f:
         table = {r["name"]: r for r in csv.DictReader(f)}
     assert [table[n]["status"] for n in "abc"] == ["success", "success", "failed"]
-    assert table["c"]["failure_class"] == "data" and table["c"]["attempts"] == "1" and "invalid JSON" in table["c"]["error"]
+    assert (
+        table["c"]["failure_class"] == "data"
+        and table["c"]["attempts"] == "1"
+        and "invalid JSON" in table["c"]["error"]
+    )
     assert table["a"]["loss_final"] != "" and table["a"]["eval/accuracy_best"] != ""
     md = (ws / "s" / "summary.md").read_text()
     assert "| c | failed | data | 1 |" in md and "| a | success |  | 1 |" in md and "3 runs: 1 failed, 2 success" in md
@@ -58,7 +64,10 @@ def test_three_configs_one_with_broken_data_two_succeed_one_fails_as_data_not_re
     assert sweep("--summary", "s", "--json", "--no-plots") == 1  # printed again, from the registry alone
     report = json.loads(capsys.readouterr().out)
     assert [(r["name"], r["status"], r["failure_class"]) for r in report["runs"]] == [
-        ("a", "success", None), ("b", "success", None), ("c", "failed", "data")]
+        ("a", "success", None),
+        ("b", "success", None),
+        ("c", "failed", "data"),
+    ]
 
     assert sweep("exp", "--out", "s", "--resume", "--no-plots") == 1  # successes skipped, the data failure kept
     assert "a: skipped: succeeded" in capsys.readouterr().err
@@ -96,8 +105,10 @@ def test_fail_fast_cancels_the_running_and_starts_nothing_new_then_resume_contin
     write(exp, "a-broken.yaml", broken)
     # b-long must still be running when a-broken's data error is seen: 25 tiny-model steps alone can end
     # within the second it takes, so each of its steps also waits on a reward that takes 0.3 s
-    (ws / "slow.py").write_text("import time\n\ndef score(prompts, completions, **kw):\n    time.sleep(0.3)\n"
-                                "    return [1.0 if 'a' in c else 0.0 for c in completions]\n")
+    (ws / "slow.py").write_text(
+        "import time\n\ndef score(prompts, completions, **kw):\n    time.sleep(0.3)\n"
+        "    return [1.0 if 'a' in c else 0.0 for c in completions]\n"
+    )
     long = config(steps=25)
     long["reward"]["functions"] = [{"type": "custom", "function": "slow.py:score", "name": "slow"}]
     write(exp, "b-long.yaml", long)

@@ -35,18 +35,42 @@ def test_run_directory_contents(tiny_config):
     assert resolved["algorithm"]["clip_low"] == 0.2  # defaults are written out too
     rows = read_jsonl(run / "metrics.jsonl")
     assert [r["step"] for r in rows] == [2, 4]
-    required = {"step", "epoch", "reward/mean", "reward/std", "reward/has_a/mean", "kl", "entropy", "clip_frac",
-                "completion_len/mean", "completion_len/max", "truncation_rate", "lr", "grad_norm", "step_seconds",
-                "tokens_per_s", "peak_mem_mb"}
+    required = {
+        "step",
+        "epoch",
+        "reward/mean",
+        "reward/std",
+        "reward/has_a/mean",
+        "kl",
+        "entropy",
+        "clip_frac",
+        "completion_len/mean",
+        "completion_len/max",
+        "truncation_rate",
+        "lr",
+        "grad_norm",
+        "step_seconds",
+        "tokens_per_s",
+        "peak_mem_mb",
+    }
     assert required <= set(rows[0]), required - set(rows[0])
     # step 2 samples from a policy one update away from the reference (k3 is clamped at 0: > 0 is the test)
     assert rows[0]["kl"] > 0 and rows[0]["peak_mem_mb"] > 0
     # the step split by phase: leaves that add up to the step, and the work each did
     times = {k: v for k, v in rows[0].items() if k.startswith("time/")}
-    assert {"time/prefill", "time/decode", "time/reward", "time/reference", "time/policy", "time/optimizer",
-            "time/other"} <= set(times), sorted(times)
+    assert {
+        "time/prefill",
+        "time/decode",
+        "time/reward",
+        "time/reference",
+        "time/policy",
+        "time/optimizer",
+        "time/other",
+    } <= set(times), sorted(times)
     assert sum(times.values()) == pytest.approx(rows[0]["step_seconds"], rel=1e-6)
-    assert rows[0]["work/prefill_tokens"] > 0 and 0 < rows[0]["work/decode_steps"] <= 5  # 6 tokens: 5 steps after prefill
+    assert (
+        rows[0]["work/prefill_tokens"] > 0 and 0 < rows[0]["work/decode_steps"] <= 5
+    )  # 6 tokens: 5 steps after prefill
     # the update's micro-batches drop the columns that are padding in all their rows
     assert 0 < rows[0]["work/policy_tokens"] <= rows[0]["work/reference_tokens"]
     samples = read_jsonl(run / "samples.jsonl")
@@ -54,8 +78,15 @@ def test_run_directory_contents(tiny_config):
     ckpts = sorted(p.name for p in (run / "checkpoints").iterdir())
     assert ckpts == ["checkpoint-2", "checkpoint-4"]
     ck = run / "checkpoints" / "checkpoint-4"
-    for f in ["config.json", "model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pt", "trainer_state.json",
-              "config.yaml"]:
+    for f in [
+        "config.json",
+        "model.safetensors",
+        "optimizer.pt",
+        "scheduler.pt",
+        "rng_state.pt",
+        "trainer_state.json",
+        "config.yaml",
+    ]:
         assert (ck / f).is_file(), f
     state = json.loads((ck / "trainer_state.json").read_text())
     assert state["step"] == 4 and state["sampler"]["position"] > 0

@@ -7,8 +7,8 @@ on a slow CPU once the model is loaded.
 from __future__ import annotations
 
 import json
-import shutil
 import math
+import shutil
 
 import pytest
 import torch
@@ -31,11 +31,23 @@ def test_grpo_two_steps_on_smollm2(tmp_path):
     config = {
         "model": {"path": "smollm2-135m-instruct", "dtype": "fp32"},
         "data": {"train_file": str(data), "eval_file": str(data)},
-        "algorithm": {"name": "grpo", "learning_rate": 1e-5, "rollout_batch_size": 2, "num_generations": 2,
-                      "max_new_tokens": 4, "micro_batch_size": 4},
+        "algorithm": {
+            "name": "grpo",
+            "learning_rate": 1e-5,
+            "rollout_batch_size": 2,
+            "num_generations": 2,
+            "max_new_tokens": 4,
+            "micro_batch_size": 4,
+        },
         "reward": {"functions": [{"type": "numeric_answer", "name": "correct", "extract": "only"}]},
-        "train": {"max_steps": 2, "logging_interval": 1, "output_dir": str(tmp_path / "outputs"), "run_name": "real",
-                  "seed": 0, "progress_bar": "off"},
+        "train": {
+            "max_steps": 2,
+            "logging_interval": 1,
+            "output_dir": str(tmp_path / "outputs"),
+            "run_name": "real",
+            "seed": 0,
+            "progress_bar": "off",
+        },
         "eval": {"max_samples": 2, "max_new_tokens": 4},
     }
     result = Trainer(config=config).train()
@@ -67,14 +79,29 @@ def test_resume_is_bit_exact_at_real_size(tmp_path):
     config = {
         "model": {"path": "smollm2-135m-instruct", "dtype": "fp32"},
         "data": {"train_file": str(data)},
-        "algorithm": {"name": "grpo", "learning_rate": 1e-5, "kl_coef": 0.0, "rollout_batch_size": 1,
-                      "num_generations": 8, "max_new_tokens": 6, "micro_batch_size": 8},
+        "algorithm": {
+            "name": "grpo",
+            "learning_rate": 1e-5,
+            "kl_coef": 0.0,
+            "rollout_batch_size": 1,
+            "num_generations": 8,
+            "max_new_tokens": 6,
+            "micro_batch_size": 8,
+        },
         # the length penalty differs between completions, so every step has a gradient
-        "reward": {"functions": [{"type": "length_penalty", "name": "short", "target_chars": 0,
-                                  "penalty_per_char": 0.05}]},
-        "train": {"max_steps": 4, "save_interval": 2, "keep_last": 1, "logging_interval": 1,
-                  "output_dir": str(tmp_path / "out"),
-                  "run_name": "straight", "seed": 0, "progress_bar": "off"},
+        "reward": {
+            "functions": [{"type": "length_penalty", "name": "short", "target_chars": 0, "penalty_per_char": 0.05}]
+        },
+        "train": {
+            "max_steps": 4,
+            "save_interval": 2,
+            "keep_last": 1,
+            "logging_interval": 1,
+            "output_dir": str(tmp_path / "out"),
+            "run_name": "straight",
+            "seed": 0,
+            "progress_bar": "off",
+        },
         "eval": {"before_training": False, "after_training": False},
     }
     straight = Trainer(config=config).train()
@@ -85,8 +112,10 @@ def test_resume_is_bit_exact_at_real_size(tmp_path):
 
     from rlft.phases import is_timing
 
-    rows = [[{k: v for k, v in r.items() if not is_timing(k)} for r in read_jsonl(res.run_dir / "metrics.jsonl")]
-            for res in (straight, resumed)]
+    rows = [
+        [{k: v for k, v in r.items() if not is_timing(k)} for r in read_jsonl(res.run_dir / "metrics.jsonl")]
+        for res in (straight, resumed)
+    ]
     assert [r["step"] for r in rows[1]] == [1, 2, 3, 4]
     assert all(r["grad_norm"] > 0 for r in rows[0])
     assert rows[0] == rows[1]

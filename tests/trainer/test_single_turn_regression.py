@@ -32,8 +32,15 @@ from tests.conftest import read_jsonl
 
 BASELINE = "27f0f2c4f4edcdcff0b424cfb9a9713a741f2df0"
 REPO = Path(__file__).resolve().parents[2]
-NOT_COMPARED = {"step_seconds", "generation_seconds", "update_seconds", "tokens_per_s", "peak_mem_mb",
-                "ratio/mean", "clip_frac"}
+NOT_COMPARED = {
+    "step_seconds",
+    "generation_seconds",
+    "update_seconds",
+    "tokens_per_s",
+    "peak_mem_mb",
+    "ratio/mean",
+    "clip_frac",
+}
 
 RUN = """
 import json, sys
@@ -51,8 +58,9 @@ def _baseline_source(tmp_path: Path) -> Path:
     found = subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{BASELINE}^{{commit}}"], capture_output=True)
     if found.returncode != 0:
         pytest.skip(f"baseline commit {BASELINE[:7]} is not in this clone's history (shallow clone?)")
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", BASELINE, "src"],
-                             capture_output=True, check=True).stdout
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", "--format=tar", BASELINE, "src"], capture_output=True, check=True
+    ).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(tmp_path / "baseline", filter="data")
     return tmp_path / "baseline" / "src"
@@ -61,13 +69,16 @@ def _baseline_source(tmp_path: Path) -> Path:
 def _run(src: Path, config: dict, path: Path) -> list[dict]:
     path.write_text(json.dumps(config))
     env = {**os.environ, "PYTHONPATH": str(src)}
-    proc = subprocess.run([sys.executable, "-c", RUN, str(src), str(path)], capture_output=True, text=True, env=env,
-                          cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-c", RUN, str(src), str(path)], capture_output=True, text=True, env=env, cwd=REPO
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = Path(proc.stdout.strip().splitlines()[-1])
     # time/* and work/* (the per-phase accounting) came after the baseline
-    return [{k: v for k, v in r.items() if k not in NOT_COMPARED and not k.startswith(("time/", "work/", "resources/"))}
-            for r in read_jsonl(run_dir / "metrics.jsonl")]
+    return [
+        {k: v for k, v in r.items() if k not in NOT_COMPARED and not k.startswith(("time/", "work/", "resources/"))}
+        for r in read_jsonl(run_dir / "metrics.jsonl")
+    ]
 
 
 @pytest.mark.slow

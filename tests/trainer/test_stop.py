@@ -17,9 +17,14 @@ from tests.conftest import read_jsonl
 
 def _start(tmp_path, cfg) -> tuple[subprocess.Popen, object]:
     config = write_config(tmp_path, cfg)
-    proc = subprocess.Popen([sys.executable, "-m", "rlft.cli.main", "train", "--config", str(config)], cwd=tmp_path,
-                            env={**_env(), "RLFT_HEARTBEAT_SECONDS": "0.2"}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlft.cli.main", "train", "--config", str(config)],
+        cwd=tmp_path,
+        env={**_env(), "RLFT_HEARTBEAT_SECONDS": "0.2"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     return proc, config
 
 
@@ -104,9 +109,14 @@ def test_a_relaunch_loop_with_resume_auto_survives_a_stop_before_the_first_step(
     tiny_config["eval"].update(before_training=False, after_training=False)
     config = write_config(tmp_path, tiny_config)
     run = tmp_path / "outputs" / "loop"
-    stopped = subprocess.run([sys.executable, "-c", STOP_BEFORE_FIRST_STEP, "train", "--config", str(config),
-                              "--resume", "auto"], cwd=tmp_path, env=_env(), capture_output=True, text=True,
-                             timeout=180)
+    stopped = subprocess.run(
+        [sys.executable, "-c", STOP_BEFORE_FIRST_STEP, "train", "--config", str(config), "--resume", "auto"],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr
     assert "no checkpoint was written, as no step had completed" in stopped.stderr
     assert "checkpoint kept" not in stopped.stderr + stopped.stdout
@@ -115,7 +125,9 @@ def test_a_relaunch_loop_with_resume_auto_survives_a_stop_before_the_first_step(
 
     again = run_cli(["train", "--config", str(config), "--resume", "auto"], tmp_path)
     assert_ok(again)
-    assert "stopped before its first checkpoint; starting it afresh in the same directory" in again.stdout + again.stderr
+    assert (
+        "stopped before its first checkpoint; starting it afresh in the same directory" in again.stdout + again.stderr
+    )
     assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [1, 2]
     assert json.loads((run / "run.json").read_text())["status"] == "completed"
     assert not (tmp_path / "outputs" / "loop-2").exists()

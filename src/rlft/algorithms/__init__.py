@@ -13,8 +13,8 @@ from rlft.algorithms.kl import KL_ESTIMATORS, adaptive_kl_coef, kl_penalty
 from rlft.algorithms.losses import POLICY_LOSSES, PolicyLossTerms, policy_loss
 from rlft.algorithms.objective import ObjectiveOutput, policy_objective
 from rlft.algorithms.preference import DPOStats, PairStats, bradley_terry_loss, dpo_loss
-from rlft.algorithms.shaping import groups_with_signal, overlong_penalty
 from rlft.algorithms.sft import sft_loss
+from rlft.algorithms.shaping import groups_with_signal, overlong_penalty
 from rlft.algorithms.value import VALUE_LOSSES, explained_variance
 
 __all__ = [

@@ -15,12 +15,11 @@ advantages are exactly those of the batch without it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
-from rlft.algorithms.aggregation import masked_mean
 from rlft.algorithms.registry import Registry
 
 # Traits: ``group_relative`` -- the baseline compares the completions of one prompt, so it needs
@@ -103,9 +102,16 @@ def _grouped(rewards: torch.Tensor, group_size: int, dtype: torch.dtype = torch.
     return rewards.to(dtype).view(-1, group_size)
 
 
-def group_normalize(rewards: torch.Tensor, group_size: int, *, scale: bool, eps: float = 1e-4,
-                    valid: torch.Tensor | None = None, tied_weight: float = 0.0,
-                    reduce: Callable[[torch.Tensor, str], torch.Tensor] | None = None) -> torch.Tensor:
+def group_normalize(
+    rewards: torch.Tensor,
+    group_size: int,
+    *,
+    scale: bool,
+    eps: float = 1e-4,
+    valid: torch.Tensor | None = None,
+    tied_weight: float = 0.0,
+    reduce: Callable[[torch.Tensor, str], torch.Tensor] | None = None,
+) -> torch.Tensor:
     """Centre each group's rewards on the group mean and optionally divide by the group std.
 
     rewards: [N] with N divisible by group_size -> [N]. The std is the unbiased
@@ -133,8 +139,13 @@ def group_normalize(rewards: torch.Tensor, group_size: int, *, scale: bool, eps:
     return centred.reshape(-1).float()
 
 
-def _tied_groups(grouped: torch.Tensor, keep: torch.Tensor, scale: bool, eps: float,
-                 reduce: Callable[[torch.Tensor, str], torch.Tensor] | None) -> torch.Tensor:
+def _tied_groups(
+    grouped: torch.Tensor,
+    keep: torch.Tensor,
+    scale: bool,
+    eps: float,
+    reduce: Callable[[torch.Tensor, str], torch.Tensor] | None,
+) -> torch.Tensor:
     """Each reward centred on the mean of the whole batch's kept rewards (and divided by their std
     with ``scale``). grouped, keep: [groups, G] -> [groups, G], 0 where not kept.
 
@@ -150,7 +161,7 @@ def _tied_groups(grouped: torch.Tensor, keep: torch.Tensor, scale: bool, eps: fl
     dev = (grouped - total / count) * keep
     if scale:
         var = float(combine(dev.square().sum().reshape(1), "sum")) / (count - 1)
-        dev = dev / (var ** 0.5 + eps)
+        dev = dev / (var**0.5 + eps)
     return dev
 
 
@@ -175,8 +186,9 @@ def _broadcast(seq_adv: torch.Tensor, mask: torch.Tensor) -> Advantages:
 
 
 @ADVANTAGES.register("grpo", group_relative=True, excludes="group")
-def grpo_advantages(inputs: AdvantageInputs, *, scale_rewards: bool = True, eps: float = 1e-4,
-                    tied_group_weight: float = 0.0) -> Advantages:
+def grpo_advantages(
+    inputs: AdvantageInputs, *, scale_rewards: bool = True, eps: float = 1e-4, tied_group_weight: float = 0.0
+) -> Advantages:
     """GRPO outcome advantages (Shao et al. 2024, DeepSeekMath, sec. 4.1.2), broadcast to every token.
 
     A_i = (R_i - mean(R_group)) / (std(R_group) + eps).
@@ -187,8 +199,15 @@ def grpo_advantages(inputs: AdvantageInputs, *, scale_rewards: bool = True, eps:
     terms (KL placed in the reward) are summed into R_i.  Rows that are not ``inputs.valid`` are left
     out of their group's mean and std and get 0.
     """
-    seq = group_normalize(inputs.sequence_rewards(), inputs.group_size, scale=scale_rewards, eps=eps,
-                          valid=inputs.valid, tied_weight=tied_group_weight, reduce=inputs.reduce)
+    seq = group_normalize(
+        inputs.sequence_rewards(),
+        inputs.group_size,
+        scale=scale_rewards,
+        eps=eps,
+        valid=inputs.valid,
+        tied_weight=tied_group_weight,
+        reduce=inputs.reduce,
+    )
     return _broadcast(seq, inputs.live_mask())
 
 
@@ -200,8 +219,14 @@ def dr_grpo_advantages(inputs: AdvantageInputs, *, tied_group_weight: float = 0.
     ``seq_mean_token_sum_norm`` that the ``dr_grpo`` preset selects; no departure here.  Rows that
     are not ``inputs.valid`` are left out of their group's mean and get 0.
     """
-    seq = group_normalize(inputs.sequence_rewards(), inputs.group_size, scale=False, valid=inputs.valid,
-                          tied_weight=tied_group_weight, reduce=inputs.reduce)
+    seq = group_normalize(
+        inputs.sequence_rewards(),
+        inputs.group_size,
+        scale=False,
+        valid=inputs.valid,
+        tied_weight=tied_group_weight,
+        reduce=inputs.reduce,
+    )
     return _broadcast(seq, inputs.live_mask())
 
 
@@ -215,8 +240,9 @@ def rloo_advantages(inputs: AdvantageInputs) -> Advantages:
     """
     grouped = _grouped(inputs.sequence_rewards(), inputs.group_size)
     if inputs.valid is not None:
-        return _broadcast(_masked_rloo(grouped, _grouped(inputs.valid.to(grouped.device), inputs.group_size)),
-                          inputs.live_mask())
+        return _broadcast(
+            _masked_rloo(grouped, _grouped(inputs.valid.to(grouped.device), inputs.group_size)), inputs.live_mask()
+        )
     g = inputs.group_size
     if g == 1:
         return _broadcast(torch.zeros(grouped.numel(), device=grouped.device), inputs.mask)
@@ -246,8 +272,12 @@ def discounted_returns(dense_rewards: torch.Tensor, mask: torch.Tensor, gamma: f
     return out
 
 
-def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8,
-           reduce: Callable[[torch.Tensor, str], torch.Tensor] | None = None) -> torch.Tensor:
+def whiten(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    eps: float = 1e-8,
+    reduce: Callable[[torch.Tensor, str], torch.Tensor] | None = None,
+) -> torch.Tensor:
     """(x - mean) / std over the masked entries of the whole batch; zero outside the mask. [N, T] -> [N, T].
 
     The moments are sums in float64, combined by ``reduce`` when the batch is spread over
@@ -255,8 +285,11 @@ def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8,
     combine = reduce or (lambda t, op: t)
     m, v = mask.double(), values.double()
     inside = v[m > 0]
-    bounds = torch.stack([inside.min(), -inside.max()]) if inside.numel() else torch.full((2,), float("inf"),
-                                                                                          dtype=torch.float64)
+    bounds = (
+        torch.stack([inside.min(), -inside.max()])
+        if inside.numel()
+        else torch.full((2,), float("inf"), dtype=torch.float64)
+    )
     bounds = combine(bounds, "min")
     total, count = combine(torch.stack([(v * m).sum(), m.sum()]), "sum").tolist()
     if count == 0 or float(bounds[0]) == -float(bounds[1]):
@@ -282,8 +315,9 @@ def reinforce_pp_advantages(inputs: AdvantageInputs, *, gamma: float = 1.0) -> A
 
 
 @ADVANTAGES.register("gae", needs_values=True, excludes="batch")
-def gae_advantages(inputs: AdvantageInputs, *, gamma: float = 1.0, lam: float = 0.95,
-                   whiten_advantages: bool = True) -> Advantages:
+def gae_advantages(
+    inputs: AdvantageInputs, *, gamma: float = 1.0, lam: float = 0.95, whiten_advantages: bool = True
+) -> Advantages:
     """Generalised advantage estimation (Schulman et al. 2016) with a learned value function.
 
     delta_t = r_t + gamma * V_{t+1} - V_t (V after the last token is 0);

@@ -23,7 +23,9 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None
 
 
 @AGGREGATIONS.register("token_mean")
-def token_mean(values: torch.Tensor, mask: torch.Tensor, *, num_tokens: float, num_seqs: float, max_len: int) -> torch.Tensor:
+def token_mean(
+    values: torch.Tensor, mask: torch.Tensor, *, num_tokens: float, num_seqs: float, max_len: int
+) -> torch.Tensor:
     """Sum of all valid token values / number of valid tokens in the whole batch.
 
     values, mask: [B, T]. Long sequences weigh more (DAPO's token-level loss).
@@ -32,7 +34,9 @@ def token_mean(values: torch.Tensor, mask: torch.Tensor, *, num_tokens: float, n
 
 
 @AGGREGATIONS.register("seq_mean_token_mean")
-def seq_mean_token_mean(values: torch.Tensor, mask: torch.Tensor, *, num_tokens: float, num_seqs: float, max_len: int) -> torch.Tensor:
+def seq_mean_token_mean(
+    values: torch.Tensor, mask: torch.Tensor, *, num_tokens: float, num_seqs: float, max_len: int
+) -> torch.Tensor:
     """Mean over tokens within each sequence, then mean over the batch's sequences (the GRPO paper).
 
     values, mask: [B, T]. Each sequence weighs the same whatever its length.
@@ -42,7 +46,9 @@ def seq_mean_token_mean(values: torch.Tensor, mask: torch.Tensor, *, num_tokens:
 
 
 @AGGREGATIONS.register("seq_mean_token_sum_norm")
-def seq_mean_token_sum_norm(values: torch.Tensor, mask: torch.Tensor, *, num_tokens: float, num_seqs: float, max_len: int) -> torch.Tensor:
+def seq_mean_token_sum_norm(
+    values: torch.Tensor, mask: torch.Tensor, *, num_tokens: float, num_seqs: float, max_len: int
+) -> torch.Tensor:
     """Token sums divided by a fixed length (max_len), then mean over sequences (Dr. GRPO).
 
     values, mask: [B, T]. Removes the length bias of per-sequence normalisation.
@@ -51,7 +57,9 @@ def seq_mean_token_sum_norm(values: torch.Tensor, mask: torch.Tensor, *, num_tok
     return per_seq.sum() / max(num_seqs, 1.0)
 
 
-def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str, *, num_tokens: float, num_seqs: float, max_len: int) -> torch.Tensor:
+def aggregate(
+    values: torch.Tensor, mask: torch.Tensor, mode: str, *, num_tokens: float, num_seqs: float, max_len: int
+) -> torch.Tensor:
     """Reduce ``values`` [B, T] under ``mask`` [B, T] with the named mode (see AGGREGATIONS)."""
     fn = AGGREGATIONS.get(mode)
     return fn(values, mask.to(values.dtype), num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len)

@@ -34,8 +34,9 @@ class ImportanceWeights:
     truncated: torch.Tensor
 
 
-def truncated_importance_weights(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor,
-                                 cap: float) -> ImportanceWeights:
+def truncated_importance_weights(
+    old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor, cap: float
+) -> ImportanceWeights:
     """Per-token TIS weights min(exp(old_logprobs - rollout_logprobs), cap) on the loss tokens.
 
     old_logprobs: [B, T] the trainer's log-probs of the sampled tokens under the policy that
@@ -45,8 +46,9 @@ def truncated_importance_weights(old_logprobs: torch.Tensor, rollout_logprobs: t
     if cap <= 0:
         raise ValueError(f"the TIS cap must be > 0, got {cap}")
     mask = mask.to(old_logprobs.dtype)
-    log_ratio = (old_logprobs.detach().float() - rollout_logprobs.detach().float()).clamp(-_LOG_RATIO_CLAMP,
-                                                                                         _LOG_RATIO_CLAMP)
+    log_ratio = (old_logprobs.detach().float() - rollout_logprobs.detach().float()).clamp(
+        -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP
+    )
     ratio = torch.exp(log_ratio)
     weights = torch.where(mask > 0, ratio.clamp(max=cap), torch.ones_like(ratio)).to(old_logprobs.dtype)
     truncated = (ratio > cap).to(old_logprobs.dtype) * mask

@@ -31,8 +31,13 @@ class PolicyLossTerms:
     clipped: torch.Tensor
 
 
-def _clipped_surrogate(log_ratio: torch.Tensor, advantages: torch.Tensor, clip_low: float, clip_high: float,
-                       dual_clip_c: float | None = None) -> PolicyLossTerms:
+def _clipped_surrogate(
+    log_ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+    dual_clip_c: float | None = None,
+) -> PolicyLossTerms:
     ratio = torch.exp(log_ratio.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
     unclipped = ratio * advantages
     clipped_obj = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages
@@ -47,8 +52,15 @@ def _clipped_surrogate(log_ratio: torch.Tensor, advantages: torch.Tensor, clip_l
 
 
 @POLICY_LOSSES.register("ppo_clip")
-def ppo_clip_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-                  *, clip_low: float = 0.2, clip_high: float = 0.2) -> PolicyLossTerms:
+def ppo_clip_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+) -> PolicyLossTerms:
     """PPO clipped surrogate (Schulman et al. 2017, eq. 7), negated to be minimised.
 
     loss_t = -min(r_t A_t, clip(r_t, 1 - clip_low, 1 + clip_high) A_t),  r_t = exp(logprobs - old_logprobs).
@@ -61,8 +73,16 @@ def ppo_clip_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages
 
 
 @POLICY_LOSSES.register("dual_clip")
-def dual_clip_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-                   *, clip_low: float = 0.2, clip_high: float = 0.2, dual_clip_c: float = 3.0) -> PolicyLossTerms:
+def dual_clip_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip_c: float = 3.0,
+) -> PolicyLossTerms:
     """Dual-clip PPO (Ye et al. 2020, "Mastering complex control in MOBA games"), negated.
 
     As ``ppo_clip``, but for negative advantages the objective is also bounded below by
@@ -75,8 +95,15 @@ def dual_clip_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantage
 
 
 @POLICY_LOSSES.register("gspo")
-def gspo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-              *, clip_low: float = 3e-4, clip_high: float = 4e-4) -> PolicyLossTerms:
+def gspo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float = 3e-4,
+    clip_high: float = 4e-4,
+) -> PolicyLossTerms:
     """GSPO (Zheng et al. 2025): the importance ratio is per *sequence*, the length-normalised
     s_i = exp(mean_t(logprobs - old_logprobs)), and whole sequences are clipped.
 
@@ -91,8 +118,9 @@ def gspo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
 
 
 @POLICY_LOSSES.register("reinforce")
-def reinforce_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                   mask: torch.Tensor) -> PolicyLossTerms:
+def reinforce_loss(
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor
+) -> PolicyLossTerms:
     """Plain REINFORCE (Williams 1992): loss_t = -A_t * logprob_t, no importance ratio, no clip.
 
     Correct only on-policy (one optimizer step per rollout); with several steps the later ones use

@@ -66,13 +66,16 @@ def policy_objective(
     terms = policy_loss(loss_name, logprobs, old_logprobs, advantages, mask, **loss_params)
     counts = dict(num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len)
     token_share = 1.0 / max(num_tokens if num_computed_tokens is None else num_computed_tokens, 1.0)
-    per_token, stats = _importance_weighted(terms.per_token_loss, old_logprobs, rollout_logprobs, mask,
-                                            loss_params.get("tis_cap"), token_share)
-    stats.update({
-        "pg_loss": aggregate(per_token.detach(), mask, aggregation, **counts).item(),
-        "clip_frac": ((terms.clipped * mask).sum() * token_share).item(),
-        "ratio/mean": ((terms.ratio * mask).sum() * token_share).item(),
-    })
+    per_token, stats = _importance_weighted(
+        terms.per_token_loss, old_logprobs, rollout_logprobs, mask, loss_params.get("tis_cap"), token_share
+    )
+    stats.update(
+        {
+            "pg_loss": aggregate(per_token.detach(), mask, aggregation, **counts).item(),
+            "clip_frac": ((terms.clipped * mask).sum() * token_share).item(),
+            "ratio/mean": ((terms.ratio * mask).sum() * token_share).item(),
+        }
+    )
     if ref_logprobs is not None:
         kl = kl_penalty(logprobs, ref_logprobs, kl_estimator)
         stats["kl"] = ((kl.detach() * mask).sum() * token_share).item()
@@ -83,15 +86,21 @@ def policy_objective(
     return ObjectiveOutput(loss=loss, stats=stats)
 
 
-def _importance_weighted(per_token: torch.Tensor, old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor | None,
-                         mask: torch.Tensor, tis_cap: float | None,
-                         token_share: float) -> tuple[torch.Tensor, dict[str, float]]:
+def _importance_weighted(
+    per_token: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    rollout_logprobs: torch.Tensor | None,
+    mask: torch.Tensor,
+    tis_cap: float | None,
+    token_share: float,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """The policy-gradient loss [B, T], TIS-weighted when ``tis_cap`` is set and there are rollout
     log-probs, and the engine-vs-trainer statistics (none without rollout log-probs)."""
     if rollout_logprobs is None:
         return per_token, {}
-    stats = {"rollout/logprob_mismatch":
-             (logprob_mismatch(old_logprobs, rollout_logprobs, mask).sum() * token_share).item()}
+    stats = {
+        "rollout/logprob_mismatch": (logprob_mismatch(old_logprobs, rollout_logprobs, mask).sum() * token_share).item()
+    }
     if tis_cap is not None:
         tis = truncated_importance_weights(old_logprobs, rollout_logprobs, mask, tis_cap)
         per_token = per_token * tis.weights.to(per_token.dtype)

@@ -19,8 +19,14 @@ class PairStats:
     rejected: float
 
 
-def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor, *, margin: torch.Tensor | float = 0.0,
-                       num_pairs: float | None = None, center_coef: float = 0.0) -> tuple[torch.Tensor, PairStats]:
+def bradley_terry_loss(
+    chosen: torch.Tensor,
+    rejected: torch.Tensor,
+    *,
+    margin: torch.Tensor | float = 0.0,
+    num_pairs: float | None = None,
+    center_coef: float = 0.0,
+) -> tuple[torch.Tensor, PairStats]:
     """-log sigmoid(r_c - r_r - m), summed over the pairs and divided by ``num_pairs``.
 
     chosen, rejected: [B] scalar scores of each pair's two responses; margin: [B] or a constant
@@ -39,8 +45,12 @@ def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor, *, margin: 
         per_pair = per_pair + center_coef * (chosen.float() + rejected.float()) ** 2
     loss = per_pair.sum() / (num_pairs if num_pairs is not None else max(diff.numel(), 1))
     with torch.no_grad():
-        stats = PairStats(accuracy=float((diff > 0).float().mean()), margin=float(diff.mean()),
-                          chosen=float(chosen.float().mean()), rejected=float(rejected.float().mean()))
+        stats = PairStats(
+            accuracy=float((diff > 0).float().mean()),
+            margin=float(diff.mean()),
+            chosen=float(chosen.float().mean()),
+            rejected=float(rejected.float().mean()),
+        )
     return loss, stats
 
 
@@ -55,9 +65,17 @@ class DPOStats:
     margin: float
 
 
-def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor,
-             ref_rejected: torch.Tensor, *, beta: float, loss: str = "sigmoid", label_smoothing: float = 0.0,
-             num_pairs: float | None = None) -> tuple[torch.Tensor, DPOStats]:
+def dpo_loss(
+    policy_chosen: torch.Tensor,
+    policy_rejected: torch.Tensor,
+    ref_chosen: torch.Tensor,
+    ref_rejected: torch.Tensor,
+    *,
+    beta: float,
+    loss: str = "sigmoid",
+    label_smoothing: float = 0.0,
+    num_pairs: float | None = None,
+) -> tuple[torch.Tensor, DPOStats]:
     """The DPO objective on sequence log-probabilities [B] (sums over each response's tokens) under
     the policy and the frozen reference; summed over pairs and divided by ``num_pairs`` (default B)
     so micro-batches add up to the batch mean.
@@ -80,6 +98,10 @@ def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_cho
     with torch.no_grad():
         chosen = beta * (policy_chosen.float() - ref_chosen.float())
         rejected = beta * (policy_rejected.float() - ref_rejected.float())
-        stats = DPOStats(accuracy=float((chosen > rejected).float().mean()), chosen=float(chosen.mean()),
-                         rejected=float(rejected.mean()), margin=float((chosen - rejected).mean()))
+        stats = DPOStats(
+            accuracy=float((chosen > rejected).float().mean()),
+            chosen=float(chosen.mean()),
+            rejected=float(rejected.mean()),
+            margin=float((chosen - rejected).mean()),
+        )
     return value, stats

@@ -24,7 +24,7 @@ class TurnDeltas:
         at = self._base_text.rfind(_MARK)
         if at < 0:
             raise TemplateError("the chat template does not render the assistant's content")
-        self.closing = self._base_text[at + len(_MARK):]
+        self.closing = self._base_text[at + len(_MARK) :]
         self.eos_text = tokenizer.eos_token or ""
 
     def after_turn(self, tool_messages: list[dict], ended_with_eos: bool) -> str:
@@ -32,9 +32,11 @@ class TurnDeltas:
         ``ended_with_eos``) and was answered by ``tool_messages``, up to the next assistant header."""
         text = render(self.tokenizer, self._base + tool_messages, tools=self.tools, add_generation_prompt=True)
         if not text.startswith(self._base_text):
-            raise TemplateError("the chat template renders earlier turns differently once tool results follow; "
-                                "multi-turn episodes need a prefix-preserving template")
+            raise TemplateError(
+                "the chat template renders earlier turns differently once tool results follow; "
+                "multi-turn episodes need a prefix-preserving template"
+            )
         closing = self.closing
         if ended_with_eos and self.eos_text and closing.startswith(self.eos_text):
-            closing = closing[len(self.eos_text):]
-        return closing + text[len(self._base_text):]
+            closing = closing[len(self.eos_text) :]
+        return closing + text[len(self._base_text) :]

@@ -57,8 +57,7 @@ def _message(msg: Any, where: str) -> dict:
 def _tool_call(call: Any, where: str) -> dict:
     fn = call.get("function", call) if isinstance(call, dict) else None
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-        raise MessageError(f"{where} must be {{\"type\": \"function\", \"function\": {{\"name\": ..., "
-                           f"\"arguments\": {{...}}}}}}")
+        raise MessageError(f'{where} must be {{"type": "function", "function": {{"name": ..., "arguments": {{...}}}}}}')
     args = fn.get("arguments", {})
     if isinstance(args, str):
         try:
@@ -67,8 +66,11 @@ def _tool_call(call: Any, where: str) -> dict:
             raise MessageError(f"{where} arguments are a string but not JSON ({exc.msg})") from None
     if not isinstance(args, dict):
         raise MessageError(f"{where} arguments must be an object, got {type(args).__name__}")
-    return {**{k: v for k, v in call.items() if k != "function"}, "type": "function",
-            "function": {"name": fn["name"], "arguments": args}}
+    return {
+        **{k: v for k, v in call.items() if k != "function"},
+        "type": "function",
+        "function": {"name": fn["name"], "arguments": args},
+    }
 
 
 def uses_tools(messages: list[dict]) -> bool:

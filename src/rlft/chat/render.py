@@ -51,8 +51,10 @@ def _spans(tokenizer, messages: list[dict], tools: list[dict] | None, train_on: 
     def prefix_length(k: int, generation: bool = False) -> int:
         head = render(tokenizer, messages[:k], tools=tools, add_generation_prompt=generation)
         if not full.startswith(head):
-            raise TemplateError(f"the chat template does not preserve prefixes: the first {k} messages render "
-                                f"differently alone than inside the whole conversation")
+            raise TemplateError(
+                f"the chat template does not preserve prefixes: the first {k} messages render "
+                f"differently alone than inside the whole conversation"
+            )
         return len(head)
 
     assistants = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
@@ -63,7 +65,11 @@ def _spans(tokenizer, messages: list[dict], tools: list[dict] | None, train_on: 
         if msg["role"] == "assistant":
             start = prefix_length(i, generation=True)
             stop = _end_of_generation(full, start, end, tokenizer.eos_token)
-            spans += [_Span(pos, start, i, False), _Span(start, stop, i, i in trained_turns), _Span(stop, end, i, False)]
+            spans += [
+                _Span(pos, start, i, False),
+                _Span(start, stop, i, i in trained_turns),
+                _Span(stop, end, i, False),
+            ]
         else:
             spans.append(_Span(pos, end, i, False))
         pos = end
@@ -80,8 +86,13 @@ def _end_of_generation(text: str, start: int, end: int, eos: str | None) -> int:
     return end
 
 
-def tokenize_chat(tokenizer, messages: list[dict], *, tools: list[dict] | None = None,
-                  train_on: Literal["assistant", "last_assistant"] = "assistant") -> TokenizedChat:
+def tokenize_chat(
+    tokenizer,
+    messages: list[dict],
+    *,
+    tools: list[dict] | None = None,
+    train_on: Literal["assistant", "last_assistant"] = "assistant",
+) -> TokenizedChat:
     """Token ids of the whole conversation with its loss mask and turn index.
 
     Raises TemplateError if a trained span does not start and end on token boundaries (the
@@ -92,9 +103,11 @@ def tokenize_chat(tokenizer, messages: list[dict], *, tools: list[dict] | None =
     starts, ends = {s for s, _ in offsets}, {e for _, e in offsets}
     for span in spans:
         if span.trained and not (span.start in starts and span.end in ends):
-            raise TemplateError(f"a token crosses the start or end of assistant message {span.turn} "
-                                f"({full[span.start:span.end][:60]!r}); the tokens the model generates would not "
-                                f"be the trained ones")
+            raise TemplateError(
+                f"a token crosses the start or end of assistant message {span.turn} "
+                f"({full[span.start : span.end][:60]!r}); the tokens the model generates would not "
+                f"be the trained ones"
+            )
     mask, turns, k = [], [], 0
     for s, _ in offsets:
         while k + 1 < len(spans) and s >= spans[k].end:

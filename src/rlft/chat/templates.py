@@ -34,8 +34,11 @@ HERMES_TEMPLATE = (
     "{%- for tool in tools -%}"
     "{{- (tool['function'] if tool['function'] is defined else tool) | tojson -}}{{- '\\n' -}}"
     "{%- endfor -%}"
-    "{{- '</tools>\\nTo call one, reply with {\"name\": <tool name>, \"arguments\": {...}} between " + OPEN + " and "
-    + CLOSE + ". Results come back between <tool_response> and </tool_response>.' -}}"
+    '{{- \'</tools>\\nTo call one, reply with {"name": <tool name>, "arguments": {...}} between '
+    + OPEN
+    + " and "
+    + CLOSE
+    + ". Results come back between <tool_response> and </tool_response>.' -}}"
     "{%- endif -%}"
     "{{- '<|im_end|>\\n' -}}"
     "{%- endif -%}"
@@ -76,28 +79,40 @@ class TemplateError(ValueError):
     """The chosen chat template cannot be used; the message says why and what to do."""
 
 
-def render(tokenizer, messages: list[dict], *, tools: list[dict] | None = None,
-           add_generation_prompt: bool = False) -> str:
+def render(
+    tokenizer, messages: list[dict], *, tools: list[dict] | None = None, add_generation_prompt: bool = False
+) -> str:
     """The tokenizer's chat template applied to ``messages`` (and ``tools``), as text."""
-    text = tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
-                                         add_generation_prompt=add_generation_prompt)
+    text = tokenizer.apply_chat_template(
+        messages, tools=tools or None, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
     if not isinstance(text, str):
         raise TemplateError(f"apply_chat_template returned {type(text).__name__}, expected a string")
     return text
 
 
 # A conversation using every role, with a tool call and its result, for the checks below.
-_PROBE_TOOL = {"type": "function", "function": {
-    "name": "probe_lookup", "description": "Look a word up.",
-    "parameters": {"type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]}}}
+_PROBE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "probe_lookup",
+        "description": "Look a word up.",
+        "parameters": {"type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]},
+    },
+}
 _PROBE = [
     {"role": "system", "content": "You answer briefly."},
     {"role": "user", "content": "Hello there."},
     # Reasoning in an earlier turn: templates that drop it from past turns fail the prefix check.
     {"role": "assistant", "content": "<think>A greeting.</think>Hi! How can I help?"},
     {"role": "user", "content": "Look up probe_word_x."},
-    {"role": "assistant", "content": "", "tool_calls": [
-        {"type": "function", "function": {"name": "probe_lookup", "arguments": {"word": "probe_word_x"}}}]},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"type": "function", "function": {"name": "probe_lookup", "arguments": {"word": "probe_word_x"}}}
+        ],
+    },
     {"role": "tool", "name": "probe_lookup", "content": "probe_result_y"},
     {"role": "assistant", "content": "It means probe_result_y."},
 ]
@@ -126,22 +141,28 @@ def choose_template(setting: str, tokenizer, *, needs_tools: bool) -> tuple[str 
         path = Path(setting)
         return path.read_text(encoding="utf-8"), f"file {path}"
     if not own:
-        raise TemplateError("the tokenizer has no chat template; set data.chat_template to a .jinja file (or "
-                            "data.use_chat_template: false for plain text)")
+        raise TemplateError(
+            "the tokenizer has no chat template; set data.chat_template to a .jinja file (or "
+            "data.use_chat_template: false for plain text)"
+        )
     if setting == "tokenizer" or not needs_tools or supports_tools(tokenizer, own):
         return own, "the tokenizer's own"
     if END_OF_TURN not in tokenizer.get_vocab():
-        raise TemplateError("the data uses tools but the tokenizer's chat template cannot render tool calls or "
-                            "tool results, and this is not a ChatML model, so the built-in Hermes template does "
-                            "not fit either; set data.chat_template to a .jinja template that renders tools")
+        raise TemplateError(
+            "the data uses tools but the tokenizer's chat template cannot render tool calls or "
+            "tool results, and this is not a ChatML model, so the built-in Hermes template does "
+            "not fit either; set data.chat_template to a .jinja template that renders tools"
+        )
     return _checked_builtin("hermes", tokenizer), "hermes (the tokenizer's own cannot render tools)"
 
 
 def _checked_builtin(name: str, tokenizer) -> str:
     if END_OF_TURN not in tokenizer.get_vocab() or tokenizer.eos_token != END_OF_TURN:
-        raise TemplateError(f"data.chat_template: {name} is a ChatML template whose turns end with {END_OF_TURN}, "
-                            f"but this tokenizer's end-of-sequence token is {tokenizer.eos_token!r}; generation "
-                            f"would not stop at the end of a turn")
+        raise TemplateError(
+            f"data.chat_template: {name} is a ChatML template whose turns end with {END_OF_TURN}, "
+            f"but this tokenizer's end-of-sequence token is {tokenizer.eos_token!r}; generation "
+            f"would not stop at the end of a turn"
+        )
     return TEMPLATES[name]
 
 
@@ -154,8 +175,9 @@ def _with_template(tokenizer, template: str, fn) -> Any:
         tokenizer.chat_template = old
 
 
-def check_prefix_preservation(tokenizer, conversation: list[dict] | None = None,
-                              tools: list[dict] | None = None) -> None:
+def check_prefix_preservation(
+    tokenizer, conversation: list[dict] | None = None, tools: list[dict] | None = None
+) -> None:
     """Refuse (TemplateError) the tokenizer's template if rendering ``conversation`` (default: a probe
     with every role and, when the template supports them, a tool call) turn by turn differs from
     rendering it whole, in text or in tokens."""
@@ -171,14 +193,17 @@ def check_prefix_preservation(tokenizer, conversation: list[dict] | None = None,
         if not full.startswith(head):
             at = next((i for i, (a, b) in enumerate(zip(head, full)) if a != b), min(len(head), len(full)))
             raise TemplateError(
-                f"the chat template does not preserve prefixes: the first {k} turns render as ...{head[at - 40:at + 40]!r} "
-                f"but inside the whole conversation as ...{full[at - 40:at + 40]!r}. Training on such a template "
+                f"the chat template does not preserve prefixes: the first {k} turns render as "
+                f"...{head[at - 40 : at + 40]!r} "
+                f"but inside the whole conversation as ...{full[at - 40 : at + 40]!r}. Training on such a template "
                 f"teaches other text than the model sees when it generates; use a template that renders every "
-                f"turn the same whatever follows (data.chat_template: path/to/template.jinja)")
+                f"turn the same whatever follows (data.chat_template: path/to/template.jinja)"
+            )
         head_ids = tokenizer(head, add_special_tokens=False)["input_ids"]
         if full_ids[: len(head_ids)] != head_ids:
             raise TemplateError(
                 f"the chat template's text is prefix-preserving but its tokens are not: the first {k} turns "
                 f"tokenize differently alone than inside the whole conversation (a token crosses the turn "
                 f"boundary), so generated tokens would not be the trained ones; end every turn on a special "
-                f"token or a newline")
+                f"token or a newline"
+            )

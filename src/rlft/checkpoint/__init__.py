@@ -4,8 +4,13 @@ The names below are loaded on first use, so importing :mod:`rlft.checkpoint.layo
 checkpoints are, which are complete) stays free of torch.
 """
 
-_EXPORTS = {"is_complete": "layout", "list_checkpoints": "layout", "prune_checkpoints": "io",
-            "save_checkpoint": "io", "set_rng_state": "io"}
+_EXPORTS = {
+    "is_complete": "layout",
+    "list_checkpoints": "layout",
+    "prune_checkpoints": "io",
+    "save_checkpoint": "io",
+    "set_rng_state": "io",
+}
 __all__ = list(_EXPORTS)
 
 

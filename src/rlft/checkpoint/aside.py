@@ -68,8 +68,10 @@ def supersede_after(run_root: Path, step: int, damaged: dict[Path, str] | None =
             lines.append(f"checkpoint {path.name} is damaged ({why}); moved to {moved}")
         else:
             moved = aside.move(path, Path("checkpoints") / path.name)
-            lines.append(f"checkpoint {path.name} is newer than step {step}, where this run continues; moved to "
-                         f"{moved} (kept, no longer resumed)")
+            lines.append(
+                f"checkpoint {path.name} is newer than step {step}, where this run continues; moved to "
+                f"{moved} (kept, no longer resumed)"
+            )
     for name in STEP_LOGS:
         count = _split_jsonl(run_root / name, step, aside)
         if count:

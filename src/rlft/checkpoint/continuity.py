@@ -42,8 +42,10 @@ def schedule_rules(kind: str, config: dict) -> dict[str, str]:
     alg = config.get("algorithm") or {}
     if kind != "rl" or (alg.get("lr_scheduler", "constant") == "constant" and not alg.get("warmup_steps")):
         return {}
-    why = ("the learning-rate schedule counts optimizer steps, ppo_epochs x mini-batches per step; with "
-           "lr_scheduler constant and no warm-up it may change")
+    why = (
+        "the learning-rate schedule counts optimizer steps, ppo_epochs x mini-batches per step; with "
+        "lr_scheduler constant and no warm-up it may change"
+    )
     return {"algorithm.ppo_epochs": why, "algorithm.mini_batch_size": why}
 
 

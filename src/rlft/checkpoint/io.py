@@ -28,12 +28,11 @@ import numpy as np
 import torch
 
 from rlft.atomic import atomic_directory
-from rlft.distributed.context import Dist
-from rlft.checkpoint.layout import STATE_FILE, is_complete, list_checkpoints  # noqa: F401 (re-exported)
 from rlft.checkpoint.aside import set_aside_incomplete
+from rlft.checkpoint.layout import STATE_FILE, is_complete, list_checkpoints  # noqa: F401 (re-exported)
 from rlft.checkpoint.manifest import write_manifest
+from rlft.distributed.context import Dist
 from rlft.errors import CheckpointError
-
 
 
 def rng_state() -> dict:
@@ -51,9 +50,20 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(target: Path, *, model, tokenizer, optimizer, scheduler, trainer_state: dict,
-                    config_yaml: str, components: dict | None = None, save_optimizer: bool = True,
-                    dist: Dist | None = None, export_model=None) -> Path:
+def save_checkpoint(
+    target: Path,
+    *,
+    model,
+    tokenizer,
+    optimizer,
+    scheduler,
+    trainer_state: dict,
+    config_yaml: str,
+    components: dict | None = None,
+    save_optimizer: bool = True,
+    dist: Dist | None = None,
+    export_model=None,
+) -> Path:
     """Atomically write a checkpoint to ``target``; returns ``target``.
 
     ``save_optimizer=False`` leaves out optimizer.pt (``train.save_optimizer: false``): an
@@ -111,12 +121,17 @@ def _shared_directory(target: Path, dist: Dist):
 
 def _not_written(target: Path, exc: BaseException) -> str:
     free = shutil.disk_usage(target.parent).free if target.parent.exists() else None
-    reason = (f"the disk is full ({free / 2**20:.0f} MB free)" if free is not None and free < 2**30
-              else f"{type(exc).__name__}: {exc}")
+    reason = (
+        f"the disk is full ({free / 2**20:.0f} MB free)"
+        if free is not None and free < 2**30
+        else f"{type(exc).__name__}: {exc}"
+    )
     kept = [p.name for p in list_checkpoints(target.parent)]
-    return (f"could not write checkpoint {target.name} to {target.parent}: {reason}. "
-            + (f"The earlier checkpoints are intact (newest: {kept[-1]}); " if kept else "")
-            + "free space (or set train.keep_last) and continue with --resume.")
+    return (
+        f"could not write checkpoint {target.name} to {target.parent}: {reason}. "
+        + (f"The earlier checkpoints are intact (newest: {kept[-1]}); " if kept else "")
+        + "free space (or set train.keep_last) and continue with --resume."
+    )
 
 
 def prune_checkpoints(checkpoints_dir: Path, keep_last: int) -> list[Path]:

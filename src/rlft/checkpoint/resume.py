@@ -51,8 +51,11 @@ def find_checkpoint(resume: str, run_root: Path | None) -> ResumePoint | None:
         path, damaged = Path(resume).expanduser().resolve(), {}
         problems = checkpoint_problems(path)
         if problems:
-            what = ("is not a complete checkpoint directory" if not (path / STATE_FILE).is_file()
-                    else "is a damaged checkpoint")
+            what = (
+                "is not a complete checkpoint directory"
+                if not (path / STATE_FILE).is_file()
+                else "is a damaged checkpoint"
+            )
             raise UsageError(f"--resume {resume}: {path} {what}: {'; '.join(problems)}. " + _intact_hint(path))
     _check_optimizer_state(path)
     state = json.loads((path / STATE_FILE).read_text())
@@ -69,16 +72,22 @@ def _newest_intact(checkpoints_dir: Path) -> tuple[Path | None, dict]:
         damaged[path] = "; ".join(problems)
     if damaged:
         lines = "\n".join(f"  - {p.name}: {why}" for p, why in damaged.items())
-        raise UsageError(f"--resume auto: no intact checkpoint under {checkpoints_dir}; every one is damaged:\n"
-                         f"{lines}\nRestore the files, or start the run again without --resume (another "
-                         f"train.run_name) so nothing here is overwritten")
+        raise UsageError(
+            f"--resume auto: no intact checkpoint under {checkpoints_dir}; every one is damaged:\n"
+            f"{lines}\nRestore the files, or start the run again without --resume (another "
+            f"train.run_name) so nothing here is overwritten"
+        )
     return None, damaged
 
 
 def _intact_hint(path: Path) -> str:
     intact = [p.name for _, p in checkpoint_dirs(path.parent) if p != path and not checkpoint_problems(p, hashes=False)]
-    return (f"Resume from an intact one ({', '.join(intact)}) or with --resume auto, which takes the newest "
-            f"intact checkpoint" if intact else "No other checkpoint of this run looks intact")
+    return (
+        f"Resume from an intact one ({', '.join(intact)}) or with --resume auto, which takes the newest "
+        f"intact checkpoint"
+        if intact
+        else "No other checkpoint of this run looks intact"
+    )
 
 
 def _check_optimizer_state(path: Path) -> None:
@@ -89,11 +98,16 @@ def _check_optimizer_state(path: Path) -> None:
     saved = optimizer_saved(path)
     if saved:
         raise UsageError(f"--resume {path}: checkpoint {path} is damaged: its optimizer state is missing")
-    how = ("it was saved with train.save_optimizer: false, an export-only checkpoint" if saved is False else
-           "optimizer.pt is missing; this checkpoint predates manifests, so whether it was saved with "
-           "train.save_optimizer: false (export-only) or the file was lost cannot be told")
-    raise UsageError(f"--resume {path}: this checkpoint has no optimizer state ({how}), so the run cannot "
-                     f"continue exactly. Start a new run from its weights with model.path: {path}")
+    how = (
+        "it was saved with train.save_optimizer: false, an export-only checkpoint"
+        if saved is False
+        else "optimizer.pt is missing; this checkpoint predates manifests, so whether it was saved with "
+        "train.save_optimizer: false (export-only) or the file was lost cannot be told"
+    )
+    raise UsageError(
+        f"--resume {path}: this checkpoint has no optimizer state ({how}), so the run cannot "
+        f"continue exactly. Start a new run from its weights with model.path: {path}"
+    )
 
 
 def check_continuity(point: ResumePoint, new_config: dict, train_file: str, rules: dict[str, str]) -> list[str]:
@@ -105,13 +119,17 @@ def check_continuity(point: ResumePoint, new_config: dict, train_file: str, rule
     breaking, harmless = compare_configs(saved, new_config, rules)
     saved_print = point.state.get("data_fingerprint")
     if saved_print and Path(train_file).is_file() and file_fingerprint(train_file) != saved_print:
-        breaking.append(f"data.train_file: {train_file} has other contents than when {point.checkpoint.name} was "
-                        f"saved (the data order and position refer to the original rows)")
+        breaking.append(
+            f"data.train_file: {train_file} has other contents than when {point.checkpoint.name} was "
+            f"saved (the data order and position refer to the original rows)"
+        )
     if breaking:
         lines = "\n".join(f"  - {b}" for b in breaking)
-        raise UsageError(f"cannot resume {point.checkpoint} with this config; it changes what the checkpoint "
-                         f"means:\n{lines}\nResume with the original values, or start a new run "
-                         f"(another train.run_name) from the checkpoint's weights with model.path: {point.checkpoint}")
+        raise UsageError(
+            f"cannot resume {point.checkpoint} with this config; it changes what the checkpoint "
+            f"means:\n{lines}\nResume with the original values, or start a new run "
+            f"(another train.run_name) from the checkpoint's weights with model.path: {point.checkpoint}"
+        )
     return harmless
 
 
@@ -137,9 +155,17 @@ def load_weights(model, checkpoint: Path) -> None:
         raise UsageError(f"checkpoint {checkpoint} does not match the model: unexpected {list(unexpected)[:5]}")
 
 
-def restore_training_state(point: ResumePoint, *, model, optimizer, scheduler, sampler,
-                           components: dict | None = None, dist: Dist | None = None,
-                           report: list[str] | None = None) -> int:
+def restore_training_state(
+    point: ResumePoint,
+    *,
+    model,
+    optimizer,
+    scheduler,
+    sampler,
+    components: dict | None = None,
+    dist: Dist | None = None,
+    report: list[str] | None = None,
+) -> int:
     """Weights, optimizer, scheduler, further components (each with ``load(directory)``), data position
     and RNG; returns the step to continue from. A checkpoint saved at any number of processes
     resumes at any other (``dist``: this run's; :mod:`rlft.distributed.checkpoint`).
@@ -151,13 +177,16 @@ def restore_training_state(point: ResumePoint, *, model, optimizer, scheduler, s
 
     dist = dist or Dist()
     ck = point.checkpoint
-    with _reading(ck, "model.safetensors" if not (ck / "adapter_model.safetensors").is_file()
-                  else "adapter_model.safetensors"):
+    with _reading(
+        ck, "model.safetensors" if not (ck / "adapter_model.safetensors").is_file() else "adapter_model.safetensors"
+    ):
         load_sharded_weights(model, ck) if dist.strategy == "fsdp2" else load_weights(model, ck)
     for name, part in (components or {}).items():
         if not (ck / name).is_dir():
-            raise UsageError(f"checkpoint {ck} has no {name}/ directory, but this run has a {name}; "
-                             f"was it saved by a run with another algorithm?")
+            raise UsageError(
+                f"checkpoint {ck} has no {name}/ directory, but this run has a {name}; "
+                f"was it saved by a run with another algorithm?"
+            )
         part_optimizer = getattr(part, "optimizer", None)
         configured = optimizer_settings(part_optimizer) if part_optimizer is not None else None
         with _reading(ck, f"{name}/"):
@@ -231,14 +260,18 @@ def _reading(checkpoint: Path, what: str):
     except Exception as exc:  # SafetensorError, UnpicklingError, EOFError, OSError, RuntimeError ...
         if not _is_read_failure(exc):
             raise
-        raise UsageError(f"checkpoint {checkpoint} is damaged: reading {what} failed "
-                         f"({type(exc).__name__}: {str(exc)[:300]}). Resume from an earlier checkpoint, or with "
-                         f"--resume auto") from exc
+        raise UsageError(
+            f"checkpoint {checkpoint} is damaged: reading {what} failed "
+            f"({type(exc).__name__}: {str(exc)[:300]}). Resume from an earlier checkpoint, or with "
+            f"--resume auto"
+        ) from exc
 
 
 def _is_read_failure(exc: BaseException) -> bool:
     import pickle
 
     names = {"SafetensorError", "HeaderTooLarge", "InvalidHeaderDeserialization"}
-    return (isinstance(exc, (OSError, EOFError, pickle.UnpicklingError, RuntimeError, ValueError, KeyError))
-            or type(exc).__name__ in names)
+    return (
+        isinstance(exc, (OSError, EOFError, pickle.UnpicklingError, RuntimeError, ValueError, KeyError))
+        or type(exc).__name__ in names
+    )

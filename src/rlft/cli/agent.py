@@ -17,8 +17,12 @@ def add_rollout_arguments(p) -> None:
     p.add_argument("--split", choices=("train", "eval"), default="train", help="Which rows to play.")
     p.add_argument("--greedy", action="store_true", help="Greedy decoding instead of the training sampler.")
     p.add_argument("--model", default=None, help="A checkpoint or model to play with (default: model.path).")
-    p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
-                   help="Trained tokens in colour (auto: on a terminal), else between [[ and ]].")
+    p.add_argument(
+        "--color",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="Trained tokens in colour (auto: on a terminal), else between [[ and ]].",
+    )
 
 
 def add_env_arguments(p) -> None:
@@ -82,19 +86,29 @@ def run_rollout(args) -> int:
     runner = job.generation(cfg).make_engine(parts.model, parts.tokenizer, parts.autocast_dtype)
     rewards = job.reward_manager(cfg)
     alg = cfg.algorithm
-    sampling = SamplingParams(max_new_tokens=alg.max_new_tokens, n=1, temperature=alg.temperature, top_p=alg.top_p,
-                              top_k=alg.top_k, greedy=args.greedy)
+    sampling = SamplingParams(
+        max_new_tokens=alg.max_new_tokens,
+        n=1,
+        temperature=alg.temperature,
+        top_p=alg.top_p,
+        top_k=alg.top_k,
+        greedy=args.greedy,
+    )
     torch.manual_seed(cfg.train.seed)
     examples = rows[: args.n]
     batch = runner.run(examples, sampling)
     from rlft.evaluation import columns_of
 
-    scored = rewards.score([ex.prompt for ex in examples], batch.texts,
-                           {**columns_of(examples), **(batch.columns or {})})
+    scored = rewards.score(
+        [ex.prompt for ex in examples], batch.texts, {**columns_of(examples), **(batch.columns or {})}
+    )
     color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
     for i, ex in enumerate(examples):
-        print(format_episode(batch, i, parts.tokenizer, color, ex.source,
-                             {k: float(v[i]) for k, v in scored.per_reward.items()}))
+        print(
+            format_episode(
+                batch, i, parts.tokenizer, color, ex.source, {k: float(v[i]) for k, v in scored.per_reward.items()}
+            )
+        )
     return 0
 
 
@@ -117,7 +131,9 @@ def format_episode(batch, row: int, tokenizer, color: bool, source: str, rewards
     head = f"===== episode {row} ({source}) ====="
     legend = "trained tokens in green" if color else "trained tokens between [[ and ]]"
     n_model, n_obs = stats.model_tokens, stats.observation_tokens
-    tail = (f"----- finish: {stats.finish}; turns {stats.turns}, tool calls {stats.tool_calls} "
-            f"({stats.tool_errors} errors, {stats.tool_timeouts} timeouts), tokens: {n_model} trained, "
-            f"{n_obs} observation; rewards: " + ", ".join(f"{k} {v:g}" for k, v in rewards.items()))
+    tail = (
+        f"----- finish: {stats.finish}; turns {stats.turns}, tool calls {stats.tool_calls} "
+        f"({stats.tool_errors} errors, {stats.tool_timeouts} timeouts), tokens: {n_model} trained, "
+        f"{n_obs} observation; rewards: " + ", ".join(f"{k} {v:g}" for k, v in rewards.items())
+    )
     return "\n".join([head, f"({legend}; the prompt is context)", prompt + "".join(parts), tail, ""])

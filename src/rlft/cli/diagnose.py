@@ -16,8 +16,12 @@ import sys
 
 def add_arguments(p) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="A run directory (outputs/<run_name>, holding metrics.jsonl).")
-    p.add_argument("--out", default=None, metavar="DIR",
-                   help="Write report.md and the PNGs here (default: RUN_DIR/health; created if missing).")
+    p.add_argument(
+        "--out",
+        default=None,
+        metavar="DIR",
+        help="Write report.md and the PNGs here (default: RUN_DIR/health; created if missing).",
+    )
     p.add_argument("--json", action="store_true", help="Print the verdict and findings as JSON on stdout.")
     p.add_argument("--no-plots", action="store_true", help="Write report.md without the PNGs (faster).")
 
@@ -30,8 +34,10 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(d.as_dict(), indent=2))
     else:
-        print(f"{d.run_dir.name}: {d.verdict} ({len(d.findings)} finding(s) from {d.steps_logged} logged rows and "
-              f"{d.evals} evaluation(s))")
+        print(
+            f"{d.run_dir.name}: {d.verdict} ({len(d.findings)} finding(s) from {d.steps_logged} logged rows and "
+            f"{d.evals} evaluation(s))"
+        )
         for f in d.findings:
             print(f"  {f.line()}")
         for note in d.notes:

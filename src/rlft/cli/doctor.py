@@ -8,8 +8,14 @@ import json
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", "-c", default=None, help="Also check this run: config, model, memory, disk.")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="Override a config value (repeatable).")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Override a config value (repeatable).",
+    )
     p.add_argument("--port", type=int, default=8000, help="The port rlft serve would listen on (default 8000).")
     p.add_argument("--json", action="store_true", help="Print the checks as JSON.")
 

@@ -9,15 +9,29 @@ import shlex
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", "-c", required=True, help="YAML config file.")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="Override a config value (repeatable).")
-    p.add_argument("--device", default=None,
-                   help="Plan for this device: cpu, cuda, cuda:N, or a named GPU such as H100-80GB, A100-40GB, "
-                        "T4-16GB (or a size: 24GB). Default: where the run would train.")
-    p.add_argument("--processes", type=int, default=1, metavar="N",
-                   help="Plan one process of a data-parallel run of N processes (torchrun --nproc_per_node x "
-                        "--nnodes): its share of each step, and under distributed.strategy fsdp2 its share of "
-                        "the trained state.")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Override a config value (repeatable).",
+    )
+    p.add_argument(
+        "--device",
+        default=None,
+        help="Plan for this device: cpu, cuda, cuda:N, or a named GPU such as H100-80GB, A100-40GB, "
+        "T4-16GB (or a size: 24GB). Default: where the run would train.",
+    )
+    p.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="Plan one process of a data-parallel run of N processes (torchrun --nproc_per_node x "
+        "--nnodes): its share of each step, and under distributed.strategy fsdp2 its share of "
+        "the trained state.",
+    )
     p.add_argument("--json", action="store_true", help="Print the estimate as JSON.")
 
 
@@ -31,8 +45,9 @@ def run(args) -> int:
         from rlft.errors import UsageError
 
         raise UsageError(f"--processes {args.processes}: must be 1 or more")
-    est = estimate_memory(cfg, args.device, processes=args.processes,
-                          sharded=args.processes > 1 and cfg.distributed.strategy == "fsdp2")
+    est = estimate_memory(
+        cfg, args.device, processes=args.processes, sharded=args.processes > 1 and cfg.distributed.strategy == "fsdp2"
+    )
     knobs = advise(cfg, est)
     if args.json:
         out = est.as_dict()

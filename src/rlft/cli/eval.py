@@ -26,16 +26,34 @@ from rlft.errors import UsageError
 
 def add_arguments(p) -> None:
     p.add_argument("--config", "-c", required=True, help="YAML config: eval prompts, rewards and eval settings.")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="Override a config value, e.g. --set eval.num_samples=8 (repeatable).")
-    p.add_argument("--checkpoint", dest="checkpoints", action="append", default=[], metavar="PATH",
-                   help="A checkpoint dir (full model or LoRA adapter), a Hugging Face model dir, a .gguf file or "
-                        "a built-in name (repeatable; one report column each, in order).")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Override a config value, e.g. --set eval.num_samples=8 (repeatable).",
+    )
+    p.add_argument(
+        "--checkpoint",
+        dest="checkpoints",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="A checkpoint dir (full model or LoRA adapter), a Hugging Face model dir, a .gguf file or "
+        "a built-in name (repeatable; one report column each, in order).",
+    )
     p.add_argument("--base", action="store_true", help="Also evaluate the config's model.path, as the first column.")
-    p.add_argument("--out", default=None, metavar="DIR",
-                   help="Output directory (default: <train.output_dir>/eval-<timestamp>/).")
-    p.add_argument("--examples", type=int, default=3, metavar="N",
-                   help="Side-by-side examples in the report (prompts where the models disagree first).")
+    p.add_argument(
+        "--out", default=None, metavar="DIR", help="Output directory (default: <train.output_dir>/eval-<timestamp>/)."
+    )
+    p.add_argument(
+        "--examples",
+        type=int,
+        default=3,
+        metavar="N",
+        help="Side-by-side examples in the report (prompts where the models disagree first).",
+    )
 
 
 def check_model_path(path: str) -> str:
@@ -49,11 +67,15 @@ def check_model_path(path: str) -> str:
     if p.is_file():
         if p.suffix.lower() == ".gguf":
             return "gguf"
-        raise UsageError(f"--checkpoint {path}: a file that is not a .gguf model; give a checkpoint directory, "
-                         f"a model directory, a .gguf file or a built-in name ({', '.join(BUILTIN_MODELS)})")
+        raise UsageError(
+            f"--checkpoint {path}: a file that is not a .gguf model; give a checkpoint directory, "
+            f"a model directory, a .gguf file or a built-in name ({', '.join(BUILTIN_MODELS)})"
+        )
     if not p.is_dir():
-        raise UsageError(f"--checkpoint {path}: no such file or directory (and not a built-in model name: "
-                         f"{', '.join(BUILTIN_MODELS)})")
+        raise UsageError(
+            f"--checkpoint {path}: no such file or directory (and not a built-in model name: "
+            f"{', '.join(BUILTIN_MODELS)})"
+        )
     if (p / "adapter_config.json").is_file():
         return "LoRA adapter"
     if (p / "config.json").is_file():
@@ -62,8 +84,10 @@ def check_model_path(path: str) -> str:
         found = sorted(c.name for c in (p / "checkpoints").glob("checkpoint-*"))
         hint = f", e.g. {p / 'checkpoints' / found[-1]}" if found else ""
         raise UsageError(f"--checkpoint {path}: this is a run directory; pass one of its checkpoints{hint}")
-    raise UsageError(f"--checkpoint {path}: not a checkpoint, Hugging Face model directory or LoRA adapter "
-                     f"(no config.json or adapter_config.json in it)")
+    raise UsageError(
+        f"--checkpoint {path}: not a checkpoint, Hugging Face model directory or LoRA adapter "
+        f"(no config.json or adapter_config.json in it)"
+    )
 
 
 def model_labels(paths: list[str], base: bool) -> list[str]:
@@ -131,16 +155,22 @@ def run_watch_flags(path: str) -> list[str]:
     if ck.parent.name != "checkpoints" or not ck.name.startswith("checkpoint-"):
         return []
     step = int(ck.name.rsplit("-", 1)[-1])
-    evals = sorted((int(p.stem.split("-")[-1]), p) for p in (ck.parent.parent / "eval").glob("step-*.json")
-                   if p.stem.split("-")[-1].isdigit() and int(p.stem.split("-")[-1]) <= step)
+    evals = sorted(
+        (int(p.stem.split("-")[-1]), p)
+        for p in (ck.parent.parent / "eval").glob("step-*.json")
+        if p.stem.split("-")[-1].isdigit() and int(p.stem.split("-")[-1]) <= step
+    )
     if not evals:
         return []
     payload = json.loads(evals[-1][1].read_text())
     if "health" in payload:
-        return [f"run health ({ck.name}'s run, {f['severity']}, step {f['step']}, {f['check']}): {f['message']}"
-                for f in payload["health"].get("findings", [])]
-    return [f"reward-hacking watch ({ck.name}'s run, step {f['step']}): {f['message']}"
-            for f in payload.get("watch", [])]
+        return [
+            f"run health ({ck.name}'s run, {f['severity']}, step {f['step']}, {f['check']}): {f['message']}"
+            for f in payload["health"].get("findings", [])
+        ]
+    return [
+        f"reward-hacking watch ({ck.name}'s run, step {f['step']}): {f['message']}" for f in payload.get("watch", [])
+    ]
 
 
 def _write_outputs(out: Path, models, columns, cfg, args, settings: dict, paths: list[str]) -> None:
@@ -152,16 +182,22 @@ def _write_outputs(out: Path, models, columns, cfg, args, settings: dict, paths:
         for row in rows:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
     source = cfg.data.eval_file or f"{cfg.data.train_file} (eval_split {cfg.data.eval_split:g})"
-    ctx = ReportContext(title=f"rlft eval: {Path(args.config).name}", config=settings["config"],
-                        prompts_from=str(source), max_new_tokens=settings["max_new_tokens"],
-                        created=time.strftime("%Y-%m-%d %H:%M:%S"),
-                        extra=([f"overrides: {' '.join(args.overrides)}"] if args.overrides else [])
-                        + [line for path in paths for line in run_watch_flags(path)])
+    ctx = ReportContext(
+        title=f"rlft eval: {Path(args.config).name}",
+        config=settings["config"],
+        prompts_from=str(source),
+        max_new_tokens=settings["max_new_tokens"],
+        created=time.strftime("%Y-%m-%d %H:%M:%S"),
+        extra=([f"overrides: {' '.join(args.overrides)}"] if args.overrides else [])
+        + [line for path in paths for line in run_watch_flags(path)],
+    )
     (out / "report.md").write_text(render_markdown(models, rows, ctx, args.examples), encoding="utf-8")
     (out / "report.html").write_text(render_html(models, rows, ctx, args.examples), encoding="utf-8")
     print(markdown_table(models))
-    print(f"wrote {len(models)} results, side_by_side.jsonl, report.md and report.html to {out.resolve()}",
-          file=sys.stderr)
+    print(
+        f"wrote {len(models)} results, side_by_side.jsonl, report.md and report.html to {out.resolve()}",
+        file=sys.stderr,
+    )
 
 
 def run(args) -> int:
@@ -180,8 +216,9 @@ def run(args) -> int:
     if cfg.data.eval_file is None and cfg.data.eval_split == 0:
         raise UsageError(f"{args.config} has no eval prompts: set data.eval_file or data.eval_split")
     kinds = [check_model_path(p) for p in args.checkpoints]
-    paths = [p if kind == "built-in" else str(Path(p).expanduser().resolve())
-             for p, kind in zip(args.checkpoints, kinds)]
+    paths = [
+        p if kind == "built-in" else str(Path(p).expanduser().resolve()) for p, kind in zip(args.checkpoints, kinds)
+    ]
     if args.base:  # load_config already checked it and made a local path absolute
         paths, kinds = [cfg.model.path, *paths], ["base model", *kinds]
     labels = model_labels(list(args.checkpoints), args.base)
@@ -194,15 +231,21 @@ def run(args) -> int:
     if warning:
         print(f"note: {warning}", file=sys.stderr)
     if getattr(cfg, "reward", None) is None:
-        raise UsageError(f"{args.config} has no reward: section; rlft eval scores each model's generations "
-                         f"with the config's rewards")
+        raise UsageError(
+            f"{args.config} has no reward: section; rlft eval scores each model's generations with the config's rewards"
+        )
     rewards = job_class(cfg).reward_manager(cfg)
     generation = job_class(cfg).generation(cfg)
     out.mkdir(parents=True, exist_ok=True)
-    settings = {"config": str(Path(args.config).resolve()), "overrides": list(args.overrides),
-                "config_kind": cfg.kind, "eval": cfg.eval.model_dump(mode="json"),
-                "max_new_tokens": generation.max_new_tokens, "rollout_engine": generation.engine,
-                "seed": cfg.train.seed}
+    settings = {
+        "config": str(Path(args.config).resolve()),
+        "overrides": list(args.overrides),
+        "config_kind": cfg.kind,
+        "eval": cfg.eval.model_dump(mode="json"),
+        "max_new_tokens": generation.max_new_tokens,
+        "rollout_engine": generation.engine,
+        "seed": cfg.train.seed,
+    }
     models: list[ModelResult] = []
     columns = None
     for i, (label, path, kind) in enumerate(zip(labels, paths, kinds), 1):
@@ -210,10 +253,20 @@ def run(args) -> int:
         result, examples = _evaluate_one(cfg, path, rewards, device, autocast)
         columns = columns if columns is not None else [dict(ex.columns) for ex in examples]
         models.append(ModelResult(label=label, path=str(path), result=result, kind=kind))
-        _write_json(out / f"{label}.json", {"label": label, "model": str(path), "kind": kind, **settings,
-                                           **result.summary(), "samples": result.samples})
-        print(f"[{i}/{len(paths)}] {label}: {result.metrics_line()} ({result.seconds:.0f}s)", file=sys.stderr,
-              flush=True)
+        _write_json(
+            out / f"{label}.json",
+            {
+                "label": label,
+                "model": str(path),
+                "kind": kind,
+                **settings,
+                **result.summary(),
+                "samples": result.samples,
+            },
+        )
+        print(
+            f"[{i}/{len(paths)}] {label}: {result.metrics_line()} ({result.seconds:.0f}s)", file=sys.stderr, flush=True
+        )
 
     with reporting_disk_full(out / "report.*"):
         _write_outputs(out, models, columns, cfg, args, settings, paths)

@@ -54,16 +54,26 @@ def run(args) -> int:
     prompts = [args.prompt] if args.prompt is not None else _read_prompts(args.input)
     model, tok = load_for_inference(args.model, device=resolve_device("auto"))
     use_chat = not args.no_chat_template and bool(getattr(tok, "chat_template", None))
-    texts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
-             if use_chat else p for p in prompts]
+    texts = [
+        tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+        if use_chat
+        else p
+        for p in prompts
+    ]
     engine = NativeEngine(model, tok, max_prompt_length=4096, autocast_dtype=None, add_special_tokens=not use_chat)
-    sampling = SamplingParams(max_new_tokens=args.max_new_tokens, greedy=args.temperature == 0,
-                              temperature=args.temperature or 1.0, top_p=args.top_p)
+    sampling = SamplingParams(
+        max_new_tokens=args.max_new_tokens,
+        greedy=args.temperature == 0,
+        temperature=args.temperature or 1.0,
+        top_p=args.top_p,
+    )
     results = []
     for i in range(0, len(texts), args.batch_size):
         out = engine.generate(texts[i : i + args.batch_size], sampling)
-        results += [{"prompt": p, "completion": c, "finish_reason": f}
-                    for p, c, f in zip(prompts[i : i + args.batch_size], out.texts, out.finish_reasons)]
+        results += [
+            {"prompt": p, "completion": c, "finish_reason": f}
+            for p, c, f in zip(prompts[i : i + args.batch_size], out.texts, out.finish_reasons)
+        ]
     if args.prompt is not None:
         print(results[0]["completion"])
         return 0
@@ -74,4 +84,3 @@ def run(args) -> int:
     if args.output:
         print(f"wrote {len(results)} completions to {Path(args.output).resolve()}", file=sys.stderr)
     return 0
-

@@ -90,8 +90,10 @@ def _logs(client, args) -> int:
 
 def _cancel(client, args) -> int:
     job = client.cancel(args.job_id)
-    print(f"job {job['id']}: {job['status']}" + (" (stopping after its current step)"
-                                                 if job["status"] == "running" else ""))
+    print(
+        f"job {job['id']}: {job['status']}"
+        + (" (stopping after its current step)" if job["status"] == "running" else "")
+    )
     return 0
 
 

@@ -38,8 +38,14 @@ from rlft.errors import RlftError
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", "-c", required=True, help="YAML config file.")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="Override a config value, e.g. --set train.max_steps=10 (repeatable).")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Override a config value, e.g. --set train.max_steps=10 (repeatable).",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,11 +57,19 @@ def build_parser() -> argparse.ArgumentParser:
         job = sub.add_parser(job_command(kind.name), help=f"Run {kind.summary} from a config (kind: {kind.name}).")
         _add_config_args(job)
         job.add_argument("--output-dir", "--output_dir", default=None, help="Override train.output_dir.")
-        job.add_argument("--resume", default=None, metavar="CHECKPOINT|auto",
-                         help="Continue from a checkpoint directory, or 'auto': the latest complete checkpoint of "
-                              "this config's run (a new run when there is none).")
-        job.add_argument("--run-dir", default=None, metavar="DIR",
-                         help="Write the run exactly here instead of <output_dir>/<run_name> (used by rlft serve).")
+        job.add_argument(
+            "--resume",
+            default=None,
+            metavar="CHECKPOINT|auto",
+            help="Continue from a checkpoint directory, or 'auto': the latest complete checkpoint of "
+            "this config's run (a new run when there is none).",
+        )
+        job.add_argument(
+            "--run-dir",
+            default=None,
+            metavar="DIR",
+            help="Write the run exactly here instead of <output_dir>/<run_name> (used by rlft serve).",
+        )
         job.set_defaults(kind=kind.name)
     validate = sub.add_parser("validate", help="Validate a config and print the resolved YAML.")
     _add_config_args(validate)
@@ -72,15 +86,25 @@ def build_parser() -> argparse.ArgumentParser:
     eval_cli.add_arguments(sub.add_parser("eval", help="Compare checkpoints (and --base) on the eval prompts."))
     from rlft.cli import agent
 
-    agent.add_rollout_arguments(sub.add_parser(
-        "rollout", help="Run a few multi-turn episodes without training; print them with the trained tokens marked."))
+    agent.add_rollout_arguments(
+        sub.add_parser(
+            "rollout", help="Run a few multi-turn episodes without training; print them with the trained tokens marked."
+        )
+    )
     agent.add_env_arguments(sub.add_parser("env", help="Built-in environments: list, demos."))
     from rlft.cli import doctor, estimate, jobs, plot, serve, serve_reward
 
-    doctor.add_arguments(sub.add_parser(
-        "doctor", help="Check this machine (and --config's run: memory, disk) with a fix for each problem."))
-    estimate.add_arguments(sub.add_parser(
-        "estimate", help="Predict a run's peak memory (weights, optimizer, activations, KV cache ...) before launch."))
+    doctor.add_arguments(
+        sub.add_parser(
+            "doctor", help="Check this machine (and --config's run: memory, disk) with a fix for each problem."
+        )
+    )
+    estimate.add_arguments(
+        sub.add_parser(
+            "estimate",
+            help="Predict a run's peak memory (weights, optimizer, activations, KV cache ...) before launch.",
+        )
+    )
 
     serve.add_arguments(sub.add_parser("serve", help="The HTTP job service and dashboard (loopback by default)."))
     jobs.add_arguments(sub.add_parser("jobs", help="Submit, list, watch, cancel and resume jobs of rlft serve."))
@@ -88,13 +112,20 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_arguments(sub.add_parser("plot", help="Write a run's training curves (several runs overlaid) as PNG."))
     from rlft.cli import diagnose
 
-    diagnose.add_arguments(sub.add_parser(
-        "diagnose", help="Check a run's health (no learning signal, collapse, blow-ups, hacking); a report with "
-                         "plots; exit 3 if unhealthy."))
+    diagnose.add_arguments(
+        sub.add_parser(
+            "diagnose",
+            help="Check a run's health (no learning signal, collapse, blow-ups, hacking); a report with "
+            "plots; exit 3 if unhealthy.",
+        )
+    )
     from rlft.cli import sweep
 
-    sweep.add_arguments(sub.add_parser("sweep", help="Run a folder of configs or a grid; classify failures, retry "
-                                                     "transient ones, summarise."))
+    sweep.add_arguments(
+        sub.add_parser(
+            "sweep", help="Run a folder of configs or a grid; classify failures, retry transient ones, summarise."
+        )
+    )
     return parser
 
 
@@ -102,20 +133,31 @@ def _cmd_train(args) -> int:
     """``rlft train`` (RL) and ``rlft sft``: the same lifecycle, the kind of job set by the command."""
     from rlft.trainer.trainer import Trainer
 
-    trainer = Trainer(args.config, overrides=args.overrides, output_dir=args.output_dir, resume_from=args.resume,
-                      kind=args.kind, run_dir=args.run_dir)
+    trainer = Trainer(
+        args.config,
+        overrides=args.overrides,
+        output_dir=args.output_dir,
+        resume_from=args.resume,
+        kind=args.kind,
+        run_dir=args.run_dir,
+    )
     result = trainer.train()
     if result.stopped_by is not None:
         from rlft.trainer.trainer import stop_note
 
-        print(f"stopped at step {result.steps} by signal {result.stopped_by}; {stop_note(result.final_checkpoint)}",
-              file=sys.stderr)
+        print(
+            f"stopped at step {result.steps} by signal {result.stopped_by}; {stop_note(result.final_checkpoint)}",
+            file=sys.stderr,
+        )
         return 128 + result.stopped_by
     if result.health and result.health["verdict"] == "unhealthy" and trainer.cfg.train.health.fail_on_unhealthy:
         from rlft.health import EXIT_UNHEALTHY
 
-        print(f"the run completed but is unhealthy (train.health.fail_on_unhealthy: exit {EXIT_UNHEALTHY}); "
-              f"rlft diagnose {result.run_dir} for the report", file=sys.stderr)
+        print(
+            f"the run completed but is unhealthy (train.health.fail_on_unhealthy: exit {EXIT_UNHEALTHY}); "
+            f"rlft diagnose {result.run_dir} for the report",
+            file=sys.stderr,
+        )
         return EXIT_UNHEALTHY
     return 0
 
@@ -146,6 +188,7 @@ def _cmd_algorithms(args) -> int:
 
 def _lazy(module: str, function: str = "run"):
     """The command ``rlft.cli.<module>.<function>``, imported only when it runs."""
+
     def command(args) -> int:
         import importlib
 
@@ -161,11 +204,24 @@ def job_command(kind: str) -> str:
     return JOB_KINDS[kind].command.removeprefix("rlft ")
 
 
-COMMANDS = {"validate": _cmd_validate, "check-env": _cmd_check_env,
-            "algorithms": _cmd_algorithms, "generate": _lazy("generate"), "export": _lazy("export"),
-            "eval": _lazy("eval"), "rollout": _lazy("agent", "run_rollout"), "env": _lazy("agent", "run_env"),
-            "serve": _lazy("serve"), "jobs": _lazy("jobs"), "plot": _lazy("plot"), "diagnose": _lazy("diagnose"), "sweep": _lazy("sweep"),
-            "serve-reward": _lazy("serve_reward"), "estimate": _lazy("estimate"), "doctor": _lazy("doctor")}
+COMMANDS = {
+    "validate": _cmd_validate,
+    "check-env": _cmd_check_env,
+    "algorithms": _cmd_algorithms,
+    "generate": _lazy("generate"),
+    "export": _lazy("export"),
+    "eval": _lazy("eval"),
+    "rollout": _lazy("agent", "run_rollout"),
+    "env": _lazy("agent", "run_env"),
+    "serve": _lazy("serve"),
+    "jobs": _lazy("jobs"),
+    "plot": _lazy("plot"),
+    "diagnose": _lazy("diagnose"),
+    "sweep": _lazy("sweep"),
+    "serve-reward": _lazy("serve_reward"),
+    "estimate": _lazy("estimate"),
+    "doctor": _lazy("doctor"),
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,8 +12,12 @@ from __future__ import annotations
 
 
 def add_arguments(p) -> None:
-    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
-                   help="Run directories (outputs/<run_name>, each holding metrics.jsonl); several are overlaid.")
+    p.add_argument(
+        "run_dirs",
+        nargs="+",
+        metavar="RUN_DIR",
+        help="Run directories (outputs/<run_name>, each holding metrics.jsonl); several are overlaid.",
+    )
     p.add_argument("--out", default="plots", help="Directory for the PNG files (default: plots; created if missing).")
     p.add_argument("--dpi", type=int, default=120, help="Resolution of the PNG files (default 120).")
 

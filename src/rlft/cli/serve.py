@@ -17,13 +17,21 @@ from rlft.errors import UsageError
 
 def add_backend_arguments(p) -> None:
     """``--backend`` and ``--ray-address``: where job processes run (``rlft serve`` and ``rlft sweep``)."""
-    p.add_argument("--backend", choices=("local", "ray"), default="local",
-                   help="Where job processes run: this machine (default), or a Ray cluster, each job reserving the "
-                        "CPUs and GPUs its config declares (pip install 'rlft[ray]'; the workspace, models and data "
-                        "must be on a filesystem every node shares; docs/sweeps.md).")
-    p.add_argument("--ray-address", default=None, metavar="ADDR",
-                   help="With --backend ray: the cluster for ray.init (auto, ray://host:10001, host:6379); default "
-                        "auto when RAY_ADDRESS is set, else a new local Ray instance.")
+    p.add_argument(
+        "--backend",
+        choices=("local", "ray"),
+        default="local",
+        help="Where job processes run: this machine (default), or a Ray cluster, each job reserving the "
+        "CPUs and GPUs its config declares (pip install 'rlft[ray]'; the workspace, models and data "
+        "must be on a filesystem every node shares; docs/sweeps.md).",
+    )
+    p.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDR",
+        help="With --backend ray: the cluster for ray.init (auto, ray://host:10001, host:6379); default "
+        "auto when RAY_ADDRESS is set, else a new local Ray instance.",
+    )
 
 
 def check_backend_arguments(args) -> None:
@@ -34,21 +42,42 @@ def check_backend_arguments(args) -> None:
 def add_arguments(p) -> None:
     p.add_argument("--host", default="127.0.0.1", help="Address to listen on (default loopback only).")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--workspace", default=".", help="The only folder jobs may read, run code from and write to "
-                                                    "(default: the current directory).")
-    p.add_argument("--db", default=None, metavar="URL",
-                   help="SQLAlchemy URL of the job store (default: sqlite in <workspace>/.rlft/jobs.db; "
-                        "e.g. postgresql+psycopg://user@host/rlft).")
+    p.add_argument(
+        "--workspace",
+        default=".",
+        help="The only folder jobs may read, run code from and write to (default: the current directory).",
+    )
+    p.add_argument(
+        "--db",
+        default=None,
+        metavar="URL",
+        help="SQLAlchemy URL of the job store (default: sqlite in <workspace>/.rlft/jobs.db; "
+        "e.g. postgresql+psycopg://user@host/rlft).",
+    )
     p.add_argument("--slots", type=int, default=1, help="Jobs run at once; the rest wait in a FIFO queue.")
-    p.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",
-                   help="After a cancel's SIGTERM, seconds before SIGKILL (default 30).")
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="After a cancel's SIGTERM, seconds before SIGKILL (default 30).",
+    )
     add_backend_arguments(p)
-    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
-                   help="Another Host name clients use (a DNS name, a proxy's); repeatable.")
+    p.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="Another Host name clients use (a DNS name, a proxy's); repeatable.",
+    )
     p.add_argument("--max-body-bytes", type=int, default=1 << 20)
     p.add_argument("--submissions-per-minute", type=int, default=30, help="Per token.")
-    p.add_argument("--create-token", default=None, metavar="NAME",
-                   help="Create (or replace) the API token NAME, print it once, and exit.")
+    p.add_argument(
+        "--create-token",
+        default=None,
+        metavar="NAME",
+        help="Create (or replace) the API token NAME, print it once, and exit.",
+    )
 
 
 def settings_from(args):
@@ -59,10 +88,19 @@ def settings_from(args):
     if not 0 < args.port < 65536:
         raise UsageError(f"--port {args.port}: not a port number")
     check_backend_arguments(args)
-    return Settings(workspace=str(Path(args.workspace).expanduser().resolve()), host=args.host, port=args.port,
-                    db_url=args.db, slots=args.slots, grace_seconds=args.grace, allowed_hosts=args.allowed_host,
-                    max_body_bytes=args.max_body_bytes, submissions_per_minute=args.submissions_per_minute,
-                    backend=args.backend, ray_address=args.ray_address)
+    return Settings(
+        workspace=str(Path(args.workspace).expanduser().resolve()),
+        host=args.host,
+        port=args.port,
+        db_url=args.db,
+        slots=args.slots,
+        grace_seconds=args.grace,
+        allowed_hosts=args.allowed_host,
+        max_body_bytes=args.max_body_bytes,
+        submissions_per_minute=args.submissions_per_minute,
+        backend=args.backend,
+        ray_address=args.ray_address,
+    )
 
 
 def _require_service_packages() -> None:
@@ -93,17 +131,28 @@ def run(args) -> int:
                 f"refusing to listen on {settings.host}: the job service runs training code, and on an address "
                 f"other machines can reach it must require a token. Create one first with\n"
                 f"  rlft serve --workspace {settings.workspace} --create-token NAME\n"
-                f"or listen on 127.0.0.1 (the default).")
+                f"or listen on 127.0.0.1 (the default)."
+            )
     finally:
         store.close()
     import uvicorn
 
     from rlft.service.app import create_app
 
-    print(f"rlft serve: workspace {settings.workspace}; jobs in {settings.db_url or default_url(ws.root)}; "
-          f"dashboard at http://{_url_host(settings.host)}:{settings.port}/", file=sys.stderr, flush=True)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info",
-                server_header=False, proxy_headers=False)
+    print(
+        f"rlft serve: workspace {settings.workspace}; jobs in {settings.db_url or default_url(ws.root)}; "
+        f"dashboard at http://{_url_host(settings.host)}:{settings.port}/",
+        file=sys.stderr,
+        flush=True,
+    )
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level="info",
+        server_header=False,
+        proxy_headers=False,
+    )
     return 0
 
 

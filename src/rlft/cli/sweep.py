@@ -22,27 +22,56 @@ from rlft.cli.serve import add_backend_arguments, check_backend_arguments
 
 
 def add_arguments(p) -> None:
-    p.add_argument("sources", nargs="*", metavar="FOLDER|CONFIG",
-                   help="Folders of run configs (every *.yaml, sorted) or config files; or use --config with --grid.")
+    p.add_argument(
+        "sources",
+        nargs="*",
+        metavar="FOLDER|CONFIG",
+        help="Folders of run configs (every *.yaml, sorted) or config files; or use --config with --grid.",
+    )
     p.add_argument("--config", "-c", default=None, metavar="BASE", help="The base config of a --grid sweep.")
-    p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
-                   help="Values of one key (parsed like --set); the runs are the cartesian product of all --grid.")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="Override a value in every run's config (repeatable).")
+    p.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2",
+        help="Values of one key (parsed like --set); the runs are the cartesian product of all --grid.",
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Override a value in every run's config (repeatable).",
+    )
     p.add_argument("--out", default=None, metavar="DIR", help="The sweep directory (default ./sweeps/<date>-<time>).")
     p.add_argument("--db", default=None, metavar="URL", help="Registry database (default sqlite:///<out>/registry.db).")
     p.add_argument("--parallel", type=int, default=1, metavar="N", help="Runs at a time (default 1).")
     p.add_argument("--retries", type=int, default=2, metavar="K", help="Retries of a retryable failure (default 2).")
-    p.add_argument("--retry-on", default="transient", metavar="CLASSES",
-                   help="Failure classes retried, comma-separated (default transient; never config_invalid, data, "
-                        "reward).")
-    p.add_argument("--backoff", type=float, default=10.0, metavar="SECONDS",
-                   help="Wait before the first retry, doubled for each next one (default 10).")
-    p.add_argument("--fail-fast", action="store_true",
-                   help="After the first failure that is not retried, start nothing new and cancel the running runs.")
-    p.add_argument("--resume", action="store_true",
-                   help="Continue the sweep in --out: skip its successes, continue interrupted, cancelled and "
-                        "transient-failed runs from their checkpoints.")
+    p.add_argument(
+        "--retry-on",
+        default="transient",
+        metavar="CLASSES",
+        help="Failure classes retried, comma-separated (default transient; never config_invalid, data, reward).",
+    )
+    p.add_argument(
+        "--backoff",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="Wait before the first retry, doubled for each next one (default 10).",
+    )
+    p.add_argument(
+        "--fail-fast",
+        action="store_true",
+        help="After the first failure that is not retried, start nothing new and cancel the running runs.",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="Continue the sweep in --out: skip its successes, continue interrupted, cancelled and "
+        "transient-failed runs from their checkpoints.",
+    )
     add_backend_arguments(p)
     p.add_argument("--summary", default=None, metavar="DIR", help="Only print (and rewrite) the summary of DIR.")
     p.add_argument("--no-plots", action="store_true", help="Do not draw the overlaid curves in <out>/plots.")
@@ -90,8 +119,15 @@ def _options(args):
         retry_on = parse_retry_on(args.retry_on)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    return SweepOptions(parallel=args.parallel, retries=args.retries, retry_on=retry_on, backoff=args.backoff,
-                        fail_fast=args.fail_fast, backend=args.backend, ray_address=args.ray_address)
+    return SweepOptions(
+        parallel=args.parallel,
+        retries=args.retries,
+        retry_on=retry_on,
+        backoff=args.backoff,
+        fail_fast=args.fail_fast,
+        backend=args.backend,
+        ray_address=args.ray_address,
+    )
 
 
 def _specs(args):
@@ -111,8 +147,9 @@ def _specs(args):
         if args.overrides:
             raise UsageError("--set with --resume alone: name the configs again to change them")
         return None
-    raise UsageError("nothing to run: give a folder of configs (rlft sweep configs/experiments/) or "
-                     "--config BASE --grid KEY=V1,V2")
+    raise UsageError(
+        "nothing to run: give a folder of configs (rlft sweep configs/experiments/) or --config BASE --grid KEY=V1,V2"
+    )
 
 
 def _sweep_dir(args) -> Path:

@@ -3,5 +3,13 @@
 from rlft.config.loader import config_to_yaml, load_config, parse_overrides
 from rlft.config.schema import JOB_KINDS, RLConfig, RlftConfig, RunConfig, SFTConfig
 
-__all__ = ["JOB_KINDS", "RLConfig", "RlftConfig", "RunConfig", "SFTConfig", "config_to_yaml", "load_config",
-           "parse_overrides"]
+__all__ = [
+    "JOB_KINDS",
+    "RLConfig",
+    "RlftConfig",
+    "RunConfig",
+    "SFTConfig",
+    "config_to_yaml",
+    "load_config",
+    "parse_overrides",
+]

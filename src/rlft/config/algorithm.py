@@ -6,8 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, PositiveInt, model_validator
 
-from rlft.config.optimizer import (AdamBetas, AdamEps, LrScheduler, MaxGradNorm, MinLrRatio, WarmupSteps,
-                                   WeightDecay)
+from rlft.config.optimizer import AdamBetas, AdamEps, LrScheduler, MaxGradNorm, MinLrRatio, WarmupSteps, WeightDecay
 from rlft.config.presets import apply_preset
 from rlft.config.sections import ModelPath, Section
 
@@ -28,7 +27,8 @@ class CriticConfig(Section):
         "'value_head': a linear head on the policy's own (detached) hidden states, no second backbone.",
     )
     model_path: ModelPath | None = Field(
-        None, description="Backbone of a separate critic (default: the policy's model).")
+        None, description="Backbone of a separate critic (default: the policy's model)."
+    )
     learning_rate: float = Field(1e-5, gt=0, description="Peak learning rate of the critic's AdamW.")
     value_loss: Literal["clipped_mse", "mse"] = Field("clipped_mse", description="Value loss.")
     value_clip: float = Field(0.2, gt=0, description="How far (in reward units) values may move from the rollout's.")
@@ -42,14 +42,18 @@ class AlgorithmConfig(Section):
     name: AlgorithmName = Field("grpo", description="RL algorithm; selects the defaults of the fields below.")
     advantage_estimator: AdvantageName = Field("grpo", description="How rewards become advantages.")
     policy_loss: PolicyLossName = Field("ppo_clip", description="Policy-gradient loss.")
-    loss_aggregation: AggregationName = Field("token_mean", description="How per-token losses are reduced to one number.")
+    loss_aggregation: AggregationName = Field(
+        "token_mean", description="How per-token losses are reduced to one number."
+    )
     learning_rate: float = Field(1e-6, gt=0, description="Peak learning rate of AdamW.")
     kl_coef: float = Field(0.04, ge=0, description="Weight of the KL penalty to the reference policy (0 disables it).")
     kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="Per-token KL estimator.")
     kl_placement: Literal["in_loss", "in_reward"] = Field(
-        "in_loss", description="Add KL to the loss, or subtract kl_coef x KL from each token's reward.")
+        "in_loss", description="Add KL to the loss, or subtract kl_coef x KL from each token's reward."
+    )
     kl_target: float | None = Field(
-        None, gt=0, description="Adapt kl_coef to keep the mean per-token KL near this value (None: fixed coef).")
+        None, gt=0, description="Adapt kl_coef to keep the mean per-token KL near this value (None: fixed coef)."
+    )
     kl_horizon: int = Field(10000, gt=0, description="Adaptive KL controller horizon, in rollout samples.")
     rollout_batch_size: int = Field(16, gt=0, description="Prompts sampled per training step.")
     num_generations: int = Field(8, gt=0, description="Completions sampled per prompt (the group size).")
@@ -65,38 +69,51 @@ class AlgorithmConfig(Section):
     dual_clip_c: float = Field(3.0, gt=1, description="dual_clip loss: bound on the loss of negative advantages.")
     scale_rewards: bool = Field(True, description="grpo estimator: divide group-centred rewards by the group std.")
     tied_group_weight: float = Field(
-        0.0, ge=0, description="grpo, dr_grpo: a group whose completions all got one reward is compared with the "
-        "whole batch, with this weight, instead of getting advantage 0 (a settled wrong answer is pushed down).")
+        0.0,
+        ge=0,
+        description="grpo, dr_grpo: a group whose completions all got one reward is compared with the "
+        "whole batch, with this weight, instead of getting advantage 0 (a settled wrong answer is pushed down).",
+    )
     gamma: float = Field(1.0, gt=0, le=1, description="Discount for token-level returns (reinforce_pp, gae).")
     lam: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
     whiten_advantages: bool = Field(True, description="gae: normalise advantages over the batch.")
     dynamic_sampling: bool = Field(
-        False, description="Drop groups whose rewards are all equal and sample more prompts until the batch is full.")
+        False, description="Drop groups whose rewards are all equal and sample more prompts until the batch is full."
+    )
     max_sampling_rounds: int = Field(
-        4, gt=0, description="Dynamic sampling: at most this many generation rounds per step.")
+        4, gt=0, description="Dynamic sampling: at most this many generation rounds per step."
+    )
     overlong_buffer: float = Field(
-        0.0, ge=0, lt=1, description="Soft overlong penalty over the last fraction of max_new_tokens (0 = off).")
+        0.0, ge=0, lt=1, description="Soft overlong penalty over the last fraction of max_new_tokens (0 = off)."
+    )
     overlong_penalty: float = Field(1.0, ge=0, description="Penalty at max_new_tokens when overlong_buffer > 0.")
     tis_cap: float | None = Field(
-        None, gt=0, description="Truncated importance sampling: weight each token's policy-gradient term by "
+        None,
+        gt=0,
+        description="Truncated importance sampling: weight each token's policy-gradient term by "
         "min(pi_old / pi_rollout, tis_cap), correcting for the rollout engine's log-probs differing from the "
         "trainer's (vLLM, bf16 decoding; 2.0 is the usual cap). None: off. The trainer then computes its own old "
-        "log-probs.")
+        "log-probs.",
+    )
     exclude_machinery_failures: bool = Field(
-        True, description="Leave a completion the machinery ended -- a tool timeout, a crashed environment worker, "
+        True,
+        description="Leave a completion the machinery ended -- a tool timeout, a crashed environment worker, "
         "an HTTP reward or API judge still down after its retries -- out of its group's baseline and out of the "
         "loss (counted as excluded/* each step), instead of stopping the run on the reward outage and scoring the "
-        "failure as the policy's. False: such completions count like any other and a reward outage stops the run.")
+        "failure as the policy's. False: such completions count like any other and a reward outage stops the run.",
+    )
     critic: CriticConfig = Field(default_factory=CriticConfig, description="Value model (advantage_estimator: gae).")
     ppo_epochs: int = Field(1, gt=0, description="Passes over each rollout batch.")
     mini_batch_size: int | None = Field(
         None, gt=0, description="Sequences per optimizer step (default: the whole rollout batch)."
     )
     micro_batch_size: PositiveInt | Literal["auto"] = Field(
-        "auto", description="Sequences per forward/backward (gradient accumulation). 'auto': as many as fit a token "
+        "auto",
+        description="Sequences per forward/backward (gradient accumulation). 'auto': as many as fit a token "
         "budget of half the device's memory after the model states, at each batch's own length, up to the whole "
         "batch (the log states the budget); on a CPU a batch of more than 4096 tokens goes in even passes of at "
-        "least 2048, as fast and with less memory.")
+        "least 2048, as fast and with less memory.",
+    )
     max_grad_norm: MaxGradNorm = 1.0
     weight_decay: WeightDecay = 0.0
     adam_betas: AdamBetas = (0.9, 0.999)
@@ -116,28 +133,41 @@ class AlgorithmConfig(Section):
 
 class RolloutConfig(Section):
     engine: Literal["native", "hf", "vllm"] = Field(
-        "native", description="'native': shared-prompt prefill, finished rows leave the batch; 'hf': transformers "
+        "native",
+        description="'native': shared-prompt prefill, finished rows leave the batch; 'hf': transformers "
         "generate; 'vllm': vLLM on the training GPU, the policy's weights pushed into it after each optimizer step "
-        "(pip install 'rlft[vllm]'; a CUDA GPU, model.dtype bf16)."
+        "(pip install 'rlft[vllm]'; a CUDA GPU, model.dtype bf16).",
     )
     decode_copy: bool = Field(
-        True, description="With model.dtype bf16, generate from a bf16 copy of the weights refreshed after each "
+        True,
+        description="With model.dtype bf16, generate from a bf16 copy of the weights refreshed after each "
         "optimizer step (2 bytes a parameter; the reference model is kept in bf16, which pays for it). False: "
-        "generate from the fp32 weights under autocast, which casts every weight at every token.")
+        "generate from the fp32 weights under autocast, which casts every weight at every token.",
+    )
     fused_decode: bool = Field(
-        True, description="Decode Llama-family models (llama, mistral, qwen2) with rlft's one-token forward over a "
+        True,
+        description="Decode Llama-family models (llama, mistral, qwen2) with rlft's one-token forward over a "
         "preallocated KV cache (fused q/k/v and gate/up matmuls; under bf16, oneDNN-packed bf16 weights), single-turn "
-        "and multi-turn episodes alike; False: the model's own forward.")
+        "and multi-turn episodes alike; False: the model's own forward.",
+    )
     cuda_graphs: bool = Field(
-        True, description="engine native on a CUDA GPU: capture the fused decode step as a CUDA graph once per rollout "
+        True,
+        description="engine native on a CUDA GPU: capture the fused decode step as a CUDA graph once per rollout "
         "and replay it for every token (one launch instead of hundreds; finished rows stay in the batch, masked). "
-        "False: launch the step's kernels one by one.")
+        "False: launch the step's kernels one by one.",
+    )
     vllm_gpu_memory_utilization: float = Field(
-        0.3, gt=0, lt=1, description="engine vllm: the share of the GPU's memory vLLM takes for its bf16 weights and "
-        "KV cache; the rest stays with training (the policy, its gradients and optimizer state, the reference).")
+        0.3,
+        gt=0,
+        lt=1,
+        description="engine vllm: the share of the GPU's memory vLLM takes for its bf16 weights and "
+        "KV cache; the rest stays with training (the policy, its gradients and optimizer state, the reference).",
+    )
     vllm_sleep_between_steps: bool = Field(
-        True, description="engine vllm: release vLLM's weights and KV cache while the policy trains (vLLM sleep "
-        "mode, level 2), so training has that memory; the weights are pushed again at wake-up.")
+        True,
+        description="engine vllm: release vLLM's weights and KV cache while the policy trains (vLLM sleep "
+        "mode, level 2), so training has that memory; the weights are pushed again at wake-up.",
+    )
 
     def engine_options(self) -> dict[str, Any]:
         """Keyword arguments of the chosen engine beyond the common ones (none for hf)."""
@@ -145,8 +175,10 @@ class RolloutConfig(Section):
             return {"cuda_graphs": self.cuda_graphs}
         if self.engine != "vllm":
             return {}
-        return {"gpu_memory_utilization": self.vllm_gpu_memory_utilization,
-                "sleep_between_steps": self.vllm_sleep_between_steps}
+        return {
+            "gpu_memory_utilization": self.vllm_gpu_memory_utilization,
+            "sleep_between_steps": self.vllm_sleep_between_steps,
+        }
 
 
 def vllm_problems(model: Any) -> list[str]:
@@ -154,9 +186,13 @@ def vllm_problems(model: Any) -> list[str]:
     config can tell; a missing GPU or package is reported when the engine is built)."""
     problems = []
     if model.device.strip().lower() == "cpu":
-        problems.append("rollout.engine: vllm runs vLLM on a CUDA GPU, colocated with training, but model.device "
-                        "is 'cpu'; set model.device: cuda (or auto), or use rollout.engine: native")
+        problems.append(
+            "rollout.engine: vllm runs vLLM on a CUDA GPU, colocated with training, but model.device "
+            "is 'cpu'; set model.device: cuda (or auto), or use rollout.engine: native"
+        )
     if model.dtype == "fp32":  # auto is bf16 on any GPU vLLM runs on
-        problems.append(f"rollout.engine: vllm samples in bf16; it needs model.dtype: bf16 (got '{model.dtype}'), "
-                        f"whose old log-probs the trainer recomputes itself")
+        problems.append(
+            f"rollout.engine: vllm samples in bf16; it needs model.dtype: bf16 (got '{model.dtype}'), "
+            f"whose old log-probs the trainer recomputes itself"
+        )
     return problems

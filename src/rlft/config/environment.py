@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Iterator, Literal
+from collections.abc import Iterator
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -25,29 +26,41 @@ class EnvironmentConfig(Section):
     answers again, for at most ``max_turns`` turns. Only the tokens the model sampled are trained."""
 
     class_: Annotated[str, Reference("code", BUILTIN_ENVIRONMENT_NAMES)] | None = Field(
-        None, alias="class",
+        None,
+        alias="class",
         description="An environment class ('my_env.py:WordEnv', 'package.module:Class') or a built-in: "
-                    + ", ".join(BUILTIN_ENVIRONMENT_NAMES) + ". One instance per episode; reset(**row), every "
-                    "other public method is a tool, optional get_reward().")
+        + ", ".join(BUILTIN_ENVIRONMENT_NAMES)
+        + ". One instance per episode; reset(**row), every "
+        "other public method is a tool, optional get_reward().",
+    )
     tools: list[CodeRef] = Field(
         default_factory=list,
-        description="Tool functions ('my_tools.py:calculator'): typed, with a Google-style docstring.")
+        description="Tool functions ('my_tools.py:calculator'): typed, with a Google-style docstring.",
+    )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the class's constructor.")
     max_turns: int = Field(4, ge=1, description="Most assistant turns per episode.")
     max_tool_calls_per_turn: int = Field(
-        1, ge=1, description="Most tool calls in one assistant turn; generation stops after the last allowed one.")
+        1, ge=1, description="Most tool calls in one assistant turn; generation stops after the last allowed one."
+    )
     max_tool_response_tokens: int = Field(
-        256, ge=8, description="A tool result longer than this many tokens is cut, with a '[truncated]' marker.")
+        256, ge=8, description="A tool result longer than this many tokens is cut, with a '[truncated]' marker."
+    )
     max_episode_tokens: int = Field(
-        1024, ge=16, description="Most completion tokens per episode (model and tool tokens together); a tool "
-                                 "result that would exceed it ends the episode instead.")
+        1024,
+        ge=16,
+        description="Most completion tokens per episode (model and tool tokens together); a tool "
+        "result that would exceed it ends the episode instead.",
+    )
     tool_timeout: float = Field(
-        10.0, gt=0, description="Seconds one tool call may take; a slower one is cut off and ends its episode.")
+        10.0, gt=0, description="Seconds one tool call may take; a slower one is cut off and ends its episode."
+    )
     episode_timeout: float = Field(300.0, gt=0, description="Seconds one episode may take in all.")
     reward_weight: float = Field(1.0, description="Weight of the environment's get_reward() in the total reward.")
     isolation: Literal["process", "inline"] = Field(
-        "process", description="'process': each episode's environment in a worker process (timeouts hold for "
-                               "any tool); 'inline': in the trainer's process (for debuggers; no timeouts).")
+        "process",
+        description="'process': each episode's environment in a worker process (timeouts hold for "
+        "any tool); 'inline': in the trainer's process (for debuggers; no timeouts).",
+    )
 
     model_config = {**Section.model_config, "populate_by_name": True}
 
@@ -58,13 +71,15 @@ class EnvironmentConfig(Section):
                 yield f"kwargs.{key}", ref, self.kwargs[key]
 
     @model_validator(mode="after")
-    def _check(self) -> "EnvironmentConfig":
+    def _check(self) -> EnvironmentConfig:
         problems = []
         if self.class_ is None and not self.tools:
             problems.append("environment: give a class, tools, or both")
         if self.max_tool_response_tokens >= self.max_episode_tokens:
-            problems.append(f"environment.max_tool_response_tokens ({self.max_tool_response_tokens}) must be "
-                            f"smaller than environment.max_episode_tokens ({self.max_episode_tokens})")
+            problems.append(
+                f"environment.max_tool_response_tokens ({self.max_tool_response_tokens}) must be "
+                f"smaller than environment.max_episode_tokens ({self.max_episode_tokens})"
+            )
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -16,8 +16,16 @@ from pydantic import BaseModel, ValidationError
 
 from rlft.config.schema import JOB_KINDS, SECTION_ORDER, RunConfig
 
-_EXPECT = {"string": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
-           "list": "a list", "tuple": "a list", "dict": "a mapping", "model": "a mapping"}
+_EXPECT = {
+    "string": "a string",
+    "int": "an integer",
+    "float": "a number",
+    "bool": "true or false",
+    "list": "a list",
+    "tuple": "a list",
+    "dict": "a mapping",
+    "model": "a mapping",
+}
 _COMPARE = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
 
 
@@ -117,12 +125,14 @@ def _explain(err: dict, path: list, cands: list[type[BaseModel]], root: type[Run
         return "missing item" if isinstance(path[-1], int) else "required"
     if kind == "extra_forbidden":
         keys = list(_keys(cands[0])) if len(cands) == 1 else []
-        return _unknown_key(str(path[-1]), keys,
-                            root if len(path) == 1 else None)
+        return _unknown_key(str(path[-1]), keys, root if len(path) == 1 else None)
     if kind.startswith("union_tag"):
         tags = [t for t in map(_tag, cands) if t]
-        head = "required" if kind == "union_tag_not_found" else \
-            f"unknown {path[0]} type {show(ctx.get('tag'))}{_suggest(str(ctx.get('tag')), tags)}"
+        head = (
+            "required"
+            if kind == "union_tag_not_found"
+            else f"unknown {path[0]} type {show(ctx.get('tag'))}{_suggest(str(ctx.get('tag')), tags)}"
+        )
         return f"{head}; choose one of {', '.join(tags)}"
     if kind == "literal_error":
         allowed = re.findall(r"'([^']*)'", ctx.get("expected", ""))
@@ -150,8 +160,11 @@ def _unknown_key(key: str, allowed: list[str], root: type[RunConfig] | None) -> 
         allowed = sorted(allowed, key=lambda k: SECTION_ORDER.index(k) if k in SECTION_ORDER else len(SECTION_ORDER))
     if difflib.get_close_matches(key, allowed, n=1):
         return f"unknown key{_suggest(key, allowed)}"
-    sections = {s: models[0] for s in root.model_fields if (models := _models_in(root.model_fields[s].annotation))} \
-        if root is not None else {}
+    sections = (
+        {s: models[0] for s in root.model_fields if (models := _models_in(root.model_fields[s].annotation))}
+        if root is not None
+        else {}
+    )
     owner = next((s for s, model in sections.items() if key in model.model_fields), None)
     if owner:
         return f"unknown key (did you mean '{owner}.{key}'? it belongs in the '{owner}' section)"
@@ -159,8 +172,10 @@ def _unknown_key(key: str, allowed: list[str], root: type[RunConfig] | None) -> 
     others = [k for k in JOB_KINDS.values() if k.name != kind and key in k.config.model_fields]
     if others:
         where = " and ".join(f"{k.name} configs ({k.command})" for k in others)
-        return f"not used by {kind} runs: the '{key}' section belongs to {where}; {kind} configs have: " \
-               f"{', '.join(allowed)}"
+        return (
+            f"not used by {kind} runs: the '{key}' section belongs to {where}; {kind} configs have: "
+            f"{', '.join(allowed)}"
+        )
     return f"unknown key; allowed keys: {', '.join(allowed)}" if allowed else "unknown key"
 
 

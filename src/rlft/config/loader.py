@@ -25,9 +25,14 @@ from rlft.errors import ConfigError
 __all__ = ["config_to_dict", "config_to_yaml", "load_config", "parse_overrides"]
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
-                data: dict | None = None, check_files: bool = True, kind: str | None = None,
-                base_dir: str | Path | None = None) -> RunConfig:
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    data: dict | None = None,
+    check_files: bool = True,
+    kind: str | None = None,
+    base_dir: str | Path | None = None,
+) -> RunConfig:
     """Read ``path`` (or take the parsed ``data``; ``path`` then only names the source and the
     directory for relative paths), deep-merge the ``KEY=VALUE`` overrides, validate, and with
     ``check_files`` check that data/model/reward files exist and make their paths absolute.
@@ -41,8 +46,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     raw = copy.deepcopy(data) if data is not None else read_yaml(Path(path)) if path is not None else {}
     raw = {} if raw is None else raw
     if not isinstance(raw, dict):
-        raise ConfigError([f"top level: expected a mapping of sections ({', '.join(SECTION_ORDER)}), "
-                           f"got {show(raw)}"], source)
+        raise ConfigError(
+            [f"top level: expected a mapping of sections ({', '.join(SECTION_ORDER)}), got {show(raw)}"], source
+        )
     tree, problems, keys = parse_overrides_tree(overrides or [])
     problems += merge(raw, tree)
     for section in [s for s in SECTION_ORDER if s in raw and raw[s] is None]:
@@ -76,8 +82,10 @@ def _kind(raw: dict, wanted: str | None, source: str | None) -> tuple[str, list[
         return wanted or declared or "rl", []
     this, other = JOB_KINDS[declared], JOB_KINDS[wanted]
     file = f" --config {source}" if source else ""
-    return wanted, [f"kind: this config describes a {this.name} run ({this.summary}); run it with "
-                    f"`{this.command}{file}` ({other.command} runs {other.name} jobs)"]
+    return wanted, [
+        f"kind: this config describes a {this.name} run ({this.summary}); run it with "
+        f"`{this.command}{file}` ({other.command} runs {other.name} jobs)"
+    ]
 
 
 def config_to_dict(cfg: RunConfig) -> dict:
@@ -88,8 +96,10 @@ def config_to_dict(cfg: RunConfig) -> dict:
     dumped = cfg.model_dump(mode="json", by_alias=True)
     # every section is written, a kind's own ones too: a section left out here would silently run at its
     # defaults wherever the config is read back (a job service's job, a resume's continuity check)
-    data = {s: dumped[s] for s in sorted(dumped, key=lambda s: SECTION_ORDER.index(s) if s in SECTION_ORDER
-                                         else len(SECTION_ORDER))}
+    data = {
+        s: dumped[s]
+        for s in sorted(dumped, key=lambda s: SECTION_ORDER.index(s) if s in SECTION_ORDER else len(SECTION_ORDER))
+    }
     if data.get("reward"):
         data["reward"]["functions"] = [{"type": f.pop("type"), **f} for f in data["reward"]["functions"]]
     return data
@@ -141,24 +151,33 @@ def _is_bad(dotted: str, bad: set[str]) -> bool:
 def _custom_functions(raw: dict, bad: set[str]) -> list[tuple[str, str]]:
     """(dotted path, value) of every custom reward ``function`` that passed the schema."""
     items = _get(raw, "reward.functions")
-    return [(f"reward.functions.{i}.function", item["function"]) for i, item in
-            enumerate(items if isinstance(items, list) else [])
-            if isinstance(item, dict) and item.get("type") == "custom" and isinstance(item.get("function"), str)
-            and not _is_bad(f"reward.functions.{i}.function", bad)]
+    return [
+        (f"reward.functions.{i}.function", item["function"])
+        for i, item in enumerate(items if isinstance(items, list) else [])
+        if isinstance(item, dict)
+        and item.get("type") == "custom"
+        and isinstance(item.get("function"), str)
+        and not _is_bad(f"reward.functions.{i}.function", bad)
+    ]
 
 
 def _function_problems(raw: dict, bad: set[str]) -> list[str]:
     """A custom reward's function must be 'module:function' or 'file.py:function' (a path must end in .py)."""
-    return [f"{dotted}: expected 'package.module:function' or 'path/to/file.py:function' "
-            f"(exactly one ':'), got {value!r}" for dotted, value in _custom_functions(raw, bad)
-            if value.count(":") != 1 or not all(part.strip() for part in value.split(":"))
-            or ("/" in value.partition(":")[0] and not value.partition(":")[0].endswith(".py"))]
+    return [
+        f"{dotted}: expected 'package.module:function' or 'path/to/file.py:function' (exactly one ':'), got {value!r}"
+        for dotted, value in _custom_functions(raw, bad)
+        if value.count(":") != 1
+        or not all(part.strip() for part in value.split(":"))
+        or ("/" in value.partition(":")[0] and not value.partition(":")[0].endswith(".py"))
+    ]
 
 
 def _file_problems(raw: dict, config_dir: Path | None, bad: set[str], base: Path) -> tuple[list[str], dict[str, str]]:
     """Check that referenced files exist; return problems and {dotted path: absolute value}."""
-    targets = [(d, _get(raw, d), "", kind) for d, kind in
-               (("data.train_file", "data"), ("data.eval_file", "data"), ("model.path", "model"))]
+    targets = [
+        (d, _get(raw, d), "", kind)
+        for d, kind in (("data.train_file", "data"), ("data.eval_file", "data"), ("model.path", "model"))
+    ]
     template = _get(raw, "data.chat_template")
     if isinstance(template, str) and template not in CHAT_TEMPLATE_NAMES:
         targets.append(("data.chat_template", template, "", "file"))
@@ -179,18 +198,27 @@ def _file_problems(raw: dict, config_dir: Path | None, bad: set[str], base: Path
         found, looked = _resolve(value, config_dir, base)
         if found is None:
             where = f" (looked in {' and '.join(map(str, looked))})" if looked else ""
-            problems.append({"file": f"{dotted}: file not found: {value}{where}",
-                             "data": f"{dotted}: file not found: {value}{where}",
-                             "reward_model": f"{dotted}: not found: {value}{where}; expected a reward-model folder "
-                                             f"(rlft train-rm writes them)",
-                             "model": f"{dotted}: not found: {value}{where}; expected a model directory, a .gguf "
-                                      f"file or one of: {', '.join(BUILTIN_MODELS)}"}[kind])
+            problems.append(
+                {
+                    "file": f"{dotted}: file not found: {value}{where}",
+                    "data": f"{dotted}: file not found: {value}{where}",
+                    "reward_model": f"{dotted}: not found: {value}{where}; expected a reward-model folder "
+                    f"(rlft train-rm writes them)",
+                    "model": f"{dotted}: not found: {value}{where}; expected a model directory, a .gguf "
+                    f"file or one of: {', '.join(BUILTIN_MODELS)}",
+                }[kind]
+            )
         elif kind == "file" and not found.is_file():
             problems.append(f"{dotted}: expected a file, but {found} is a directory")
-        elif kind == "data" and found.is_dir() and not any((found / f).is_file()
-                                                            for f in ("state.json", "dataset_dict.json")):
-            problems.append(f"{dotted}: expected a data file, or a folder written by datasets' save_to_disk, but "
-                            f"{found} is a folder without one")
+        elif (
+            kind == "data"
+            and found.is_dir()
+            and not any((found / f).is_file() for f in ("state.json", "dataset_dict.json"))
+        ):
+            problems.append(
+                f"{dotted}: expected a data file, or a folder written by datasets' save_to_disk, but "
+                f"{found} is a folder without one"
+            )
         elif kind == "model" and not (found.is_dir() or found.suffix == ".gguf"):
             problems.append(f"{dotted}: expected a model directory or a .gguf file, got {found}")
         elif kind == "reward_model" and not (found / "config.json").is_file():

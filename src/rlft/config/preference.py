@@ -7,8 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from rlft.config.optimizer import (AdamBetas, AdamEps, LrScheduler, MaxGradNorm, MinLrRatio, WarmupSteps,
-                                   WeightDecay)
+from rlft.config.optimizer import AdamBetas, AdamEps, LrScheduler, MaxGradNorm, MinLrRatio, WarmupSteps, WeightDecay
 from rlft.config.sections import DataConfig, Section
 
 
@@ -21,9 +20,13 @@ class PreferenceDataConfig(DataConfig):
     chosen_field: str = Field("chosen", description="Column with the preferred response (or conversation).")
     rejected_field: str = Field("rejected", description="Column with the other response (or conversation).")
     margin_field: str | None = Field(
-        None, description="Optional column with a per-pair margin m: the loss is -log sigmoid(r_c - r_r - m).")
-    max_length: int = Field(1024, gt=0, description="Most tokens in one side of a pair (prompt and response); a "
-                                                    "longer pair follows on_bad_row.")
+        None, description="Optional column with a per-pair margin m: the loss is -log sigmoid(r_c - r_r - m)."
+    )
+    max_length: int = Field(
+        1024,
+        gt=0,
+        description="Most tokens in one side of a pair (prompt and response); a longer pair follows on_bad_row.",
+    )
 
 
 class RMSection(Section):
@@ -34,7 +37,8 @@ class RMSection(Section):
     micro_batch_size: int = Field(8, gt=0, description="Pairs per forward/backward (gradient accumulation).")
     margin: float = Field(0.0, description="A constant margin added to every pair's (with margin_field: both).")
     center_rewards_coef: float = Field(
-        0.0, ge=0, description="Weight of a (r_c + r_r)^2 penalty that keeps the scores centred on 0 (0: off).")
+        0.0, ge=0, description="Weight of a (r_c + r_r)^2 penalty that keeps the scores centred on 0 (0: off)."
+    )
     max_grad_norm: MaxGradNorm = 1.0
     weight_decay: WeightDecay = 0.0
     adam_betas: AdamBetas = (0.9, 0.999)
@@ -51,9 +55,11 @@ class DPOSection(Section):
     learning_rate: float = Field(1e-6, gt=0, description="Peak learning rate of AdamW.")
     beta: float = Field(0.1, gt=0, description="Strength of the implicit KL constraint to the reference.")
     loss: Literal["sigmoid", "ipo"] = Field(
-        "sigmoid", description="'sigmoid' (Rafailov et al. 2023) or 'ipo' (Azar et al. 2023, squared loss).")
-    label_smoothing: float = Field(0.0, ge=0, lt=0.5, description="Assumed share of flipped labels (cDPO); "
-                                                                  "sigmoid loss only.")
+        "sigmoid", description="'sigmoid' (Rafailov et al. 2023) or 'ipo' (Azar et al. 2023, squared loss)."
+    )
+    label_smoothing: float = Field(
+        0.0, ge=0, lt=0.5, description="Assumed share of flipped labels (cDPO); sigmoid loss only."
+    )
     batch_size: int = Field(8, gt=0, description="Pairs per optimizer step.")
     micro_batch_size: int = Field(4, gt=0, description="Pairs per forward/backward (gradient accumulation).")
     max_grad_norm: MaxGradNorm = 1.0

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import types
 import typing
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Annotated, Any, Iterator, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
 from rlft.config.optimizer import FloatPair
 from rlft.config.references import CodeRef, ModelDir, UrlRef
 from rlft.config.sections import ModelPath, Section
+
 
 class _Reward(Section):
     weight: float = Field(1.0, description="Weight of this reward in the total.")
@@ -24,7 +25,9 @@ class ContainsReward(_Reward):
 class RegexReward(_Reward):
     type: Literal["regex"]
     pattern: str = Field(..., description="Python regular expression.")
-    mode: Literal["search", "fullmatch"] = Field("search", description="re.search anywhere, or re.fullmatch of the stripped completion.")
+    mode: Literal["search", "fullmatch"] = Field(
+        "search", description="re.search anywhere, or re.fullmatch of the stripped completion."
+    )
 
 
 class ExactAnswerReward(_Reward):
@@ -57,15 +60,19 @@ class FormatReward(_Reward):
 class LengthPenaltyReward(_Reward):
     type: Literal["length_penalty"]
     target_chars: int = Field(200, ge=0, description="Completions up to this many characters get no penalty.")
-    penalty_per_char: float = Field(0.001, ge=0, description="Penalty per character beyond target_chars (returned negative).")
+    penalty_per_char: float = Field(
+        0.001, ge=0, description="Penalty per character beyond target_chars (returned negative)."
+    )
     max_penalty: float = Field(1.0, ge=0, description="Cap on the penalty.")
 
 
 class ToolCallReward(_Reward):
     type: Literal["tool_call"]
     tools_field: str = Field(
-        "tools", description="Column with the row's tools: when present, each call must name one of them and give "
-        "its required arguments.")
+        "tools",
+        description="Column with the row's tools: when present, each call must name one of them and give "
+        "its required arguments.",
+    )
 
 
 class CustomReward(_Reward):
@@ -77,9 +84,12 @@ class CustomReward(_Reward):
     )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments passed on every call.")
     timeout: float | None = Field(
-        300.0, gt=0, description="Seconds one call (one batch) may take: a slower or hung call fails the run with a "
+        300.0,
+        gt=0,
+        description="Seconds one call (one batch) may take: a slower or hung call fails the run with a "
         "reward error naming the function; a call over half of it is warned about. null: no limit, and the "
-        "function runs on the calling thread (for code that needs the main thread, e.g. signal-based timeouts).")
+        "function runs on the calling thread (for code that needs the main thread, e.g. signal-based timeouts).",
+    )
 
 
 class HttpReward(_Reward):
@@ -88,10 +98,16 @@ class HttpReward(_Reward):
     ``{"rewards": [one number per completion]}`` (a bare list is accepted too)."""
 
     type: Literal["http"]
-    url: UrlRef = Field(..., pattern=r"^https?://", description="The scoring endpoint, e.g. http://127.0.0.1:8001/score.")
+    url: UrlRef = Field(
+        ..., pattern=r"^https?://", description="The scoring endpoint, e.g. http://127.0.0.1:8001/score."
+    )
     timeout: float = Field(30.0, gt=0, description="Seconds one request may take before it counts as failed.")
-    retries: int = Field(3, ge=0, description="Retries of a request that failed transiently (connection error, "
-                                              "timeout, 5xx, 429), with exponential backoff.")
+    retries: int = Field(
+        3,
+        ge=0,
+        description="Retries of a request that failed transiently (connection error, "
+        "timeout, 5xx, 429), with exponential backoff.",
+    )
     backoff: float = Field(0.5, ge=0, description="Seconds before the first retry; doubled each time.")
     batch_size: int = Field(64, ge=1, description="Completions per request.")
     max_concurrency: int = Field(4, ge=1, description="Requests in flight at once.")
@@ -108,9 +124,11 @@ class ModelReward(_Reward):
     path: ModelDir = Field(..., description="The reward model's folder.")
     batch_size: int = Field(16, ge=1, description="Sequences per scoring forward.")
     output: Literal["logit", "sigmoid", "standardized"] = Field(
-        "logit", description="What the reward is: the raw score (a logit: unbounded, not a probability), "
-                             "sigmoid(score) in (0, 1), or the score standardised by its running mean and std "
-                             "over every batch so far.")
+        "logit",
+        description="What the reward is: the raw score (a logit: unbounded, not a probability), "
+        "sigmoid(score) in (0, 1), or the score standardised by its running mean and std "
+        "over every batch so far.",
+    )
     clip: float | None = Field(None, gt=0, description="Clip the reward to [-clip, clip] after the transform.")
     max_length: int = Field(1024, gt=0, description="Longer inputs keep their last max_length tokens.")
     device: str = Field("auto", description="'auto' (the GPU if there is one), 'cpu', 'cuda' or 'cuda:N'.")
@@ -118,11 +136,13 @@ class ModelReward(_Reward):
 
 DEFAULT_RUBRIC = (
     "Rate how well the response answers the request, from 0 (useless) to 10 (perfect).\n\n"
-    "Request:\n{prompt}\n\nResponse:\n{completion}\n\nReply with one line: Score: <number>")
+    "Request:\n{prompt}\n\nResponse:\n{completion}\n\nReply with one line: Score: <number>"
+)
 DEFAULT_GROUP_RUBRIC = (
     "Here are {n} responses to the same request. Rate each from 0 (useless) to 10 (perfect), judging them "
     "against each other.\n\nRequest:\n{prompt}\n\n{completions}\n\nReply with one line per response: "
-    "<number of the response>: <score>")
+    "<number of the response>: <score>"
+)
 
 
 class JudgeReward(_Reward):
@@ -132,29 +152,40 @@ class JudgeReward(_Reward):
     silent 0."""
 
     type: Literal["judge"]
-    model: ModelPath | None = Field(None, description="A model rlft can load (folder, .gguf or built-in name) as the "
-                                                "judge, run in this process.")
-    url: UrlRef | None = Field(None, pattern=r"^https?://",
-                            description="Or an OpenAI-compatible chat-completions endpoint "
-                                        "(http://host:port/v1/chat/completions).")
+    model: ModelPath | None = Field(
+        None, description="A model rlft can load (folder, .gguf or built-in name) as the judge, run in this process."
+    )
+    url: UrlRef | None = Field(
+        None,
+        pattern=r"^https?://",
+        description="Or an OpenAI-compatible chat-completions endpoint (http://host:port/v1/chat/completions).",
+    )
     api_model: str | None = Field(None, description="The model name sent to that endpoint.")
     headers: dict[str, str] = Field(default_factory=dict, description="Extra HTTP headers for the endpoint.")
     mode: Literal["single", "group"] = Field(
-        "single", description="'single': one judge call per completion; 'group': one call per prompt scoring its "
-                              "completions against each other (relative scores are all GRPO needs).")
-    rubric: str | None = Field(None, description="The judge's prompt: {prompt} and {completion} ('single'), or "
-                                                 "{prompt}, {n} and {completions} ('group'). Default: a 0-10 rubric.")
-    score_pattern: str = Field(r"(?i)score\s*[:=]?\s*(-?\d+(?:\.\d+)?)",
-                               description="'single': a regex whose first group is the score.")
-    scale: FloatPair = Field((0.0, 10.0), description="The rubric's range; scores are mapped to [0, 1] "
-                                                                "and a score outside it counts as unparsable.")
+        "single",
+        description="'single': one judge call per completion; 'group': one call per prompt scoring its "
+        "completions against each other (relative scores are all GRPO needs).",
+    )
+    rubric: str | None = Field(
+        None,
+        description="The judge's prompt: {prompt} and {completion} ('single'), or "
+        "{prompt}, {n} and {completions} ('group'). Default: a 0-10 rubric.",
+    )
+    score_pattern: str = Field(
+        r"(?i)score\s*[:=]?\s*(-?\d+(?:\.\d+)?)", description="'single': a regex whose first group is the score."
+    )
+    scale: FloatPair = Field(
+        (0.0, 10.0),
+        description="The rubric's range; scores are mapped to [0, 1] and a score outside it counts as unparsable.",
+    )
     fallback: float = Field(0.0, description="The reward of a completion whose judgement has no usable score.")
     max_new_tokens: int = Field(64, ge=1, description="Most tokens of one judgement.")
     timeout: float = Field(60.0, gt=0, description="Seconds one endpoint request may take.")
     retries: int = Field(3, ge=0, description="Retries of an endpoint request that failed transiently.")
 
     @model_validator(mode="after")
-    def _one_judge(self) -> "JudgeReward":
+    def _one_judge(self) -> JudgeReward:
         if (self.model is None) == (self.url is None):
             raise ValueError("give exactly one of model (a local judge) and url (an OpenAI-compatible endpoint)")
         if self.scale[1] <= self.scale[0]:
@@ -163,26 +194,25 @@ class JudgeReward(_Reward):
 
 
 RewardSpec = Annotated[
-    Union[
-        ContainsReward,
-        RegexReward,
-        ExactAnswerReward,
-        NumericAnswerReward,
-        FormatReward,
-        LengthPenaltyReward,
-        ToolCallReward,
-        CustomReward,
-        HttpReward,
-        ModelReward,
-        JudgeReward,
-    ],
+    ContainsReward
+    | RegexReward
+    | ExactAnswerReward
+    | NumericAnswerReward
+    | FormatReward
+    | LengthPenaltyReward
+    | ToolCallReward
+    | CustomReward
+    | HttpReward
+    | ModelReward
+    | JudgeReward,
     Field(discriminator="type"),
 ]
 
 
 class RewardConfig(Section):
     functions: list[RewardSpec] = Field(
-        ..., description="Reward functions; the total is their weighted sum (with an environment's get_reward()).")
+        ..., description="Reward functions; the total is their weighted sum (with an environment's get_reward())."
+    )
 
 
 def default_reward_name(spec: Any) -> str:

@@ -15,30 +15,110 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from rlft.config.algorithm import (GROUP_ESTIMATORS, AdvantageName, AggregationName, AlgorithmConfig,
-                                   AlgorithmName, CriticConfig, PolicyLossName, RolloutConfig, vllm_problems)
+from rlft.config.algorithm import (
+    GROUP_ESTIMATORS,
+    AdvantageName,
+    AggregationName,
+    AlgorithmConfig,
+    AlgorithmName,
+    CriticConfig,
+    PolicyLossName,
+    RolloutConfig,
+    vllm_problems,
+)
 from rlft.config.environment import EnvironmentConfig
-from rlft.config.rewards import (ContainsReward, CustomReward, ExactAnswerReward, FormatReward,
-                                 LengthPenaltyReward, NumericAnswerReward, RegexReward, RewardConfig, RewardSpec,
-                                 ToolCallReward, default_reward_name)
-from rlft.config.sections import (BUILTIN_MODELS, CHAT_TEMPLATE_NAMES, DataConfig, DistributedConfig, EvalConfig,
-                                  HealthConfig, LoraConfig, ModelConfig, Section, TrainConfig,
-                                  WatchConfig)
 from rlft.config.preference import DPOSection, PreferenceDataConfig, RMSection
+from rlft.config.rewards import (
+    ContainsReward,
+    CustomReward,
+    ExactAnswerReward,
+    FormatReward,
+    LengthPenaltyReward,
+    NumericAnswerReward,
+    RegexReward,
+    RewardConfig,
+    RewardSpec,
+    ToolCallReward,
+    default_reward_name,
+)
+from rlft.config.sections import (
+    BUILTIN_MODELS,
+    CHAT_TEMPLATE_NAMES,
+    DataConfig,
+    DistributedConfig,
+    EvalConfig,
+    HealthConfig,
+    LoraConfig,
+    ModelConfig,
+    Section,
+    TrainConfig,
+    WatchConfig,
+)
 from rlft.config.sft import SFTDataConfig, SFTSection
 
 __all__ = [
-    "BUILTIN_MODELS", "CHAT_TEMPLATE_NAMES", "GROUP_ESTIMATORS", "JOB_KINDS", "AdvantageName", "AggregationName", "AlgorithmConfig",
-    "AlgorithmName", "ContainsReward", "CriticConfig", "EnvironmentConfig", "CustomReward", "DataConfig", "DistributedConfig", "EvalConfig",
-    "ExactAnswerReward", "FormatReward", "JobKind", "LengthPenaltyReward", "LoraConfig", "ModelConfig",
-    "NumericAnswerReward", "PolicyLossName", "RLConfig", "RegexReward", "RewardConfig", "RewardSpec",
-    "DPOConfig", "DPOSection", "PreferenceDataConfig", "RMConfig", "RMSection", "RlftConfig", "RolloutConfig", "RunConfig", "SFTConfig", "SFTDataConfig", "SFTSection", "Section",
-    "ToolCallReward", "TrainConfig", "HealthConfig", "WatchConfig", "default_reward_name",
+    "BUILTIN_MODELS",
+    "CHAT_TEMPLATE_NAMES",
+    "GROUP_ESTIMATORS",
+    "JOB_KINDS",
+    "AdvantageName",
+    "AggregationName",
+    "AlgorithmConfig",
+    "AlgorithmName",
+    "ContainsReward",
+    "CriticConfig",
+    "EnvironmentConfig",
+    "CustomReward",
+    "DataConfig",
+    "DistributedConfig",
+    "EvalConfig",
+    "ExactAnswerReward",
+    "FormatReward",
+    "JobKind",
+    "LengthPenaltyReward",
+    "LoraConfig",
+    "ModelConfig",
+    "NumericAnswerReward",
+    "PolicyLossName",
+    "RLConfig",
+    "RegexReward",
+    "RewardConfig",
+    "RewardSpec",
+    "DPOConfig",
+    "DPOSection",
+    "PreferenceDataConfig",
+    "RMConfig",
+    "RMSection",
+    "RlftConfig",
+    "RolloutConfig",
+    "RunConfig",
+    "SFTConfig",
+    "SFTDataConfig",
+    "SFTSection",
+    "Section",
+    "ToolCallReward",
+    "TrainConfig",
+    "HealthConfig",
+    "WatchConfig",
+    "default_reward_name",
 ]
 
 # Top-level sections in the order they are written out and reported.
-SECTION_ORDER = ("kind", "model", "data", "algorithm", "rollout", "reward", "environment", "sft", "rm", "dpo", "train",
-                 "eval", "distributed")
+SECTION_ORDER = (
+    "kind",
+    "model",
+    "data",
+    "algorithm",
+    "rollout",
+    "reward",
+    "environment",
+    "sft",
+    "rm",
+    "dpo",
+    "train",
+    "eval",
+    "distributed",
+)
 
 
 class RunConfig(Section):
@@ -50,7 +130,8 @@ class RunConfig(Section):
     train: TrainConfig = Field(default_factory=TrainConfig, description="Loop length, logging and checkpoints.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
     distributed: DistributedConfig = Field(
-        default_factory=DistributedConfig, description="Data-parallel training under torchrun (ddp, fsdp2).")
+        default_factory=DistributedConfig, description="Data-parallel training under torchrun (ddp, fsdp2)."
+    )
 
     def reward_names(self) -> list[str]:
         reward = getattr(self, "reward", None)
@@ -67,14 +148,18 @@ class RunConfig(Section):
         if dupes:
             problems.append(f"reward.functions: duplicate reward names {dupes}; give each a distinct 'name'")
         if self.eval.accuracy_reward is not None and self.eval.accuracy_reward not in names:
-            problems.append(f"eval.accuracy_reward: '{self.eval.accuracy_reward}' is not one of the rewards "
-                            f"{names}" if names else "eval.accuracy_reward: there are no rewards to measure "
-                            "accuracy with (add a reward: section)")
+            problems.append(
+                f"eval.accuracy_reward: '{self.eval.accuracy_reward}' is not one of the rewards {names}"
+                if names
+                else "eval.accuracy_reward: there are no rewards to measure accuracy with (add a reward: section)"
+            )
         too_big = sorted({k for k in self.eval.pass_k if k > self.eval.num_samples})
         if self.eval.num_samples > 0 and too_big:
-            problems.append(f"eval.pass_k: {', '.join(map(str, too_big))} larger than eval.num_samples "
-                            f"({self.eval.num_samples}); pass@k needs k samples per prompt, so each k must be "
-                            f"between 1 and num_samples")
+            problems.append(
+                f"eval.pass_k: {', '.join(map(str, too_big))} larger than eval.num_samples "
+                f"({self.eval.num_samples}); pass@k needs k samples per prompt, so each k must be "
+                f"between 1 and num_samples"
+            )
         return problems
 
 
@@ -91,7 +176,8 @@ class RLConfig(RunConfig):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Generation engine.")
     reward: RewardConfig = Field(..., description="Reward functions.")
     environment: EnvironmentConfig | None = Field(
-        None, description="Multi-turn episodes with tools / an environment (absent: one completion per prompt).")
+        None, description="Multi-turn episodes with tools / an environment (absent: one completion per prompt)."
+    )
 
     def run_label(self) -> str:
         return self.algorithm.name
@@ -101,7 +187,7 @@ class RLConfig(RunConfig):
         return super().reward_names() + (["environment"] if self.environment is not None else [])
 
     @model_validator(mode="after")
-    def _check_cross_fields(self) -> "RLConfig":
+    def _check_cross_fields(self) -> RLConfig:
         alg = self.algorithm
         problems = []
         if alg.mini_batch_size is not None:
@@ -112,29 +198,40 @@ class RLConfig(RunConfig):
                     f"(rollout_batch_size x num_generations = {total})"
                 )
         if alg.advantage_estimator in GROUP_ESTIMATORS and alg.num_generations < 2:
-            problems.append(f"algorithm.num_generations: {alg.advantage_estimator} compares completions of the "
-                            f"same prompt, so it needs at least 2 (got {alg.num_generations}); every advantage "
-                            f"would be 0")
+            problems.append(
+                f"algorithm.num_generations: {alg.advantage_estimator} compares completions of the "
+                f"same prompt, so it needs at least 2 (got {alg.num_generations}); every advantage "
+                f"would be 0"
+            )
         if alg.dynamic_sampling and alg.num_generations < 2:
-            problems.append("algorithm.dynamic_sampling needs num_generations >= 2 (it drops groups whose "
-                            "rewards are all equal)")
+            problems.append(
+                "algorithm.dynamic_sampling needs num_generations >= 2 (it drops groups whose rewards are all equal)"
+            )
         if alg.kl_target is not None and alg.kl_coef <= 0:
             problems.append("algorithm.kl_target: the adaptive KL controller needs a starting kl_coef > 0")
         if alg.min_new_tokens > alg.max_new_tokens:
-            problems.append(f"algorithm.min_new_tokens ({alg.min_new_tokens}) is larger than "
-                            f"algorithm.max_new_tokens ({alg.max_new_tokens})")
+            problems.append(
+                f"algorithm.min_new_tokens ({alg.min_new_tokens}) is larger than "
+                f"algorithm.max_new_tokens ({alg.max_new_tokens})"
+            )
         env = self.environment
         if not self.reward.functions and env is None:
-            problems.append("reward.functions: give at least one reward function (an empty list is only allowed "
-                            "with an environment: whose get_reward() is the reward)")
+            problems.append(
+                "reward.functions: give at least one reward function (an empty list is only allowed "
+                "with an environment: whose get_reward() is the reward)"
+            )
         if env is not None and self.rollout.engine != "native":
-            problems.append(f"rollout.engine: multi-turn episodes (environment:) need the native engine, which "
-                            f"controls generation token by token (got '{self.rollout.engine}')")
+            problems.append(
+                f"rollout.engine: multi-turn episodes (environment:) need the native engine, which "
+                f"controls generation token by token (got '{self.rollout.engine}')"
+            )
         if self.rollout.engine == "vllm":
             problems += vllm_problems(self.model)
         if env is not None and alg.max_new_tokens > env.max_episode_tokens:
-            problems.append(f"algorithm.max_new_tokens ({alg.max_new_tokens}, the budget of one turn) is larger "
-                            f"than environment.max_episode_tokens ({env.max_episode_tokens})")
+            problems.append(
+                f"algorithm.max_new_tokens ({alg.max_new_tokens}, the budget of one turn) is larger "
+                f"than environment.max_episode_tokens ({env.max_episode_tokens})"
+            )
         _raise(problems + self._reward_problems())
         return self
 
@@ -149,18 +246,23 @@ class SFTConfig(RunConfig):
     data: SFTDataConfig = Field(..., description="Training and evaluation rows.")
     sft: SFTSection = Field(default_factory=SFTSection, description="Optimisation: learning rate, batch, packing.")
     reward: RewardConfig | None = Field(
-        None, description="Optional: rewards for a generation evaluation on the held-out rows.")
+        None, description="Optional: rewards for a generation evaluation on the held-out rows."
+    )
 
     @model_validator(mode="after")
-    def _check_cross_fields(self) -> "SFTConfig":
+    def _check_cross_fields(self) -> SFTConfig:
         problems = []
         if self.sft.micro_batch_size > self.sft.batch_size:
-            problems.append(f"sft.micro_batch_size ({self.sft.micro_batch_size}) is larger than sft.batch_size "
-                            f"({self.sft.batch_size}); it is the number of rows per forward/backward within one "
-                            f"optimizer step")
+            problems.append(
+                f"sft.micro_batch_size ({self.sft.micro_batch_size}) is larger than sft.batch_size "
+                f"({self.sft.batch_size}); it is the number of rows per forward/backward within one "
+                f"optimizer step"
+            )
         if self.reward is None and self.eval.num_samples > 0:
-            problems.append("eval.num_samples: sampled evaluation scores completions with rewards; add a reward: "
-                            "section (or set num_samples: 0)")
+            problems.append(
+                "eval.num_samples: sampled evaluation scores completions with rewards; add a reward: "
+                "section (or set num_samples: 0)"
+            )
         _raise(problems + self._reward_problems())
         return self
 
@@ -174,14 +276,17 @@ class RMConfig(RunConfig):
     rm: RMSection = Field(default_factory=RMSection, description="Optimisation: learning rate, batch, margin.")
 
     @model_validator(mode="after")
-    def _check_cross_fields(self) -> "RMConfig":
+    def _check_cross_fields(self) -> RMConfig:
         problems = []
         if self.rm.micro_batch_size > self.rm.batch_size:
-            problems.append(f"rm.micro_batch_size ({self.rm.micro_batch_size}) is larger than rm.batch_size "
-                            f"({self.rm.batch_size})")
+            problems.append(
+                f"rm.micro_batch_size ({self.rm.micro_batch_size}) is larger than rm.batch_size ({self.rm.batch_size})"
+            )
         if self.model.lora is not None:
-            problems.append("model.lora: reward-model training trains the full model (LoRA for the score head "
-                            "is not supported yet); remove model.lora")
+            problems.append(
+                "model.lora: reward-model training trains the full model (LoRA for the score head "
+                "is not supported yet); remove model.lora"
+            )
         _raise(problems)
         return self
 
@@ -197,11 +302,13 @@ class DPOConfig(RunConfig):
         return "dpo" if self.dpo.loss == "sigmoid" else self.dpo.loss
 
     @model_validator(mode="after")
-    def _check_cross_fields(self) -> "DPOConfig":
+    def _check_cross_fields(self) -> DPOConfig:
         problems = []
         if self.dpo.micro_batch_size > self.dpo.batch_size:
-            problems.append(f"dpo.micro_batch_size ({self.dpo.micro_batch_size}) is larger than dpo.batch_size "
-                            f"({self.dpo.batch_size})")
+            problems.append(
+                f"dpo.micro_batch_size ({self.dpo.micro_batch_size}) is larger than dpo.batch_size "
+                f"({self.dpo.batch_size})"
+            )
         if self.dpo.label_smoothing and self.dpo.loss != "sigmoid":
             problems.append("dpo.label_smoothing: only the sigmoid loss has label smoothing")
         _raise(problems)
@@ -230,35 +337,64 @@ class JobKind:
 
 
 JOB_KINDS: dict[str, JobKind] = {
-    "rl": JobKind("rl", RLConfig, "rlft train", "rlft.rl.job:RLJob",
-                  "reinforcement learning (GRPO, PPO, ... on rewards)", {
-                      "algorithm.name": "the optimizer and critic state belong to the original algorithm",
-                      "algorithm.advantage_estimator": "the critic state belongs to the original estimator",
-                      "algorithm.rollout_batch_size": "the position in the data order counts batches of this size",
-                      "algorithm.num_generations": "the group size is part of the batch geometry",
-                      "algorithm.critic.type": "the saved critic has the original layout",
-                      "data.max_prompt_length": "the prompts would differ",
-                  }, memory="rlft.planner.kinds:rl_phases", data_parallel=True),
-    "sft": JobKind("sft", SFTConfig, "rlft sft", "rlft.sft.job:SFTJob",
-                   "supervised fine-tuning on conversations, prompt/completion pairs or text", {
-                       "data.response_field": "the training rows would differ",
-                       "data.max_length": "which rows are kept, and how they are packed, depend on it",
-                       "sft.packing": "the data position counts rows, and packing makes other rows",
-                       "sft.batch_size": "the position in the data order counts batches of this size",
-                   }, memory="rlft.planner.kinds:sft_phases"),
-    "rm": JobKind("rm", RMConfig, "rlft train-rm", "rlft.rm.job:RMJob",
-                  "reward-model training on preference pairs (Bradley-Terry)", {
-                      "data.chosen_field": "the pairs would differ",
-                      "data.rejected_field": "the pairs would differ",
-                      "data.max_length": "which pairs are kept depends on it",
-                      "rm.batch_size": "the position in the data order counts batches of this size",
-                  }, memory="rlft.planner.kinds:rm_phases"),
-    "dpo": JobKind("dpo", DPOConfig, "rlft dpo", "rlft.dpo.job:DPOJob",
-                   "direct preference optimisation on preference pairs", {
-                       "data.chosen_field": "the pairs would differ",
-                       "data.rejected_field": "the pairs would differ",
-                       "data.max_length": "which pairs are kept depends on it",
-                       "dpo.batch_size": "the position in the data order counts batches of this size",
-                       "dpo.loss": "the optimizer state belongs to the original objective",
-                   }, memory="rlft.planner.kinds:dpo_phases"),
+    "rl": JobKind(
+        "rl",
+        RLConfig,
+        "rlft train",
+        "rlft.rl.job:RLJob",
+        "reinforcement learning (GRPO, PPO, ... on rewards)",
+        {
+            "algorithm.name": "the optimizer and critic state belong to the original algorithm",
+            "algorithm.advantage_estimator": "the critic state belongs to the original estimator",
+            "algorithm.rollout_batch_size": "the position in the data order counts batches of this size",
+            "algorithm.num_generations": "the group size is part of the batch geometry",
+            "algorithm.critic.type": "the saved critic has the original layout",
+            "data.max_prompt_length": "the prompts would differ",
+        },
+        memory="rlft.planner.kinds:rl_phases",
+        data_parallel=True,
+    ),
+    "sft": JobKind(
+        "sft",
+        SFTConfig,
+        "rlft sft",
+        "rlft.sft.job:SFTJob",
+        "supervised fine-tuning on conversations, prompt/completion pairs or text",
+        {
+            "data.response_field": "the training rows would differ",
+            "data.max_length": "which rows are kept, and how they are packed, depend on it",
+            "sft.packing": "the data position counts rows, and packing makes other rows",
+            "sft.batch_size": "the position in the data order counts batches of this size",
+        },
+        memory="rlft.planner.kinds:sft_phases",
+    ),
+    "rm": JobKind(
+        "rm",
+        RMConfig,
+        "rlft train-rm",
+        "rlft.rm.job:RMJob",
+        "reward-model training on preference pairs (Bradley-Terry)",
+        {
+            "data.chosen_field": "the pairs would differ",
+            "data.rejected_field": "the pairs would differ",
+            "data.max_length": "which pairs are kept depends on it",
+            "rm.batch_size": "the position in the data order counts batches of this size",
+        },
+        memory="rlft.planner.kinds:rm_phases",
+    ),
+    "dpo": JobKind(
+        "dpo",
+        DPOConfig,
+        "rlft dpo",
+        "rlft.dpo.job:DPOJob",
+        "direct preference optimisation on preference pairs",
+        {
+            "data.chosen_field": "the pairs would differ",
+            "data.rejected_field": "the pairs would differ",
+            "data.max_length": "which pairs are kept depends on it",
+            "dpo.batch_size": "the position in the data order counts batches of this size",
+            "dpo.loss": "the optimizer state belongs to the original objective",
+        },
+        memory="rlft.planner.kinds:dpo_phases",
+    ),
 }

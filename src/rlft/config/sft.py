@@ -6,8 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from rlft.config.optimizer import (AdamBetas, AdamEps, LrScheduler, MaxGradNorm, MinLrRatio, WarmupSteps,
-                                   WeightDecay)
+from rlft.config.optimizer import AdamBetas, AdamEps, LrScheduler, MaxGradNorm, MinLrRatio, WarmupSteps, WeightDecay
 from rlft.config.sections import DataConfig, Section
 
 
@@ -18,11 +17,14 @@ class SFTDataConfig(DataConfig):
     pairs (``prompt_field`` + ``response_field``)."""
 
     response_field: str | None = Field(
-        None, description="Column holding the target response of prompt/response rows; null: 'completion' (TRL's "
+        None,
+        description="Column holding the target response of prompt/response rows; null: 'completion' (TRL's "
         "name) or 'response', whichever the row has. Setting it (or a prompt_field other than 'prompt') reads "
-        "every row as a prompt/response pair.")
+        "every row as a prompt/response pair.",
+    )
     max_length: int = Field(
-        2048, gt=0, description="Most tokens in one example (the whole conversation); longer rows follow on_bad_row.")
+        2048, gt=0, description="Most tokens in one example (the whole conversation); longer rows follow on_bad_row."
+    )
 
 
 class SFTSection(Section):
@@ -30,10 +32,13 @@ class SFTSection(Section):
     batch_size: int = Field(8, gt=0, description="Rows per optimizer step (a packed row holds several examples).")
     micro_batch_size: int = Field(4, gt=0, description="Rows per forward/backward (gradient accumulation).")
     packing: bool = Field(
-        False, description="Pack short examples into rows of data.max_length tokens; examples in one row never "
-        "attend to each other.")
+        False,
+        description="Pack short examples into rows of data.max_length tokens; examples in one row never "
+        "attend to each other.",
+    )
     train_on: Literal["assistant", "last_assistant"] = Field(
-        "assistant", description="Train on every assistant turn, or only on each conversation's last one.")
+        "assistant", description="Train on every assistant turn, or only on each conversation's last one."
+    )
     max_grad_norm: MaxGradNorm = 1.0
     weight_decay: WeightDecay = 0.0
     adam_betas: AdamBetas = (0.9, 0.999)

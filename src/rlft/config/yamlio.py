@@ -85,8 +85,7 @@ class _Loader(yaml.SafeLoader):
         for key, _ in node.value:
             if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
                 if (key.tag, key.value) in seen:
-                    raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key.value!r}",
-                                                            key.start_mark)
+                    raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key.value!r}", key.start_mark)
                 seen.add((key.tag, key.value))
         return super().construct_mapping(node, deep)
 
@@ -100,11 +99,16 @@ def _child_nodes(node: yaml.Node) -> list[yaml.Node]:
 
 _Loader.yaml_implicit_resolvers = {
     ch: [(tag, rx) for tag, rx in rs if tag not in (_BOOL, _FLOAT, "tag:yaml.org,2002:timestamp")]
-    for ch, rs in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    for ch, rs in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
 _Loader.add_implicit_resolver(_BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
-_Loader.add_implicit_resolver(_FLOAT, re.compile(  # after the int resolver, so "3" stays an int
-    r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
-    list("-+0123456789."))
+_Loader.add_implicit_resolver(
+    _FLOAT,
+    re.compile(  # after the int resolver, so "3" stays an int
+        r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+    ),
+    list("-+0123456789."),
+)
 
 
 class _Resolver12(yaml.resolver.Resolver):
@@ -140,8 +144,10 @@ def load_yaml_text(text: str, source: str = "<yaml>") -> Any:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         context = f" ({exc.context})" if exc.context and exc.problem else ""
-        problem = f"{source}, line {mark.line + 1}, column {mark.column + 1}: invalid YAML: " \
-                  f"{exc.problem or exc.context}{context}"
+        problem = (
+            f"{source}, line {mark.line + 1}, column {mark.column + 1}: invalid YAML: "
+            f"{exc.problem or exc.context}{context}"
+        )
     except yaml.YAMLError as exc:
         problem = f"{source}: invalid YAML: {exc}"
     raise ConfigError([problem], source=source)
@@ -219,7 +225,7 @@ def parse_overrides(overrides: list[str]) -> dict:
 
 def _shorten(text: str, limit: int = 60) -> str:
     """An override as it is quoted in a problem: a 100,000-character one would bury the message."""
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def parse_overrides_tree(overrides: list[str]) -> tuple[dict, list[str], list[str]]:
@@ -232,8 +238,9 @@ def parse_overrides_tree(overrides: list[str]) -> tuple[dict, list[str], list[st
         key, eq, text = item.partition("=")
         parts = key.strip().split(".")
         if not eq or not all(parts):
-            problems.append(f"--set {_shorten(item)}: expected KEY=VALUE with a dotted KEY, e.g. "
-                            f"algorithm.learning_rate=1e-5")
+            problems.append(
+                f"--set {_shorten(item)}: expected KEY=VALUE with a dotted KEY, e.g. algorithm.learning_rate=1e-5"
+            )
             continue
         try:
             value = yaml.load(text, Loader=_Loader)  # noqa: S506

@@ -58,10 +58,18 @@ def _text(row: dict) -> SupervisedRow:
 
 SUPERVISED_FORMATS: tuple[RowFormat, ...] = (
     RowFormat("messages", ("messages",), "a conversation: a list of {role, content} messages", _conversation),
-    RowFormat("prompt-completion", ("prompt", "completion"), "a prompt and its completion, as text or as messages",
-              lambda row: _pair(row, "prompt", "completion")),
-    RowFormat("prompt-response", ("prompt", "response"), "a prompt and its response, as text",
-              lambda row: _pair(row, "prompt", "response")),
+    RowFormat(
+        "prompt-completion",
+        ("prompt", "completion"),
+        "a prompt and its completion, as text or as messages",
+        lambda row: _pair(row, "prompt", "completion"),
+    ),
+    RowFormat(
+        "prompt-response",
+        ("prompt", "response"),
+        "a prompt and its response, as text",
+        lambda row: _pair(row, "prompt", "response"),
+    ),
     RowFormat("text", ("text",), "plain text, every token trained (language modelling)", _text),
 )
 
@@ -76,8 +84,10 @@ def supervised_row(row: dict, cfg: Any) -> SupervisedRow:
     fmt = next((f for f in SUPERVISED_FORMATS if all(c in row for c in f.columns)), None)
     if fmt is None:
         accepted = "; ".join(f"{' + '.join(f.columns)} ({f.summary})" for f in SUPERVISED_FORMATS)
-        raise BadRow(f"no known row format; accepted: {accepted}; or name the columns with data.messages_field, or "
-                     f"data.prompt_field and data.response_field (the row has columns: {_columns(row)})")
+        raise BadRow(
+            f"no known row format; accepted: {accepted}; or name the columns with data.messages_field, or "
+            f"data.prompt_field and data.response_field (the row has columns: {_columns(row)})"
+        )
     return fmt.read(row)
 
 
@@ -85,8 +95,10 @@ def _pair(row: dict, prompt_key: str, response_key: str) -> SupervisedRow:
     """A prompt (text or messages) and its response (text, or the assistant's messages)."""
     for key in (prompt_key, response_key):
         if key not in row:
-            raise BadRow(f"field '{key}' is missing; a row of this format needs '{prompt_key}' and '{response_key}' "
-                         f"(the row has columns: {_columns(row)})")
+            raise BadRow(
+                f"field '{key}' is missing; a row of this format needs '{prompt_key}' and '{response_key}' "
+                f"(the row has columns: {_columns(row)})"
+            )
     turns = []
     for key, role in ((prompt_key, "user"), (response_key, "assistant")):
         value = row[key]
@@ -102,8 +114,10 @@ def _pair(row: dict, prompt_key: str, response_key: str) -> SupervisedRow:
 def prompt_of(row: dict, key: str) -> str | list[dict]:
     """An RL row's prompt under ``key``: text, or a list of chat messages (TRL's conversational prompt)."""
     if key not in row:
-        raise BadRow(f"missing prompt field '{key}': an RL row needs its prompt as text or as a list of messages, or "
-                     f"set data.prompt_field / data.messages_field (the row has columns: {_columns(row)})")
+        raise BadRow(
+            f"missing prompt field '{key}': an RL row needs its prompt as text or as a list of messages, or "
+            f"set data.prompt_field / data.messages_field (the row has columns: {_columns(row)})"
+        )
     value = row[key]
     if isinstance(value, list):
         return messages(row, key)

@@ -17,9 +17,11 @@ from typing import Any, Literal
 
 from rlft.chat.tool_calls import schema_of
 from rlft.config.schema import DataConfig
-from rlft.data.formats import BadRow, messages as row_messages, prompt_of
+from rlft.data.formats import BadRow, prompt_of
+from rlft.data.formats import messages as row_messages
 from rlft.data.readers import ReadResult, read_rows, where
 from rlft.errors import ConfigError, DataError
+
 
 @dataclass
 class PromptExample:
@@ -42,7 +44,7 @@ class PromptSet:
     skipped: list[tuple[int, str]]
     path: str
     chat_template: str | None = None  # which template formatted the prompts (for the log)
-    truncated: "Truncation | None" = None  # the prompts the rollout will left-truncate (for the log)
+    truncated: Truncation | None = None  # the prompts the rollout will left-truncate (for the log)
 
     def __len__(self) -> int:
         return len(self.examples)
@@ -62,11 +64,16 @@ class Truncation:
     longest_chars: int | None = None  # set when the longest was cut before tokenizing (its tokens unknown)
 
     def message(self, path: str) -> str:
-        longest = (f"{self.longest_chars:,} characters" if self.longest_chars is not None
-                   else f"{self.longest_tokens:,} tokens")
-        return (f"{path}: {self.count} of {self.total} prompts are longer than data.max_prompt_length "
-                f"({self.limit} tokens) and keep only their last {self.limit} tokens (the longest has {longest}; "
-                f"the first is {self.first}); raise data.max_prompt_length or shorten them")
+        longest = (
+            f"{self.longest_chars:,} characters"
+            if self.longest_chars is not None
+            else f"{self.longest_tokens:,} tokens"
+        )
+        return (
+            f"{path}: {self.count} of {self.total} prompts are longer than data.max_prompt_length "
+            f"({self.limit} tokens) and keep only their last {self.limit} tokens (the longest has {longest}; "
+            f"the first is {self.first}); raise data.max_prompt_length or shorten them"
+        )
 
 
 # A prompt is left-truncated to its last max_prompt_length tokens, so only its end matters. One of
@@ -121,15 +128,19 @@ def row_tools(row: dict, cfg: DataConfig) -> list[dict] | None:
     tools = row.get(cfg.tools_field)
     if tools is None:
         return None
-    if not isinstance(tools, list) or not all(isinstance(t, dict) and isinstance(schema_of(t).get("name"), str)
-                                             for t in tools):
-        raise BadRow(f"tools field '{cfg.tools_field}' must be a list of JSON schemas "
-                      f"({{\"type\": \"function\", \"function\": {{\"name\": ..., \"parameters\": ...}}}})")
+    if not isinstance(tools, list) or not all(
+        isinstance(t, dict) and isinstance(schema_of(t).get("name"), str) for t in tools
+    ):
+        raise BadRow(
+            f"tools field '{cfg.tools_field}' must be a list of JSON schemas "
+            f'({{"type": "function", "function": {{"name": ..., "parameters": ...}}}})'
+        )
     return tools
 
 
-def format_prompt(prompt: str | list[dict], data_cfg: DataConfig, tokenizer: Any,
-                  tools: list[dict] | None = None) -> str:
+def format_prompt(
+    prompt: str | list[dict], data_cfg: DataConfig, tokenizer: Any, tools: list[dict] | None = None
+) -> str:
     """The text fed to the model for ``prompt`` (and the row's ``tools``).
 
     With ``use_chat_template`` and a tokenizer that has a chat template:
@@ -160,8 +171,9 @@ def with_system_prompt(prompt: str | list[dict], system: str | None) -> list[dic
     return messages
 
 
-def configure_chat_template(data_cfg: DataConfig, tokenizer: Any, needs_tools: bool,
-                            check_prefixes: bool = True) -> str | None:
+def configure_chat_template(
+    data_cfg: DataConfig, tokenizer: Any, needs_tools: bool, check_prefixes: bool = True
+) -> str | None:
     """Put the template ``data.chat_template`` chooses on the tokenizer (so generation, evaluation and
     checkpoints all use it) and (``check_prefixes``) check it preserves prefixes; returns a label for
     the log, or None when prompts are plain text. A template that cannot be used is a ConfigError on
@@ -183,16 +195,23 @@ def configure_chat_template(data_cfg: DataConfig, tokenizer: Any, needs_tools: b
 
 def rows_use_tools(rows: list[dict], data_cfg: DataConfig) -> bool:
     """Whether any row offers tools or has tool calls / tool results in its conversation."""
+
     def chat_tools(value: Any) -> bool:
-        return isinstance(value, list) and any(isinstance(m, dict) and (m.get("tool_calls") or m.get("role") == "tool")
-                                               for m in value)
+        return isinstance(value, list) and any(
+            isinstance(m, dict) and (m.get("tool_calls") or m.get("role") == "tool") for m in value
+        )
+
     chats = [data_cfg.messages_field] if data_cfg.messages_field else ["messages", data_cfg.prompt_field, "completion"]
-    return any(row.get(data_cfg.tools_field) is not None or any(chat_tools(row.get(key)) for key in chats)
-               for row in rows)
+    return any(
+        row.get(data_cfg.tools_field) is not None or any(chat_tools(row.get(key)) for key in chats) for row in rows
+    )
 
 
 def load_prompts(
-    data_cfg: DataConfig, tokenizer: Any, split: Literal["train", "eval"], seed: int,
+    data_cfg: DataConfig,
+    tokenizer: Any,
+    split: Literal["train", "eval"],
+    seed: int,
     tools: list[dict] | None = None,
 ) -> PromptSet | None:
     """Load the ``"train"`` or ``"eval"`` prompts described by ``data_cfg`` (see :func:`read_split`);
@@ -205,15 +224,20 @@ def load_prompts(
     # A single-turn rollout renders its prompt once and trains on exactly the tokens it sampled, so a
     # template that rewrites earlier turns (Qwen3's drops past reasoning) cannot mislead it: no prefix
     # check here. Whatever extends a conversation to train on it (SFT, multi-turn episodes) checks.
-    template = configure_chat_template(data_cfg, tokenizer, tools is not None or rows_use_tools(result.rows, data_cfg),
-                                       check_prefixes=tools is not None)
+    template = configure_chat_template(
+        data_cfg,
+        tokenizer,
+        tools is not None or rows_use_tools(result.rows, data_cfg),
+        check_prefixes=tools is not None,
+    )
     examples, skipped = build_examples(result, path, data_cfg, tokenizer, tools)
     truncated = measure_prompts(examples, data_cfg, tokenizer, result.unit)
     return PromptSet(examples=examples, skipped=skipped, path=str(path), chat_template=template, truncated=truncated)
 
 
-def measure_prompts(examples: list[PromptExample], data_cfg: DataConfig, tokenizer: Any,
-                    unit: str = "line") -> Truncation | None:
+def measure_prompts(
+    examples: list[PromptExample], data_cfg: DataConfig, tokenizer: Any, unit: str = "line"
+) -> Truncation | None:
     """Cut every prompt far longer than ``data.max_prompt_length`` to its end (see CHARS_PER_TOKEN) and
     count those the rollout will left-truncate, tokenized as the engines do; None when none is (or
     there is no tokenizer to measure with)."""
@@ -229,8 +253,14 @@ def measure_prompts(examples: list[PromptExample], data_cfg: DataConfig, tokeniz
         return None
     longest = max(over, key=lambda i: (cut_chars.get(i, 0), lengths[i]))
     path, _, number = examples[over[0]].source.rpartition(":")
-    return Truncation(count=len(over), total=len(examples), limit=limit, first=where(path, unit, number),
-                      longest_tokens=lengths[longest], longest_chars=cut_chars.get(longest))
+    return Truncation(
+        count=len(over),
+        total=len(examples),
+        limit=limit,
+        first=where(path, unit, number),
+        longest_tokens=lengths[longest],
+        longest_chars=cut_chars.get(longest),
+    )
 
 
 def _cut(text: str, limit: int, tokenizer: Any, special: bool) -> str:
@@ -308,5 +338,7 @@ def log_loaded(log, train, evalset, unit: str) -> None:
     if train.chat_template:
         log.info(f"chat template: {train.chat_template}")
     n_eval = len(evalset.examples) if evalset is not None else 0
-    log.info(f"data loaded: {len(train.examples)} train {unit}, {n_eval} eval {unit} "
-             f"({sum(len(s.skipped) for s in sets)} rows skipped)")
+    log.info(
+        f"data loaded: {len(train.examples)} train {unit}, {n_eval} eval {unit} "
+        f"({sum(len(s.skipped) for s in sets)} rows skipped)"
+    )

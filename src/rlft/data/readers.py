@@ -73,8 +73,7 @@ def _json_items(path: Path) -> Iterator[_Item]:
         data = data["data"]
     if not isinstance(data, list):
         raise DataError(
-            f"{path}: expected a JSON list of objects or an object with a \"data\" list, "
-            f"got {_type_name(data)}"
+            f'{path}: expected a JSON list of objects or an object with a "data" list, got {_type_name(data)}'
         )
     for index, value in enumerate(data):
         yield index + 1, value, None
@@ -138,11 +137,15 @@ def _folder_reader(path: Path) -> tuple[Callable[[Path], Iterator[_Item]], str]:
             splits = [str(name) for name in json.loads((path / "dataset_dict.json").read_text())["splits"]]
         except (json.JSONDecodeError, KeyError, TypeError):
             splits = [p.name for p in sorted(path.iterdir()) if (p / "state.json").is_file()]
-        raise DataError(f"{path}: a DatasetDict folder with the splits {', '.join(splits) or '(none)'}; point the "
-                        f"data file at one split's folder, e.g. {path / (splits[0] if splits else 'train')}")
+        raise DataError(
+            f"{path}: a DatasetDict folder with the splits {', '.join(splits) or '(none)'}; point the "
+            f"data file at one split's folder, e.g. {path / (splits[0] if splits else 'train')}"
+        )
     if not (path / "state.json").is_file():
-        raise DataError(f"{path}: a folder, but not a dataset written by datasets' save_to_disk (it has no "
-                        f"state.json); give a .jsonl, .json, .csv or .parquet file or such a folder")
+        raise DataError(
+            f"{path}: a folder, but not a dataset written by datasets' save_to_disk (it has no "
+            f"state.json); give a .jsonl, .json, .csv or .parquet file or such a folder"
+        )
     return _saved_dataset_items, "row"
 
 

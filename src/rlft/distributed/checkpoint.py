@@ -44,8 +44,9 @@ def load_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, che
         return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-    set_optimizer_state_dict(model, optimizer, by_name(model, optimizer, full),
-                             options=StateDictOptions(full_state_dict=True))
+    set_optimizer_state_dict(
+        model, optimizer, by_name(model, optimizer, full), options=StateDictOptions(full_state_dict=True)
+    )
 
 
 def by_name(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> dict:
@@ -63,5 +64,8 @@ def load_sharded_weights(model: torch.nn.Module, checkpoint: Path) -> None:
     from safetensors.torch import load_file
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    set_model_state_dict(model, load_file(str(checkpoint / "model.safetensors")),
-                         options=StateDictOptions(full_state_dict=True, strict=False))
+    set_model_state_dict(
+        model,
+        load_file(str(checkpoint / "model.safetensors")),
+        options=StateDictOptions(full_state_dict=True, strict=False),
+    )

@@ -83,7 +83,7 @@ class Dist:
             return dict(values), {k: 1.0 for k in values}
         keys = sorted(set().union(*self.gather_objects(sorted(values))))
         both = self.sum_floats(*(float(values.get(k, 0.0)) for k in keys), *(float(k in values) for k in keys))
-        return dict(zip(keys, both[:len(keys)])), dict(zip(keys, both[len(keys):]))
+        return dict(zip(keys, both[: len(keys)])), dict(zip(keys, both[len(keys) :]))
 
     def gather_objects(self, obj: Any) -> list[Any]:
         """Every process's ``obj`` (picklable), in rank order, on every process."""
@@ -117,10 +117,12 @@ class Dist:
         global batch, read in rank order, is the single-process batch."""
         n = len(items)
         if n % self.world_size:
-            raise UsageError(f"{what}: {n} is not divisible by the {self.world_size} processes of this run; "
-                             f"each process takes an equal share of whole groups")
+            raise UsageError(
+                f"{what}: {n} is not divisible by the {self.world_size} processes of this run; "
+                f"each process takes an equal share of whole groups"
+            )
         k = n // self.world_size
-        return items[self.rank * k:(self.rank + 1) * k]
+        return items[self.rank * k : (self.rank + 1) * k]
 
 
 _CURRENT = Dist()
@@ -148,8 +150,10 @@ def init_distributed(strategy: str, backend: str, device: str, timeout_minutes: 
 
     missing = [v for v in TORCHRUN_VARS if v not in os.environ]
     if missing:
-        raise UsageError(f"WORLD_SIZE={os.environ['WORLD_SIZE']} but {', '.join(missing)} not set: launch with "
-                         f"torchrun --nproc_per_node=N (and --nnodes/--node_rank/--master_addr for several nodes)")
+        raise UsageError(
+            f"WORLD_SIZE={os.environ['WORLD_SIZE']} but {', '.join(missing)} not set: launch with "
+            f"torchrun --nproc_per_node=N (and --nnodes/--node_rank/--master_addr for several nodes)"
+        )
     rank, world, local = (int(os.environ[v]) for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
     cuda = device != "cpu" and torch.cuda.is_available()
     if backend == "auto":
@@ -159,8 +163,11 @@ def init_distributed(strategy: str, backend: str, device: str, timeout_minutes: 
     if cuda:
         torch.cuda.set_device(local)
     if not dist.is_initialized():
-        dist.init_process_group(backend, timeout=datetime.timedelta(minutes=timeout_minutes),
-                                **({"device_id": torch.device("cuda", local)} if backend == "nccl" else {}))
+        dist.init_process_group(
+            backend,
+            timeout=datetime.timedelta(minutes=timeout_minutes),
+            **({"device_id": torch.device("cuda", local)} if backend == "nccl" else {}),
+        )
     _CURRENT = Dist(rank, world, local, "ddp" if strategy == "auto" else strategy, backend)
     return _CURRENT
 

@@ -19,7 +19,7 @@ needs is the **sum** of the processes' gradients, not their mean.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 
@@ -95,7 +95,7 @@ def sum_gradients(params: Iterable[torch.nn.Parameter], dist: Dist) -> None:
         offset = 0
         for p in group:
             n = p.grad.numel()
-            p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+            p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
             offset += n
 
 

@@ -12,13 +12,15 @@ from pathlib import Path
 OK, WARN, FAIL = "ok", "warn", "fail"
 REQUIRED = ("transformers", "safetensors", "pydantic", "yaml", "gguf", "accelerate", "peft")
 # optional extra -> (import name, what it gives, how to install it)
-EXTRAS = {"tensorboard": ("tensorboard", "train.report_to: [tensorboard]", "pip install 'rlft[trackers]'"),
-          "wandb": ("wandb", "train.report_to: [wandb]", "pip install 'rlft[trackers]'"),
-          "mlflow": ("mlflow", "train.report_to: [mlflow]", "pip install 'rlft[trackers]'"),
-          "service": ("fastapi", "rlft serve, rlft sweep", "pip install 'rlft[service]'"),
-          "ray": ("ray", "rlft sweep --backend ray", "pip install ray"),
-          "vllm": ("vllm", "rollout.engine: vllm (GPU)", "pip install 'rlft[vllm]'"),
-          "nvml": ("pynvml", "GPU utilisation in resources.jsonl", "pip install nvidia-ml-py")}
+EXTRAS = {
+    "tensorboard": ("tensorboard", "train.report_to: [tensorboard]", "pip install 'rlft[trackers]'"),
+    "wandb": ("wandb", "train.report_to: [wandb]", "pip install 'rlft[trackers]'"),
+    "mlflow": ("mlflow", "train.report_to: [mlflow]", "pip install 'rlft[trackers]'"),
+    "service": ("fastapi", "rlft serve, rlft sweep", "pip install 'rlft[service]'"),
+    "ray": ("ray", "rlft sweep --backend ray", "pip install ray"),
+    "vllm": ("vllm", "rollout.engine: vllm (GPU)", "pip install 'rlft[vllm]'"),
+    "nvml": ("pynvml", "GPU utilisation in resources.jsonl", "pip install nvidia-ml-py"),
+}
 
 
 @dataclass
@@ -35,7 +37,7 @@ def _gb(n: float) -> str:
 
 def check_python() -> Check:
     version = platform.python_version()
-    if sys.version_info < (3, 11):
+    if sys.version_info < (3, 11):  # noqa: UP036 - a source checkout can be run by any Python
         return Check("python", FAIL, version, "rlft needs Python 3.11 or newer")
     return Check("python", OK, f"{version} ({sys.executable})")
 
@@ -51,18 +53,27 @@ def check_gpus() -> list[Check]:
     import torch
 
     if not torch.cuda.is_available():
-        hint = ("this torch build has CUDA but no GPU is visible" if torch.version.cuda else "none")
+        hint = "this torch build has CUDA but no GPU is visible" if torch.version.cuda else "none"
         return [Check("gpu", OK, f"{hint}: training runs on the CPU")]
-    out = [Check("cuda", OK, f"CUDA {torch.version.cuda}, driver {_driver_version()}, "
-                             f"{torch.cuda.device_count()} device(s)")]
+    out = [
+        Check(
+            "cuda", OK, f"CUDA {torch.version.cuda}, driver {_driver_version()}, {torch.cuda.device_count()} device(s)"
+        )
+    ]
     for i in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(i)
         free, total = torch.cuda.mem_get_info(i)
         bf16 = "bf16" if torch.cuda.is_bf16_supported() else "no bf16 (fp16/fp32 only)"
-        out.append(Check(f"gpu {i}", OK if free > 0.5 * total else WARN,
-                         f"{props.name}, {_gb(total)} ({_gb(free)} free), {bf16}",
-                         None if free > 0.5 * total else "another process holds most of this GPU's memory "
-                                                          "(nvidia-smi shows which)"))
+        out.append(
+            Check(
+                f"gpu {i}",
+                OK if free > 0.5 * total else WARN,
+                f"{props.name}, {_gb(total)} ({_gb(free)} free), {bf16}",
+                None
+                if free > 0.5 * total
+                else "another process holds most of this GPU's memory (nvidia-smi shows which)",
+            )
+        )
     return out
 
 
@@ -76,8 +87,12 @@ def _driver_version() -> str:
         import subprocess
 
         try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=10)
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
             return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else "unknown"
         except (OSError, subprocess.SubprocessError):
             return "unknown"
@@ -111,28 +126,48 @@ def check_cpu() -> list[Check]:
     if speedup is None:
         bf16 = "no native bf16 (no amx_bf16 / avx512_bf16): a bf16 config computes in fp32 on this CPU"
     elif speedup >= BF16_PAYS:
-        bf16 = (f"native bf16 ({', '.join(flags)}), matmuls measured {speedup:.1f}x fp32's speed: model.dtype "
-                f"auto and bf16 compute in bf16")
+        bf16 = (
+            f"native bf16 ({', '.join(flags)}), matmuls measured {speedup:.1f}x fp32's speed: model.dtype "
+            f"auto and bf16 compute in bf16"
+        )
     else:
-        bf16 = (f"native bf16 ({', '.join(flags)}) but matmuls measured {speedup:.2f}x fp32's speed: model.dtype "
-                f"auto computes in fp32, which is faster here")
+        bf16 = (
+            f"native bf16 ({', '.join(flags)}) but matmuls measured {speedup:.2f}x fp32's speed: model.dtype "
+            f"auto computes in fp32, which is faster here"
+        )
     out = [Check("cpu", OK, f"{cpu_model()}; {bf16}")]
     cores, logical = physical_cores(), psutil.cpu_count(logical=True)
-    out.append(Check("cores", OK, f"{cores} physical core(s) this process may use, {logical} logical; rlft trains "
-                                  f"with {cores} thread(s)"))
+    out.append(
+        Check(
+            "cores",
+            OK,
+            f"{cores} physical core(s) this process may use, {logical} logical; rlft trains with {cores} thread(s)",
+        )
+    )
     mem, limit = psutil.virtual_memory(), cpu_memory_limit()
     cap = f", cgroup limit {_gb(limit)}" if limit < mem.total else ""
     status = OK if mem.available >= 2 * 2**30 else WARN
-    out.append(Check("memory", status, f"{_gb(mem.total)} RAM, {_gb(mem.available)} available{cap}",
-                     None if status == OK else "less than 2 GB is free: close other programs, or expect an OOM"))
+    out.append(
+        Check(
+            "memory",
+            status,
+            f"{_gb(mem.total)} RAM, {_gb(mem.available)} available{cap}",
+            None if status == OK else "less than 2 GB is free: close other programs, or expect an OOM",
+        )
+    )
     return out
 
 
 def check_packages() -> list[Check]:
     missing = [m for m in REQUIRED if importlib.util.find_spec(m) is None]
-    out = [Check("packages", FAIL if missing else OK,
-                 f"missing {', '.join(missing)}" if missing else "every required package is installed",
-                 "pip install -e . (or pip install rlft) in this environment" if missing else None)]
+    out = [
+        Check(
+            "packages",
+            FAIL if missing else OK,
+            f"missing {', '.join(missing)}" if missing else "every required package is installed",
+            "pip install -e . (or pip install rlft) in this environment" if missing else None,
+        )
+    ]
     present = [name for name, (module, _, _) in EXTRAS.items() if importlib.util.find_spec(module) is not None]
     absent = [name for name in EXTRAS if name not in present]
     out.append(Check("extras", OK, f"present: {', '.join(present) or 'none'}; absent: {', '.join(absent) or 'none'}"))
@@ -145,9 +180,12 @@ def check_port(port: int, host: str = "127.0.0.1") -> Check:
         try:
             s.bind((host, port))
         except OSError as exc:
-            return Check("service port", FAIL, f"{host}:{port} is in use ({exc.strerror or exc})",
-                         f"stop what listens there, or use rlft serve --port {port + 1} (and rlft doctor --port "
-                         f"{port + 1})")
+            return Check(
+                "service port",
+                FAIL,
+                f"{host}:{port} is in use ({exc.strerror or exc})",
+                f"stop what listens there, or use rlft serve --port {port + 1} (and rlft doctor --port {port + 1})",
+            )
     return Check("service port", OK, f"{host}:{port} is free for rlft serve")
 
 

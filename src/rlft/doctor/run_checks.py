@@ -19,15 +19,20 @@ def free_bytes(path: Path) -> int:
 
 
 def config_checks(config_path: str, overrides: list[str] | None = None) -> list[Check]:
-    from rlft.errors import ConfigError, RlftError
-
     from rlft.config.loader import load_config
+    from rlft.errors import ConfigError, RlftError
 
     try:
         cfg = load_config(config_path, overrides=overrides or [])
     except ConfigError as exc:
-        return [Check("config", FAIL, f"{config_path}: {len(exc.problems)} problem(s): " + "; ".join(exc.problems),
-                      f"fix those keys (rlft validate --config {config_path} lists them again)")]
+        return [
+            Check(
+                "config",
+                FAIL,
+                f"{config_path}: {len(exc.problems)} problem(s): " + "; ".join(exc.problems),
+                f"fix those keys (rlft validate --config {config_path} lists them again)",
+            )
+        ]
     except RlftError as exc:
         return [Check("config", FAIL, str(exc), "fix the file or the --set values")]
     out = [Check("config", OK, f"{config_path} is a valid {cfg.kind} config")]
@@ -37,8 +42,14 @@ def config_checks(config_path: str, overrides: list[str] | None = None) -> list[
 
         shape = model_shape(cfg.model)
     except (RlftError, OSError, ValueError) as exc:
-        return out + [Check("model", FAIL, f"{cfg.model.path}: {exc}", "point model.path at a Hugging Face model "
-                                                                        "folder, a .gguf file or a built-in name")]
+        return out + [
+            Check(
+                "model",
+                FAIL,
+                f"{cfg.model.path}: {exc}",
+                "point model.path at a Hugging Face model folder, a .gguf file or a built-in name",
+            )
+        ]
     out.append(Check("model", OK, f"{cfg.model.path}: {shape.model_type}, {shape.params / 1e6:.1f}M parameters"))
     out.append(_memory_check(cfg, shape, config_path))
     out.append(disk_check(cfg, shape))
@@ -50,8 +61,7 @@ def _tracker_checks(cfg) -> list[Check]:
     for name in cfg.train.report_to:
         module, _, install = EXTRAS[name]
         if importlib.util.find_spec(module) is None:
-            out.append(Check(f"tracker {name}", FAIL, f"train.report_to lists {name}, which is not installed",
-                             install))
+            out.append(Check(f"tracker {name}", FAIL, f"train.report_to lists {name}, which is not installed", install))
     return out
 
 
@@ -64,8 +74,11 @@ def _memory_check(cfg, shape, config_path: str) -> Check:
     if est.fits:
         return Check("memory plan", OK, detail)
     knobs = advise(cfg, est)
-    fix = ("; then ".join(f"--set {k.setting} ({gb(k.peak)})" for k in knobs[:3]) if knobs else
-           "use a device with more memory") + f" (rlft estimate --config {config_path} shows the breakdown)"
+    fix = (
+        "; then ".join(f"--set {k.setting} ({gb(k.peak)})" for k in knobs[:3])
+        if knobs
+        else "use a device with more memory"
+    ) + f" (rlft estimate --config {config_path} shows the breakdown)"
     return Check("memory plan", FAIL, detail + ": does not fit", fix)
 
 
@@ -76,15 +89,20 @@ def disk_check(cfg, shape) -> Check:
     plan = disk_plan(cfg, shape, planned_steps(cfg))
     out_dir = Path(cfg.train.output_dir)
     free = free_bytes(out_dir)
-    detail = (f"{out_dir}: {_gb(free)} free; the run writes up to {_gb(plan.total)} ({plan.kept} checkpoint(s) of "
-              f"{_gb(plan.checkpoint_bytes)}{'' if cfg.train.save_optimizer else ', without optimizer state'})")
+    detail = (
+        f"{out_dir}: {_gb(free)} free; the run writes up to {_gb(plan.total)} ({plan.kept} checkpoint(s) of "
+        f"{_gb(plan.checkpoint_bytes)}{'' if cfg.train.save_optimizer else ', without optimizer state'})"
+    )
     fixes = []
     if cfg.train.save_optimizer and cfg.model.lora is None:
         fixes.append("train.save_optimizer=false (export-only checkpoints, a third of the size; no resume)")
     if not cfg.train.keep_last or cfg.train.keep_last > 1:
         fixes.append("train.keep_last=1")
-    fix = "free space, choose another train.output_dir, or --set " + " / --set ".join(fixes) if fixes else \
-        "free space or choose another train.output_dir"
+    fix = (
+        "free space, choose another train.output_dir, or --set " + " / --set ".join(fixes)
+        if fixes
+        else "free space or choose another train.output_dir"
+    )
     if free < plan.total:
         return Check("disk", FAIL, detail, fix)
     if free < 2 * plan.total:

@@ -29,7 +29,7 @@ def _batch(pairs: list[PreferencePair], pad_id: int, device: torch.device):
     from rlft.models.reward_model import left_pad
 
     prompt_ids, prompt_mask = left_pad([p.chosen[: p.prompt_len] for p in pairs], pad_id, device)
-    suffixes = [p.chosen[p.prompt_len:] for p in pairs] + [p.rejected[p.prompt_len:] for p in pairs]
+    suffixes = [p.chosen[p.prompt_len :] for p in pairs] + [p.rejected[p.prompt_len :] for p in pairs]
     width = max(len(s) for s in suffixes)
     ids = torch.full((len(suffixes), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(suffixes), width), dtype=torch.long)
@@ -45,8 +45,12 @@ class DPOJob(PairJob):
     CONTINUITY = JOB_KINDS["dpo"].continuity
     SECTION = "dpo"
     ACCURACY = "reward accuracy"
-    STATS = {"accuracy": "rewards/accuracy", "margin": "rewards/margin", "chosen": "rewards/chosen",
-             "rejected": "rewards/rejected"}
+    STATS = {
+        "accuracy": "rewards/accuracy",
+        "margin": "rewards/margin",
+        "chosen": "rewards/chosen",
+        "rejected": "rewards/rejected",
+    }
 
     def _build_model(self):
         return build_model(self.cfg.model, with_reference=True)
@@ -54,13 +58,17 @@ class DPOJob(PairJob):
     def _check_pairs(self, pairs: list[PreferencePair]) -> None:
         for p in pairs:
             if p.prompt_len == 0 or p.prompt_len in (len(p.chosen), len(p.rejected)):
-                raise DataError(f"{p.source}: DPO needs a shared prompt and two non-empty, different responses; "
-                                f"this pair's token sequences share {p.prompt_len} tokens")
+                raise DataError(
+                    f"{p.source}: DPO needs a shared prompt and two non-empty, different responses; "
+                    f"this pair's token sequences share {p.prompt_len} tokens"
+                )
 
     def describe(self) -> list[str]:
         d = self.cfg.dpo
-        return [f"dpo: {len(self.train_set.pairs)} preference pairs, {d.loss} loss, beta {d.beta}",
-                *self._parameters_line()]
+        return [
+            f"dpo: {len(self.train_set.pairs)} preference pairs, {d.loss} loss, beta {d.beta}",
+            *self._parameters_line(),
+        ]
 
     def _sequence_logprobs(self, model, batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Summed response log-probs [b] of chosen and of rejected under ``model``."""
@@ -77,5 +85,6 @@ class DPOJob(PairJob):
             ref_c, ref_r = self._sequence_logprobs(ref, batch)
         pol_c, pol_r = self._sequence_logprobs(self.parts.model, batch)
         d = self.cfg.dpo
-        return dpo_loss(pol_c, pol_r, ref_c, ref_r, beta=d.beta, loss=d.loss, label_smoothing=d.label_smoothing,
-                        num_pairs=num_pairs)
+        return dpo_loss(
+            pol_c, pol_r, ref_c, ref_r, beta=d.beta, loss=d.loss, label_smoothing=d.label_smoothing, num_pairs=num_pairs
+        )

@@ -56,8 +56,10 @@ class OpenEnvHTTP:
         Args:
             action: The action, a JSON object with the fields the environment expects.
         """
-        return observation_text(self._post("/step", {"action": action, "episode_id": self.episode_id})
-                                .get("observation")) or ""
+        return (
+            observation_text(self._post("/step", {"action": action, "episode_id": self.episode_id}).get("observation"))
+            or ""
+        )
 
     def get_reward(self) -> float:
         return self.total_reward

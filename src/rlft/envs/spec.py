@@ -44,8 +44,13 @@ class EnvironmentSpec:
         return EnvironmentSpec, (self.name, self.env_class, self.kwargs, self.functions, self.schemas)
 
     @classmethod
-    def load(cls, class_spec: str | None, tool_specs: list[str], kwargs: dict[str, Any] | None = None,
-             with_schemas: bool = True) -> "EnvironmentSpec":
+    def load(
+        cls,
+        class_spec: str | None,
+        tool_specs: list[str],
+        kwargs: dict[str, Any] | None = None,
+        with_schemas: bool = True,
+    ) -> EnvironmentSpec:
         """From ``environment.class`` (a built-in name or ``file.py:Class`` / ``module:Class``) and
         ``environment.tools`` (``file.py:function`` ...); every failure names what it could not load."""
         from rlft.envs.builtin import BUILTIN_ENVIRONMENTS
@@ -55,8 +60,10 @@ class EnvironmentSpec:
             path = BUILTIN_ENVIRONMENTS[class_spec].env_class if class_spec in BUILTIN_ENVIRONMENTS else class_spec
             env_class = load_object(path, "environment class", EnvironmentFailure)
             if not inspect.isclass(env_class):
-                raise EnvironmentFailure(f"environment class '{class_spec}' is a {type(env_class).__name__}; "
-                                         f"expected a class with reset() and tool methods")
+                raise EnvironmentFailure(
+                    f"environment class '{class_spec}' is a {type(env_class).__name__}; "
+                    f"expected a class with reset() and tool methods"
+                )
         functions = [load_object(t, "tool", EnvironmentFailure) for t in tool_specs]
         name = class_spec or ", ".join(f.__name__ for f in functions)
         kwargs = dict(kwargs or {})

@@ -31,7 +31,8 @@ def tool_schema(fn: Callable[..., Any], owner: str = "") -> dict:
     except Exception as exc:  # DocstringParsingException, TypeHintParsingException
         raise EnvironmentFailure(
             f"tool '{label}': no JSON schema can be made from it ({exc}). A tool needs a type hint on every "
-            f"argument and a Google-style docstring with a description and an 'Args:' section") from None
+            f"argument and a Google-style docstring with a description and an 'Args:' section"
+        ) from None
     schema["function"].pop("return", None)
     return schema
 
@@ -40,8 +41,11 @@ def environment_methods(cls: type) -> dict[str, Callable[..., Any]]:
     """The tools of an environment class: its public methods other than reset/get_reward/close,
     bound to an uninitialised instance (only their signatures and docstrings are read)."""
     probe = object.__new__(cls)
-    return {name: getattr(probe, name) for name, member in inspect.getmembers(cls, inspect.isfunction)
-            if not name.startswith("_") and name not in RESERVED}
+    return {
+        name: getattr(probe, name)
+        for name, member in inspect.getmembers(cls, inspect.isfunction)
+        if not name.startswith("_") and name not in RESERVED
+    }
 
 
 def schemas_of(env_class: type | None, functions: list[Callable[..., Any]]) -> list[dict]:
@@ -53,9 +57,13 @@ def schemas_of(env_class: type | None, functions: list[Callable[..., Any]]) -> l
     names = [s["function"]["name"] for s in schemas]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
-        raise EnvironmentFailure(f"tool name(s) {', '.join(dupes)} offered twice (by the environment class and "
-                                 f"environment.tools); rename one")
+        raise EnvironmentFailure(
+            f"tool name(s) {', '.join(dupes)} offered twice (by the environment class and "
+            f"environment.tools); rename one"
+        )
     if not schemas:
-        raise EnvironmentFailure(f"environment {owner or '(tools only)'} offers no tools: give it a public method "
-                                 f"besides reset/get_reward, or list functions in environment.tools")
+        raise EnvironmentFailure(
+            f"environment {owner or '(tools only)'} offers no tools: give it a public method "
+            f"besides reset/get_reward, or list functions in environment.tools"
+        )
     return schemas

@@ -44,7 +44,9 @@ def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _handle(session: EnvironmentSession | None, spec: EnvironmentSpec, request: tuple) -> tuple[EnvironmentSession | None, Reply]:
+def _handle(
+    session: EnvironmentSession | None, spec: EnvironmentSpec, request: tuple
+) -> tuple[EnvironmentSession | None, Reply]:
     op, *args = request
     try:
         if session is None:
@@ -63,8 +65,11 @@ def _handle(session: EnvironmentSession | None, spec: EnvironmentSpec, request: 
         return session, Reply(True, value, done=session.done)
     except Exception as exc:
         where = traceback.extract_tb(exc.__traceback__)[-1]
-        return session, Reply(False, f"{_error_text(exc)} (at {os.path.basename(where.filename)}:{where.lineno})",
-                              done=session.done if session is not None else False)
+        return session, Reply(
+            False,
+            f"{_error_text(exc)} (at {os.path.basename(where.filename)}:{where.lineno})",
+            done=session.done if session is not None else False,
+        )
 
 
 def _serve(spec: EnvironmentSpec, conn) -> None:

@@ -51,16 +51,23 @@ class EvalResult:
     def metrics_line(self) -> str:
         """The headline numbers in one line (for logs): accuracy, reward, length, repetition, and
         sampled accuracy and pass@k when there are samples."""
-        parts = [f"accuracy {self.accuracy:.1%} on {self.num_prompts} prompts", f"reward {self.reward_mean:.3f}",
-                 f"len {self.completion_length_mean:.1f}", f"truncated {self.truncation_rate:.0%}",
-                 f"repetition {self.repetition_mean:.2f}"]
+        parts = [
+            f"accuracy {self.accuracy:.1%} on {self.num_prompts} prompts",
+            f"reward {self.reward_mean:.3f}",
+            f"len {self.completion_length_mean:.1f}",
+            f"truncated {self.truncation_rate:.0%}",
+            f"repetition {self.repetition_mean:.2f}",
+        ]
         if self.num_samples > 0:
-            parts.append(f"sampled accuracy {self.sampled_accuracy:.1%} ({self.num_samples}/prompt, "
-                         f"T={self.temperature:g})")
+            parts.append(
+                f"sampled accuracy {self.sampled_accuracy:.1%} ({self.num_samples}/prompt, T={self.temperature:g})"
+            )
             parts += [f"pass@{k} {v:.1%}" for k, v in self.pass_at_k.items()]
         if self.episodes:
-            parts.append(f"tool use {self.episodes['tool_use_rate']:.0%}, turns {self.episodes['turns_mean']:.2f}, "
-                         f"tool errors {self.episodes['tool_error_rate']:.0%}")
+            parts.append(
+                f"tool use {self.episodes['tool_use_rate']:.0%}, turns {self.episodes['turns_mean']:.2f}, "
+                f"tool errors {self.episodes['tool_error_rate']:.0%}"
+            )
         return ", ".join(parts)
 
     def summary(self) -> dict:
@@ -90,10 +97,12 @@ def episode_summary(stats: list[dict]) -> dict[str, float]:
     """Means over multi-turn episodes (``EpisodeStats.as_dict()`` each): the share that called a tool at
     all, turns, tool calls, and the share of calls that failed (an error or a timeout)."""
     calls = sum(s["tool_calls"] for s in stats)
-    return {"tool_use_rate": rate(s["tool_calls"] > 0 for s in stats),
-            "turns_mean": mean(s["turns"] for s in stats),
-            "tool_calls_mean": mean(s["tool_calls"] for s in stats),
-            "tool_error_rate": (sum(s["tool_errors"] + s["tool_timeouts"] for s in stats) / calls) if calls else 0.0}
+    return {
+        "tool_use_rate": rate(s["tool_calls"] > 0 for s in stats),
+        "turns_mean": mean(s["turns"] for s in stats),
+        "tool_calls_mean": mean(s["tool_calls"] for s in stats),
+        "tool_error_rate": (sum(s["tool_errors"] + s["tool_timeouts"] for s in stats) / calls) if calls else 0.0,
+    }
 
 
 def columns_of(examples) -> dict[str, list]:
@@ -117,26 +126,40 @@ def _seeded(seed: int | None) -> Iterator[None]:
         yield
 
 
-def _generate_scored(engine: RolloutEngine, examples, reward_manager, sampling: SamplingParams,
-                     prompts_per_batch: int) -> Iterator[tuple]:
+def _generate_scored(
+    engine: RolloutEngine, examples, reward_manager, sampling: SamplingParams, prompts_per_batch: int
+) -> Iterator[tuple]:
     """Per generated row: index of its example, the example, text, finish reason, length (tokens),
     reward values by name, weighted total, and (multi-turn) ``{"episode": stats, "trajectory": messages}``."""
     for i in range(0, len(examples), prompts_per_batch):
         chunk = examples[i : i + prompts_per_batch]
         rollout = engine.run(chunk, sampling)
         rows = [chunk[p] for p in rollout.prompt_index]
-        scored = reward_manager.score([ex.prompt for ex in rows], rollout.texts,
-                                      {**columns_of(rows), **(rollout.columns or {})})
+        scored = reward_manager.score(
+            [ex.prompt for ex in rows], rollout.texts, {**columns_of(rows), **(rollout.columns or {})}
+        )
         # NaN: the reward returned None for that sample (it does not apply); JSON reports say null
-        per_reward = {name: [None if v != v else v for v in values.tolist()]
-                      for name, values in scored.per_reward.items()}
+        per_reward = {
+            name: [None if v != v else v for v in values.tolist()] for name, values in scored.per_reward.items()
+        }
         totals = scored.total.tolist()
         lengths = rollout.completion_lengths.tolist()
         for r, ex in enumerate(rows):
-            episode = {} if rollout.episodes is None else {"episode": rollout.episodes[r].as_dict(),
-                                                          "trajectory": rollout.columns["trajectories"][r]}
-            yield (i + rollout.prompt_index[r], ex, rollout.texts[r], rollout.finish_reasons[r], int(lengths[r]),
-                   {name: v[r] for name, v in per_reward.items()}, totals[r], episode)
+            episode = (
+                {}
+                if rollout.episodes is None
+                else {"episode": rollout.episodes[r].as_dict(), "trajectory": rollout.columns["trajectories"][r]}
+            )
+            yield (
+                i + rollout.prompt_index[r],
+                ex,
+                rollout.texts[r],
+                rollout.finish_reasons[r],
+                int(lengths[r]),
+                {name: v[r] for name, v in per_reward.items()},
+                totals[r],
+                episode,
+            )
 
 
 def _applied_mean(values) -> float:
@@ -157,8 +180,9 @@ def _checked_pass_k(num_samples: int, pass_k: Sequence[int], accuracy_reward: st
     return ks
 
 
-def _add_sampled(result: EvalResult, sampled: list[list[dict]], temperature: float, ks: list[int],
-                 names: list[str]) -> None:
+def _add_sampled(
+    result: EvalResult, sampled: list[list[dict]], temperature: float, ks: list[int], names: list[str]
+) -> None:
     """Attach each prompt's sampled completions to its sample and fill the sampled metrics of ``result``."""
     for s, rows in zip(result.samples, sampled):
         s["sampled"] = rows
@@ -171,9 +195,21 @@ def _add_sampled(result: EvalResult, sampled: list[list[dict]], temperature: flo
     result.sampled_rewards = {name: _applied_mean(r["rewards"][name] for r in sampled_rows) for name in names}
 
 
-def evaluate(engine: RolloutEngine, examples, reward_manager, *, max_new_tokens: int, batch_size: int,
-             accuracy_reward: str, success_threshold: float, greedy: bool = True, num_samples: int = 0,
-             temperature: float = 1.0, pass_k: Sequence[int] = (1,), seed: int | None = None) -> EvalResult:
+def evaluate(
+    engine: RolloutEngine,
+    examples,
+    reward_manager,
+    *,
+    max_new_tokens: int,
+    batch_size: int,
+    accuracy_reward: str,
+    success_threshold: float,
+    greedy: bool = True,
+    num_samples: int = 0,
+    temperature: float = 1.0,
+    pass_k: Sequence[int] = (1,),
+    seed: int | None = None,
+) -> EvalResult:
     """One completion per prompt (greedy by default) scored by every reward; with ``num_samples > 0``
     also that many sampled completions per prompt at ``temperature`` for sampled accuracy and pass@k
     (each k in ``pass_k`` must be between 1 and ``num_samples``).
@@ -188,21 +224,36 @@ def evaluate(engine: RolloutEngine, examples, reward_manager, *, max_new_tokens:
     samples: list[dict] = []
 
     def judged(text: str, finish: str, length: int, rewards: dict[str, float], total: float) -> dict:
-        return {"completion": text, "rewards": rewards, "reward": total, "length": length, "finish_reason": finish,
-                "correct": rewards[accuracy_reward] is not None and rewards[accuracy_reward] >= success_threshold}
+        return {
+            "completion": text,
+            "rewards": rewards,
+            "reward": total,
+            "length": length,
+            "finish_reason": finish,
+            "correct": rewards[accuracy_reward] is not None and rewards[accuracy_reward] >= success_threshold,
+        }
 
     with _seeded(seed):
         greedy_params = SamplingParams(max_new_tokens=max_new_tokens, n=1, greedy=greedy)
         for _, ex, text, finish, length, rewards, total, episode in _generate_scored(
-                engine, examples, reward_manager, greedy_params, batch_size):
-            samples.append({"source": ex.source, "prompt": ex.prompt, **judged(text, finish, length, rewards, total),
-                            "repetition": repetition_score(text), **episode})
+            engine, examples, reward_manager, greedy_params, batch_size
+        ):
+            samples.append(
+                {
+                    "source": ex.source,
+                    "prompt": ex.prompt,
+                    **judged(text, finish, length, rewards, total),
+                    "repetition": repetition_score(text),
+                    **episode,
+                }
+            )
         sampled: list[list[dict]] = [[] for _ in samples]
         if num_samples > 0:
             params = SamplingParams(max_new_tokens=max_new_tokens, n=num_samples, temperature=temperature)
             per_batch = max(1, batch_size // num_samples)
             for idx, _, text, finish, length, rewards, total, _ in _generate_scored(
-                    engine, examples, reward_manager, params, per_batch):
+                engine, examples, reward_manager, params, per_batch
+            ):
                 sampled[idx].append(judged(text, finish, length, rewards, total))
     result = EvalResult(
         accuracy=rate(s["correct"] for s in samples),

@@ -60,8 +60,10 @@ def side_by_side_rows(models: list[ModelResult], columns: list[dict] | None = No
         row["models"] = {}
         for m in models:
             t = m.result.samples[i]
-            entry = {k: t.get(k) for k in ("completion", "rewards", "reward", "correct", "finish_reason", "length",
-                                           "repetition")}
+            entry = {
+                k: t.get(k)
+                for k in ("completion", "rewards", "reward", "correct", "finish_reason", "length", "repetition")
+            }
             if "sampled_correct" in t:
                 entry["sampled_correct"] = t["sampled_correct"]
                 entry["num_samples"] = len(t.get("sampled", []))
@@ -98,7 +100,9 @@ def metric_rows(models: list[ModelResult]) -> list[tuple[str, list[str]]]:
     rows.append(("repetition, greedy (repeated word 3-grams)", [num(r.repetition_mean) for r in results]))
     if any(r.episodes for r in results):
         ep = lambda r, k: r.episodes.get(k) if r.episodes else None  # noqa: E731
-        rows.append(("tool-use rate, greedy (episodes with a tool call)", [pct(ep(r, "tool_use_rate")) for r in results]))
+        rows.append(
+            ("tool-use rate, greedy (episodes with a tool call)", [pct(ep(r, "tool_use_rate")) for r in results])
+        )
         rows.append(("turns per episode, greedy", [num(ep(r, "turns_mean"), 2) for r in results]))
         rows.append(("tool calls per episode, greedy", [num(ep(r, "tool_calls_mean"), 2) for r in results]))
         rows.append(("tool-call error rate, greedy", [pct(ep(r, "tool_error_rate")) for r in results]))
@@ -156,8 +160,7 @@ def _md_code(text: str) -> str:
 
 def markdown_table(models: list[ModelResult]) -> str:
     """The metrics table: one row per metric, one column per model."""
-    lines = ["| metric | " + " | ".join(_md_cell(m.label) for m in models) + " |",
-             "|---|" + "---:|" * len(models)]
+    lines = ["| metric | " + " | ".join(_md_cell(m.label) for m in models) + " |", "|---|" + "---:|" * len(models)]
     lines += ["| " + _md_cell(name) + " | " + " | ".join(values) + " |" for name, values in metric_rows(models)]
     return "\n".join(lines)
 
@@ -225,24 +228,47 @@ def render_html(models: list[ModelResult], rows: list[dict], ctx: ReportContext,
     """The same report as one self-contained HTML page (inline CSS, no scripts, links or external assets);
     every piece of model output, prompt and label is HTML-escaped."""
     e = lambda s: html.escape(str(s), quote=True)  # noqa: E731
-    out = ["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
-           f"<title>{e(ctx.title)}</title>", f"<style>{_CSS}</style>", "</head>", "<body>", f"<h1>{e(ctx.title)}</h1>",
-           '<ul class="meta">', *(f"<li>{e(line)}</li>" for line in _header_lines(models, ctx)), "</ul>",
-           '<table class="models">', "<tr><th>model</th><th>loaded from</th></tr>"]
-    out += [f"<tr><td>{e(m.label)}</td><td><code>{e(m.path)}</code>{' (' + e(m.kind) + ')' if m.kind else ''}</td></tr>"
-            for m in models]
-    out += ["</table>", "<h2>Metrics</h2>", '<table class="metrics">',
-            "<thead><tr><th>metric</th>" + "".join(f"<th>{e(m.label)}</th>" for m in models) + "</tr></thead>",
-            "<tbody>"]
-    out += ["<tr><td>" + e(name) + "</td>" + "".join(f'<td class="v">{e(v)}</td>' for v in values) + "</tr>"
-            for name, values in metric_rows(models)]
+    out = [
+        "<!DOCTYPE html>",
+        '<html lang="en">',
+        "<head>",
+        '<meta charset="utf-8">',
+        f"<title>{e(ctx.title)}</title>",
+        f"<style>{_CSS}</style>",
+        "</head>",
+        "<body>",
+        f"<h1>{e(ctx.title)}</h1>",
+        '<ul class="meta">',
+        *(f"<li>{e(line)}</li>" for line in _header_lines(models, ctx)),
+        "</ul>",
+        '<table class="models">',
+        "<tr><th>model</th><th>loaded from</th></tr>",
+    ]
+    out += [
+        f"<tr><td>{e(m.label)}</td><td><code>{e(m.path)}</code>{' (' + e(m.kind) + ')' if m.kind else ''}</td></tr>"
+        for m in models
+    ]
+    out += [
+        "</table>",
+        "<h2>Metrics</h2>",
+        '<table class="metrics">',
+        "<thead><tr><th>metric</th>" + "".join(f"<th>{e(m.label)}</th>" for m in models) + "</tr></thead>",
+        "<tbody>",
+    ]
+    out += [
+        "<tr><td>" + e(name) + "</td>" + "".join(f'<td class="v">{e(v)}</td>' for v in values) + "</tr>"
+        for name, values in metric_rows(models)
+    ]
     out += ["</tbody>", "</table>"]
     picked = pick_examples(rows, examples)
     if picked:
         out.append("<h2>Side-by-side examples</h2>")
     for n, row in enumerate(picked, 1):
-        out += ['<section class="example">', f"<h3>{n}. <code>{e(row['source'])}</code></h3>",
-                f'<pre class="prompt">{e(prompt_text(row["prompt"]))}</pre>']
+        out += [
+            '<section class="example">',
+            f"<h3>{n}. <code>{e(row['source'])}</code></h3>",
+            f'<pre class="prompt">{e(prompt_text(row["prompt"]))}</pre>',
+        ]
         if row.get("columns"):
             cols = ", ".join(f"{k} = {v!r}" for k, v in row["columns"].items())
             out.append(f'<p class="verdict">columns: {e(cols)}</p>')
@@ -250,9 +276,8 @@ def render_html(models: list[ModelResult], rows: list[dict], ctx: ReportContext,
         out.append(f'<table class="side"><tr>{heads}</tr><tr>')
         for entry in row["models"].values():
             cls = "ok" if entry.get("correct") else "bad"
-            shown = f'<pre>{e(entry["completion"])}</pre>' if entry["completion"] else "<em>(empty completion)</em>"
-            out.append(f'<td class="{cls}">{shown}'
-                       f'<div class="verdict">{e(_verdict(entry))}</div></td>')
+            shown = f"<pre>{e(entry['completion'])}</pre>" if entry["completion"] else "<em>(empty completion)</em>"
+            out.append(f'<td class="{cls}">{shown}<div class="verdict">{e(_verdict(entry))}</div></td>')
         out += ["</tr></table>", "</section>"]
     out += ["</body>", "</html>"]
     return "\n".join(out) + "\n"

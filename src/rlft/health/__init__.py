@@ -15,4 +15,14 @@ from rlft.health.checks import CHECKS, Check
 from rlft.health.findings import EXIT_UNHEALTHY, SEVERITIES, VERDICTS, Finding, conclusion, verdict_of
 from rlft.health.monitor import HealthMonitor
 
-__all__ = ["CHECKS", "EXIT_UNHEALTHY", "SEVERITIES", "VERDICTS", "Check", "Finding", "HealthMonitor", "conclusion", "verdict_of"]
+__all__ = [
+    "CHECKS",
+    "EXIT_UNHEALTHY",
+    "SEVERITIES",
+    "VERDICTS",
+    "Check",
+    "Finding",
+    "HealthMonitor",
+    "conclusion",
+    "verdict_of",
+]

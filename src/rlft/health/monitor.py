@@ -23,8 +23,13 @@ class HealthMonitor:
     :class:`~rlft.health.checks.learning.RewardDominance`); ``log``: where findings are said (None:
     nowhere); ``checks``: names from :data:`CHECKS` to run (default all)."""
 
-    def __init__(self, thresholds: HealthConfig | None = None, task_reward: str | None = None,
-                 log: logging.Logger | None = None, checks: list[str] | None = None):
+    def __init__(
+        self,
+        thresholds: HealthConfig | None = None,
+        task_reward: str | None = None,
+        log: logging.Logger | None = None,
+        checks: list[str] | None = None,
+    ):
         self.t = thresholds or HealthConfig()
         self.log = log
         unknown = sorted(set(checks or ()) - set(CHECKS))
@@ -75,8 +80,7 @@ class HealthMonitor:
         if self.log is None:
             return
         first = f" (since step {finding.step})" if finding.step != step else ""
-        self.log.warning(f"health, step {step}{first} [{finding.check}]: {finding.message}. "
-                         f"Knob: {finding.knob}")
+        self.log.warning(f"health, step {step}{first} [{finding.check}]: {finding.message}. Knob: {finding.knob}")
 
     # ------------------------------------------------------------------ reading
 
@@ -98,8 +102,10 @@ class HealthMonitor:
         limit, check = self.t.stop_on_no_signal, self.checks.get("no_signal")
         if limit is None or check is None or check.streak < limit:
             return None
-        return (f"no learning signal for {check.streak} steps in a row (train.health.stop_on_no_signal="
-                f"{limit}); knob: {check.knob}")
+        return (
+            f"no learning signal for {check.streak} steps in a row (train.health.stop_on_no_signal="
+            f"{limit}); knob: {check.knob}"
+        )
 
     def conclusion(self) -> str:
         """The closing log line: healthy, or what makes it not."""

@@ -54,8 +54,13 @@ def _plot(run: RunData, keys, path: Path, title: str, finding: Finding | None) -
         if finding is not None:
             ax.axvline(finding.step, color="tab:red", linewidth=1.2, label=f"first seen (step {finding.step})")
             if finding.last_step not in (None, finding.step):
-                ax.axvline(finding.last_step, color="tab:red", linestyle="--", linewidth=1,
-                           label=f"last seen (step {finding.last_step})")
+                ax.axvline(
+                    finding.last_step,
+                    color="tab:red",
+                    linestyle="--",
+                    linewidth=1,
+                    label=f"last seen (step {finding.last_step})",
+                )
     if finding is not None:
         axes[0].legend(fontsize=7, loc="best")
     axes[0].set_title(title, fontsize=10)

@@ -36,10 +36,16 @@ class Diagnosis:
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
-        return {"run_dir": str(self.run_dir), "verdict": self.verdict,
-                "findings": [f.as_dict() for f in self.findings], "steps_logged": self.steps_logged,
-                "evals": self.evals, "report": str(self.report) if self.report else None,
-                "plots": [str(p) for p in self.plots], "notes": self.notes}
+        return {
+            "run_dir": str(self.run_dir),
+            "verdict": self.verdict,
+            "findings": [f.as_dict() for f in self.findings],
+            "steps_logged": self.steps_logged,
+            "evals": self.evals,
+            "report": str(self.report) if self.report else None,
+            "plots": [str(p) for p in self.plots],
+            "notes": self.notes,
+        }
 
 
 def run_settings(run_dir: Path) -> tuple[HealthConfig, str | None, list[str]]:
@@ -61,13 +67,15 @@ def run_settings(run_dir: Path) -> tuple[HealthConfig, str | None, list[str]]:
         notes.append(f"train.health in {path} is not valid here ({str(exc).splitlines()[0]}): defaults used")
     functions = (raw.get("reward") or {}).get("functions") or [{}]
     first = functions[0] if isinstance(functions[0], dict) else {}
-    fallback = first.get("name") or (str(first.get("function", "")).rsplit(":", 1)[-1]
-                                     if first.get("type") == "custom" else first.get("type"))
+    fallback = first.get("name") or (
+        str(first.get("function", "")).rsplit(":", 1)[-1] if first.get("type") == "custom" else first.get("type")
+    )
     return thresholds, (raw.get("eval") or {}).get("accuracy_reward") or fallback, notes
 
 
-def replay(run: RunData, thresholds: HealthConfig, task_reward: str | None,
-           monitor: HealthMonitor | None = None) -> HealthMonitor:
+def replay(
+    run: RunData, thresholds: HealthConfig, task_reward: str | None, monitor: HealthMonitor | None = None
+) -> HealthMonitor:
     """Feed the run's metric rows (each spanning the steps since the previous one) and its evaluations,
     in step order, through ``monitor`` (default a fresh, silent one)."""
     monitor = monitor or HealthMonitor(thresholds, task_reward)
@@ -122,30 +130,47 @@ def _run_info(run_dir: Path) -> dict:
 def render_markdown(d: Diagnosis, info: dict) -> str:
     """The one-page report: verdict, each finding (what, where, the knob, its plot), then the overview."""
     bad = sum(f.severity == "unhealthy" for f in d.findings)
-    lines = [f"# Health report: {d.run_dir.name}", "",
-             f"**Verdict: {d.verdict}** - {len(d.findings)} finding(s): {bad} unhealthy, "
-             f"{len(d.findings) - bad} warning(s); from {d.steps_logged} logged rows of metrics.jsonl (last step "
-             f"{info.get('step', '?')}) and {d.evals} evaluation(s).", ""]
+    lines = [
+        f"# Health report: {d.run_dir.name}",
+        "",
+        f"**Verdict: {d.verdict}** - {len(d.findings)} finding(s): {bad} unhealthy, "
+        f"{len(d.findings) - bad} warning(s); from {d.steps_logged} logged rows of metrics.jsonl (last step "
+        f"{info.get('step', '?')}) and {d.evals} evaluation(s).",
+        "",
+    ]
     if info.get("status"):
-        lines += [f"Run status (run.json): {info['status']}, step {info.get('step', '?')} of "
-                  f"{info.get('total_steps', '?')}."
-                  + (f" Stopped itself: {info['halted']['reason']}." if isinstance(info.get("halted"), dict) else ""),
-                  ""]
+        lines += [
+            f"Run status (run.json): {info['status']}, step {info.get('step', '?')} of "
+            f"{info.get('total_steps', '?')}."
+            + (f" Stopped itself: {info['halted']['reason']}." if isinstance(info.get("halted"), dict) else ""),
+            "",
+        ]
     if d.findings:
         lines += ["| # | check | severity | first seen | last seen | knob |", "|---|---|---|---|---|---|"]
-        lines += [f"| {i} | {f.check} | {f.severity} | step {f.step} | step {f.last_step or f.step} | {f.knob} |"
-                  for i, f in enumerate(d.findings, 1)]
+        lines += [
+            f"| {i} | {f.check} | {f.severity} | step {f.step} | step {f.last_step or f.step} | {f.knob} |"
+            for i, f in enumerate(d.findings, 1)
+        ]
         lines.append("")
     names = {p.stem: p.name for p in d.plots}
     for i, f in enumerate(d.findings, 1):
-        lines += [f"## {i}. {f.check} ({f.severity}, from step {f.step})", "", f.message + ".", "",
-                  f"Knob: `{f.knob}`.", ""]
+        lines += [
+            f"## {i}. {f.check} ({f.severity}, from step {f.step})",
+            "",
+            f.message + ".",
+            "",
+            f"Knob: `{f.knob}`.",
+            "",
+        ]
         if f.check in names:
             lines += [f"![{f.check}]({names[f.check]})", ""]
     if not d.findings:
-        lines += ["No health check fired: the run had a learning signal throughout, its numbers stayed finite, "
-                  "and nothing the checks look for (collapse, runaway, blow-up, tool failures, held-out accuracy "
-                  "falling beyond noise) was seen.", ""]
+        lines += [
+            "No health check fired: the run had a learning signal throughout, its numbers stayed finite, "
+            "and nothing the checks look for (collapse, runaway, blow-up, tool failures, held-out accuracy "
+            "falling beyond noise) was seen.",
+            "",
+        ]
     if "overview" in names:
         lines += ["## Overview", "", f"![overview]({names['overview']})", ""]
     if d.notes:

@@ -79,4 +79,3 @@ class Stream:
     def trend_ready(self) -> bool:
         """Whether the run is long enough for a start and an end window that do not overlap."""
         return len(self.rows) >= 2 and self.steps_covered >= 2 * self.window
-

@@ -78,8 +78,11 @@ class _RunLogFile(logging.FileHandler):
             return
         if not getattr(self, "_stopped", False):
             self._stopped = True
-            print(f"rlft: stopped mirroring the log into {self.baseFilename}: {exc.strerror or exc}; "
-                  f"the console keeps every line", file=sys.stderr)
+            print(
+                f"rlft: stopped mirroring the log into {self.baseFilename}: {exc.strerror or exc}; "
+                f"the console keeps every line",
+                file=sys.stderr,
+            )
         self.setLevel(logging.CRITICAL + 1)
 
 
@@ -100,11 +103,24 @@ class ProgressBar:
     def __init__(self, total: int, mode: str = "auto", description: str = "training"):
         self._progress = None
         if self.enabled_for(mode):
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
 
-            self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                      TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-                                      TextColumn("{task.fields[info]}"))
+            self._progress = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[info]}"),
+            )
             self._task = self._progress.add_task(description, total=total, info="")
 
     @staticmethod

@@ -41,12 +41,17 @@ class Panel:
 # The dashboard (service/static/dashboard.js) draws the same panels, under the same names.
 PANELS: tuple[Panel, ...] = (
     Panel("reward", "Reward", "reward", keys=("reward/mean",), pattern=r"^reward/(.+)/mean$"),
-    Panel("zero_std", "Groups with zero reward spread", "share of groups", keys=("groups_zero_std",),
-          unit_range=True),
+    Panel("zero_std", "Groups with zero reward spread", "share of groups", keys=("groups_zero_std",), unit_range=True),
     Panel("kl", "KL to the reference", "kl", keys=("kl",)),
     Panel("entropy", "Entropy", "entropy", keys=("entropy",)),
-    Panel("length", "Completion length", "tokens", keys=("completion_len/mean",), right=("truncation_rate",),
-          right_label="truncation rate"),
+    Panel(
+        "length",
+        "Completion length",
+        "tokens",
+        keys=("completion_len/mean",),
+        right=("truncation_rate",),
+        right_label="truncation rate",
+    ),
     Panel("clip_frac", "Clipped fraction", "clip fraction", keys=("clip_frac",)),
     Panel("lr", "Learning rate", "lr", keys=("lr",)),
     Panel("eval_accuracy", "Eval accuracy", "accuracy", keys=("accuracy",), source="eval", unit_range=True),
@@ -54,8 +59,12 @@ PANELS: tuple[Panel, ...] = (
     Panel("step_seconds", "Step time", "seconds", keys=("step_seconds",)),
 )
 
-_LABELS = {"reward/mean": "total", "groups_zero_std": "zero std", "completion_len/mean": "mean length",
-           "truncation_rate": "truncation rate"}
+_LABELS = {
+    "reward/mean": "total",
+    "groups_zero_std": "zero std",
+    "completion_len/mean": "mean length",
+    "truncation_rate": "truncation rate",
+}
 
 
 @dataclass
@@ -137,8 +146,11 @@ def load_run(path: str | Path) -> RunData:
     metrics = run_dir / "metrics.jsonl"
     if not metrics.is_file():
         inner = sorted(p.parent.name for p in run_dir.glob("*/metrics.jsonl"))
-        hint = (f" It holds run directories ({', '.join(inner[:5])}{' ...' if len(inner) > 5 else ''}); "
-                f"pass those instead." if inner else " Is it a run directory, and has the run logged a step yet?")
+        hint = (
+            f" It holds run directories ({', '.join(inner[:5])}{' ...' if len(inner) > 5 else ''}); pass those instead."
+            if inner
+            else " Is it a run directory, and has the run logged a step yet?"
+        )
         raise UsageError(f"{metrics}: no such file.{hint}")
     try:
         records = read_metrics(metrics)
@@ -149,8 +161,11 @@ def load_run(path: str | Path) -> RunData:
 
 def _unique_names(runs: list[RunData]) -> None:
     """Legend names: the directory name, with its parent when two runs share a name, else the full path."""
-    for make in (lambda r: r.path.resolve().name, lambda r: "/".join(r.path.resolve().parts[-2:]),
-                 lambda r: str(r.path.resolve())):
+    for make in (
+        lambda r: r.path.resolve().name,
+        lambda r: "/".join(r.path.resolve().parts[-2:]),
+        lambda r: str(r.path.resolve()),
+    ):
         names = [make(r) for r in runs]
         if len(set(names)) == len(names):
             break
@@ -180,8 +195,9 @@ def panel_series(run: RunData, panel: Panel) -> list[Series]:
 _STYLES = ("-", "--", ":", "-.")
 
 
-def _draw(ax, panel: Panel, data: list[tuple[int, RunData, list[Series]]], several: bool,
-          legend_size: float = 8) -> None:
+def _draw(
+    ax, panel: Panel, data: list[tuple[int, RunData, list[Series]]], several: bool, legend_size: float = 8
+) -> None:
     """Draw ``panel`` on ``ax``: with ``several`` runs one colour per run (its place among all the runs,
     the same in every panel), line styles telling a run's series apart; else one colour per series."""
     import matplotlib as mpl
@@ -202,8 +218,9 @@ def _draw(ax, panel: Panel, data: list[tuple[int, RunData, list[Series]]], sever
             style = _STYLES[(s if several else (1 if ser.right else 0)) % len(_STYLES)]
             label = (f"{run.name} · {ser.label}" if multi else run.name) if several else ser.label
             marker = "o" if panel.source == "eval" or len(ser.steps) < 2 else None
-            (line,) = target.plot(ser.steps, ser.values, style, color=colour, marker=marker, markersize=3.5,
-                                  linewidth=1.4, label=label)
+            (line,) = target.plot(
+                ser.steps, ser.values, style, color=colour, marker=marker, markersize=3.5, linewidth=1.4, label=label
+            )
             handles.append(line)
     ax.set_title(panel.title, fontsize=11)
     ax.set_xlabel("step")
@@ -240,8 +257,10 @@ def plot_runs(run_dirs: list[str | Path], out_dir: str | Path, dpi: int = 120) -
         if data:
             panels.append((panel, data))
     if not panels:
-        raise UsageError(f"nothing to plot: {', '.join(str(r.path / 'metrics.jsonl') for r in runs)} "
-                         f"{'has' if len(runs) == 1 else 'have'} no logged steps yet.")
+        raise UsageError(
+            f"nothing to plot: {', '.join(str(r.path / 'metrics.jsonl') for r in runs)} "
+            f"{'has' if len(runs) == 1 else 'have'} no logged steps yet."
+        )
     try:
         import matplotlib  # noqa: F401
     except ImportError:

@@ -36,8 +36,16 @@ OOM_HEADROOM = 0.05  # a SIGKILL with less free than this share of the limit in 
 class ResourceMonitor:
     """Samples resources from a daemon thread while a run trains (``with ResourceMonitor(...):``)."""
 
-    def __init__(self, path: Path, *, interval: float | None = None, warn_below: float = 0.1,
-                 first_knob: str | None = None, cuda: bool = False, log: logging.Logger | None = None):
+    def __init__(
+        self,
+        path: Path,
+        *,
+        interval: float | None = None,
+        warn_below: float = 0.1,
+        first_knob: str | None = None,
+        cuda: bool = False,
+        log: logging.Logger | None = None,
+    ):
         self.path, self.warn_below = Path(path), warn_below
         self.interval = interval if interval is not None else float(os.environ.get("RLFT_RESOURCE_SECONDS", SECONDS))
         self.first_knob, self.cuda = first_knob, cuda
@@ -52,7 +60,7 @@ class ResourceMonitor:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def __enter__(self) -> "ResourceMonitor":
+    def __enter__(self) -> ResourceMonitor:
         self._process.cpu_percent(None)  # the first call only starts the interval
         self._thread = threading.Thread(target=self._run, name="rlft-resources", daemon=True)
         self._thread.start()
@@ -75,8 +83,10 @@ class ResourceMonitor:
             except Exception as exc:  # noqa: BLE001  (whatever a probe raises, training goes on)
                 self.failures += 1
                 if self.failures >= MAX_FAILURES:
-                    self.log.warning(f"resource monitor stopped after {self.failures} failed samples "
-                                     f"({type(exc).__name__}: {exc}); training goes on without it")
+                    self.log.warning(
+                        f"resource monitor stopped after {self.failures} failed samples "
+                        f"({type(exc).__name__}: {exc}); training goes on without it"
+                    )
                     return
             if self._stop.wait(self.interval):
                 return
@@ -88,10 +98,17 @@ class ResourceMonitor:
         self.peak_rss = max(self.peak_rss, mem.rss)
         # under a cgroup limit lower than RAM, what this process may still take is the limit less its RSS
         available = min(system.available, max(self._limit - mem.rss, 0))
-        out = {"time": round(time.time(), 3), "step": self.step, "rss_mb": round(mem.rss / MB, 1),
-               "rss_peak_mb": round(self.peak_rss / MB, 1), "limit_mb": round(self._limit / MB),
-               "available_mb": round(available / MB, 1), "system_used_percent": system.percent,
-               "cpu_percent": self._process.cpu_percent(None), "threads": self._process.num_threads()}
+        out = {
+            "time": round(time.time(), 3),
+            "step": self.step,
+            "rss_mb": round(mem.rss / MB, 1),
+            "rss_peak_mb": round(self.peak_rss / MB, 1),
+            "limit_mb": round(self._limit / MB),
+            "available_mb": round(available / MB, 1),
+            "system_used_percent": system.percent,
+            "cpu_percent": self._process.cpu_percent(None),
+            "threads": self._process.num_threads(),
+        }
         if self.cuda:
             out["gpus"] = gpu_samples()
         return out
@@ -106,8 +123,10 @@ class ResourceMonitor:
         share = sample["available_mb"] / max(sample["limit_mb"], 1)
         if share < self.warn_below and not self._warned:
             knob = f"; the first thing to turn down: --set {self.first_knob}" if self.first_knob else ""
-            self.log.warning(f"memory is running out: {sample['available_mb']:.0f} MB of {sample['limit_mb']} MB "
-                             f"left (this process: {sample['rss_mb']:.0f} MB){knob}")
+            self.log.warning(
+                f"memory is running out: {sample['available_mb']:.0f} MB of {sample['limit_mb']} MB "
+                f"left (this process: {sample['rss_mb']:.0f} MB){knob}"
+            )
             self._warned = True
         elif share > 2 * self.warn_below:
             self._warned = False
@@ -130,8 +149,12 @@ class ResourceMonitor:
         s = self.last
         if not s:
             return {}
-        out = {"resources/rss_mb": s["rss_mb"], "resources/rss_peak_mb": s["rss_peak_mb"],
-               "resources/available_mb": s["available_mb"], "resources/cpu_percent": s["cpu_percent"]}
+        out = {
+            "resources/rss_mb": s["rss_mb"],
+            "resources/rss_peak_mb": s["rss_peak_mb"],
+            "resources/available_mb": s["available_mb"],
+            "resources/cpu_percent": s["cpu_percent"],
+        }
         for gpu in s.get("gpus", []):
             for key in ("allocated_mb", "reserved_mb", "peak_mb", "utilization_percent"):
                 if gpu.get(key) is not None:
@@ -146,10 +169,15 @@ def gpu_samples() -> list[dict]:
 
     out = []
     for i in range(torch.cuda.device_count()):
-        out.append({"index": i, "allocated_mb": round(torch.cuda.memory_allocated(i) / MB, 1),
-                    "reserved_mb": round(torch.cuda.memory_reserved(i) / MB, 1),
-                    "peak_mb": round(torch.cuda.max_memory_allocated(i) / MB, 1),
-                    "utilization_percent": _nvml_utilization(i)})
+        out.append(
+            {
+                "index": i,
+                "allocated_mb": round(torch.cuda.memory_allocated(i) / MB, 1),
+                "reserved_mb": round(torch.cuda.memory_reserved(i) / MB, 1),
+                "peak_mb": round(torch.cuda.max_memory_allocated(i) / MB, 1),
+                "utilization_percent": _nvml_utilization(i),
+            }
+        )
     return out
 
 
@@ -174,7 +202,7 @@ def last_samples(run_dir: str | Path, n: int = 5) -> list[dict]:
     except OSError:
         return []
     out = []
-    for line in lines[-(n + 1):]:
+    for line in lines[-(n + 1) :]:
         try:
             out.append(json.loads(line))
         except ValueError:
@@ -196,12 +224,18 @@ def diagnose_kill(run_dir: str | Path) -> dict | None:
         return None
     info = _read_json(Path(run_dir) / "run.json")
     advice = (info.get("memory") or {}).get("if_out_of_memory", [])
-    return {"error_type": "oom",
-            "error": f"killed by the kernel's OOM killer (signal 9) at step {last.get('step')}: the process "
-                     f"reached {peak:.0f} MB of {last.get('limit_mb')} MB"
-                     + (f"; try --set {advice[0]}" if advice else ""),
-            "oom": {"kind": "cpu", "peak_mb": peak, "limit_mb": last.get("limit_mb"), "step": last.get("step"),
-                    "advice": advice}}
+    return {
+        "error_type": "oom",
+        "error": f"killed by the kernel's OOM killer (signal 9) at step {last.get('step')}: the process "
+        f"reached {peak:.0f} MB of {last.get('limit_mb')} MB" + (f"; try --set {advice[0]}" if advice else ""),
+        "oom": {
+            "kind": "cpu",
+            "peak_mb": peak,
+            "limit_mb": last.get("limit_mb"),
+            "step": last.get("step"),
+            "advice": advice,
+        },
+    }
 
 
 def _read_json(path: Path) -> dict:

@@ -38,7 +38,7 @@ class RunDirectory:
     root: Path
 
     @classmethod
-    def create(cls, output_dir: str | Path, run_name: str | None, algorithm: str) -> "RunDirectory":
+    def create(cls, output_dir: str | Path, run_name: str | None, algorithm: str) -> RunDirectory:
         """A new run directory. If ``<output_dir>/<run_name>`` already holds a run, ``-2``, ``-3`` ... is
         appended instead: a fresh run never mixes its files with another's (continuing one is --resume)."""
         name = run_name or time.strftime("%Y%m%d-%H%M%S") + f"-{algorithm}"
@@ -51,15 +51,16 @@ class RunDirectory:
         return cls.at(root)
 
     @classmethod
-    def at(cls, root: str | Path) -> "RunDirectory":
+    def at(cls, root: str | Path) -> RunDirectory:
         """The run directory exactly at ``root`` (the job service names it before the process starts);
         refused if it already holds a run (continuing one is --resume)."""
         run = cls(Path(root).expanduser().resolve())
         if run.holds_run():
             from rlft.errors import UsageError
 
-            raise UsageError(f"--run-dir {run.root} already holds a run; continue it with --resume auto, or "
-                             f"choose another directory")
+            raise UsageError(
+                f"--run-dir {run.root} already holds a run; continue it with --resume auto, or choose another directory"
+            )
         check_writable(run.root, "the run directory")
         (run.root / "checkpoints").mkdir(exist_ok=True)
         (run.root / "eval").mkdir(exist_ok=True)

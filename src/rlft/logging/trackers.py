@@ -105,12 +105,19 @@ class WandbTracker:
 
         mode = ctx.settings.get("wandb_mode") or "offline"
         self._run = wandb.init(
-            dir=str(ctx.run_dir), project=ctx.settings.get("project") or "rlft", name=ctx.run_name,
-            id=ctx.state.get("wandb_id"), resume="allow", mode=mode, config=ctx.hyperparams,
+            dir=str(ctx.run_dir),
+            project=ctx.settings.get("project") or "rlft",
+            name=ctx.run_name,
+            id=ctx.state.get("wandb_id"),
+            resume="allow",
+            mode=mode,
+            config=ctx.hyperparams,
             reinit="create_new",  # never touch (or finish) a W&B run the caller has open
-            settings=wandb.Settings(console="off", silent=True, allow_val_change=True))
-        self.where = f"{ctx.run_dir / 'wandb'} ({mode}; upload with `wandb sync`)" if mode == "offline" else \
-            str(self._run.url)
+            settings=wandb.Settings(console="off", silent=True, allow_val_change=True),
+        )
+        self.where = (
+            f"{ctx.run_dir / 'wandb'} ({mode}; upload with `wandb sync`)" if mode == "offline" else str(self._run.url)
+        )
         return {"wandb_id": self._run.id}
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -143,8 +150,9 @@ class MLflowTracker:
             self._client.update_run(run_id, status="RUNNING")
             known = self._client.get_run(run_id).data.params
         else:
-            run_id = self._client.create_run(self._experiment(ctx.settings.get("project") or "rlft", artifacts),
-                                              run_name=ctx.run_name).info.run_id
+            run_id = self._client.create_run(
+                self._experiment(ctx.settings.get("project") or "rlft", artifacts), run_name=ctx.run_name
+            ).info.run_id
             known = {}
         self._run_id = run_id
         self._log_params(ctx.hyperparams, known)
@@ -228,15 +236,23 @@ class Trackers:
 
     def _disable(self, name: str, stage: str, exc: Exception) -> None:
         tracker = self._active.pop(name, None)
-        log.warning(f"tracker {name} failed at {stage} and is disabled for the rest of this run "
-                    f"(metrics.jsonl has every metric): {type(exc).__name__}: {exc}")
+        log.warning(
+            f"tracker {name} failed at {stage} and is disabled for the rest of this run "
+            f"(metrics.jsonl has every metric): {type(exc).__name__}: {exc}"
+        )
         if tracker is not None and stage == "log":
             with contextlib.suppress(Exception):  # release what it holds; it already had its warning
                 tracker.close("failed")
 
 
-def open_trackers(names: Iterable[str], run_dir: Path, config: Mapping[str, Any], run_name: str,
-                  state: Mapping[str, str] | None = None, resume_step: int | None = None) -> Trackers:
+def open_trackers(
+    names: Iterable[str],
+    run_dir: Path,
+    config: Mapping[str, Any],
+    run_name: str,
+    state: Mapping[str, str] | None = None,
+    resume_step: int | None = None,
+) -> Trackers:
     """Start each tracker in ``names`` (``train.report_to``) for the run in ``run_dir``.
 
     ``state`` is what an earlier process stored from ``Trackers.ids`` (run.json's ``trackers``) and
@@ -266,10 +282,11 @@ def flatten_config(tree: Mapping[str, Any] | list, prefix: str = "") -> dict[str
     """Dotted keys for the config's leaves, as in ``--set`` (``reward.functions.0.type``); a list of
     plain values stays one value (``eval.pass_k: [1]``)."""
     out: dict[str, Any] = {}
-    for key, value in (tree.items() if isinstance(tree, Mapping) else enumerate(tree)):
+    for key, value in tree.items() if isinstance(tree, Mapping) else enumerate(tree):
         name = f"{prefix}{key}"
-        if isinstance(value, Mapping) or (isinstance(value, list) and any(isinstance(v, (Mapping, list))
-                                                                          for v in value)):
+        if isinstance(value, Mapping) or (
+            isinstance(value, list) and any(isinstance(v, (Mapping, list)) for v in value)
+        ):
             out.update(flatten_config(value, name + "."))
         else:
             out[name] = value
@@ -287,4 +304,4 @@ def _mlflow_key(key: str) -> str:
 
 
 def _chunks(items: list, size: int) -> Iterable[list]:
-    return (items[i:i + size] for i in range(0, len(items), size))
+    return (items[i : i + size] for i in range(0, len(items), size))

@@ -41,9 +41,16 @@ NATIVE_ELEMENTS = 1 << 24
 _UNSUPPORTED_KWARGS = ("softcap", "sliding_window", "s_aux", "position_bias", "sinks")
 
 
-def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                      attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                      **kwargs) -> tuple[torch.Tensor, None]:
+def attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
     """query [B, H, L, D], key/value [B, KVH, S, D], attention_mask bool [B, 1, L, S] (True: attend) or None
     (causal) -> ([B, L, H, D], None), the contract of transformers' attention functions."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -53,10 +60,14 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         return groups.attend(module, query, key, value, dropout=dropout, scaling=scaling, **kwargs), None
     B, H, L, D = query.shape
     KVH, S = key.shape[1], key.shape[2]
-    simple = (dropout == 0.0 and not any(kwargs.get(k) is not None for k in _UNSUPPORTED_KWARGS)
-              and (attention_mask is None or (attention_mask.dtype == torch.bool and attention_mask.shape[1] == 1))
-              and H % KVH == 0 and getattr(module, "is_causal", True))
-    scale = D ** -0.5 if scaling is None else scaling
+    simple = (
+        dropout == 0.0
+        and not any(kwargs.get(k) is not None for k in _UNSUPPORTED_KWARGS)
+        and (attention_mask is None or (attention_mask.dtype == torch.bool and attention_mask.shape[1] == 1))
+        and H % KVH == 0
+        and getattr(module, "is_causal", True)
+    )
+    scale = D**-0.5 if scaling is None else scaling
     # the native path's limit is a block's: long rows split into query blocks take it too
     fits = B * H * (L if L < 2 * QUERY_BLOCK else QUERY_BLOCK) * S <= NATIVE_ELEMENTS
     kernels, dtype = _native(query, key, value) if simple and fits else (None, None)
@@ -65,8 +76,9 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         blocks = _query_blocks(mask, L, S, whole_fits=B * H * L * S <= NATIVE_ELEMENTS)
         return _NativeAttention.apply(query, key, value, mask, scale, kernels, dtype, blocks), None
     if not simple or B * H * L * S > MATMUL_ELEMENTS:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     G = H // KVH
     q = query.reshape(B, KVH, G * L, D)
     scores = torch.matmul(q, key.transpose(-1, -2)).float().view(B, KVH, G, L, S) * scale
@@ -117,8 +129,10 @@ class PromptGroups:
         # a prompt's left-padding query sees every key: its output is never used, and a query that attends to
         # nothing is NaN under SDPA, which its (masked) key and value would then spread as 0 * NaN
         pm = (causal_p[None] & real_p[:, None, :]) | ~real_p[:, :, None]
-        cm = torch.cat([real_p.index_select(0, row_prompt)[:, None, :].expand(-1, C, P),
-                        causal_c[None] & real_c[:, None, :]], dim=-1)
+        cm = torch.cat(
+            [real_p.index_select(0, row_prompt)[:, None, :].expand(-1, C, P), causal_c[None] & real_c[:, None, :]],
+            dim=-1,
+        )
         return cls(row_prompt, pm[:, None], cm[:, None])
 
     @property
@@ -133,7 +147,7 @@ class PromptGroups:
         U, P, B, C = self.shape
 
         def split(x: torch.Tensor, rows: int, cols: int, start: int) -> torch.Tensor:  # -> [rows, heads, cols, D]
-            return x[0, :, start:start + rows * cols].unflatten(1, (rows, cols)).transpose(0, 1)
+            return x[0, :, start : start + rows * cols].unflatten(1, (rows, cols)).transpose(0, 1)
 
         qp, kp, vp = (split(t, U, P, 0) for t in (query, key, value))
         qc, kc, vc = (split(t, B, C, U * P) for t in (query, key, value))
@@ -154,7 +168,8 @@ def packs_prompt_groups(model: torch.nn.Module) -> bool:
 
 
 def _native(query: torch.Tensor, *others: torch.Tensor):
-    """(rlft's native kernels, the compute dtype) where they run this attention (CPU, bf16 or fp32), else (None, None)."""
+    """(rlft's native kernels, the compute dtype) where they run this attention (CPU, bf16 or fp32),
+    else (None, None)."""
     from rlft.models.kernels import kernels_for
 
     autocast = query.device.type == "cpu" and torch.is_autocast_enabled("cpu")
@@ -222,7 +237,9 @@ class _NativeAttention(torch.autograd.Function):
             for a, b, e in blocks:
                 probs = torch.matmul(_rows(q, G, L, a, b), k[:, :, :e].transpose(-1, -2))  # [B, KVH, G * (b - a), e]
                 lse_b = lse if len(blocks) == 1 else torch.empty(probs.shape[:3], dtype=torch.float32)
-                kernels.attention_softmax(probs, _block_mask(mask, B, a, b, e), b - a, scale, lse_b.view(probs.shape[:3]))
+                kernels.attention_softmax(
+                    probs, _block_mask(mask, B, a, b, e), b - a, scale, lse_b.view(probs.shape[:3])
+                )
                 out_b = torch.matmul(probs, v[:, :, :e]).view(B, KVH, G, b - a, D)
                 if len(blocks) == 1:
                     out = out_b
@@ -254,9 +271,15 @@ class _NativeAttention(torch.autograd.Function):
                 probs = torch.matmul(qb, kb.transpose(-1, -2))
                 d_scores = torch.matmul(dob, vb.transpose(-1, -2))
                 # .contiguous(): with one query in the block, reshape keeps the slice's strides
-                ctx.kernels.attention_softmax_backward(probs, d_scores, lse[..., a:b].contiguous().view(B, KVH, -1),
-                                                       delta[..., a:b].contiguous().view(B, KVH, -1),
-                                                       _block_mask(mask, B, a, b, e), b - a, ctx.scale)
+                ctx.kernels.attention_softmax_backward(
+                    probs,
+                    d_scores,
+                    lse[..., a:b].contiguous().view(B, KVH, -1),
+                    delta[..., a:b].contiguous().view(B, KVH, -1),
+                    _block_mask(mask, B, a, b, e),
+                    b - a,
+                    ctx.scale,
+                )
                 dq_b = torch.matmul(d_scores, kb).view(B, KVH, G, b - a, D)
                 dv_b, dk_b = torch.matmul(probs.transpose(-1, -2), dob), torch.matmul(d_scores.transpose(-1, -2), qb)
                 if one:
@@ -275,7 +298,7 @@ def _rows(x: torch.Tensor, G: int, L: int, a: int, b: int) -> torch.Tensor:
     return x if (a, b) == (0, L) else x.view(B, KVH, G, L, D)[:, :, :, a:b].reshape(B, KVH, G * (b - a), D)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def register() -> str:
     """Register the attention and its mask (SDPA's boolean mask) with transformers; returns the name."""
     from transformers import AttentionInterface

@@ -15,8 +15,8 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from filelock import FileLock, Timeout
 

@@ -98,8 +98,11 @@ def _entries(source: nn.Module, copy_: nn.Module, lora: dict[str, nn.Module]) ->
         path, leaf = key.rsplit(".", 1)
         layer = lora.get(prefix + path)
         if layer is not None and leaf == "weight":
-            out.append(_Entry(dst, [layer.base_layer.weight, *_adapter_params(layer)],
-                              lambda layer=layer: _merged_weight(layer)))
+            out.append(
+                _Entry(
+                    dst, [layer.base_layer.weight, *_adapter_params(layer)], lambda layer=layer: _merged_weight(layer)
+                )
+            )
             continue
         # A tied weight (embeddings = LM head) is one source tensor with two copies: fp32 and bf16.
         src = originals[prefix + (f"{path}.base_layer.{leaf}" if layer is not None else key)]
@@ -117,8 +120,7 @@ def _shareable(owner: nn.Module, dst: torch.Tensor, src: torch.Tensor) -> bool:
 
 
 def _adapter_params(layer: nn.Module) -> list[torch.Tensor]:
-    return [p for a in layer.active_adapters for d in (layer.lora_A, layer.lora_B) if a in d
-            for p in d[a].parameters()]
+    return [p for a in layer.active_adapters for d in (layer.lora_A, layer.lora_B) if a in d for p in d[a].parameters()]
 
 
 def _merged_weight(layer: nn.Module) -> torch.Tensor:

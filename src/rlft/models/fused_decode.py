@@ -63,8 +63,10 @@ def fuse_projections(model: nn.Module) -> None:
     attention and MLP modules). Only for a frozen copy: views are not trained."""
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        attn.fused_qkv = (_fuse([attn.q_proj, attn.k_proj, attn.v_proj], "weight"),
-                          _fuse([attn.q_proj, attn.k_proj, attn.v_proj], "bias"))
+        attn.fused_qkv = (
+            _fuse([attn.q_proj, attn.k_proj, attn.v_proj], "weight"),
+            _fuse([attn.q_proj, attn.k_proj, attn.v_proj], "bias"),
+        )
         mlp.fused_gate_up = (_fuse([mlp.gate_proj, mlp.up_proj], "weight"), None)
 
 
@@ -75,7 +77,7 @@ def _fuse(linears: list[nn.Linear], name: str) -> torch.Tensor | None:
     fused = torch.cat([p.detach() for p in parts])
     start = 0
     for m, p in zip(linears, parts):
-        setattr(m, name, nn.Parameter(fused[start:start + p.shape[0]], requires_grad=False))
+        setattr(m, name, nn.Parameter(fused[start : start + p.shape[0]], requires_grad=False))
         start += p.shape[0]
     return fused
 
@@ -108,8 +110,9 @@ class _Matmul:
     kernel's layout. Otherwise on the weights as they are, small inputs through the weight-first
     product (CPU GEMMs stream a cold weight faster as ``W @ x.T``)."""
 
-    def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor] | None,
-                 pack_dtype: torch.dtype | None, thin=None):
+    def __init__(
+        self, weights: list[torch.Tensor], biases: list[torch.Tensor] | None, pack_dtype: torch.dtype | None, thin=None
+    ):
         self.weights, self.biases = weights, biases
         self.pack_dtype = pack_dtype
         self.dtype = pack_dtype or weights[0].dtype
@@ -179,7 +182,7 @@ class FusedDecoder:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.layers = [self._layer(layer, pack_dtype, thin) for layer in base.layers]
         self.cache_dtype, self.device = self.head.dtype, self.embed.device
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         self._matmuls = [self.head] + [m for la in self.layers for m in (la.qkv, la.o, la.gate_up, la.down)]
         self._watch = ChangeWatch([m.sources for m in self._matmuls], start_changed=True) if pack_dtype else None
         self.kernels = kernels if kernels is not None and self._kernels_apply() else None
@@ -190,18 +193,26 @@ class FusedDecoder:
         from rlft.models.kernels import supports
 
         norms = [self.norm] + [w for la in self.layers for w in (la.ln1, la.ln2)]
-        return (self.device.type == "cpu" and self.cache_dtype in (torch.float32, torch.bfloat16)
-                and supports(self.heads, self.kv_heads, self.head_dim)
-                and all(w.dtype == torch.float32 and w.is_contiguous() for w in norms))
+        return (
+            self.device.type == "cpu"
+            and self.cache_dtype in (torch.float32, torch.bfloat16)
+            and supports(self.heads, self.kv_heads, self.head_dim)
+            and all(w.dtype == torch.float32 and w.is_contiguous() for w in norms)
+        )
 
     @staticmethod
     def _layer(layer: nn.Module, pack_dtype: torch.dtype | None, thin) -> _Layer:
         attn, mlp = layer.self_attn, layer.mlp
         qkv, qkv_bias = _weights(attn, "fused_qkv", [attn.q_proj, attn.k_proj, attn.v_proj])
         gate_up, _ = _weights(mlp, "fused_gate_up", [mlp.gate_proj, mlp.up_proj])
-        return _Layer(layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
-                      _Matmul(qkv, qkv_bias, pack_dtype, thin), _Matmul([attn.o_proj.weight], None, pack_dtype, thin),
-                      _Matmul(gate_up, None, pack_dtype, thin), _Matmul([mlp.down_proj.weight], None, pack_dtype, thin))
+        return _Layer(
+            layer.input_layernorm.weight,
+            layer.post_attention_layernorm.weight,
+            _Matmul(qkv, qkv_bias, pack_dtype, thin),
+            _Matmul([attn.o_proj.weight], None, pack_dtype, thin),
+            _Matmul(gate_up, None, pack_dtype, thin),
+            _Matmul([mlp.down_proj.weight], None, pack_dtype, thin),
+        )
 
     def refresh(self) -> None:
         """Remake the packed copy of every weight that changed since the last rollout."""
@@ -220,20 +231,32 @@ class FusedDecoder:
             matmuls = [m for la in ls for m in (la.qkv, la.o, la.gate_up, la.down)]
             applies = all(m.thin is not None and m.bias is None and m._packed is not None for m in matmuls)
             self._loop = applies and LayerWeights.of(
-                [la.qkv._packed for la in ls], [la.o._packed for la in ls], [la.gate_up._packed for la in ls],
-                [la.down._packed for la in ls], [la.ln1 for la in ls], [la.ln2 for la in ls], self.heads,
-                self.kv_heads, self.head_dim)
+                [la.qkv._packed for la in ls],
+                [la.o._packed for la in ls],
+                [la.gate_up._packed for la in ls],
+                [la.down._packed for la in ls],
+                [la.ln1 for la in ls],
+                [la.ln2 for la in ls],
+                self.heads,
+                self.kv_heads,
+                self.head_dim,
+            )
         return self._loop or None
 
     def new_cache(self, rows: int, capacity: int) -> StaticKV:
-        return StaticKV(len(self.layers), rows, self.kv_heads, capacity, self.head_dim, self.cache_dtype,
-                        self.device)
+        return StaticKV(len(self.layers), rows, self.kv_heads, capacity, self.head_dim, self.cache_dtype, self.device)
 
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), weight, self.eps)  # Hugging Face's fp32 RMSNorm, one kernel
 
-    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, kv: StaticKV, repeat: int = 1,
-                positions: torch.Tensor | None = None) -> torch.Tensor:
+    def prefill(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        kv: StaticKV,
+        repeat: int = 1,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Run U left-padded inputs ``ids``/``mask`` [U, T] after what ``kv`` holds and write their
         keys/values at columns ``kv.length ..`` (+T). Returns the logits [U, V] after each row's last input.
 
@@ -263,16 +286,16 @@ class FusedDecoder:
             qkv = layer.qkv(self._rms(x, layer.ln1)).view(U, T, -1)
             _rotate(qkv[..., : (H + KVH) * D].view(U, T, H + KVH, D), cos, sin, out=qk)
             q, k = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2)
-            v = qkv[..., (H + KVH) * D:].view(U, T, KVH, D).transpose(1, 2).to(self.cache_dtype)
-            kv.k[i, :, :, C:C + T] = k.repeat_interleave(repeat, 0)
-            kv.v[i, :, :, C:C + T] = v.repeat_interleave(repeat, 0)
+            v = qkv[..., (H + KVH) * D :].view(U, T, KVH, D).transpose(1, 2).to(self.cache_dtype)
+            kv.k[i, :, :, C : C + T] = k.repeat_interleave(repeat, 0)
+            kv.v[i, :, :, C : C + T] = v.repeat_interleave(repeat, 0)
             if C:
-                k, v = kv.k[i, :, :, :C + T], kv.v[i, :, :, :C + T]
+                k, v = kv.k[i, :, :, : C + T], kv.v[i, :, :, : C + T]
             attn = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=H != KVH, scale=1.0)
             x.add_(layer.o(attn.transpose(1, 2).reshape(U * T, H * D)))
             gate, up = layer.gate_up(self._rms(x, layer.ln2)).chunk(2, dim=-1)
             x.add_(layer.down(F.silu(gate) * up))
-        kv.valid[:, C:C + T] = real.repeat_interleave(repeat, 0)
+        kv.valid[:, C : C + T] = real.repeat_interleave(repeat, 0)
         kv.length = C + T
         last = self._rms(x.view(U, T, -1)[:, -1], self.norm)  # left padding: the last column is real
         return self.head(last).to(torch.float32, memory_format=torch.contiguous_format)
@@ -315,8 +338,9 @@ class FusedDecoder:
         # the usual orientation for the head: sampling reads its [B, V] output row by row
         return self.head(hidden).to(torch.float32, memory_format=torch.contiguous_format)
 
-    def step_at(self, tokens: torch.Tensor, positions: torch.Tensor, kv: StaticKV,
-                column: torch.Tensor) -> torch.Tensor:
+    def step_at(
+        self, tokens: torch.Tensor, positions: torch.Tensor, kv: StaticKV, column: torch.Tensor
+    ) -> torch.Tensor:
         """:meth:`step` at the cache column held in ``column`` (a [1] long tensor on the device) rather
         than ``kv.length``, with PyTorch ops only and no value read back to the host: every shape and
         address is fixed, so a CUDA graph can capture it (:mod:`rlft.rollout.graphed_rows`). ``kv`` must
@@ -334,8 +358,9 @@ class FusedDecoder:
         cos, sin = (t[:, 0] for t in self._rotary(x, positions[:, None]))
         return x, cos, sin
 
-    def _layers_torch(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: StaticKV,
-                      col: int | torch.Tensor) -> torch.Tensor:
+    def _layers_torch(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: StaticKV, col: int | torch.Tensor
+    ) -> torch.Tensor:
         """Every layer on the residual x [B, hidden] (fp32, updated in place) with PyTorch ops, writing
         keys and values at cache column ``col`` (an int, or a [1] device tensor); returns the final
         norm's output."""
@@ -348,29 +373,32 @@ class FusedDecoder:
             qkv = layer.qkv(self._rms(x, layer.ln1))
             _rotate(qkv[:, : (H + KVH) * D].view(B, H + KVH, D), cos, sin, out=qk)  # q and k at once
             _put_column(kv.k[i], col, qk[:, H:])
-            _put_column(kv.v[i], col, qkv[:, (H + KVH) * D:].view(B, KVH, D))
+            _put_column(kv.v[i], col, qkv[:, (H + KVH) * D :].view(B, KVH, D))
             attn = self._attend(qk[:, :H], kv.k[i], kv.v[i], bias)
             x.add_(layer.o(attn))  # fp32 residual += the bf16 output, promoted
             gate, up = layer.gate_up(self._rms(x, layer.ln2)).chunk(2, dim=-1)
             x.add_(layer.down(F.silu(gate) * up))
         return self._rms(x, self.norm)
 
-    def _layers_native(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: StaticKV,
-                       col: int) -> torch.Tensor:
+    def _layers_native(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: StaticKV, col: int
+    ) -> torch.Tensor:
         """:meth:`_layers_torch` with the work between the matmuls in four native calls a layer: the
         residual add is fused with the next norm, and rotary, cache write and attention are one call.
         Returns the final norm's output in the compute dtype."""
         k, B, dtype = self.kernels, x.shape[0], self.cache_dtype
         loop = self._layer_loop()
         if loop is not None:
-            return k.decode_layers_bf16(x, loop, self.norm, self.eps, cos, sin, kv.k, kv.v, kv.valid, col,
-                                        torch.empty(x.shape, dtype=dtype))
+            return k.decode_layers_bf16(
+                x, loop, self.norm, self.eps, cos, sin, kv.k, kv.v, kv.valid, col, torch.empty(x.shape, dtype=dtype)
+            )
         hidden = k.rms_norm(x, self.layers[0].ln1, self.eps, torch.empty(x.shape, dtype=dtype))
         attn = torch.empty(B, self.heads * self.head_dim, dtype=dtype)
         act = None
         for i, layer in enumerate(self.layers):
-            k.decode_attention(layer.qkv(hidden).contiguous(), cos, sin, kv.k[i], kv.v[i], kv.valid, col, self.heads,
-                               attn)
+            k.decode_attention(
+                layer.qkv(hidden).contiguous(), cos, sin, kv.k[i], kv.v[i], kv.valid, col, self.heads, attn
+            )
             k.add_rms_norm(x, layer.o(attn).contiguous(), layer.ln2, self.eps, hidden)
             gate_up = layer.gate_up(hidden).contiguous()
             act = torch.empty(B, gate_up.shape[1] // 2, dtype=dtype) if act is None else act

@@ -140,4 +140,4 @@ def greedy_reply(model_dir: Path, question: str, max_new_tokens: int = 16) -> st
     )
     with torch.no_grad():
         out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False)
-    return tokenizer.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    return tokenizer.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True)

@@ -48,8 +48,15 @@ def _softmax_stats(logits: torch.Tensor, targets: torch.Tensor, with_entropy: bo
     return target_logit - lse, lse, entropy, probs.div_(total[:, None])
 
 
-def _grad_logits(probs: torch.Tensor, targets: torch.Tensor, target_lp: torch.Tensor, g: torch.Tensor,
-                 temperature: float, dtype: torch.dtype, in_place: bool = False) -> torch.Tensor:
+def _grad_logits(
+    probs: torch.Tensor,
+    targets: torch.Tensor,
+    target_lp: torch.Tensor,
+    g: torch.Tensor,
+    temperature: float,
+    dtype: torch.dtype,
+    in_place: bool = False,
+) -> torch.Tensor:
     """d (sum g * log p(target)) / d logits for probabilities [c, V]: g * (onehot - p) / T, written in ``dtype``
     (over ``probs`` itself with ``in_place``). The target entries come from the fp32 log-probs
     ``target_lp`` [c]: g * (1 - p) keeps its precision when p is near 1, whatever precision ``probs``
@@ -68,10 +75,17 @@ def _forward_native(kernels, h, w, targets, temperature, lp, lse, entropy, keep_
     rows = n if keep_probs else max(1, _CHUNK_ELEMENTS // V)
     targets = targets.contiguous()
     for s in range(0, n, rows):
-        logits = h[s:s + rows] @ w.t()
+        logits = h[s : s + rows] @ w.t()
         part = slice(s, s + rows)
-        kernels.head_softmax(logits, targets[part], temperature, lp[part], lse[part],
-                             None if entropy is None else entropy[part], keep_probs)
+        kernels.head_softmax(
+            logits,
+            targets[part],
+            temperature,
+            lp[part],
+            lse[part],
+            None if entropy is None else entropy[part],
+            keep_probs,
+        )
         if keep_probs:
             return logits
     return None
@@ -85,14 +99,16 @@ def _forward_torch(_, h, w, targets, temperature, lp, lse, entropy, keep_probs: 
     rows = max(1, _CHUNK_ELEMENTS // V)
     kept = torch.empty(n, V, dtype=h.dtype, device=h.device) if keep_probs else None
     for s in range(0, n, rows):
-        logits = (h[s:s + rows] @ w.t()).float()
+        logits = (h[s : s + rows] @ w.t()).float()
         if temperature != 1.0:
             logits /= temperature
-        lp[s:s + rows], lse[s:s + rows], ent, probs = _softmax_stats(logits, targets[s:s + rows], entropy is not None)
+        lp[s : s + rows], lse[s : s + rows], ent, probs = _softmax_stats(
+            logits, targets[s : s + rows], entropy is not None
+        )
         if ent is not None:
-            entropy[s:s + rows] = ent
+            entropy[s : s + rows] = ent
         if kept is not None:
-            kept[s:s + rows] = probs
+            kept[s : s + rows] = probs
     return kept
 
 
@@ -129,12 +145,13 @@ class _HeadLogprobs(torch.autograd.Function):
         kernels = kernels_for(h)
         with torch.autocast(h.device.type, enabled=False):
             for s in range(0, h.shape[0], rows):
-                hc, g = h[s:s + rows], grad_lp[s:s + rows].float()
+                hc, g = h[s : s + rows], grad_lp[s : s + rows].float()
                 part = slice(s, s + rows)
                 if kernels is not None:  # over the kept probabilities, or this chunk's logits made again
                     buf = kept[0][part] if kept else hc @ w.t()
-                    grad_logits = kernels.head_grad(buf, targets[part].contiguous(), T, lp[part], lse[part],
-                                                    g.contiguous(), from_logits=not kept)
+                    grad_logits = kernels.head_grad(
+                        buf, targets[part].contiguous(), T, lp[part], lse[part], g.contiguous(), from_logits=not kept
+                    )
                 elif kept:
                     # kept probabilities become their gradient in place: one [n, V] buffer, not two (a second
                     # backward through this graph then fails on the saved tensor's version, as it should)
@@ -143,10 +160,10 @@ class _HeadLogprobs(torch.autograd.Function):
                     logits = (hc @ w.t()).float()
                     if T != 1.0:
                         logits /= T
-                    probs = torch.exp_(logits.sub_(lse[s:s + rows, None]))
+                    probs = torch.exp_(logits.sub_(lse[s : s + rows, None]))
                     grad_logits = _grad_logits(probs, targets[part], lp[part], g, T, h.dtype)
                 if need_h:
-                    grad_h[s:s + rows] = grad_logits @ w
+                    grad_h[s : s + rows] = grad_logits @ w
                 if need_w:
                     part = grad_logits.t() @ hc
                     grad_w = part.to(ctx.dtypes[1]) if grad_w is None else grad_w.add_(part)
@@ -154,8 +171,14 @@ class _HeadLogprobs(torch.autograd.Function):
         return grad_h, grad_w, None, None, None, None
 
 
-def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
-                  with_entropy: bool = False, keep_probs: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def head_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    keep_probs: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs [n] (float32) of ``targets`` [n] under ``softmax(hidden [n, D] @ weight [V, D].T / temperature)``,
     and the detached entropy [n] when asked.
 

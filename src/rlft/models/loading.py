@@ -12,9 +12,10 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -74,7 +75,7 @@ def quiet_peft() -> Iterator[None]:
         yield
 
 
-def load_tokenizer(model_dir: str | Path) -> "PreTrainedTokenizerBase":
+def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
     """Load the tokenizer of a local model directory, left-padded, with a pad token (eos if none)."""
     from transformers import AutoTokenizer
 
@@ -91,9 +92,7 @@ def load_tokenizer(model_dir: str | Path) -> "PreTrainedTokenizerBase":
     return tokenizer
 
 
-def load_policy(
-    cfg: "ModelConfig", device: torch.device, model_dir: str | Path | None = None
-) -> "PreTrainedModel":
+def load_policy(cfg: ModelConfig, device: torch.device, model_dir: str | Path | None = None) -> PreTrainedModel:
     """Load the policy described by ``cfg`` onto ``device`` (fp32, SDPA attention).
 
     ``model_dir`` skips resolving ``cfg.path`` again when the caller already did
@@ -113,7 +112,7 @@ def load_policy(
     return model
 
 
-def load_model_dir(model_dir: str | Path) -> "PreTrainedModel":
+def load_model_dir(model_dir: str | Path) -> PreTrainedModel:
     """Load a causal LM from a local directory in fp32 with rlft's attention (SDPA for long blocks; on cpu)."""
     from transformers import AutoModelForCausalLM
 
@@ -134,7 +133,7 @@ def is_checkpointing(model: torch.nn.Module) -> bool:
     return any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
 
 
-def enable_gradient_checkpointing(model: "PreTrainedModel") -> None:
+def enable_gradient_checkpointing(model: PreTrainedModel) -> None:
     """Recompute activations in backward (non-reentrant).
 
     ``config.use_cache`` is switched off so that training forwards do not build a
@@ -151,7 +150,7 @@ def enable_gradient_checkpointing(model: "PreTrainedModel") -> None:
         model.generation_config.use_cache = True
 
 
-def apply_lora(model: "PreTrainedModel", lora: "LoraConfig"):
+def apply_lora(model: PreTrainedModel, lora: LoraConfig):
     """Wrap ``model`` in a PEFT LoRA adapter; only the adapter parameters stay trainable."""
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
 from rlft.models.attention import GROUPS_KWARG, PromptGroups, packs_prompt_groups
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cache_kwarg_name() -> str:
     """transformers 5.x renamed the KV-cache argument ``past_key_values`` to ``cache``."""
     from transformers import LlamaForCausalLM
@@ -79,16 +79,29 @@ def completion_logprobs(
     if asked, the detached entropy [B, T] of the sampling distribution.  Only
     the positions predicting completion tokens go through the LM head.
     """
-    return _full_forward(model, input_ids, attention_mask, completion_len,
-                         lambda logits, targets: token_logprobs(logits, targets, temperature, with_entropy))
+    return _full_forward(
+        model,
+        input_ids,
+        attention_mask,
+        completion_len,
+        lambda logits, targets: token_logprobs(logits, targets, temperature, with_entropy),
+    )
 
 
 def _full_forward(model, input_ids, attention_mask, completion_len: int, reduce, output: str = "logits") -> tuple:
     """``reduce`` applied to the outputs predicting the last ``completion_len`` tokens of full rows [B, P + T]."""
     keep = {"logits_to_keep": completion_len + 1} if output == "logits" else {}
-    out = getattr(model(input_ids=input_ids, attention_mask=attention_mask,
-                        position_ids=position_ids_from_mask(attention_mask), use_cache=False, **keep), output)
-    return reduce(out[:, -completion_len - 1:-1, :], input_ids[:, -completion_len:])
+    out = getattr(
+        model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids_from_mask(attention_mask),
+            use_cache=False,
+            **keep,
+        ),
+        output,
+    )
+    return reduce(out[:, -completion_len - 1 : -1, :], input_ids[:, -completion_len:])
 
 
 def replays_layers_without_cache(model: torch.nn.Module) -> bool:
@@ -155,8 +168,16 @@ def grouped_forward(
         return _full_forward(model, full_ids, full_mask, T, reduce, output)
     cache = DynamicCache()
     keep = {"logits_to_keep": 1} if output == "logits" else {}
-    prefill = getattr(model(input_ids=prompt_ids, attention_mask=prompt_mask,
-                            position_ids=position_ids_from_mask(prompt_mask), **keep, **cache_kwargs(cache)), output)
+    prefill = getattr(
+        model(
+            input_ids=prompt_ids,
+            attention_mask=prompt_mask,
+            position_ids=position_ids_from_mask(prompt_mask),
+            **keep,
+            **cache_kwargs(cache),
+        ),
+        output,
+    )
     _select_rows(cache, row_prompt)
     positions = position_ids_from_mask(full_mask)[:, -T:]
     # The first completion token is predicted by the prompt's last position; the rest by the
@@ -164,8 +185,12 @@ def grouped_forward(
     first = reduce(prefill[:, -1:, :].index_select(0, row_prompt), completion_ids[:, :1])
     if T == 1:
         return first
-    out = model(input_ids=completion_ids[:, :-1], attention_mask=full_mask[:, :-1], position_ids=positions[:, :-1],
-                **cache_kwargs(cache))
+    out = model(
+        input_ids=completion_ids[:, :-1],
+        attention_mask=full_mask[:, :-1],
+        position_ids=positions[:, :-1],
+        **cache_kwargs(cache),
+    )
     rest = reduce(getattr(out, output), completion_ids[:, 1:])
     return tuple(None if a is None else torch.cat([a, b], dim=1) for a, b in zip(first, rest))
 
@@ -193,8 +218,17 @@ def _packed_forward(model, prompt_ids, prompt_mask, row_prompt, completion_ids, 
     # a 4D mask is passed through as it is: the layout's own masks are what attention reads
     placeholder = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=ids.device)
     keep = {"logits_to_keep": index} if output == "logits" else {}
-    out = getattr(model(input_ids=ids, attention_mask=placeholder, position_ids=positions, use_cache=False,
-                        **keep, **{GROUPS_KWARG: groups}), output)
+    out = getattr(
+        model(
+            input_ids=ids,
+            attention_mask=placeholder,
+            position_ids=positions,
+            use_cache=False,
+            **keep,
+            **{GROUPS_KWARG: groups},
+        ),
+        output,
+    )
     if output != "logits":
         out = out.index_select(1, index)
     return reduce(out.view(B, T, -1), completion_ids)
@@ -220,11 +254,26 @@ def grouped_completion_logprobs(
     """
     parts = _decoder_and_head(model) if loss_mask is not None else None
     if parts is None:
-        return grouped_forward(model, prompt_ids, prompt_mask, row_prompt, completion_ids, completion_mask,
-                               lambda logits, targets: token_logprobs(logits, targets, temperature, with_entropy))
+        return grouped_forward(
+            model,
+            prompt_ids,
+            prompt_mask,
+            row_prompt,
+            completion_ids,
+            completion_mask,
+            lambda logits, targets: token_logprobs(logits, targets, temperature, with_entropy),
+        )
     decoder, head = parts
-    (hidden,) = grouped_forward(decoder, prompt_ids, prompt_mask, row_prompt, completion_ids, completion_mask,
-                                lambda h, _: (h,), output="last_hidden_state")
+    (hidden,) = grouped_forward(
+        decoder,
+        prompt_ids,
+        prompt_mask,
+        row_prompt,
+        completion_ids,
+        completion_mask,
+        lambda h, _: (h,),
+        output="last_hidden_state",
+    )
     marked = loss_mask.bool()
     lp, ent = head_token_logprobs(head, hidden[marked], completion_ids[marked], temperature, with_entropy)
     zeros = torch.zeros(marked.shape, dtype=torch.float32, device=marked.device)
@@ -240,13 +289,15 @@ def grouped_completion_logprobs(
 KEPT_PROBS_BYTES = 512 * 2**20
 
 
-def head_token_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
-                        with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+def head_token_logprobs(
+    head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs [n] (float32) of ``targets`` [n] after ``head`` on ``hidden`` [n, D], and the detached entropy."""
     from rlft.models.head_logprobs import compute_dtype, head_logprobs
 
-    plain_linear = (type(head) is torch.nn.Linear and head.bias is None
-                    and not (head._forward_hooks or head._forward_pre_hooks))
+    plain_linear = (
+        type(head) is torch.nn.Linear and head.bias is None and not (head._forward_hooks or head._forward_pre_hooks)
+    )
     if plain_linear:
         small = hidden.shape[0] * head.out_features * compute_dtype(hidden).itemsize <= KEPT_PROBS_BYTES
         backward = torch.is_grad_enabled() and (hidden.requires_grad or head.weight.requires_grad)
@@ -273,8 +324,13 @@ def _decoder_and_head(model: torch.nn.Module):
     return (decoder, head) if decoder is not None and head is not None else None
 
 
-def marked_token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                          position_ids: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+def marked_token_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+) -> torch.Tensor:
     """Log-probs [n] (float32, with grad) of the tokens marked in ``loss_mask``, each predicted from
     the position before it, in row-major order.
 
@@ -286,12 +342,14 @@ def marked_token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, atten
     targets = input_ids[:, 1:][targets_mask]
     parts = _decoder_and_head(model)
     if parts is None:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                       use_cache=False).logits[:, :-1][targets_mask]
+        logits = model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).logits[:, :-1][targets_mask]
     else:
         decoder, head = parts
-        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         use_cache=False).last_hidden_state
+        hidden = decoder(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).last_hidden_state
         return head_token_logprobs(head, hidden[:, :-1][targets_mask], targets, 1.0, with_entropy=False)[0]
     lp, _ = token_logprobs(logits.unsqueeze(1), targets.unsqueeze(1), 1.0, with_entropy=False)
     return lp.squeeze(1)

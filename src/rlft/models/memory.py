@@ -33,7 +33,6 @@ import os
 
 import torch
 
-
 # Computed tokens (each distinct prompt once, every completion token) from which a CPU pass is at
 # full speed; None: the device takes the largest pass that fits.
 FULL_SPEED_TOKENS: dict[str, int] = {"cpu": 2048}
@@ -66,8 +65,9 @@ def device_memory_bytes(device: torch.device) -> int:
         return 16 * 2**30
 
 
-def activation_token_budget(model: torch.nn.Module, *, device: torch.device, compute_bytes: int,
-                            resident_bytes: int, checkpointed: bool = False) -> tuple[int, str]:
+def activation_token_budget(
+    model: torch.nn.Module, *, device: torch.device, compute_bytes: int, resident_bytes: int, checkpointed: bool = False
+) -> tuple[int, str]:
     """How many tokens one forward/backward may hold (prompt + completion positions of all its rows),
     and a one-line explanation. ``resident_bytes``: what the run keeps in memory anyway (weights,
     gradients, optimizer moments, model copies)."""
@@ -75,8 +75,10 @@ def activation_token_budget(model: torch.nn.Module, *, device: torch.device, com
     total = device_memory_bytes(device)
     budget = max((total - resident_bytes) // 2, per_token)
     tokens = int(budget // per_token)
-    why = (f"up to {tokens} tokens per forward/backward (about {per_token / 2**20:.1f} MB of activations a token; "
-           f"budget {budget / 2**30:.1f} GB of {total / 2**30:.0f} GB)")
+    why = (
+        f"up to {tokens} tokens per forward/backward (about {per_token / 2**20:.1f} MB of activations a token; "
+        f"budget {budget / 2**30:.1f} GB of {total / 2**30:.0f} GB)"
+    )
     return tokens, why
 
 

@@ -38,8 +38,9 @@ def ensure_merged(adapter_dir: str | Path) -> Path:
     target = merged_dir(adapter_dir)
 
     def build(staging: Path, _scratch: Path) -> None:
-        logger.info("Merging the LoRA adapter %s into its base %s (once) ...", adapter_dir,
-                    adapter_base_dir(adapter_dir))
+        logger.info(
+            "Merging the LoRA adapter %s into its base %s (once) ...", adapter_dir, adapter_base_dir(adapter_dir)
+        )
         model, tokenizer = load_for_inference(adapter_dir, merge=True)
         save_pretrained_dir(model, tokenizer, staging)
 

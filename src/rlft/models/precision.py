@@ -22,7 +22,7 @@ import torch
 _BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def cpu_has_native_bf16() -> bool:
     """True if /proc/cpuinfo lists a bf16 matmul extension (Linux x86); False elsewhere."""
     from rlft.models.kernels.build import cpu_has
@@ -106,11 +106,15 @@ def dtype_advice(requested: str, device: torch.device) -> str | None:
     if speedup is None:
         return None
     if requested == "fp32" and speedup >= BF16_PAYS:
-        return (f"model.dtype is fp32 on a CPU whose bf16 matmuls measured {speedup:.1f}x as fast: bf16 (fp32 "
-                f"master weights, bf16 compute) or auto would run the step faster")
+        return (
+            f"model.dtype is fp32 on a CPU whose bf16 matmuls measured {speedup:.1f}x as fast: bf16 (fp32 "
+            f"master weights, bf16 compute) or auto would run the step faster"
+        )
     if requested == "bf16" and speedup < BF16_PAYS:
-        return (f"model.dtype is bf16 but this CPU's bf16 matmuls measured {speedup:.2f}x the fp32 speed: "
-                f"fp32 or auto would run the step faster")
+        return (
+            f"model.dtype is bf16 but this CPU's bf16 matmuls measured {speedup:.2f}x the fp32 speed: "
+            f"fp32 or auto would run the step faster"
+        )
     return None
 
 
@@ -128,8 +132,10 @@ def autocast_dtype(requested: str, device: torch.device) -> tuple[torch.dtype | 
         return None, None
     if native_bf16(device):
         return torch.bfloat16, None
-    return None, (f"model.dtype is bf16 but this {device.type.upper()} has no native bf16 matmul "
-                  f"(no {' / '.join(_BF16_CPU_FLAGS)}); emulated bf16 is far slower than fp32, so this run computes in fp32")
+    return None, (
+        f"model.dtype is bf16 but this {device.type.upper()} has no native bf16 matmul "
+        f"(no {' / '.join(_BF16_CPU_FLAGS)}); emulated bf16 is far slower than fp32, so this run computes in fp32"
+    )
 
 
 def autocast(dtype: torch.dtype | None, device: torch.device):

@@ -19,8 +19,8 @@ eval mode (dropout off); the policy's train/eval flags are restored on exit.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 from torch import nn

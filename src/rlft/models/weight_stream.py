@@ -37,8 +37,10 @@ def checkpoint_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
             if ".lora_" in key:
                 continue  # the adapter's A and B: merged into the layer's weight below
             if ".modules_to_save." in key or ".original_module." in key:
-                raise UnmergeableAdapter(f"{key}: a module saved whole by the adapter cannot be pushed as a merged "
-                                         f"weight (only plain LoRA layers can)")
+                raise UnmergeableAdapter(
+                    f"{key}: a module saved whole by the adapter cannot be pushed as a merged "
+                    f"weight (only plain LoRA layers can)"
+                )
             path, _, leaf = key.partition(".base_layer.")
             if not leaf:
                 yield key, tensor.detach()

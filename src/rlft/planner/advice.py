@@ -47,30 +47,54 @@ def _candidates(cfg, est: MemoryEstimate) -> list[tuple[str, object, str]]:
     micro_path = _micro_path(cfg)
     micro = _get(cfg, micro_path) if micro_path else None
     if isinstance(micro, int) and micro > 1:
-        out.append((micro_path, max(1, micro // 2), "more, smaller forward/backward passes: a slower update, "
-                                                   "the same gradients"))
+        out.append(
+            (
+                micro_path,
+                max(1, micro // 2),
+                "more, smaller forward/backward passes: a slower update, the same gradients",
+            )
+        )
     if cfg.model.gradient_checkpointing is not True and not est.geometry.checkpointed:
-        out.append(("model.gradient_checkpointing", True, "the update recomputes activations: about 30 % slower, "
-                                                          "the same gradients"))
+        out.append(
+            (
+                "model.gradient_checkpointing",
+                True,
+                "the update recomputes activations: about 30 % slower, the same gradients",
+            )
+        )
     rollout = getattr(cfg, "rollout", None)
     if rollout is not None and est.geometry.compute_bytes == 2 and rollout.decode_copy:
         out.append(("rollout.decode_copy", False, "no bf16 copy of the weights for decoding: a slower rollout"))
     if est.geometry.compute_bytes == 4:
         out.append(("model.dtype", "bf16", "bf16 compute (fp32 master weights): slightly different numerics"))
     if cfg.model.lora is None:
-        out.append(("model.lora", {"r": 16}, "trains a rank-16 adapter instead of every weight; the reference "
-                                            "model is then free"))
+        out.append(
+            (
+                "model.lora",
+                {"r": 16},
+                "trains a rank-16 adapter instead of every weight; the reference model is then free",
+            )
+        )
     if est.geometry.new_tokens:  # a job that generates: fewer, shorter samples
         alg = cfg.algorithm
         if alg.rollout_batch_size > 1:
-            out.append(("algorithm.rollout_batch_size", max(1, alg.rollout_batch_size // 2),
-                        "fewer prompts per step: noisier steps, more of them per epoch"))
+            out.append(
+                (
+                    "algorithm.rollout_batch_size",
+                    max(1, alg.rollout_batch_size // 2),
+                    "fewer prompts per step: noisier steps, more of them per epoch",
+                )
+            )
         if alg.max_new_tokens > 16 and cfg.environment is None:
-            out.append(("algorithm.max_new_tokens", alg.max_new_tokens // 2,
-                        "completions are cut at half the length"))
+            out.append(("algorithm.max_new_tokens", alg.max_new_tokens // 2, "completions are cut at half the length"))
         if cfg.data.max_prompt_length > est.geometry.prompt_tokens:
-            out.append(("data.max_prompt_length", est.geometry.prompt_tokens,
-                        "no cost: the longest prompt in the data is this long"))
+            out.append(
+                (
+                    "data.max_prompt_length",
+                    est.geometry.prompt_tokens,
+                    "no cost: the longest prompt in the data is this long",
+                )
+            )
     elif hasattr(cfg.data, "max_length") and cfg.data.max_length > 64:
         out.append(("data.max_length", cfg.data.max_length // 2, "longer rows are cut or dropped"))
     return out
@@ -80,11 +104,18 @@ def advise(cfg, est: MemoryEstimate, reestimate: Callable | None = None, max_kno
     """Knobs to apply in order until the run fits (all that apply if none is enough); empty when it
     fits already. ``reestimate(cfg) -> MemoryEstimate`` (default: on the same device and data)."""
     if reestimate is None:
+
         def reestimate(changed):
             same_model = (changed.model.lora is None) == (cfg.model.lora is None)
-            return estimate_memory(changed, est.device, shape=est.shape if same_model else None,
-                                   prompt_tokens=est.geometry.prompt_tokens, processes=est.processes,
-                                   sharded=est.sharded)
+            return estimate_memory(
+                changed,
+                est.device,
+                shape=est.shape if same_model else None,
+                prompt_tokens=est.geometry.prompt_tokens,
+                processes=est.processes,
+                sharded=est.sharded,
+            )
+
     changes: dict[str, tuple[object, str]] = {}  # path -> (value, cost), in the order first chosen
     current, now = cfg, est
     for _ in range(4 * max_knobs):  # halving the same knob again counts as one knob

@@ -33,9 +33,13 @@ class MemoryPlan:
     if_out_of_memory: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
-        return {"predicted_peak_mb": round(self.peak_bytes / 2**20), "peak_phase": self.peak_phase,
-                "device": self.device, "device_mb": round(self.device_bytes / 2**20),
-                "if_out_of_memory": self.if_out_of_memory}
+        return {
+            "predicted_peak_mb": round(self.peak_bytes / 2**20),
+            "peak_phase": self.peak_phase,
+            "device": self.device,
+            "device_mb": round(self.device_bytes / 2**20),
+            "if_out_of_memory": self.if_out_of_memory,
+        }
 
 
 def check_memory(cfg, log, processes: int = 1, sharded: bool = False) -> MemoryPlan | None:
@@ -58,20 +62,34 @@ def check_memory(cfg, log, processes: int = 1, sharded: bool = False) -> MemoryP
         knobs = advise(cfg, est)
         lines = "\n".join(f"  {line}" for line in est.lines())
         steps = "\n".join(f"  {i}. --set {k.setting}  -> {gb(k.peak)}  ({k.cost})" for i, k in enumerate(knobs, 1))
-        advice = (f"To fit, apply in this order (each peak includes the changes above it):\n{steps}" if knobs else
-                  "No knob rlft knows brings it under the limit: use a device with more memory.")
-        message = (f"this run is predicted to need {gb(est.peak)} at its peak ({est.peak_phase}), more than the "
-                   f"{gb(est.limit)} {est.device.name} can give it:\n{lines}\n{advice}\n"
-                   f"(rlft estimate --config ... shows this again; --set train.ignore_memory_check=true starts "
-                   f"the run anyway)")
+        advice = (
+            f"To fit, apply in this order (each peak includes the changes above it):\n{steps}"
+            if knobs
+            else "No knob rlft knows brings it under the limit: use a device with more memory."
+        )
+        message = (
+            f"this run is predicted to need {gb(est.peak)} at its peak ({est.peak_phase}), more than the "
+            f"{gb(est.limit)} {est.device.name} can give it:\n{lines}\n{advice}\n"
+            f"(rlft estimate --config ... shows this again; --set train.ignore_memory_check=true starts "
+            f"the run anyway)"
+        )
         if not cfg.train.ignore_memory_check:
             raise MemoryPlanError(message)
         log.warning(message.replace("\n", " | "))
     smaller = replace(est.device, total=max(int(est.peak * OOM_MARGIN / 0.95), GiB // 4))
     try:
-        knobs = advise(cfg, estimate_memory(cfg, smaller, shape=est.shape, prompt_tokens=est.geometry.prompt_tokens,
-                                      processes=processes, sharded=sharded),
-                       max_knobs=3)
+        knobs = advise(
+            cfg,
+            estimate_memory(
+                cfg,
+                smaller,
+                shape=est.shape,
+                prompt_tokens=est.geometry.prompt_tokens,
+                processes=processes,
+                sharded=sharded,
+            ),
+            max_knobs=3,
+        )
     except Exception as exc:  # noqa: BLE001  (advice for a later OOM must never stop a run that fits)
         log.warning(f"memory plan: no advice for an out-of-memory failure ({type(exc).__name__}: {exc})")
         knobs = []

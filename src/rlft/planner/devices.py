@@ -16,9 +16,20 @@ GiB = 2**30
 
 # Usable memory of common GPUs, by the names people write (``rlft estimate --device H100-80GB``).
 CATALOG: dict[str, float] = {
-    "H200-141GB": 141, "H100-94GB": 94, "H100-80GB": 80, "A100-80GB": 80, "A100-40GB": 40, "L40S-48GB": 48,
-    "A6000-48GB": 48, "A10G-24GB": 24, "L4-24GB": 24, "RTX4090-24GB": 24, "RTX3090-24GB": 24, "T4-16GB": 16,
-    "V100-32GB": 32, "V100-16GB": 16,
+    "H200-141GB": 141,
+    "H100-94GB": 94,
+    "H100-80GB": 80,
+    "A100-80GB": 80,
+    "A100-40GB": 40,
+    "L40S-48GB": 48,
+    "A6000-48GB": 48,
+    "A10G-24GB": 24,
+    "L4-24GB": 24,
+    "RTX4090-24GB": 24,
+    "RTX3090-24GB": 24,
+    "T4-16GB": 16,
+    "V100-32GB": 32,
+    "V100-16GB": 16,
 }
 CUDA_CONTEXT_BYTES = int(0.5 * GiB)
 RUN_OVERHEAD_BYTES = 100 * 2**20  # the CUDA context and cuBLAS workspaces, outside PyTorch's allocator
@@ -53,16 +64,19 @@ def describe_device(name: str | None, model_device: str = "auto") -> DeviceSpec:
         if not torch.cuda.is_available() or index >= torch.cuda.device_count():
             from rlft.errors import UsageError
 
-            raise UsageError(f"{name}: this machine has {torch.cuda.device_count()} CUDA device(s); to plan for a "
-                             f"GPU elsewhere name it, e.g. --device H100-80GB or --device 24GB")
+            raise UsageError(
+                f"{name}: this machine has {torch.cuda.device_count()} CUDA device(s); to plan for a "
+                f"GPU elsewhere name it, e.g. --device H100-80GB or --device 24GB"
+            )
         props = torch.cuda.get_device_properties(index)
         return DeviceSpec(f"{props.name} ({name})", "cuda", props.total_memory, CUDA_CONTEXT_BYTES)
     key = _catalog_key(name)
     if key is None:
         from rlft.errors import UsageError
 
-        raise UsageError(f"unknown device {name!r}: use cpu, cuda, cuda:N, or one of {', '.join(CATALOG)} "
-                         f"(or a size such as 24GB)")
+        raise UsageError(
+            f"unknown device {name!r}: use cpu, cuda, cuda:N, or one of {', '.join(CATALOG)} (or a size such as 24GB)"
+        )
     gigabytes = CATALOG.get(key) or float(re.fullmatch(r"(\d+(?:\.\d+)?)GB", key).group(1))
     return DeviceSpec(key, "cuda", int(gigabytes * 1e9), CUDA_CONTEXT_BYTES)
 
@@ -99,7 +113,6 @@ def python_runtime_bytes() -> int:
     adds as it goes (thread stacks and arenas, oneDNN's kernels, tokenizer caches: 100 MB measured
     on a tiny model), at least 0.45 GB."""
     import psutil
-
     import torch  # noqa: F401  (imported, so its libraries count)
     import transformers  # noqa: F401
 

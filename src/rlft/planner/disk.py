@@ -32,8 +32,11 @@ def checkpoint_bytes(cfg, shape: ModelShape) -> int:
     weights = 4 * (shape.trainable if lora else shape.params)
     optimizer = 8 * shape.trainable if cfg.train.save_optimizer else 0
     algorithm = getattr(cfg, "algorithm", None)
-    critic = 12 * shape.params if algorithm is not None and algorithm.advantage_estimator == "gae" and \
-        algorithm.critic.type == "separate" else 0
+    critic = (
+        12 * shape.params
+        if algorithm is not None and algorithm.advantage_estimator == "gae" and algorithm.critic.type == "separate"
+        else 0
+    )
     return weights + optimizer + critic
 
 
@@ -52,8 +55,10 @@ def planned_steps(cfg) -> int | None:
     from rlft.errors import DataError
 
     sections = [getattr(cfg, name) for name in type(cfg).model_fields if name != "eval"]
-    batch = next((getattr(sec, attr) for attr in ("rollout_batch_size", "batch_size") for sec in sections
-                  if hasattr(sec, attr)), 1)  # prompts per RL step, else rows (pairs) per optimizer step
+    batch = next(
+        (getattr(sec, attr) for attr in ("rollout_batch_size", "batch_size") for sec in sections if hasattr(sec, attr)),
+        1,
+    )  # prompts per RL step, else rows (pairs) per optimizer step
     try:
         rows = len(read_rows(cfg.data.train_file, on_bad_row="skip").rows)
     except DataError:

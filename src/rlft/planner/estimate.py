@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import asdict, dataclass, field
 
-from rlft.planner.devices import GiB, DeviceSpec, describe_device
+from rlft.planner.devices import DeviceSpec, GiB, describe_device
 from rlft.planner.phases import Geometry, Phases
 from rlft.planner.shape import ModelShape, model_shape
 
@@ -56,22 +56,33 @@ class MemoryEstimate:
         return self.peak <= self.limit
 
     def as_dict(self) -> dict:
-        return {"device": asdict(self.device), "model": asdict(self.shape), "geometry": asdict(self.geometry),
-                "runtime_bytes": self.runtime, "phases": self.phases, "totals": self.totals,
-                "peak_bytes": self.peak, "peak_phase": self.peak_phase, "limit_bytes": self.limit,
-                "fits": self.fits, "notes": self.notes}
+        return {
+            "device": asdict(self.device),
+            "model": asdict(self.shape),
+            "geometry": asdict(self.geometry),
+            "runtime_bytes": self.runtime,
+            "phases": self.phases,
+            "totals": self.totals,
+            "peak_bytes": self.peak,
+            "peak_phase": self.peak_phase,
+            "limit_bytes": self.limit,
+            "fits": self.fits,
+            "notes": self.notes,
+        }
 
     def lines(self) -> list[str]:
         """The breakdown as text: one line per phase, its components largest first."""
-        out = [f"model: {self.shape.model_type}, {self.shape.params / 1e6:.1f}M parameters "
-               f"({self.shape.trainable / 1e6:.2f}M trained), {self.shape.layers} layers, "
-               f"{self.shape.kv_heads} KV heads x {self.shape.head_dim}",
-               f"device: {self.device.name}, {gb(self.device.total)} (a run fits under {gb(self.limit)})",
-               f"step: {self.geometry.rows} sequences of up to {self.geometry.seq} tokens "
-               f"({self.geometry.prompt_tokens} prompt + {self.geometry.new_tokens} new), "
-               f"{self.geometry.micro_rows} per forward/backward, "
-               f"{'bf16' if self.geometry.compute_bytes == 2 else 'fp32'} compute, gradient checkpointing "
-               f"{'on' if self.geometry.checkpointed else 'off'}"]
+        out = [
+            f"model: {self.shape.model_type}, {self.shape.params / 1e6:.1f}M parameters "
+            f"({self.shape.trainable / 1e6:.2f}M trained), {self.shape.layers} layers, "
+            f"{self.shape.kv_heads} KV heads x {self.shape.head_dim}",
+            f"device: {self.device.name}, {gb(self.device.total)} (a run fits under {gb(self.limit)})",
+            f"step: {self.geometry.rows} sequences of up to {self.geometry.seq} tokens "
+            f"({self.geometry.prompt_tokens} prompt + {self.geometry.new_tokens} new), "
+            f"{self.geometry.micro_rows} per forward/backward, "
+            f"{'bf16' if self.geometry.compute_bytes == 2 else 'fp32'} compute, gradient checkpointing "
+            f"{'on' if self.geometry.checkpointed else 'off'}",
+        ]
         for name, total in self.totals.items():
             parts = sorted(((k, v) for k, v in self.phases[name].items() if v), key=lambda kv: -kv[1])
             detail = ", ".join(f"{k} {gb(v)}" for k, v in parts)
@@ -102,8 +113,15 @@ def compute_bytes(cfg, device: DeviceSpec) -> int:
     return 2
 
 
-def estimate_memory(cfg, device: str | DeviceSpec | None = None, *, shape: ModelShape | None = None,
-                    prompt_tokens: int | None = None, processes: int = 1, sharded: bool = False) -> MemoryEstimate:
+def estimate_memory(
+    cfg,
+    device: str | DeviceSpec | None = None,
+    *,
+    shape: ModelShape | None = None,
+    prompt_tokens: int | None = None,
+    processes: int = 1,
+    sharded: bool = False,
+) -> MemoryEstimate:
     """The predicted peak of ``cfg``'s run on ``device`` (None: where it would train).
 
     ``shape`` and ``prompt_tokens`` skip reading the model config and the data (tests; the
@@ -124,9 +142,10 @@ def estimate_memory(cfg, device: str | DeviceSpec | None = None, *, shape: Model
     phases_of = getattr(importlib.import_module(module), function)
     geometry, phases = phases_of(one_process(cfg, processes), shape, spec, prompt_tokens, compute_bytes(cfg, spec))
     if processes > 1:
-        notes.append(f"one process of {processes}: its share of each step's prompts"
-                     + (", 1/%d of the weights, gradients, AdamW state and reference (fsdp2)" % processes
-                        if sharded else ""))
+        notes.append(
+            f"one process of {processes}: its share of each step's prompts"
+            + (f", 1/{processes} of the weights, gradients, AdamW state and reference (fsdp2)" if sharded else "")
+        )
         if sharded:
             phases = _sharded(phases, shape, processes)
     return MemoryEstimate(spec, shape, geometry, phases, spec.runtime, notes, processes, sharded)
@@ -151,8 +170,13 @@ def one_process(cfg, processes: int):
 def _sharded(phases: Phases, shape: ModelShape, processes: int) -> Phases:
     """fsdp2's phases: the sharded parts divided by the process count, plus the whole fp32 copy of
     the weights the rollout decodes from (:func:`rlft.rl.parallel.spread_over_processes`)."""
-    return {name: {**{k: v // processes if k in SHARDED_PARTS else v for k, v in parts.items()},
-                   "rollout replica": 4 * shape.params} for name, parts in phases.items()}
+    return {
+        name: {
+            **{k: v // processes if k in SHARDED_PARTS else v for k, v in parts.items()},
+            "rollout replica": 4 * shape.params,
+        }
+        for name, parts in phases.items()
+    }
 
 
 def _import_job(kind: str) -> None:
@@ -173,10 +197,10 @@ def longest_prompt(cfg) -> tuple[int, str | None]:
     if cfg.kind != "rl":
         return getattr(cfg.data, "max_length", 0), None
     from rlft.data.prompts import load_prompts
+    from rlft.envs.spec import environment_spec
     from rlft.errors import DataError
     from rlft.models.loading import load_tokenizer
     from rlft.models.sources import resolve_model_dir
-    from rlft.envs.spec import environment_spec
 
     tokenizer = load_tokenizer(resolve_model_dir(cfg.model.path))
     cap = cfg.data.max_prompt_length

@@ -10,25 +10,44 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from rlft.planner.devices import DeviceSpec
-from rlft.planner.phases import (Geometry, Phases, decode_copy_bytes, generation_bytes, reference_bytes,
-                                 scoring_bytes, trained_bytes, update_bytes)
+from rlft.planner.phases import (
+    Geometry,
+    Phases,
+    decode_copy_bytes,
+    generation_bytes,
+    reference_bytes,
+    scoring_bytes,
+    trained_bytes,
+    update_bytes,
+)
 from rlft.planner.shape import ModelShape
 
 
-def _budget_tokens(shape: ModelShape, device: DeviceSpec, resident: int, compute_bytes: int,
-                   checkpointed: bool) -> int:
+def _budget_tokens(shape: ModelShape, device: DeviceSpec, resident: int, compute_bytes: int, checkpointed: bool) -> int:
     """Tokens one forward/backward may hold by the rule the run itself applies
     (:func:`rlft.models.memory.activation_token_budget`), from the device's total memory."""
     from rlft.models.memory import activation_bytes_per_token
 
-    config = SimpleNamespace(hidden_size=shape.hidden, intermediate_size=shape.intermediate,
-                             num_hidden_layers=shape.layers, vocab_size=shape.vocab)
+    config = SimpleNamespace(
+        hidden_size=shape.hidden,
+        intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers,
+        vocab_size=shape.vocab,
+    )
     per_token = activation_bytes_per_token(config, compute_bytes, checkpointed)
     return max((device.total - resident) // 2, per_token) // per_token
 
 
-def _auto_rows(shape: ModelShape, device: DeviceSpec, rows: int, seq: int, resident: int, compute_bytes: int,
-               checkpointed: bool, computed: int | None = None) -> int:
+def _auto_rows(
+    shape: ModelShape,
+    device: DeviceSpec,
+    rows: int,
+    seq: int,
+    resident: int,
+    compute_bytes: int,
+    checkpointed: bool,
+    computed: int | None = None,
+) -> int:
     """The rows ``micro_batch_size: auto`` takes at once; ``computed``: the tokens one pass over all
     ``rows`` runs (a group's prompt once), for the CPU's full-speed split
     (:func:`rlft.models.memory.pass_tokens`)."""
@@ -45,8 +64,9 @@ def _checkpointing(setting, fits_plain: bool) -> bool:
     return setting is True or (setting == "auto" and not fits_plain)
 
 
-def rl_phases(cfg, shape: ModelShape, device: DeviceSpec, prompt_tokens: int, compute_bytes: int
-              ) -> tuple[Geometry, Phases]:
+def rl_phases(
+    cfg, shape: ModelShape, device: DeviceSpec, prompt_tokens: int, compute_bytes: int
+) -> tuple[Geometry, Phases]:
     """Rollout, scoring, update (and a separate critic's update), and evaluation."""
     alg, lora = cfg.algorithm, cfg.model.lora is not None
     new = cfg.environment.max_episode_tokens if cfg.environment is not None else alg.max_new_tokens
@@ -59,15 +79,28 @@ def rl_phases(cfg, shape: ModelShape, device: DeviceSpec, prompt_tokens: int, co
     fits_plain = _budget_tokens(shape, device, resident, compute_bytes, False) >= longest
     checkpointed = _checkpointing(cfg.model.gradient_checkpointing, fits_plain)
     computed = -(-update_rows // alg.num_generations) * prompt_tokens + update_rows * new
-    micro = (_auto_rows(shape, device, update_rows, seq, resident, compute_bytes, checkpointed, computed)
-             if alg.micro_batch_size == "auto" else min(alg.micro_batch_size, update_rows))
-    g = Geometry(rows=rows, prompts=alg.rollout_batch_size, prompt_tokens=prompt_tokens, new_tokens=new,
-                 micro_rows=micro, compute_bytes=compute_bytes, checkpointed=checkpointed,
-                 group=alg.num_generations, **_eval_geometry(cfg, new))
-    kept = {**trained_bytes(shape),
-            "reference": reference_bytes(shape, compute_bytes, lora) if alg.uses_reference() else 0,
-            "decode weights": decode_copy_bytes(shape, compute_bytes, lora) if cfg.rollout.decode_copy else 0,
-            **_critic_kept(cfg, shape)}
+    micro = (
+        _auto_rows(shape, device, update_rows, seq, resident, compute_bytes, checkpointed, computed)
+        if alg.micro_batch_size == "auto"
+        else min(alg.micro_batch_size, update_rows)
+    )
+    g = Geometry(
+        rows=rows,
+        prompts=alg.rollout_batch_size,
+        prompt_tokens=prompt_tokens,
+        new_tokens=new,
+        micro_rows=micro,
+        compute_bytes=compute_bytes,
+        checkpointed=checkpointed,
+        group=alg.num_generations,
+        **_eval_geometry(cfg, new),
+    )
+    kept = {
+        **trained_bytes(shape),
+        "reference": reference_bytes(shape, compute_bytes, lora) if alg.uses_reference() else 0,
+        "decode weights": decode_copy_bytes(shape, compute_bytes, lora) if cfg.rollout.decode_copy else 0,
+        **_critic_kept(cfg, shape),
+    }
     phases: Phases = {
         "rollout": {**kept, **generation_bytes(shape, rows, g.prompts, prompt_tokens, new, compute_bytes)},
         "scoring": {**kept, **scoring_bytes(shape, g)},
@@ -76,8 +109,10 @@ def rl_phases(cfg, shape: ModelShape, device: DeviceSpec, prompt_tokens: int, co
     if alg.advantage_estimator == "gae" and cfg.algorithm.critic.type == "separate":
         phases["critic update"] = {**kept, **update_bytes(shape, g, head=False)}
     if g.eval_rows:
-        phases["evaluation"] = {**kept, **generation_bytes(shape, g.eval_rows, g.eval_rows, prompt_tokens,
-                                                           g.eval_new_tokens, compute_bytes)}
+        phases["evaluation"] = {
+            **kept,
+            **generation_bytes(shape, g.eval_rows, g.eval_rows, prompt_tokens, g.eval_new_tokens, compute_bytes),
+        }
     return g, phases
 
 
@@ -99,13 +134,29 @@ def _eval_geometry(cfg, default_new: int) -> dict[str, int]:
     return {"eval_rows": ev.batch_size, "eval_new_tokens": ev.max_new_tokens or default_new}
 
 
-def _supervised(shape: ModelShape, device: DeviceSpec, cfg, rows: int, micro: int, length: int,
-                compute_bytes: int, reference: bool, head: bool = True) -> tuple[Geometry, Phases]:
+def _supervised(
+    shape: ModelShape,
+    device: DeviceSpec,
+    cfg,
+    rows: int,
+    micro: int,
+    length: int,
+    compute_bytes: int,
+    reference: bool,
+    head: bool = True,
+) -> tuple[Geometry, Phases]:
     """A job that only updates (SFT, reward models, DPO) on rows of up to ``length`` tokens."""
     lora = cfg.model.lora is not None
     checkpointed = cfg.model.gradient_checkpointing is True
-    g = Geometry(rows=rows, prompts=0, prompt_tokens=length, new_tokens=0, micro_rows=micro,
-                 compute_bytes=compute_bytes, checkpointed=checkpointed)
+    g = Geometry(
+        rows=rows,
+        prompts=0,
+        prompt_tokens=length,
+        new_tokens=0,
+        micro_rows=micro,
+        compute_bytes=compute_bytes,
+        checkpointed=checkpointed,
+    )
     kept = {**trained_bytes(shape), "reference": reference_bytes(shape, compute_bytes, lora) if reference else 0}
     phases: Phases = {"update": {**kept, **update_bytes(shape, g, head=head)}}
     if reference:
@@ -116,19 +167,28 @@ def _supervised(shape: ModelShape, device: DeviceSpec, cfg, rows: int, micro: in
 def sft_phases(cfg, shape, device, prompt_tokens, compute_bytes):
     """Updates on rows of up to ``data.max_length`` tokens (packed rows are exactly that long)."""
     s = cfg.sft
-    return _supervised(shape, device, cfg, s.batch_size, s.micro_batch_size, cfg.data.max_length, compute_bytes,
-                       False)
+    return _supervised(shape, device, cfg, s.batch_size, s.micro_batch_size, cfg.data.max_length, compute_bytes, False)
 
 
 def rm_phases(cfg, shape, device, prompt_tokens, compute_bytes):
     """Both sides of each pair in one forward, scored by a one-output head (no vocabulary logits)."""
     r = cfg.rm
-    return _supervised(shape, device, cfg, 2 * r.batch_size, 2 * r.micro_batch_size, cfg.data.max_length,
-                       compute_bytes, False, head=False)
+    return _supervised(
+        shape,
+        device,
+        cfg,
+        2 * r.batch_size,
+        2 * r.micro_batch_size,
+        cfg.data.max_length,
+        compute_bytes,
+        False,
+        head=False,
+    )
 
 
 def dpo_phases(cfg, shape, device, prompt_tokens, compute_bytes):
     """Both sides of each pair, under the policy and (once per micro-batch) the reference."""
     d = cfg.dpo
-    return _supervised(shape, device, cfg, 2 * d.batch_size, 2 * d.micro_batch_size, cfg.data.max_length,
-                       compute_bytes, True)
+    return _supervised(
+        shape, device, cfg, 2 * d.batch_size, 2 * d.micro_batch_size, cfg.data.max_length, compute_bytes, True
+    )

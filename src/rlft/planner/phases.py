@@ -115,12 +115,15 @@ def kv_bytes(shape: ModelShape, rows: int, positions: int, cache_bytes: int) -> 
     return KV_GROWTH * rows * positions * shape.kv_bytes_per_token * cache_bytes
 
 
-def generation_bytes(shape: ModelShape, rows: int, prompts: int, prompt_tokens: int, new_tokens: int,
-                     cache_bytes: int) -> dict[str, int]:
+def generation_bytes(
+    shape: ModelShape, rows: int, prompts: int, prompt_tokens: int, new_tokens: int, cache_bytes: int
+) -> dict[str, int]:
     """A generation batch: its KV cache, the prefill of the distinct prompts, a decode step's logits."""
-    return {"kv cache": kv_bytes(shape, rows, prompt_tokens + new_tokens, cache_bytes),
-            "prefill": forward_bytes(shape, prompts * prompt_tokens, cache_bytes),
-            "logits": DECODE_LOGIT_COPIES * 4 * rows * shape.vocab}
+    return {
+        "kv cache": kv_bytes(shape, rows, prompt_tokens + new_tokens, cache_bytes),
+        "prefill": forward_bytes(shape, prompts * prompt_tokens, cache_bytes),
+        "logits": DECODE_LOGIT_COPIES * 4 * rows * shape.vocab,
+    }
 
 
 def trained_bytes(shape: ModelShape) -> dict[str, int]:
@@ -132,8 +135,10 @@ def trained_bytes(shape: ModelShape) -> dict[str, int]:
 def update_bytes(shape: ModelShape, g: Geometry, head: bool = True) -> dict[str, int]:
     """A backward over one micro-batch, gradients accumulating: gradients (fp32, trainable
     parameters), the micro-batch's activations, and the head's log-prob buffers (``head``)."""
-    out = {"gradients": 4 * shape.trainable,
-           "activations": activation_bytes(shape, g.forward_tokens, g.compute_bytes, g.checkpointed)}
+    out = {
+        "gradients": 4 * shape.trainable,
+        "activations": activation_bytes(shape, g.forward_tokens, g.compute_bytes, g.checkpointed),
+    }
     if head:
         out["logits"] = head_bytes(shape, g.scored_tokens, g.compute_bytes)
     if g.compute_bytes == 2:  # autocast keeps a bf16 cast of each weight for the backward
@@ -143,8 +148,10 @@ def update_bytes(shape: ModelShape, g: Geometry, head: bool = True) -> dict[str,
 
 def scoring_bytes(shape: ModelShape, g: Geometry) -> dict[str, int]:
     """Log-probs of a micro-batch without gradients (old policy, reference)."""
-    return {"activations": forward_bytes(shape, g.forward_tokens, g.compute_bytes),
-            "logits": head_bytes(shape, g.scored_tokens, g.compute_bytes)}
+    return {
+        "activations": forward_bytes(shape, g.forward_tokens, g.compute_bytes),
+        "logits": head_bytes(shape, g.scored_tokens, g.compute_bytes),
+    }
 
 
 def reference_bytes(shape: ModelShape, compute_bytes: int, lora: bool) -> int:

@@ -78,8 +78,13 @@ def shape_of(model, config) -> ModelShape:
         linear_params=sum(p.numel() for p in linear.values()),
         untied_linear_params=sum(p.numel() for k, p in linear.items() if k not in embedded),
         trainable=sum(p.numel() for p in params.values() if p.requires_grad),
-        layers=config.num_hidden_layers, hidden=config.hidden_size,
-        intermediate=getattr(config, "intermediate_size", 4 * config.hidden_size), heads=heads,
-        kv_heads=getattr(config, "num_key_value_heads", None) or heads, head_dim=head_dim,
-        vocab=config.vocab_size, tied_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
-        model_type=getattr(config, "model_type", "?"))
+        layers=config.num_hidden_layers,
+        hidden=config.hidden_size,
+        intermediate=getattr(config, "intermediate_size", 4 * config.hidden_size),
+        heads=heads,
+        kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+        head_dim=head_dim,
+        vocab=config.vocab_size,
+        tied_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        model_type=getattr(config, "model_type", "?"),
+    )

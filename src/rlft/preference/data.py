@@ -75,10 +75,12 @@ def conversations(row: dict, cfg: PreferenceDataConfig) -> tuple[list[dict], lis
     sides = []
     for key in (cfg.chosen_field, cfg.rejected_field):
         if key not in row:
-            raise BadRow(f"missing field '{key}'; a preference row is '{cfg.prompt_field}' + '{cfg.chosen_field}' + "
-                         f"'{cfg.rejected_field}' (text or messages), or '{cfg.chosen_field}' + "
-                         f"'{cfg.rejected_field}' as whole conversations (the row has columns: "
-                         f"{', '.join(map(str, row)) or 'none'})")
+            raise BadRow(
+                f"missing field '{key}'; a preference row is '{cfg.prompt_field}' + '{cfg.chosen_field}' + "
+                f"'{cfg.rejected_field}' (text or messages), or '{cfg.chosen_field}' + "
+                f"'{cfg.rejected_field}' as whole conversations (the row has columns: "
+                f"{', '.join(map(str, row)) or 'none'})"
+            )
         sides.append(row[key])
     if all(isinstance(s, str) for s in sides):
         prompt = row.get(cfg.prompt_field)
@@ -87,9 +89,11 @@ def conversations(row: dict, cfg: PreferenceDataConfig) -> tuple[list[dict], lis
         elif isinstance(prompt, list):
             prompt = as_messages(prompt, f"field '{cfg.prompt_field}'")
         else:
-            raise BadRow(f"field '{cfg.prompt_field}' is {'missing' if prompt is None else 'not text or messages'}; "
-                         f"with '{cfg.chosen_field}'/'{cfg.rejected_field}' as text a row needs its prompt too "
-                         f"(or give both as conversations)")
+            raise BadRow(
+                f"field '{cfg.prompt_field}' is {'missing' if prompt is None else 'not text or messages'}; "
+                f"with '{cfg.chosen_field}'/'{cfg.rejected_field}' as text a row needs its prompt too "
+                f"(or give both as conversations)"
+            )
         convs = [prompt + [{"role": "assistant", "content": s}] for s in sides]
     elif all(isinstance(s, list) for s in sides):
         convs = [as_messages(s, f"field '{k}'") for s, k in zip(sides, (cfg.chosen_field, cfg.rejected_field))]
@@ -97,8 +101,10 @@ def conversations(row: dict, cfg: PreferenceDataConfig) -> tuple[list[dict], lis
             prompt = as_messages(row[cfg.prompt_field], f"field '{cfg.prompt_field}'")
             convs = [prompt + c for c in convs]
     else:
-        raise BadRow(f"fields '{cfg.chosen_field}' and '{cfg.rejected_field}' must both be text or both be "
-                     f"conversations (lists of messages)")
+        raise BadRow(
+            f"fields '{cfg.chosen_field}' and '{cfg.rejected_field}' must both be text or both be "
+            f"conversations (lists of messages)"
+        )
     for conv, key in zip(convs, (cfg.chosen_field, cfg.rejected_field)):
         if conv[-1]["role"] != "assistant":
             raise BadRow(f"the '{key}' conversation does not end with an assistant turn")

@@ -38,12 +38,19 @@ class PairEvalResult:
     seconds: float
 
     def metrics_line(self) -> str:
-        return (f"{self.label} {self.accuracy:.1%}, margin {self.margin:+.4f}, loss {self.loss:.4f} "
-                f"on {self.num_pairs} pairs")
+        return (
+            f"{self.label} {self.accuracy:.1%}, margin {self.margin:+.4f}, loss {self.loss:.4f} "
+            f"on {self.num_pairs} pairs"
+        )
 
     def summary(self) -> dict:
-        return {"accuracy": self.accuracy, "margin": self.margin, "loss": self.loss, "num_pairs": self.num_pairs,
-                "seconds": self.seconds}
+        return {
+            "accuracy": self.accuracy,
+            "margin": self.margin,
+            "loss": self.loss,
+            "num_pairs": self.num_pairs,
+            "seconds": self.seconds,
+        }
 
 
 class PairJob:
@@ -90,21 +97,30 @@ class PairJob:
         for pairs in (self.train_set, self.eval_set):
             self._check_pairs(pairs.pairs if pairs is not None else [])
         log_loaded(self.log, self.train_set, self.eval_set, "pairs")
-        self.sampler = PromptSampler(len(self.train_set.pairs), s.batch_size, seed=cfg.train.seed,
-                                     shuffle=cfg.data.shuffle)
+        self.sampler = PromptSampler(
+            len(self.train_set.pairs), s.batch_size, seed=cfg.train.seed, shuffle=cfg.data.shuffle
+        )
         self.steps_per_epoch = self.sampler.steps_per_epoch
         self.total_steps = total_steps(cfg.train, self.steps_per_epoch)
         params = [p for p in self.parts.model.parameters() if p.requires_grad]
-        self.optimizer = build_optimizer(params, lr=s.learning_rate, weight_decay=s.weight_decay,
-                                         betas=tuple(s.adam_betas), eps=s.adam_eps)
-        self.scheduler = build_scheduler(self.optimizer, total_steps=self.total_steps, warmup_steps=s.warmup_steps,
-                                         schedule=s.lr_scheduler, min_ratio=s.min_lr_ratio)
+        self.optimizer = build_optimizer(
+            params, lr=s.learning_rate, weight_decay=s.weight_decay, betas=tuple(s.adam_betas), eps=s.adam_eps
+        )
+        self.scheduler = build_scheduler(
+            self.optimizer,
+            total_steps=self.total_steps,
+            warmup_steps=s.warmup_steps,
+            schedule=s.lr_scheduler,
+            min_ratio=s.min_lr_ratio,
+        )
 
     def _parameters_line(self) -> list[str]:
         s = self.section
-        return [f"{self.SECTION} parameters in effect: " + ", ".join(f"{k}={v}" for k, v in s.model_dump().items()),
-                f"training for {self.total_steps} steps: {s.batch_size} pairs per step ({s.micro_batch_size} per "
-                f"forward/backward), {self.steps_per_epoch} steps per epoch"]
+        return [
+            f"{self.SECTION} parameters in effect: " + ", ".join(f"{k}={v}" for k, v in s.model_dump().items()),
+            f"training for {self.total_steps} steps: {s.batch_size} pairs per step ({s.micro_batch_size} per "
+            f"forward/backward), {self.steps_per_epoch} steps per epoch",
+        ]
 
     def train_step(self, step: int) -> dict[str, float]:
         t0 = time.perf_counter()
@@ -127,14 +143,23 @@ class PairJob:
         n = sum(k for k, _ in stats)
         means = {name: sum(k * getattr(st, field) for k, st in stats) / n for field, name in self.STATS.items()}
         self._last = means[self.STATS["accuracy"]]
-        return {"loss": loss_sum, **means, **grad, "lr": lr, "pairs": float(n),
-                "step_seconds": time.perf_counter() - t0, "peak_mem_mb": peak_memory_mb(self.device)}
+        return {
+            "loss": loss_sum,
+            **means,
+            **grad,
+            "lr": lr,
+            "pairs": float(n),
+            "step_seconds": time.perf_counter() - t0,
+            "peak_mem_mb": peak_memory_mb(self.device),
+        }
 
     def step_line(self, step: int, m: dict[str, float]) -> str:
         acc, margin = self.STATS["accuracy"], self.STATS["margin"]
-        return (f"step {step}/{self.total_steps} | loss {m['loss']:.4f} | {self.ACCURACY} {m[acc]:.1%} | "
-                f"margin {m[margin]:+.4f} | grad norm {m['grad_norm']:.3f} | lr {m['lr']:.2e} | "
-                f"{m['step_seconds']:.2f} s/step")
+        return (
+            f"step {step}/{self.total_steps} | loss {m['loss']:.4f} | {self.ACCURACY} {m[acc]:.1%} | "
+            f"margin {m[margin]:+.4f} | grad norm {m['grad_norm']:.3f} | lr {m['lr']:.2e} | "
+            f"{m['step_seconds']:.2f} s/step"
+        )
 
     def progress_info(self) -> str:
         return f"acc {self._last:.0%}"
@@ -170,8 +195,9 @@ class PairJob:
 
     @staticmethod
     def generation(cfg) -> GenerationSettings:
-        return GenerationSettings("native", cfg.data.max_length, cfg.eval.max_new_tokens or 256,
-                                  add_special_tokens=False)
+        return GenerationSettings(
+            "native", cfg.data.max_length, cfg.eval.max_new_tokens or 256, add_special_tokens=False
+        )
 
     @staticmethod
     def reward_manager(cfg):
@@ -187,5 +213,7 @@ class PairJob:
         if before is None or after is None:
             return []
         b, a = before.result, after.result
-        return [f"held-out {self.ACCURACY}: before {b.accuracy:.1%} -> after {a.accuracy:.1%} ({a.num_pairs} pairs); "
-                f"margin {b.margin:+.4f} -> {a.margin:+.4f}"]
+        return [
+            f"held-out {self.ACCURACY}: before {b.accuracy:.1%} -> after {a.accuracy:.1%} ({a.num_pairs} pairs); "
+            f"margin {b.margin:+.4f} -> {a.margin:+.4f}"
+        ]

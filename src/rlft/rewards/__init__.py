@@ -5,8 +5,8 @@
 
 from __future__ import annotations
 
-from rlft.rewards.builtin import BUILTIN_REWARDS
 from rlft.plugins import load_custom_reward
+from rlft.rewards.builtin import BUILTIN_REWARDS
 
 __all__ = ["BUILTIN_REWARDS", "RewardManager", "RewardResult", "load_custom_reward"]
 

@@ -23,8 +23,9 @@ NUMBER_RE = re.compile(rf"(?<![\w.])(?:{_NUMBER})")
 _ONLY_NUMBER_RE = re.compile(rf"(?:{_NUMBER})\.?")
 
 
-def contains(prompts: Sequence[str], completions: Sequence[str], *, keyword: str,
-             case_sensitive: bool = True, **columns: Any) -> list[float]:
+def contains(
+    prompts: Sequence[str], completions: Sequence[str], *, keyword: str, case_sensitive: bool = True, **columns: Any
+) -> list[float]:
     """1.0 if ``keyword`` occurs in the completion, else 0.0."""
     if not case_sensitive:
         keyword = keyword.casefold()
@@ -32,8 +33,9 @@ def contains(prompts: Sequence[str], completions: Sequence[str], *, keyword: str
     return [float(keyword in c) for c in completions]
 
 
-def regex(prompts: Sequence[str], completions: Sequence[str], *, pattern: str,
-          mode: str = "search", **columns: Any) -> list[float]:
+def regex(
+    prompts: Sequence[str], completions: Sequence[str], *, pattern: str, mode: str = "search", **columns: Any
+) -> list[float]:
     """1.0 if ``pattern`` is found anywhere (``mode="search"``) or matches the whole
     stripped completion (``mode="fullmatch"``), else 0.0."""
     rx = re.compile(pattern)
@@ -89,14 +91,21 @@ def extract_answer(text: str, extract: str, marker: str = "####") -> str | None:
         pos = text.rfind(marker)
         if pos < 0:
             return None
-        lines = [line for line in text[pos + len(marker):].splitlines() if line.strip()]
+        lines = [line for line in text[pos + len(marker) :].splitlines() if line.strip()]
         return lines[0] if lines else ""
     raise ValueError(f"unknown extract mode {extract!r}")
 
 
-def exact_answer(prompts: Sequence[str], completions: Sequence[str], *, answer_field: str = "answer",
-                 extract: str = "full", marker: str = "####", case_sensitive: bool = False,
-                 **columns: Any) -> list[float]:
+def exact_answer(
+    prompts: Sequence[str],
+    completions: Sequence[str],
+    *,
+    answer_field: str = "answer",
+    extract: str = "full",
+    marker: str = "####",
+    case_sensitive: bool = False,
+    **columns: Any,
+) -> list[float]:
     """1.0 if the extracted part of the completion equals the reference answer
     (whitespace collapsed, stripped, casefolded unless ``case_sensitive``).
 
@@ -151,8 +160,15 @@ def _reference_number(ref: Any, answer_field: str) -> float:
     return value
 
 
-def numeric_answer(prompts: Sequence[str], completions: Sequence[str], *, answer_field: str = "answer",
-                   extract: str = "last", tolerance: float = 1e-6, **columns: Any) -> list[float]:
+def numeric_answer(
+    prompts: Sequence[str],
+    completions: Sequence[str],
+    *,
+    answer_field: str = "answer",
+    extract: str = "last",
+    tolerance: float = 1e-6,
+    **columns: Any,
+) -> list[float]:
     """1.0 if the number extracted from the completion is within ``tolerance`` of the
     reference (an int, float or string column; a string that is not a plain number
     contributes its last number), else 0.0."""
@@ -179,8 +195,14 @@ def _tags_in_order(text: str, tags: Sequence[str]) -> bool:
     return True
 
 
-def format(prompts: Sequence[str], completions: Sequence[str], *, pattern: str | None = None,
-           required_tags: Sequence[str] = (), **columns: Any) -> list[float]:  # noqa: A001
+def format(
+    prompts: Sequence[str],
+    completions: Sequence[str],
+    *,
+    pattern: str | None = None,
+    required_tags: Sequence[str] = (),
+    **columns: Any,
+) -> list[float]:  # noqa: A001
     """1.0 if the stripped completion fully matches ``pattern`` (``re.DOTALL``, so
     ``.`` spans lines) and contains each of ``required_tags`` exactly once as
     ``<tag>...</tag>``, in the given order; else 0.0."""
@@ -193,8 +215,15 @@ def format(prompts: Sequence[str], completions: Sequence[str], *, pattern: str |
     return scores
 
 
-def length_penalty(prompts: Sequence[str], completions: Sequence[str], *, target_chars: int = 200,
-                   penalty_per_char: float = 0.001, max_penalty: float = 1.0, **columns: Any) -> list[float]:
+def length_penalty(
+    prompts: Sequence[str],
+    completions: Sequence[str],
+    *,
+    target_chars: int = 200,
+    penalty_per_char: float = 0.001,
+    max_penalty: float = 1.0,
+    **columns: Any,
+) -> list[float]:
     """``-min(max_penalty, penalty_per_char * (len(completion) - target_chars))`` for
     completions longer than ``target_chars``; 0.0 otherwise."""
     scores = []
@@ -205,8 +234,9 @@ def length_penalty(prompts: Sequence[str], completions: Sequence[str], *, target
     return scores
 
 
-def tool_call(prompts: Sequence[str], completions: Sequence[str], *, tools_field: str = "tools",
-              **columns: Any) -> list[float]:
+def tool_call(
+    prompts: Sequence[str], completions: Sequence[str], *, tools_field: str = "tools", **columns: Any
+) -> list[float]:
     """1.0 if the completion makes at least one well-formed tool call (Hermes format: JSON with a
     ``name`` and an ``arguments`` object between ``<tool_call>`` tags) and no malformed one; when the
     row offers tools (column ``tools_field``), every call must also name one of them and give its
@@ -215,8 +245,11 @@ def tool_call(prompts: Sequence[str], completions: Sequence[str], *, tools_field
     scores = []
     for completion, tools in zip(completions, offered, strict=True):
         turn = parse_tool_calls(completion)
-        ok = bool(turn.calls) and not turn.errors and (not tools or all(check_call(c, tools) is None
-                                                                          for c in turn.calls))
+        ok = (
+            bool(turn.calls)
+            and not turn.errors
+            and (not tools or all(check_call(c, tools) is None for c in turn.calls))
+        )
         scores.append(float(ok))
     return scores
 

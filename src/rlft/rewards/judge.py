@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from rlft.config.rewards import DEFAULT_GROUP_RUBRIC, DEFAULT_RUBRIC
 from rlft.errors import RewardError
 
-_GROUP_LINE = re.compile(r"(?im)^\W*(?:response|completion)?\s*#?(\d+)\s*[:.)\-]\s*(?:score\s*[:=]?\s*)?"
-                         r"(-?\d+(?:\.\d+)?)")
+_GROUP_LINE = re.compile(
+    r"(?im)^\W*(?:response|completion)?\s*#?(\d+)\s*[:.)\-]\s*(?:score\s*[:=]?\s*)?"
+    r"(-?\d+(?:\.\d+)?)"
+)
 
 
 def parse_score(text: str, pattern: str, scale: tuple[float, float]) -> float | None:
@@ -53,9 +56,17 @@ def _scaled(value: str, scale: tuple[float, float]) -> float | None:
 class JudgeRewardFunction:
     """``f(prompts, completions, **columns) -> list[float]`` from a judge model's verdicts."""
 
-    def __init__(self, name: str, ask: Callable[[list[str]], list[str]], *, mode: str = "single",
-                 rubric: str | None = None, score_pattern: str = r"(?i)score\s*[:=]?\s*(-?\d+(?:\.\d+)?)",
-                 scale: tuple[float, float] = (0.0, 10.0), fallback: float = 0.0):
+    def __init__(
+        self,
+        name: str,
+        ask: Callable[[list[str]], list[str]],
+        *,
+        mode: str = "single",
+        rubric: str | None = None,
+        score_pattern: str = r"(?i)score\s*[:=]?\s*(-?\d+(?:\.\d+)?)",
+        scale: tuple[float, float] = (0.0, 10.0),
+        fallback: float = 0.0,
+    ):
         self.name, self.ask, self.mode = name, ask, mode
         self.rubric = rubric or (DEFAULT_GROUP_RUBRIC if mode == "group" else DEFAULT_RUBRIC)
         self.pattern, self.scale, self.fallback = score_pattern, tuple(scale), fallback
@@ -63,10 +74,17 @@ class JudgeRewardFunction:
         self.last_judgements: list[str] = []
 
     @classmethod
-    def from_spec(cls, name: str, spec: Any) -> "JudgeRewardFunction":
-        ask = (_endpoint(name, spec) if spec.url else _local(name, spec))
-        return cls(name, ask, mode=spec.mode, rubric=spec.rubric, score_pattern=spec.score_pattern,
-                   scale=spec.scale, fallback=spec.fallback)
+    def from_spec(cls, name: str, spec: Any) -> JudgeRewardFunction:
+        ask = _endpoint(name, spec) if spec.url else _local(name, spec)
+        return cls(
+            name,
+            ask,
+            mode=spec.mode,
+            rubric=spec.rubric,
+            score_pattern=spec.score_pattern,
+            scale=spec.scale,
+            fallback=spec.fallback,
+        )
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[str], **columns) -> list[float]:
         texts = [_text(p) for p in prompts]
@@ -92,8 +110,11 @@ class JudgeRewardFunction:
             listed = "\n\n".join(f"Response {k + 1}:\n{completions[start + k]}" for k in range(end - start))
             asks.append(self.rubric.format(prompt=prompts[start], n=end - start, completions=listed))
         self.last_judgements = self.ask(asks)
-        return [s for (start, end), j in zip(groups, self.last_judgements)
-                for s in parse_group_scores(j, end - start, self.scale)]
+        return [
+            s
+            for (start, end), j in zip(groups, self.last_judgements)
+            for s in parse_group_scores(j, end - start, self.scale)
+        ]
 
 
 def _text(prompt: Any) -> str:
@@ -145,12 +166,17 @@ def _local(name: str, spec: Any) -> Callable[[list[str]], list[str]]:
     def ask(questions: list[str]) -> list[str]:
         out = []
         for i in range(0, len(questions), 8):
-            texts = [render(tokenizer, [{"role": "user", "content": q}], add_generation_prompt=True)
-                     if tokenizer.chat_template else q for q in questions[i : i + 8]]
+            texts = [
+                render(tokenizer, [{"role": "user", "content": q}], add_generation_prompt=True)
+                if tokenizer.chat_template
+                else q
+                for q in questions[i : i + 8]
+            ]
             batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
-            gen = model.generate(**batch, max_new_tokens=spec.max_new_tokens, do_sample=False,
-                                 pad_token_id=tokenizer.pad_token_id)
-            out += tokenizer.batch_decode(gen[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+            gen = model.generate(
+                **batch, max_new_tokens=spec.max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
+            )
+            out += tokenizer.batch_decode(gen[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
         return out
 
     return ask

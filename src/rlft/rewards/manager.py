@@ -31,8 +31,8 @@ import torch
 
 from rlft.config.rewards import default_reward_name
 from rlft.errors import RewardError, RewardOutage
-from rlft.rewards.builtin import ANSWER_COLUMN_PARAM, BUILTIN_REWARDS
 from rlft.plugins import load_custom_reward
+from rlft.rewards.builtin import ANSWER_COLUMN_PARAM, BUILTIN_REWARDS
 from rlft.rewards.timed import RewardTimeout, call_with_timeout
 
 log = logging.getLogger("rlft")
@@ -52,10 +52,15 @@ class RewardResult:
     extra: dict[str, float] = field(default_factory=dict)
     failed: torch.Tensor | None = None
 
-    def rows(self, idx) -> "RewardResult":
+    def rows(self, idx) -> RewardResult:
         """The result of the samples ``idx`` only (extra unchanged)."""
-        return RewardResult(self.total[idx], {k: v[idx] for k, v in self.per_reward.items()}, self.names, self.extra,
-                            None if self.failed is None else self.failed[idx])
+        return RewardResult(
+            self.total[idx],
+            {k: v[idx] for k, v in self.per_reward.items()},
+            self.names,
+            self.extra,
+            None if self.failed is None else self.failed[idx],
+        )
 
 
 @dataclass
@@ -80,8 +85,9 @@ class RewardManager:
 
     def __init__(self, rewards: Sequence[NamedReward]):
         if not rewards:
-            raise RewardError("no reward functions configured (reward.functions is empty and the environment has "
-                              "no get_reward())")
+            raise RewardError(
+                "no reward functions configured (reward.functions is empty and the environment has no get_reward())"
+            )
         names = [r.name for r in rewards]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
@@ -90,7 +96,7 @@ class RewardManager:
         self._warned_unscored = False
 
     @classmethod
-    def from_specs(cls, specs: Sequence[Any]) -> "RewardManager":
+    def from_specs(cls, specs: Sequence[Any]) -> RewardManager:
         """Build from ``reward.functions`` entries (the schema's reward spec models)."""
         return cls(named_rewards(specs))
 
@@ -104,8 +110,14 @@ class RewardManager:
         """Weight of each reward by name."""
         return {r.name: r.weight for r in self.rewards}
 
-    def score(self, prompts: Sequence[str], completions: Sequence[str],
-              columns: dict[str, Sequence[Any]] | None = None, *, tolerate_outages: bool = False) -> RewardResult:
+    def score(
+        self,
+        prompts: Sequence[str],
+        completions: Sequence[str],
+        columns: dict[str, Sequence[Any]] | None = None,
+        *,
+        tolerate_outages: bool = False,
+    ) -> RewardResult:
         """Score ``completions`` (aligned with ``prompts`` and every column list).
 
         Returns the per-reward values and their weighted sum; raises
@@ -121,8 +133,10 @@ class RewardManager:
         scored = torch.zeros(n, dtype=torch.bool)  # some reward applies to the sample
         failed = torch.zeros(n, dtype=torch.bool)  # a scoring service was down for the sample
         for reward in self.rewards:
-            values = torch.tensor(self._values(reward, prompts, completions, columns,
-                                              failed if tolerate_outages else None), dtype=torch.float64)
+            values = torch.tensor(
+                self._values(reward, prompts, completions, columns, failed if tolerate_outages else None),
+                dtype=torch.float64,
+            )
             applies = ~values.isnan()  # NaN: the reward returned None (does not apply); never a NaN score
             per_reward[reward.name] = values.to(torch.float32)
             total += reward.weight * values.nan_to_num(nan=0.0)
@@ -133,11 +147,22 @@ class RewardManager:
             # a reward may say more about its last call (a model reward: its raw scores before the transform)
             extra.update({f"reward/{reward.name}/{k}": v for k, v in getattr(reward.fn, "last_metrics", {}).items()})
         self._warn_unscored(scored | failed, completions)
-        return RewardResult(total=total.to(torch.float32), per_reward=per_reward, names=self.names, extra=extra,
-                            failed=failed if tolerate_outages else None)
+        return RewardResult(
+            total=total.to(torch.float32),
+            per_reward=per_reward,
+            names=self.names,
+            extra=extra,
+            failed=failed if tolerate_outages else None,
+        )
 
-    def _values(self, reward: NamedReward, prompts: Sequence[str], completions: Sequence[str],
-                columns: dict[str, Sequence[Any]], failed: torch.Tensor | None) -> list[float]:
+    def _values(
+        self,
+        reward: NamedReward,
+        prompts: Sequence[str],
+        completions: Sequence[str],
+        columns: dict[str, Sequence[Any]],
+        failed: torch.Tensor | None,
+    ) -> list[float]:
         """One reward's values. With ``failed`` [N] given, a service outage marks the samples it lost
         there (in place) and gives them NaN (the reward does not apply) instead of raising."""
         try:
@@ -147,8 +172,10 @@ class RewardManager:
                 raise
             lost = list(range(len(completions))) if exc.failed is None else exc.failed
             failed[lost] = True
-            log.warning(f"{exc}; {len(lost)} of {len(completions)} samples are left out of this step "
-                        f"(algorithm.exclude_machinery_failures)")
+            log.warning(
+                f"{exc}; {len(lost)} of {len(completions)} samples are left out of this step "
+                f"(algorithm.exclude_machinery_failures)"
+            )
             scores = exc.scores if exc.scores is not None else [None] * len(completions)
             return _check_values(reward.name, scores, len(completions))
 
@@ -160,9 +187,11 @@ class RewardManager:
             return
         self._warned_unscored = True
         i = missing[0]
-        log.warning(f"no reward applies to sample {i} of {len(completions)} (every reward returned None: "
-                    f"{', '.join(self.names)}); its total reward is 0. {len(missing)} such samples in this batch; "
-                    f"not reported again.\n  completion: {_preview(completions[i])}")
+        log.warning(
+            f"no reward applies to sample {i} of {len(completions)} (every reward returned None: "
+            f"{', '.join(self.names)}); its total reward is 0. {len(missing)} such samples in this batch; "
+            f"not reported again.\n  completion: {_preview(completions[i])}"
+        )
 
 
 def named_rewards(specs: Sequence[Any]) -> list[NamedReward]:
@@ -240,7 +269,9 @@ def _check_alignment(prompts: Sequence[str], completions: Sequence[str], columns
             raise RewardError(f"reward batch column '{key}' has {len(col)} values but there are {n} completions")
 
 
-def _call(reward: NamedReward, prompts: list[str], completions: list[str], columns: dict[str, Sequence[Any]]) -> list[float]:
+def _call(
+    reward: NamedReward, prompts: list[str], completions: list[str], columns: dict[str, Sequence[Any]]
+) -> list[float]:
     n = len(completions)
     missing = [c for c in reward.required_columns if c not in columns]
     if missing:
@@ -273,7 +304,8 @@ def _timed_out(reward: NamedReward, exc: RewardTimeout, completions: list[str]) 
     return RewardError(
         f"reward '{reward.name}' {exc} on a batch of {len(completions)} completions, so the run "
         f"stops instead of waiting on a slow or hung function; raise its 'timeout' in reward.functions if it "
-        f"needs longer (null: no limit){first}")
+        f"needs longer (null: no limit){first}"
+    )
 
 
 def _warn_if_slow(reward: NamedReward, seconds: float, n: int) -> None:
@@ -282,13 +314,20 @@ def _warn_if_slow(reward: NamedReward, seconds: float, n: int) -> None:
     if reward.timeout is None or reward.warned_slow or seconds <= reward.timeout / 2:
         return
     reward.warned_slow = True
-    log.warning(f"reward '{reward.name}' took {seconds:.1f} s on a batch of {n} completions, over half its "
-                f"timeout of {reward.timeout:g} s (a call that takes longer stops the run); raise its 'timeout' "
-                f"in reward.functions if that is expected. Not reported again.")
+    log.warning(
+        f"reward '{reward.name}' took {seconds:.1f} s on a batch of {n} completions, over half its "
+        f"timeout of {reward.timeout:g} s (a call that takes longer stops the run); raise its 'timeout' "
+        f"in reward.functions if that is expected. Not reported again."
+    )
 
 
-def _locate_failure(reward: NamedReward, prompts: list[str], completions: list[str],
-                    columns: dict[str, Sequence[Any]], batch_exc: Exception) -> RewardError:
+def _locate_failure(
+    reward: NamedReward,
+    prompts: list[str],
+    completions: list[str],
+    columns: dict[str, Sequence[Any]],
+    batch_exc: Exception,
+) -> RewardError:
     """Re-run the reward one sample at a time to report the first failing index."""
     n = len(completions)
     for i in range(n):
@@ -345,8 +384,10 @@ def _thread_hint(reward: NamedReward, exc: BaseException) -> str:
     here though it works when called directly: with a timeout the reward runs on a worker thread."""
     if reward.timeout is None or "main thread" not in str(exc):
         return ""
-    return (f" (with a timeout, reward '{reward.name}' runs on a worker thread, where signal handlers cannot be "
-            f"set; give it 'timeout: null' to call it on the main thread, or turn off the library's own timeout)")
+    return (
+        f" (with a timeout, reward '{reward.name}' runs on a worker thread, where signal handlers cannot be "
+        f"set; give it 'timeout: null' to call it on the main thread, or turn off the library's own timeout)"
+    )
 
 
 def _origin(exc: BaseException) -> str:

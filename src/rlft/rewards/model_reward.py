@@ -18,7 +18,8 @@ beside the processed values.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -44,7 +45,8 @@ class RunningStats:
 
 
 def transform(raw: torch.Tensor, output: str, clip: float | None, stats: RunningStats | None = None) -> torch.Tensor:
-    """The reward for raw scores ``raw`` [N] (float32), as :mod:`the module docstring <rlft.rewards.model_reward>` says."""
+    """The reward for raw scores ``raw`` [N] (float32), as :mod:`the module docstring
+    <rlft.rewards.model_reward>` says."""
     if output == "logit":
         out = raw.float()
     elif output == "sigmoid":
@@ -61,14 +63,25 @@ def transform(raw: torch.Tensor, output: str, clip: float | None, stats: Running
 class ModelRewardFunction:
     """``f(prompts, completions, **columns) -> list[float]`` from a reward-model folder."""
 
-    def __init__(self, name: str, path: str, *, batch_size: int = 16, output: str = "logit",
-                 clip: float | None = None, max_length: int = 1024, device: str = "auto"):
+    def __init__(
+        self,
+        name: str,
+        path: str,
+        *,
+        batch_size: int = 16,
+        output: str = "logit",
+        clip: float | None = None,
+        max_length: int = 1024,
+        device: str = "auto",
+    ):
         from rlft.models.loading import load_tokenizer, resolve_device
         from rlft.models.reward_model import is_reward_model_dir, load_reward_model
 
         if not is_reward_model_dir(path):
-            raise RewardError(f"reward '{name}': {path} is not a reward model (its config.json names no "
-                              f"*ForSequenceClassification architecture); train one with rlft train-rm")
+            raise RewardError(
+                f"reward '{name}': {path} is not a reward model (its config.json names no "
+                f"*ForSequenceClassification architecture); train one with rlft train-rm"
+            )
         self.name, self.path = name, path
         self.batch_size, self.output, self.clip, self.max_length = batch_size, output, clip, max_length
         self.device = resolve_device(device)
@@ -79,16 +92,23 @@ class ModelRewardFunction:
         self.last_metrics: dict[str, float] = {}
 
     @classmethod
-    def from_spec(cls, name: str, spec: Any) -> "ModelRewardFunction":
-        return cls(name, spec.path, batch_size=spec.batch_size, output=spec.output, clip=spec.clip,
-                   max_length=spec.max_length, device=spec.device)
+    def from_spec(cls, name: str, spec: Any) -> ModelRewardFunction:
+        return cls(
+            name,
+            spec.path,
+            batch_size=spec.batch_size,
+            output=spec.output,
+            clip=spec.clip,
+            max_length=spec.max_length,
+            device=spec.device,
+        )
 
     def _tokens(self, prompt: Any, completion: str) -> list[int]:
         from rlft.chat.templates import render
 
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
         text = render(self.tokenizer, messages + [{"role": "assistant", "content": completion}])
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"][-self.max_length:]
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"][-self.max_length :]
 
     @torch.no_grad()
     def raw_scores(self, prompts: Sequence[Any], completions: Sequence[str]) -> torch.Tensor:

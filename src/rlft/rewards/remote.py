@@ -19,8 +19,9 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Sequence
+from typing import Any
 
 import httpx
 
@@ -32,21 +33,40 @@ _TRANSIENT_STATUS = {429, 500, 502, 503, 504}
 class HttpReward:
     """``f(prompts, completions, **columns) -> list[float | None]`` backed by a scoring service."""
 
-    def __init__(self, name: str, url: str, *, timeout: float = 30.0, retries: int = 3, backoff: float = 0.5,
-                 batch_size: int = 64, max_concurrency: int = 4, headers: dict[str, str] | None = None,
-                 send_columns: bool = True):
+    def __init__(
+        self,
+        name: str,
+        url: str,
+        *,
+        timeout: float = 30.0,
+        retries: int = 3,
+        backoff: float = 0.5,
+        batch_size: int = 64,
+        max_concurrency: int = 4,
+        headers: dict[str, str] | None = None,
+        send_columns: bool = True,
+    ):
         self.name, self.url = name, url
         self.retries, self.backoff, self.batch_size = retries, backoff, batch_size
         self.max_concurrency, self.send_columns = max_concurrency, send_columns
-        self._http = httpx.Client(timeout=timeout, headers=dict(headers or {}),
-                                  limits=httpx.Limits(max_connections=max_concurrency))
+        self._http = httpx.Client(
+            timeout=timeout, headers=dict(headers or {}), limits=httpx.Limits(max_connections=max_concurrency)
+        )
         self.requests = 0  # sent, retries included (for tests and logs)
 
     @classmethod
-    def from_spec(cls, name: str, spec: Any) -> "HttpReward":
-        return cls(name, spec.url, timeout=spec.timeout, retries=spec.retries, backoff=spec.backoff,
-                   batch_size=spec.batch_size, max_concurrency=spec.max_concurrency, headers=spec.headers,
-                   send_columns=spec.send_columns)
+    def from_spec(cls, name: str, spec: Any) -> HttpReward:
+        return cls(
+            name,
+            spec.url,
+            timeout=spec.timeout,
+            retries=spec.retries,
+            backoff=spec.backoff,
+            batch_size=spec.batch_size,
+            max_concurrency=spec.max_concurrency,
+            headers=spec.headers,
+            send_columns=spec.send_columns,
+        )
 
     def __call__(self, prompts: Sequence[str], completions: Sequence[str], **columns) -> list[float | None]:
         n = len(completions)
@@ -55,8 +75,11 @@ class HttpReward:
 
         def one(start: int) -> list[float | None]:
             end = min(n, start + self.batch_size)
-            body = {"prompts": list(prompts[start:end]), "completions": list(completions[start:end]),
-                    "columns": {k: list(v[start:end]) for k, v in cols.items()}}
+            body = {
+                "prompts": list(prompts[start:end]),
+                "completions": list(completions[start:end]),
+                "columns": {k: list(v[start:end]) for k, v in cols.items()},
+            }
             try:
                 return self._post(json.dumps(body, default=str, ensure_ascii=False), end - start, start)
             except RewardOutage as exc:  # the other requests' scores are still good
@@ -99,8 +122,9 @@ def _joined(parts: list, starts: list[int], n: int) -> list[float | None]:
     raise RewardOutage(f"{lost[0]}{share}", scores, failed)
 
 
-def post_with_retries(client: httpx.Client, url: str, body: str, retries: int, backoff: float, where: str,
-                      on_attempt=lambda: None) -> httpx.Response:
+def post_with_retries(
+    client: httpx.Client, url: str, body: str, retries: int, backoff: float, where: str, on_attempt=lambda: None
+) -> httpx.Response:
     """POST the JSON ``body``; retry transient failures (connection errors and timeouts, 5xx, 429) up to
     ``retries`` times with exponential backoff from ``backoff`` seconds; a 2xx response, else RewardError --
     a :class:`RewardOutage` when the service was still unreachable or failing transiently after the retries."""
@@ -124,7 +148,8 @@ def post_with_retries(client: httpx.Client, url: str, body: str, retries: int, b
             transient = response.status_code in _TRANSIENT_STATUS
             tries = f" after {attempt + 1} attempts" if transient else ""
             raise (RewardOutage if transient else RewardError)(
-                f"{where}: the server answered {response.status_code}{tries}: {response.text[:200]!r}")
+                f"{where}: the server answered {response.status_code}{tries}: {response.text[:200]!r}"
+            )
         return response
     raise AssertionError("unreachable")
 
@@ -144,7 +169,7 @@ def _scores(where: str, response: httpx.Response, expected: int) -> list[float |
         raise RewardError(f"{where}: the answer is not JSON: {response.text[:200]!r}") from None
     scores = data.get("rewards") if isinstance(data, dict) else data
     if not isinstance(scores, list):
-        raise RewardError(f"{where}: expected {{\"rewards\": [...]}} or a list, got {json.dumps(data)[:200]}")
+        raise RewardError(f'{where}: expected {{"rewards": [...]}} or a list, got {json.dumps(data)[:200]}')
     if len(scores) != expected:
         raise RewardError(f"{where}: {len(scores)} scores for {expected} completions")
     out: list[float | None] = []

@@ -76,8 +76,9 @@ def create_reward_app(reward: RewardConfig, token: str | None = None):
             result = manager.score(body.prompts, body.completions, body.columns)
         except RewardError as exc:
             raise HTTPException(422, str(exc)) from None
-        return ScoreResponse(rewards=result.total.tolist(),
-                             per_reward={k: _nulls(v.tolist()) for k, v in result.per_reward.items()})
+        return ScoreResponse(
+            rewards=result.total.tolist(), per_reward={k: _nulls(v.tolist()) for k, v in result.per_reward.items()}
+        )
 
     return app
 

@@ -26,8 +26,9 @@ class RewardTimeout(Exception):
         self.seconds = seconds
 
 
-def call_with_timeout(fn: Callable[..., Any], kwargs: dict[str, Any], timeout: float | None,
-                      name: str = "reward") -> Any:
+def call_with_timeout(
+    fn: Callable[..., Any], kwargs: dict[str, Any], timeout: float | None, name: str = "reward"
+) -> Any:
     """``fn(**kwargs)``, or :class:`RewardTimeout` after ``timeout`` seconds (None: no limit, and the
     call runs on this thread, for functions that need the main thread such as signal-based timeouts).
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -32,8 +33,15 @@ class AdvantageStage:
             token_rewards = -kl_coef * kl
             stats["kl"] = self._batch_mean(kl, batch.loss_mask)
         device = batch.loss_mask.device
-        inputs = AdvantageInputs(rewards.to(device), batch.loss_mask, self.group_size, token_rewards,
-                                 batch.old_values, self.reduce, None if valid is None else valid.to(device))
+        inputs = AdvantageInputs(
+            rewards.to(device),
+            batch.loss_mask,
+            self.group_size,
+            token_rewards,
+            batch.old_values,
+            self.reduce,
+            None if valid is None else valid.to(device),
+        )
         out = compute_advantages(self.estimator, inputs, **self.params)
         batch.advantages, batch.returns = out.advantages, out.returns
         stats["advantage/abs_mean"] = self._batch_mean(out.advantages.abs(), batch.loss_mask)
@@ -61,6 +69,7 @@ class KLController:
     def observe(self, observed_kl: float | None, n_samples: int) -> float:
         """Update after a step that saw ``observed_kl`` (mean per-token) on ``n_samples`` completions."""
         if self.target is not None and observed_kl is not None:
-            self.coef = adaptive_kl_coef(self.coef, observed_kl, target=self.target, horizon=self.horizon,
-                                         n_steps=n_samples)
+            self.coef = adaptive_kl_coef(
+                self.coef, observed_kl, target=self.target, horizon=self.horizon, n_steps=n_samples
+            )
         return self.coef

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import Callable, Iterator
 
 import torch
 
@@ -11,8 +11,17 @@ from rlft.models.logprobs import grouped_completion_logprobs, grouped_forward
 from rlft.models.precision import autocast
 
 # Per-token [N, T] tensors that travel with the rows; None until a stage fills them in.
-_TOKEN_FIELDS = ("completion_mask", "loss_mask", "turn_index", "advantages", "returns", "rollout_logprobs",
-                 "old_logprobs", "ref_logprobs", "old_values")
+_TOKEN_FIELDS = (
+    "completion_mask",
+    "loss_mask",
+    "turn_index",
+    "advantages",
+    "returns",
+    "rollout_logprobs",
+    "old_logprobs",
+    "ref_logprobs",
+    "old_values",
+)
 
 
 @dataclass
@@ -47,18 +56,26 @@ class UpdateBatch:
     valid: torch.Tensor | None = None
 
     @classmethod
-    def from_rollout(cls, rollout) -> "UpdateBatch":
+    def from_rollout(cls, rollout) -> UpdateBatch:
         # prompt_index holds 0..U-1 (every prompt given to generate); its rows repeat the prompt,
         # so the first row of each prompt stands for all of them.
         index = torch.tensor(rollout.prompt_index, device=rollout.prompt_ids.device)
         first = [rollout.prompt_index.index(p) for p in range(int(index.max()) + 1)]
-        return cls(rollout.prompt_ids[first], rollout.prompt_mask[first], index, rollout.completion_ids,
-                   rollout.completion_mask, rollout.loss_mask, rollout.turn_index, rollout_logprobs=rollout.logprobs)
+        return cls(
+            rollout.prompt_ids[first],
+            rollout.prompt_mask[first],
+            index,
+            rollout.completion_ids,
+            rollout.completion_mask,
+            rollout.loss_mask,
+            rollout.turn_index,
+            rollout_logprobs=rollout.logprobs,
+        )
 
     def __len__(self) -> int:
         return self.loss_mask.shape[0]
 
-    def rows(self, idx: torch.Tensor) -> "UpdateBatch":
+    def rows(self, idx: torch.Tensor) -> UpdateBatch:
         """A slice of completions with only their prompts, trimmed of columns that are padding in every
         selected row, so short micro-batches cost less."""
         used, row_prompt = torch.unique(self.row_prompt[idx], return_inverse=True)
@@ -68,12 +85,19 @@ class UpdateBatch:
         comp_len = int(self.completion_mask[idx].sum(-1).max().item()) or 1
         token = {f: getattr(self, f)[idx, :comp_len] for f in _TOKEN_FIELDS if getattr(self, f) is not None}
         valid = None if self.valid is None else self.valid[idx]
-        return replace(self, prompt_ids=self.prompt_ids[used, start:], prompt_mask=pmask[:, start:],
-                       row_prompt=row_prompt, completion_ids=self.completion_ids[idx, :comp_len], valid=valid,
-                       **token)
+        return replace(
+            self,
+            prompt_ids=self.prompt_ids[used, start:],
+            prompt_mask=pmask[:, start:],
+            row_prompt=row_prompt,
+            completion_ids=self.completion_ids[idx, :comp_len],
+            valid=valid,
+            **token,
+        )
 
-    def micro_batches(self, rows: int, tokens: int | None, idx: torch.Tensor | None = None,
-                      full_speed: int | None = None) -> list[torch.Tensor]:
+    def micro_batches(
+        self, rows: int, tokens: int | None, idx: torch.Tensor | None = None, full_speed: int | None = None
+    ) -> list[torch.Tensor]:
         """Row indices [k] of each forward/backward over the rows ``idx`` [K] (default: all).
 
         A fixed ``rows``: consecutive chunks of that many, as given (a group's rows stay together).
@@ -100,7 +124,7 @@ class UpdateBatch:
         out, start = [], 0
         while start < len(lengths):
             k = rows_for(tokens, min(rows, len(lengths) - start), prompt + max(int(lengths[start]), 1))
-            out.append(idx[start:start + k])
+            out.append(idx[start : start + k])
             start += k
         return out
 
@@ -110,15 +134,29 @@ class UpdateBatch:
 
     def logprobs(self, model, temperature: float, with_entropy: bool = False):
         """[n, T] log-probs (and entropy) of this batch's trained tokens under ``model`` (0 elsewhere)."""
-        return grouped_completion_logprobs(model, self.prompt_ids, self.prompt_mask, self.row_prompt,
-                                           self.completion_ids, self.completion_mask, temperature=temperature,
-                                           with_entropy=with_entropy, loss_mask=self.loss_mask)
+        return grouped_completion_logprobs(
+            model,
+            self.prompt_ids,
+            self.prompt_mask,
+            self.row_prompt,
+            self.completion_ids,
+            self.completion_mask,
+            temperature=temperature,
+            with_entropy=with_entropy,
+            loss_mask=self.loss_mask,
+        )
 
     def values(self, value_model) -> torch.Tensor:
         """[n, T] float32 values V(s_t) of the state before each completion token."""
-        (values,) = grouped_forward(value_model, self.prompt_ids, self.prompt_mask, self.row_prompt,
-                                    self.completion_ids, self.completion_mask,
-                                    lambda out, _: (out.squeeze(-1).float(),))
+        (values,) = grouped_forward(
+            value_model,
+            self.prompt_ids,
+            self.prompt_mask,
+            self.row_prompt,
+            self.completion_ids,
+            self.completion_mask,
+            lambda out, _: (out.squeeze(-1).float(),),
+        )
         return values
 
 
@@ -128,8 +166,12 @@ def minibatches(n: int, mini_batch_size: int | None, epochs: int, device) -> Ite
         yield from torch.arange(n, device=device).split(mini_batch_size or n)
 
 
-def run_epochs(batch: UpdateBatch, mini_batch_size: int | None, epochs: int,
-               optimizer_step: Callable[[UpdateBatch, torch.Tensor], dict[str, float]]) -> dict[str, float]:
+def run_epochs(
+    batch: UpdateBatch,
+    mini_batch_size: int | None,
+    epochs: int,
+    optimizer_step: Callable[[UpdateBatch, torch.Tensor], dict[str, float]],
+) -> dict[str, float]:
     """Call ``optimizer_step(batch, rows)`` for every mini-batch of every epoch; returns its stats averaged."""
     totals: dict[str, float] = {}
     num_steps = 0
@@ -141,8 +183,13 @@ def run_epochs(batch: UpdateBatch, mini_batch_size: int | None, epochs: int,
 
 
 @torch.no_grad()
-def per_row_no_grad(batch: UpdateBatch, chunks: list[torch.Tensor], autocast_dtype: torch.dtype | None,
-                    compute: Callable[[UpdateBatch], torch.Tensor], rounds: int | None = None) -> torch.Tensor:
+def per_row_no_grad(
+    batch: UpdateBatch,
+    chunks: list[torch.Tensor],
+    autocast_dtype: torch.dtype | None,
+    compute: Callable[[UpdateBatch], torch.Tensor],
+    rounds: int | None = None,
+) -> torch.Tensor:
     """``compute`` ([n, t] per micro-batch of row indices ``chunks``) over every row without gradients,
     joined into [N, T] float32. ``rounds`` > len(chunks): that many passes in all, the extra ones
     over one row with the result dropped (keeps the processes of an fsdp2 run in step)."""

@@ -26,25 +26,42 @@ def hyperparameter_pool(cfg: RLConfig) -> dict:
 
 def build_updater(cfg: RLConfig, parts: ModelParts, total_steps: int, dist=None):
     """Optimizer, lr schedule and the policy updater, from the algorithm section."""
-    from rlft.trainer.optim import build_optimizer, build_scheduler
     from rlft.rl.update import PolicyUpdater, UpdateParams
+    from rlft.trainer.optim import build_optimizer, build_scheduler
 
     alg = cfg.algorithm
     rollout_rows = alg.rollout_batch_size * alg.num_generations
     steps_per_update = alg.ppo_epochs * -(-rollout_rows // (alg.mini_batch_size or rollout_rows))
-    optimizer = build_optimizer(parts.model.parameters(), lr=alg.learning_rate, weight_decay=alg.weight_decay,
-                                betas=tuple(alg.adam_betas), eps=alg.adam_eps)
-    scheduler = build_scheduler(optimizer, total_steps=total_steps * steps_per_update,
-                                warmup_steps=alg.warmup_steps * steps_per_update, schedule=alg.lr_scheduler,
-                                min_ratio=alg.min_lr_ratio)
+    optimizer = build_optimizer(
+        parts.model.parameters(),
+        lr=alg.learning_rate,
+        weight_decay=alg.weight_decay,
+        betas=tuple(alg.adam_betas),
+        eps=alg.adam_eps,
+    )
+    scheduler = build_scheduler(
+        optimizer,
+        total_steps=total_steps * steps_per_update,
+        warmup_steps=alg.warmup_steps * steps_per_update,
+        schedule=alg.lr_scheduler,
+        min_ratio=alg.min_lr_ratio,
+    )
     micro, micro_tokens, full_speed = micro_batching(cfg, parts)
-    params = UpdateParams(loss_name=alg.policy_loss, loss_params=hyperparameter_pool(cfg),
-                          kl_estimator=alg.kl_estimator, kl_in_loss=alg.kl_placement == "in_loss",
-                          aggregation=alg.loss_aggregation, temperature=alg.temperature, ppo_epochs=alg.ppo_epochs,
-                          mini_batch_size=alg.mini_batch_size, micro_batch_size=micro,
-                          micro_batch_tokens=micro_tokens, micro_batch_full_speed=full_speed,
-                          max_grad_norm=alg.max_grad_norm,
-                          max_len=alg.max_new_tokens)
+    params = UpdateParams(
+        loss_name=alg.policy_loss,
+        loss_params=hyperparameter_pool(cfg),
+        kl_estimator=alg.kl_estimator,
+        kl_in_loss=alg.kl_placement == "in_loss",
+        aggregation=alg.loss_aggregation,
+        temperature=alg.temperature,
+        ppo_epochs=alg.ppo_epochs,
+        mini_batch_size=alg.mini_batch_size,
+        micro_batch_size=micro,
+        micro_batch_tokens=micro_tokens,
+        micro_batch_full_speed=full_speed,
+        max_grad_norm=alg.max_grad_norm,
+        max_len=alg.max_new_tokens,
+    )
     return PolicyUpdater(parts.model, parts.reference, optimizer, scheduler, params, parts.autocast_dtype, dist)
 
 
@@ -57,23 +74,30 @@ def micro_batching(cfg: RLConfig, parts: ModelParts, log: bool = True) -> tuple[
 
     alg = cfg.algorithm
     rows = alg.mini_batch_size or alg.rollout_batch_size * alg.num_generations
-    longest = cfg.data.max_prompt_length + (cfg.environment.max_episode_tokens if cfg.environment is not None
-                                            else alg.max_new_tokens)
+    longest = cfg.data.max_prompt_length + (
+        cfg.environment.max_episode_tokens if cfg.environment is not None else alg.max_new_tokens
+    )
     tokens, why = _activation_budget(cfg, parts, longest, log)
     full_speed = full_speed_tokens(parts.device.type)
     if alg.micro_batch_size == "auto":
         if log:
-            split = (f"; a batch of more than {2 * full_speed} tokens goes in passes of at least {full_speed} "
-                     f"(as fast here, less memory)" if full_speed else "")
+            split = (
+                f"; a batch of more than {2 * full_speed} tokens goes in passes of at least {full_speed} "
+                f"(as fast here, less memory)"
+                if full_speed
+                else ""
+            )
             get_logger().info(f"micro_batch_size auto: {why}{split}")
         return rows, tokens, full_speed
     # what 'auto' takes at the longest length (counting each row's prompt, as memory does)
     nominal = rows * longest
     auto_rows = rows_for(pass_tokens(tokens, rows, nominal, nominal, full_speed), rows, longest)
     if log and alg.micro_batch_size < auto_rows:
-        get_logger().warning(f"algorithm.micro_batch_size {alg.micro_batch_size} splits each update into "
-                             f"{-(-rows // alg.micro_batch_size)} forward/backward passes; 'auto' would take "
-                             f"{auto_rows} rows at once here (fewer, larger matmuls)")
+        get_logger().warning(
+            f"algorithm.micro_batch_size {alg.micro_batch_size} splits each update into "
+            f"{-(-rows // alg.micro_batch_size)} forward/backward passes; 'auto' would take "
+            f"{auto_rows} rows at once here (fewer, larger matmuls)"
+        )
     return alg.micro_batch_size, None, None
 
 
@@ -87,15 +111,21 @@ def _activation_budget(cfg: RLConfig, parts: ModelParts, longest: int, log: bool
     # fp32 weights, gradients and two AdamW moments, plus the reference and decode copies
     resident = n_params * (16 + (4 if parts.reference is not None else 0) + (4 if cfg.rollout.decode_copy else 0))
     budget = lambda checkpointed: activation_token_budget(  # noqa: E731
-        parts.model, device=parts.device, resident_bytes=resident,
-        compute_bytes=2 if parts.autocast_dtype is not None else 4, checkpointed=checkpointed)
+        parts.model,
+        device=parts.device,
+        resident_bytes=resident,
+        compute_bytes=2 if parts.autocast_dtype is not None else 4,
+        checkpointed=checkpointed,
+    )
     tokens, why = budget(is_checkpointing(parts.model))
     if cfg.model.gradient_checkpointing is True and log:
         plain, _ = budget(False)
         if plain >= longest:
-            get_logger().warning(f"model.gradient_checkpointing is true, but one sequence of up to {longest} tokens "
-                                 f"fits the activation budget ({plain} tokens) without it: recomputing every "
-                                 f"layer's forward makes the update slower ('auto' would leave it off)")
+            get_logger().warning(
+                f"model.gradient_checkpointing is true, but one sequence of up to {longest} tokens "
+                f"fits the activation budget ({plain} tokens) without it: recomputing every "
+                f"layer's forward makes the update slower ('auto' would leave it off)"
+            )
     if cfg.model.gradient_checkpointing == "auto" and tokens < longest and not is_checkpointing(parts.model):
         enable_gradient_checkpointing(parts.model)
         plain = tokens
@@ -103,7 +133,8 @@ def _activation_budget(cfg: RLConfig, parts: ModelParts, longest: int, log: bool
         if log:
             get_logger().warning(
                 f"model.gradient_checkpointing auto: on, because one sequence of up to {longest} tokens would not fit "
-                f"the activation budget ({plain} tokens); recomputing activations in the backward fits {tokens}")
+                f"the activation budget ({plain} tokens); recomputing activations in the backward fits {tokens}"
+            )
     return tokens, why
 
 
@@ -113,12 +144,16 @@ def warn_slow_rollout(cfg: RLConfig, parts: ModelParts) -> None:
 
     rollout, log = cfg.rollout, get_logger()
     if rollout.engine == "native" and not rollout.fused_decode and unsupported_reason(parts.model) is None:
-        log.warning("rollout.fused_decode is false: this model could decode with rlft's fused decode, which is "
-                    "faster than its own forward (2.2x the decoded tokens/s on SmolLM2 in bf16 on a 2-core CPU, "
-                    "benchmarks/multi_turn.py)")
+        log.warning(
+            "rollout.fused_decode is false: this model could decode with rlft's fused decode, which is "
+            "faster than its own forward (2.2x the decoded tokens/s on SmolLM2 in bf16 on a 2-core CPU, "
+            "benchmarks/multi_turn.py)"
+        )
     if parts.autocast_dtype is not None and not rollout.decode_copy:
-        log.warning("rollout.decode_copy is false under bf16: every decode step casts all fp32 weights to bf16, "
-                    "which makes generation slower than in fp32")
+        log.warning(
+            "rollout.decode_copy is false under bf16: every decode step casts all fp32 weights to bf16, "
+            "which makes generation slower than in fp32"
+        )
 
 
 def build_critic(cfg: RLConfig, parts: ModelParts, dist=None):
@@ -128,8 +163,8 @@ def build_critic(cfg: RLConfig, parts: ModelParts, dist=None):
     alg = cfg.algorithm
     if not ADVANTAGES.trait(alg.advantage_estimator, "needs_values"):
         return None
-    from rlft.models.sources import resolve_model_dir
     from rlft.models.loading import is_checkpointing
+    from rlft.models.sources import resolve_model_dir
     from rlft.models.value import build_value_model
     from rlft.rl.critic import CriticParams, CriticUpdater
     from rlft.trainer.optim import build_optimizer
@@ -137,16 +172,26 @@ def build_critic(cfg: RLConfig, parts: ModelParts, dist=None):
     ccfg = alg.critic
     model_dir = resolve_model_dir(ccfg.model_path) if ccfg.model_path else parts.model_dir
     model = build_value_model(ccfg.type, parts.model, model_dir, gradient_checkpointing=is_checkpointing(parts.model))
-    optimizer = build_optimizer(model.parameters(), lr=ccfg.learning_rate, weight_decay=0.0,
-                                betas=tuple(alg.adam_betas), eps=alg.adam_eps)
+    optimizer = build_optimizer(
+        model.parameters(), lr=ccfg.learning_rate, weight_decay=0.0, betas=tuple(alg.adam_betas), eps=alg.adam_eps
+    )
     micro, micro_tokens, full_speed = micro_batching(cfg, parts, log=False)
-    params = CriticParams(value_loss=ccfg.value_loss, value_clip=ccfg.value_clip, ppo_epochs=alg.ppo_epochs,
-                          mini_batch_size=alg.mini_batch_size, micro_batch_size=micro, micro_batch_tokens=micro_tokens,
-                          micro_batch_full_speed=full_speed, max_grad_norm=ccfg.max_grad_norm)
+    params = CriticParams(
+        value_loss=ccfg.value_loss,
+        value_clip=ccfg.value_clip,
+        ppo_epochs=alg.ppo_epochs,
+        mini_batch_size=alg.mini_batch_size,
+        micro_batch_size=micro,
+        micro_batch_tokens=micro_tokens,
+        micro_batch_full_speed=full_speed,
+        max_grad_norm=ccfg.max_grad_norm,
+    )
     n_train = sum(p.numel() for p in model.trainable_parameters())
-    get_logger().info(f"critic: {ccfg.type} ({'backbone ' + str(model_dir) + ', ' if ccfg.type == 'separate' else ''}"
-                      f"{n_train / 1e6:.2f}M trainable parameters, lr {ccfg.learning_rate:g}, "
-                      f"{ccfg.warmup_steps} warm-up steps)")
+    get_logger().info(
+        f"critic: {ccfg.type} ({'backbone ' + str(model_dir) + ', ' if ccfg.type == 'separate' else ''}"
+        f"{n_train / 1e6:.2f}M trainable parameters, lr {ccfg.learning_rate:g}, "
+        f"{ccfg.warmup_steps} warm-up steps)"
+    )
     return CriticUpdater(model, optimizer, params, parts.autocast_dtype, dist)
 
 
@@ -154,21 +199,38 @@ def build_advantage_stage(cfg: RLConfig, dist=None):
     from rlft.rl.advantage import AdvantageStage, KLController
 
     alg = cfg.algorithm
-    stage = AdvantageStage(alg.advantage_estimator, alg.num_generations, alg.kl_estimator,
-                           kl_in_reward=alg.kl_placement == "in_reward", params=hyperparameter_pool(cfg),
-                           reduce=dist.all_reduce if dist is not None and dist.enabled else None)
+    stage = AdvantageStage(
+        alg.advantage_estimator,
+        alg.num_generations,
+        alg.kl_estimator,
+        kl_in_reward=alg.kl_placement == "in_reward",
+        params=hyperparameter_pool(cfg),
+        reduce=dist.all_reduce if dist is not None and dist.enabled else None,
+    )
     return stage, KLController(alg.kl_coef, alg.kl_target, alg.kl_horizon)
 
 
 def build_collector(cfg: RLConfig, engine, rewards, train_set, sampler, dist=None):
-    from rlft.rollout import SamplingParams
     from rlft.rl.collect import CollectParams, RolloutCollector
+    from rlft.rollout import SamplingParams
 
     alg = cfg.algorithm
-    sampling = SamplingParams(max_new_tokens=alg.max_new_tokens, min_new_tokens=alg.min_new_tokens,
-                              n=alg.num_generations, temperature=alg.temperature, top_p=alg.top_p, top_k=alg.top_k)
-    params = CollectParams(sampling, alg.rollout_batch_size, overlong_buffer=alg.overlong_buffer,
-                           overlong_penalty=alg.overlong_penalty, dynamic_sampling=alg.dynamic_sampling,
-                           max_rounds=alg.max_sampling_rounds, seed=cfg.train.seed,
-                           exclude_machinery_failures=alg.exclude_machinery_failures)
+    sampling = SamplingParams(
+        max_new_tokens=alg.max_new_tokens,
+        min_new_tokens=alg.min_new_tokens,
+        n=alg.num_generations,
+        temperature=alg.temperature,
+        top_p=alg.top_p,
+        top_k=alg.top_k,
+    )
+    params = CollectParams(
+        sampling,
+        alg.rollout_batch_size,
+        overlong_buffer=alg.overlong_buffer,
+        overlong_penalty=alg.overlong_penalty,
+        dynamic_sampling=alg.dynamic_sampling,
+        max_rounds=alg.max_sampling_rounds,
+        seed=cfg.train.seed,
+        exclude_machinery_failures=alg.exclude_machinery_failures,
+    )
     return RolloutCollector(engine, rewards, train_set, sampler, params, dist)

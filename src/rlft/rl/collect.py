@@ -11,8 +11,8 @@ from rlft.distributed.context import Dist
 from rlft.evaluation import columns_of
 from rlft.logging.console import get_logger
 from rlft.phases import phase
-from rlft.rl.exclusion import machinery_failures
 from rlft.rewards.manager import RewardResult
+from rlft.rl.exclusion import machinery_failures
 from rlft.rollout import RolloutBatch, SamplingParams
 from rlft.rollout.sampling import batch_seed
 
@@ -32,7 +32,7 @@ class Collected:
     def prompts(self) -> list[str]:
         return [ex.prompt for ex in self.examples]
 
-    def select_groups(self, keep: torch.Tensor, group_size: int) -> "Collected":
+    def select_groups(self, keep: torch.Tensor, group_size: int) -> Collected:
         """Only the groups (runs of ``group_size`` rows) where ``keep`` [num_groups] is True."""
         rows = [g * group_size + i for g in keep.nonzero().flatten().tolist() for i in range(group_size)]
         idx = torch.tensor(rows, dtype=torch.long)
@@ -40,14 +40,19 @@ class Collected:
         return Collected(self.rollout.select(rows), [self.examples[r] for r in rows], scored)
 
     @staticmethod
-    def concat(parts: list["Collected"]) -> "Collected":
+    def concat(parts: list[Collected]) -> Collected:
         first = parts[0].scored
         failed = None if first.failed is None else torch.cat([p.scored.failed for p in parts])
-        scored = RewardResult(torch.cat([p.scored.total for p in parts]),
-                              {k: torch.cat([p.scored.per_reward[k] for p in parts]) for k in first.per_reward},
-                              first.names, parts[-1].scored.extra, failed)
-        return Collected(RolloutBatch.concat([p.rollout for p in parts]), [e for p in parts for e in p.examples],
-                         scored)
+        scored = RewardResult(
+            torch.cat([p.scored.total for p in parts]),
+            {k: torch.cat([p.scored.per_reward[k] for p in parts]) for k in first.per_reward},
+            first.names,
+            parts[-1].scored.extra,
+            failed,
+        )
+        return Collected(
+            RolloutBatch.concat([p.rollout for p in parts]), [e for p in parts for e in p.examples], scored
+        )
 
 
 @dataclass(frozen=True)
@@ -93,11 +98,16 @@ class RolloutCollector:
             dropped += int(n_dropped)
             kept.append(part.select_groups(keep, group) if keep.any() else None)
             n_kept += int(n_here)
-        stats = {"dynamic_sampling/rounds": float(rounds), "dynamic_sampling/dropped_groups": float(dropped),
-                 "dynamic_sampling/kept_groups": float(min(n_kept, self.p.batch_prompts))}
+        stats = {
+            "dynamic_sampling/rounds": float(rounds),
+            "dynamic_sampling/dropped_groups": float(dropped),
+            "dynamic_sampling/kept_groups": float(min(n_kept, self.p.batch_prompts)),
+        }
         if n_kept < self.dist.world_size:  # nothing (or less than a group per process) to learn from
-            get_logger().warning(f"dynamic sampling: {dropped} of {dropped + n_kept} groups in {rounds} rounds had "
-                                 f"equal rewards; training on the last batch (no learning signal this step)")
+            get_logger().warning(
+                f"dynamic sampling: {dropped} of {dropped + n_kept} groups in {rounds} rounds had "
+                f"equal rewards; training on the last batch (no learning signal this step)"
+            )
             part.stats = stats
             return part
         out = self._share_of(kept, n_kept)
@@ -122,8 +132,11 @@ class RolloutCollector:
         n = min(n_kept, self.p.batch_prompts)
         share = -(-n // self.dist.world_size)
         lo, hi = self.dist.rank * share, min((self.dist.rank + 1) * share, n)
-        return out.select_groups((torch.arange(n_kept) >= lo) & (torch.arange(n_kept) < hi), group) \
-            if (lo, hi) != (0, n_kept) else out
+        return (
+            out.select_groups((torch.arange(n_kept) >= lo) & (torch.arange(n_kept) < hi), group)
+            if (lo, hi) != (0, n_kept)
+            else out
+        )
 
     def _sample(self) -> Collected:
         batch = self.sampler.next_batch()
@@ -134,14 +147,25 @@ class RolloutCollector:
         rollout = self.engine.run(examples, sampling)
         row_examples = [examples[i] for i in rollout.prompt_index]
         with phase("reward"):
-            scored = self.rewards.score([ex.prompt for ex in row_examples], rollout.texts,
-                                        {**columns_of(row_examples), **(rollout.columns or {})},
-                                        tolerate_outages=self.p.exclude_machinery_failures)
+            scored = self.rewards.score(
+                [ex.prompt for ex in row_examples],
+                rollout.texts,
+                {**columns_of(row_examples), **(rollout.columns or {})},
+                tolerate_outages=self.p.exclude_machinery_failures,
+            )
         if self.p.overlong_buffer > 0:
             max_len = self.p.sampling.max_new_tokens
-            penalty = overlong_penalty(rollout.completion_lengths.cpu(), max_len=max_len,
-                                       buffer_len=max(1, round(self.p.overlong_buffer * max_len)),
-                                       factor=self.p.overlong_penalty)
-            scored = RewardResult(scored.total + penalty, {**scored.per_reward, OVERLONG: penalty},
-                                  scored.names + [OVERLONG], scored.extra, scored.failed)
+            penalty = overlong_penalty(
+                rollout.completion_lengths.cpu(),
+                max_len=max_len,
+                buffer_len=max(1, round(self.p.overlong_buffer * max_len)),
+                factor=self.p.overlong_penalty,
+            )
+            scored = RewardResult(
+                scored.total + penalty,
+                {**scored.per_reward, OVERLONG: penalty},
+                scored.names + [OVERLONG],
+                scored.extra,
+                scored.failed,
+            )
         return Collected(rollout, row_examples, scored)

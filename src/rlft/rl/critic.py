@@ -31,8 +31,9 @@ class CriticUpdater:
 
     WEIGHTS, OPTIMIZER = "value_model.pt", "optimizer.pt"
 
-    def __init__(self, value_model, optimizer, params: CriticParams, autocast_dtype: torch.dtype | None,
-                 dist: Dist | None = None):
+    def __init__(
+        self, value_model, optimizer, params: CriticParams, autocast_dtype: torch.dtype | None, dist: Dist | None = None
+    ):
         # The critic is replicated on every process of a data-parallel run (never sharded): its
         # gradients are summed like a ddp policy's.
         self.dist = replace(dist, strategy="ddp") if dist is not None and dist.enabled else Dist()
@@ -44,8 +45,9 @@ class CriticUpdater:
     def values(self, batch: UpdateBatch) -> torch.Tensor:
         """[N, T] values of every completion token's state, without gradients."""
         self.model.eval()
-        chunks = batch.micro_batches(self.p.micro_batch_size, self.p.micro_batch_tokens,
-                                     full_speed=self.p.micro_batch_full_speed)
+        chunks = batch.micro_batches(
+            self.p.micro_batch_size, self.p.micro_batch_tokens, full_speed=self.p.micro_batch_full_speed
+        )
         return per_row_no_grad(batch, chunks, self.autocast_dtype, lambda mb: mb.values(self.model))
 
     def update(self, batch: UpdateBatch) -> dict[str, float]:
@@ -55,11 +57,14 @@ class CriticUpdater:
         were meant to predict (before this update moved it)."""
         mask = batch.loss_mask.double()
         reduce = self.dist.all_reduce if self.dist.enabled else None
-        values_sum, returns_sum, count = self.dist.sum_floats(float((batch.old_values * mask).sum()),
-                                                              float((batch.returns * mask).sum()), float(mask.sum()))
-        stats = {"critic/explained_variance": explained_variance(batch.old_values, batch.returns, mask, reduce),
-                 "critic/values_mean": values_sum / max(count, 1.0),
-                 "critic/returns_mean": returns_sum / max(count, 1.0)}
+        values_sum, returns_sum, count = self.dist.sum_floats(
+            float((batch.old_values * mask).sum()), float((batch.returns * mask).sum()), float(mask.sum())
+        )
+        stats = {
+            "critic/explained_variance": explained_variance(batch.old_values, batch.returns, mask, reduce),
+            "critic/values_mean": values_sum / max(count, 1.0),
+            "critic/returns_mean": returns_sum / max(count, 1.0),
+        }
         self.model.train()
         stats.update(run_epochs(batch, self.p.mini_batch_size, self.p.ppo_epochs, self._optimizer_step))
         return stats
@@ -69,13 +74,15 @@ class CriticUpdater:
         counts = dict(num_tokens=num_tokens, num_seqs=num_seqs, max_len=1)
         total = 0.0
         self.optimizer.zero_grad(set_to_none=True)
-        for chunk in batch.micro_batches(self.p.micro_batch_size, self.p.micro_batch_tokens, rows,
-                                         self.p.micro_batch_full_speed):
+        for chunk in batch.micro_batches(
+            self.p.micro_batch_size, self.p.micro_batch_tokens, rows, self.p.micro_batch_full_speed
+        ):
             mb = batch.rows(chunk)
             with autocast(self.autocast_dtype, mb.loss_mask.device):
                 values = mb.values(self.model)
-            per_token = VALUE_LOSSES.call(self.p.value_loss, values, mb.old_values, mb.returns,
-                                          value_clip=self.p.value_clip)
+            per_token = VALUE_LOSSES.call(
+                self.p.value_loss, values, mb.old_values, mb.returns, value_clip=self.p.value_clip
+            )
             loss = aggregate(per_token, mb.loss_mask.float(), "token_mean", **counts)
             loss.backward()
             total += float(loss.detach())

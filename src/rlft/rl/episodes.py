@@ -3,8 +3,7 @@ rollout engine, the prompts rendered with the environment's tools, and its rewar
 
 from __future__ import annotations
 
-
-from rlft.config.schema import DataConfig, EnvironmentConfig, RLConfig
+from rlft.config.schema import DataConfig, RLConfig
 from rlft.envs.spec import environment_spec
 from rlft.rewards.manager import NamedReward, RewardManager
 
@@ -43,12 +42,23 @@ def episode_runner(cfg: RLConfig):
         from rlft.rollout.episode import EpisodeLimits
         from rlft.rollout.multi_turn import EpisodeRunner
 
-        limits = EpisodeLimits(env.max_turns, env.max_tool_calls_per_turn, env.max_tool_response_tokens,
-                               env.max_episode_tokens, env.tool_timeout, env.episode_timeout)
-        return EpisodeRunner(engine, spec, limits, isolation=env.isolation,
-                             prompt_for=lambda ex, obs: prompt_with_observation(ex, obs, data, engine.tokenizer,
-                                                                                spec.schemas),
-                             row_for=lambda ex: row_of(ex, data))
+        limits = EpisodeLimits(
+            env.max_turns,
+            env.max_tool_calls_per_turn,
+            env.max_tool_response_tokens,
+            env.max_episode_tokens,
+            env.tool_timeout,
+            env.episode_timeout,
+        )
+        return EpisodeRunner(
+            engine,
+            spec,
+            limits,
+            isolation=env.isolation,
+            prompt_for=lambda ex, obs: prompt_with_observation(ex, obs, data, engine.tokenizer, spec.schemas),
+            row_for=lambda ex: row_of(ex, data),
+        )
+
     return wrap
 
 
@@ -63,8 +73,11 @@ def prompt_with_observation(example, observation: str | None, data: DataConfig, 
         return example.text
     from rlft.data.prompts import format_prompt
 
-    messages = [{"role": "user", "content": example.prompt}] if isinstance(example.prompt, str) else \
-        [dict(m) for m in example.prompt]
+    messages = (
+        [{"role": "user", "content": example.prompt}]
+        if isinstance(example.prompt, str)
+        else [dict(m) for m in example.prompt]
+    )
     last = max(i for i, m in enumerate(messages) if m["role"] == "user")
     messages[last]["content"] = f"{messages[last]['content']}\n\n{observation}"
     return format_prompt(messages, data, tokenizer, tools)

@@ -38,8 +38,9 @@ class Exclusion:
 def machinery_failures(finish_reasons: list[str], reward_failed: torch.Tensor | None) -> dict[str, torch.Tensor]:
     """[N] bool per reason in :data:`REASONS`: the rows that reason ended or could not score."""
     out = {r: torch.tensor([f == r for f in finish_reasons], dtype=torch.bool) for r in MACHINERY_FINISHES}
-    out["reward_outage"] = (reward_failed.bool().cpu() if reward_failed is not None
-                            else torch.zeros(len(finish_reasons), dtype=torch.bool))
+    out["reward_outage"] = (
+        reward_failed.bool().cpu() if reward_failed is not None else torch.zeros(len(finish_reasons), dtype=torch.bool)
+    )
     return out
 
 
@@ -92,13 +93,17 @@ class ExclusionPolicy:
             return True
         self.empty_steps += 1
         why = ", ".join(f"{int(v)} {k.split('/')[-1]}" for k, v in counts.items() if v and k != "excluded/total")
-        self.log.warning(f"step {step}: every completion was ended or left unscored by the machinery ({why}); "
-                         f"the update is skipped ({self.empty_steps} such steps in a row, the run stops at "
-                         f"{self.patience}). Check the reward service / environment, or set "
-                         f"algorithm.exclude_machinery_failures: false to train on them anyway")
+        self.log.warning(
+            f"step {step}: every completion was ended or left unscored by the machinery ({why}); "
+            f"the update is skipped ({self.empty_steps} such steps in a row, the run stops at "
+            f"{self.patience}). Check the reward service / environment, or set "
+            f"algorithm.exclude_machinery_failures: false to train on them anyway"
+        )
         if self.empty_steps >= self.patience:
             error = RewardOutage if counts.get("excluded/reward_outage") else EnvironmentFailure
-            raise error(f"{self.empty_steps} steps in a row ending at step {step} had every completion "
-                               f"ended or left unscored by the machinery ({why}); stopping instead of training on "
-                               f"nothing")
+            raise error(
+                f"{self.empty_steps} steps in a row ending at step {step} had every completion "
+                f"ended or left unscored by the machinery ({why}); stopping instead of training on "
+                f"nothing"
+            )
         return False

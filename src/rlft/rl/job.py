@@ -12,21 +12,27 @@ from typing import Any
 
 from rlft.config.presets import PRESETS
 from rlft.config.schema import JOB_KINDS, RLConfig
-from rlft.data.sampler import PromptSampler
 from rlft.data.prompts import load_prompts
+from rlft.data.sampler import PromptSampler
 from rlft.distributed import current
 from rlft.health import HealthMonitor
-from rlft.rl.parallel import global_rollout_metrics, mean_over_processes, refresh_replica, spread_over_processes
 from rlft.logging.console import get_logger
 from rlft.logging.run_dir import RunDirectory, append_jsonl
 from rlft.phases import CLOCK, phase
 from rlft.rewards.manager import RewardManager
 from rlft.rl.batch import UpdateBatch
-from rlft.rl.build import (build_advantage_stage, build_collector, build_critic, build_data, build_updater,
-                           warn_slow_rollout)
+from rlft.rl.build import (
+    build_advantage_stage,
+    build_collector,
+    build_critic,
+    build_data,
+    build_updater,
+    warn_slow_rollout,
+)
 from rlft.rl.episodes import env_tools, episode_runner, reward_manager
 from rlft.rl.exclusion import ExclusionPolicy, exclude_rows
-from rlft.rl.metrics import episode_metrics, format_step_line, rollout_metrics
+from rlft.rl.metrics import episode_metrics, format_step_line
+from rlft.rl.parallel import global_rollout_metrics, mean_over_processes, refresh_replica, spread_over_processes
 from rlft.trainer.generation import GenerationSettings, evaluate_generations
 from rlft.trainer.job import EvalRecord, TrainedState, total_steps
 from rlft.trainer.metrics import peak_memory_mb
@@ -55,11 +61,13 @@ class RLJob:
         self.replica = spread_over_processes(self.parts, self.dist)  # the rollout's whole weights under fsdp2
         self.train_set, self.eval_set = build_data(cfg, self.parts.tokenizer)
         self.rewards = self.reward_manager(cfg)
-        self.engine = self.generation(cfg).make_engine(self.replica or self.parts.model, self.parts.tokenizer,
-                                                       self.parts.autocast_dtype)
+        self.engine = self.generation(cfg).make_engine(
+            self.replica or self.parts.model, self.parts.tokenizer, self.parts.autocast_dtype
+        )
         warn_slow_rollout(cfg, self.parts)
-        self.sampler = PromptSampler(len(self.train_set), alg.rollout_batch_size, seed=cfg.train.seed,
-                                     shuffle=cfg.data.shuffle)
+        self.sampler = PromptSampler(
+            len(self.train_set), alg.rollout_batch_size, seed=cfg.train.seed, shuffle=cfg.data.shuffle
+        )
         self.steps_per_epoch = self.sampler.steps_per_epoch
         self.total_steps = total_steps(cfg.train, self.steps_per_epoch)
         self.collector = build_collector(cfg, self.engine, self.rewards, self.train_set, self.sampler, self.dist)
@@ -72,14 +80,21 @@ class RLJob:
     def describe(self) -> list[str]:
         alg = self.cfg.algorithm
         params = ", ".join(f"{k}={v}" for k, v in alg.model_dump().items() if k != "name")
-        return [f"algorithm: {alg.name} -- {PRESETS[alg.name].summary}",
-                f"algorithm parameters in effect: {params}",
-                "rewards: " + ", ".join(f"{n} (weight {w})" for n, w in self.rewards.weights.items()),
-                f"training for {self.total_steps} steps: {alg.rollout_batch_size} prompts x "
-                f"{alg.num_generations} completions per step, {self.steps_per_epoch} steps per epoch"] + (
-                    [f"data parallel: {self.dist.world_size} processes ({self.dist.strategy}, {self.dist.backend}), "
-                     f"{alg.rollout_batch_size // self.dist.world_size} prompts x {alg.num_generations} completions "
-                     f"each per step"] if self.dist.enabled else [])
+        return [
+            f"algorithm: {alg.name} -- {PRESETS[alg.name].summary}",
+            f"algorithm parameters in effect: {params}",
+            "rewards: " + ", ".join(f"{n} (weight {w})" for n, w in self.rewards.weights.items()),
+            f"training for {self.total_steps} steps: {alg.rollout_batch_size} prompts x "
+            f"{alg.num_generations} completions per step, {self.steps_per_epoch} steps per epoch",
+        ] + (
+            [
+                f"data parallel: {self.dist.world_size} processes ({self.dist.strategy}, {self.dist.backend}), "
+                f"{alg.rollout_batch_size // self.dist.world_size} prompts x {alg.num_generations} completions "
+                f"each per step"
+            ]
+            if self.dist.enabled
+            else []
+        )
 
     # ------------------------------------------------------------------ one step
 
@@ -121,18 +136,27 @@ class RLJob:
         metrics.update(collected.stats)
         metrics.update(excluded.metrics)
         metrics.update(stats)
-        metrics.update({"lr": lr, "step_seconds": seconds, "generation_seconds": t_gen,
-                        "update_seconds": time.perf_counter() - t1,
-                        "tokens_per_s": float(batch.loss_mask.sum().item()) / seconds,
-                        "peak_mem_mb": peak_memory_mb(self.device)})
+        metrics.update(
+            {
+                "lr": lr,
+                "step_seconds": seconds,
+                "generation_seconds": t_gen,
+                "update_seconds": time.perf_counter() - t1,
+                "tokens_per_s": float(batch.loss_mask.sum().item()) / seconds,
+                "peak_mem_mb": peak_memory_mb(self.device),
+            }
+        )
         metrics.update(CLOCK.snapshot(seconds))
         metrics = mean_over_processes(metrics, self.dist)
         if self.dist.enabled:  # throughput is the run's: every process's tokens in the same wall time
             metrics["tokens_per_s"] *= self.dist.world_size
             metrics.update({k: metrics[k] * self.dist.world_size for k in excluded.metrics})  # counts: the run's
         self._exclusion.report(metrics, excluded.metrics)
-        metrics.update(global_rollout_metrics(scored, rollout, alg.num_generations, self.rewards.weights, self.dist,
-                                              excluded.valid))
+        metrics.update(
+            global_rollout_metrics(
+                scored, rollout, alg.num_generations, self.rewards.weights, self.dist, excluded.valid
+            )
+        )
         self._last_reward = metrics["reward/mean"]
         self._write_samples(step, collected.prompts, rollout, scored, excluded.valid)
         self.health.observe_step(step, metrics)
@@ -155,8 +179,13 @@ class RLJob:
         if n == 0 or step % self.cfg.train.logging_interval or not self.dist.is_main:
             return
         for i in _sample_rows(len(texts), self.cfg.algorithm.num_generations, n):
-            row = {"step": step, "prompt": prompts[i], "completion": texts[i], "reward": float(scored.total[i]),
-                   "rewards": {k: None if v[i].isnan() else float(v[i]) for k, v in scored.per_reward.items()}}
+            row = {
+                "step": step,
+                "prompt": prompts[i],
+                "completion": texts[i],
+                "reward": float(scored.total[i]),
+                "rewards": {k: None if v[i].isnan() else float(v[i]) for k, v in scored.per_reward.items()},
+            }
             if valid is not None and not bool(valid[i]):
                 row.update(excluded=True, finish_reason=rollout.finish_reasons[i])
             if rollout.episodes is not None:
@@ -184,16 +213,24 @@ class RLJob:
         pass@k), on its own random stream seeded with train.seed."""
         if self.eval_set is None:
             return None
-        res = evaluate_generations(self.engine, self.eval_set.examples, self.rewards, self.cfg,
-                                   self.generation(self.cfg).max_new_tokens)
+        res = evaluate_generations(
+            self.engine, self.eval_set.examples, self.rewards, self.cfg, self.generation(self.cfg).max_new_tokens
+        )
         self.health.observe_eval(step, res.accuracy, res.num_prompts)
         payload = {**res.summary(), "health": self.health.summary(), "samples": res.samples}
         return EvalRecord(res, f"{res.metrics_line()} ({res.seconds:.0f}s)", payload)
 
     def state(self) -> TrainedState:
-        return TrainedState(self.parts.model, self.parts.tokenizer, self.updater.optimizer, self.updater.scheduler,
-                            self.sampler, {"critic": self.critic} if self.critic is not None else {},
-                            {"kl_coef": self.kl.coef}, export_model=self.replica)
+        return TrainedState(
+            self.parts.model,
+            self.parts.tokenizer,
+            self.updater.optimizer,
+            self.updater.scheduler,
+            self.sampler,
+            {"critic": self.critic} if self.critic is not None else {},
+            {"kl_coef": self.kl.coef},
+            export_model=self.replica,
+        )
 
     def restore(self, extra: dict[str, Any]) -> None:
         self.kl.coef = float(extra.get("kl_coef", self.kl.coef))
@@ -208,9 +245,12 @@ class RLJob:
 
         if not step or not self.run_root.joinpath("metrics.jsonl").is_file():
             return
-        run = RunData(self.run_root, self.run_root.name,
-                      [r for r in read_metrics(self.run_root / "metrics.jsonl") if r["step"] <= step],
-                      [e for e in read_evals(self.run_root) if e["step"] <= step])
+        run = RunData(
+            self.run_root,
+            self.run_root.name,
+            [r for r in read_metrics(self.run_root / "metrics.jsonl") if r["step"] <= step],
+            [e for e in read_evals(self.run_root) if e["step"] <= step],
+        )
         self.health.log = None  # findings the run already said before it stopped
         replay(run, self.cfg.train.health, None, self.health)
         self.health.log = self.log
@@ -222,11 +262,16 @@ class RLJob:
 
     @staticmethod
     def generation(cfg: RLConfig) -> GenerationSettings:
-        return GenerationSettings(cfg.rollout.engine, cfg.data.max_prompt_length,
-                                  cfg.eval.max_new_tokens or cfg.algorithm.max_new_tokens,
-                                  add_special_tokens=not cfg.data.use_chat_template, episodes=episode_runner(cfg),
-                                  decode_copy=cfg.rollout.decode_copy, fused_decode=cfg.rollout.fused_decode,
-                                  engine_options=cfg.rollout.engine_options())
+        return GenerationSettings(
+            cfg.rollout.engine,
+            cfg.data.max_prompt_length,
+            cfg.eval.max_new_tokens or cfg.algorithm.max_new_tokens,
+            add_special_tokens=not cfg.data.use_chat_template,
+            episodes=episode_runner(cfg),
+            decode_copy=cfg.rollout.decode_copy,
+            fused_decode=cfg.rollout.fused_decode,
+            engine_options=cfg.rollout.engine_options(),
+        )
 
     @staticmethod
     def reward_manager(cfg: RLConfig) -> RewardManager:
@@ -235,8 +280,10 @@ class RLJob:
     def report(self, before: EvalRecord | None, after: EvalRecord | None) -> list[str]:
         if before is None or after is None:
             return []
-        return [f"held-out accuracy: before {before.result.accuracy:.1%} -> after {after.result.accuracy:.1%} "
-                f"({after.result.num_prompts} prompts)"]
+        return [
+            f"held-out accuracy: before {before.result.accuracy:.1%} -> after {after.result.accuracy:.1%} "
+            f"({after.result.num_prompts} prompts)"
+        ]
 
 
 def _sample_rows(rows: int, group: int, n: int) -> list[int]:

@@ -8,9 +8,17 @@ import torch
 from rlft.algorithms.advantages import flat_groups
 
 
-def rollout_metrics(rewards_total: torch.Tensor, per_reward: dict[str, torch.Tensor], lengths: torch.Tensor,
-                    finish_reasons: list[str], group_size: int, *, texts: list[str] | None = None,
-                    weights: dict[str, float] | None = None, valid: torch.Tensor | None = None) -> dict[str, float]:
+def rollout_metrics(
+    rewards_total: torch.Tensor,
+    per_reward: dict[str, torch.Tensor],
+    lengths: torch.Tensor,
+    finish_reasons: list[str],
+    group_size: int,
+    *,
+    texts: list[str] | None = None,
+    weights: dict[str, float] | None = None,
+    valid: torch.Tensor | None = None,
+) -> dict[str, float]:
     """Reward and completion statistics of one rollout batch. rewards_total, lengths: [N].
 
     With ``texts``: the mean repetition score. With ``weights``: each weighted reward's share of the
@@ -40,8 +48,10 @@ def rollout_metrics(rewards_total: torch.Tensor, per_reward: dict[str, torch.Ten
 
         metrics["repetition/mean"] = sum(repetition_score(t) for t in texts) / max(len(texts), 1)
     if weights and len(per_reward) > 1 and total.numel() > 1:
-        spread = {n: abs(weights.get(n, 1.0)) * (a.std().item() if a.numel() > 1 else 0.0)
-                  for n, a in ((n, _applied(v)) for n, v in per_reward.items())}
+        spread = {
+            n: abs(weights.get(n, 1.0)) * (a.std().item() if a.numel() > 1 else 0.0)
+            for n, a in ((n, _applied(v)) for n, v in per_reward.items())
+        }
         norm = sum(spread.values())
         if norm > 0:
             metrics.update({f"reward_share/{n}": s / norm for n, s in spread.items()})
@@ -92,10 +102,19 @@ def episode_metrics(episodes: list) -> dict[str, float]:
 def format_step_line(step: int, total: int, m: dict[str, float]) -> str:
     """The one human-readable line per logging step (parts whose metric this run lacks are left out)."""
     parts = [f"step {step}/{total}", f"reward {m['reward/mean']:.3f} ± {m['reward/std']:.3f}"]
-    optional = [("episode/turns_mean", "turns {:.2f}"), ("tool/success_rate", "tool ok {:.0%}"),
-                ("kl", "kl {:.4f}"), ("entropy", "entropy {:.3f}"), ("completion_len/mean", "len {:.1f}"),
-                ("clip_frac", "clip {:.3f}"), ("critic/value_loss", "value loss {:.4f}"),
-                ("critic/explained_variance", "expl. var {:.3f}"), ("dynamic_sampling/dropped_groups", "dropped {:.0f}"),
-                ("lr", "lr {:.2e}"), ("step_seconds", "{:.2f} s/step"), ("tokens_per_s", "{:.0f} tok/s")]
+    optional = [
+        ("episode/turns_mean", "turns {:.2f}"),
+        ("tool/success_rate", "tool ok {:.0%}"),
+        ("kl", "kl {:.4f}"),
+        ("entropy", "entropy {:.3f}"),
+        ("completion_len/mean", "len {:.1f}"),
+        ("clip_frac", "clip {:.3f}"),
+        ("critic/value_loss", "value loss {:.4f}"),
+        ("critic/explained_variance", "expl. var {:.3f}"),
+        ("dynamic_sampling/dropped_groups", "dropped {:.0f}"),
+        ("lr", "lr {:.2e}"),
+        ("step_seconds", "{:.2f} s/step"),
+        ("tokens_per_s", "{:.0f} tok/s"),
+    ]
     parts += [fmt.format(m[key]) for key, fmt in optional if key in m]
     return " | ".join(parts)

@@ -31,9 +31,11 @@ def spread_over_processes(parts: ModelParts, dist: Dist) -> torch.nn.Module | No
     replica = None
     if dist.strategy == "fsdp2":
         if hasattr(parts.model, "peft_config"):
-            raise UsageError("distributed.strategy: fsdp2 with model.lora: a LoRA run's trained state is small; "
-                             "use distributed.strategy: ddp (the frozen base is replicated, the adapter's "
-                             "gradients summed)")
+            raise UsageError(
+                "distributed.strategy: fsdp2 with model.lora: a LoRA run's trained state is small; "
+                "use distributed.strategy: ddp (the frozen base is replicated, the adapter's "
+                "gradients summed)"
+            )
         replica = copy.deepcopy(parts.model).requires_grad_(False).eval()
         if parts.reference is not None and not parts.reference.shares_weights:
             shard_frozen(parts.reference.module, dist)
@@ -63,8 +65,9 @@ def mean_over_processes(metrics: dict[str, float], dist: Dist) -> dict[str, floa
     return {k: s if k.startswith(SUMMED) else s / max(present[k], 1.0) for k, s in sums.items()}
 
 
-def global_rollout_metrics(scored, rollout, group_size: int, weights: dict[str, float], dist: Dist,
-                           valid: torch.Tensor | None = None) -> dict:
+def global_rollout_metrics(
+    scored, rollout, group_size: int, weights: dict[str, float], dist: Dist, valid: torch.Tensor | None = None
+) -> dict:
     """Reward, length and finish statistics (:func:`rlft.rl.metrics.rollout_metrics`) of the whole
     step's batch: every process's rows, gathered in rank order (the single-process order). ``valid``
     [N] bool (this process's rows) or None: the rows the reward statistics count."""
@@ -72,8 +75,9 @@ def global_rollout_metrics(scored, rollout, group_size: int, weights: dict[str, 
     reasons, texts = rollout.finish_reasons, rollout.texts
     if dist.enabled:
         mine = torch.ones(len(total), dtype=torch.bool) if valid is None else valid.cpu()
-        parts = dist.gather_objects((total.cpu(), {k: v.cpu() for k, v in per_reward.items()}, lengths.cpu(),
-                                     reasons, texts, mine))
+        parts = dist.gather_objects(
+            (total.cpu(), {k: v.cpu() for k, v in per_reward.items()}, lengths.cpu(), reasons, texts, mine)
+        )
         total = torch.cat([p[0] for p in parts])
         per_reward = {k: torch.cat([p[1][k] for p in parts]) for k in per_reward}
         lengths = torch.cat([p[2] for p in parts])

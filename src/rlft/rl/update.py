@@ -47,8 +47,16 @@ class PolicyUpdater:
     adaptive controller moves it between steps).
     """
 
-    def __init__(self, model, reference, optimizer, scheduler, params: UpdateParams,
-                 autocast_dtype: torch.dtype | None, dist: Dist | None = None):
+    def __init__(
+        self,
+        model,
+        reference,
+        optimizer,
+        scheduler,
+        params: UpdateParams,
+        autocast_dtype: torch.dtype | None,
+        dist: Dist | None = None,
+    ):
         self.dist = dist or Dist()
         self.model = model
         self.reference = reference
@@ -75,10 +83,16 @@ class PolicyUpdater:
                 batch.old_logprobs = self._old_logprobs(batch)
 
     def _logprobs_no_grad(self, module, batch: UpdateBatch) -> torch.Tensor:
-        chunks = batch.micro_batches(self.p.micro_batch_size, self.p.micro_batch_tokens,
-                                     full_speed=self.p.micro_batch_full_speed)
-        return per_row_no_grad(batch, chunks, self.autocast_dtype, lambda mb: mb.logprobs(module, self.p.temperature)[0],
-                               rounds=micro_batch_rounds(len(chunks), self.dist))
+        chunks = batch.micro_batches(
+            self.p.micro_batch_size, self.p.micro_batch_tokens, full_speed=self.p.micro_batch_full_speed
+        )
+        return per_row_no_grad(
+            batch,
+            chunks,
+            self.autocast_dtype,
+            lambda mb: mb.logprobs(module, self.p.temperature)[0],
+            rounds=micro_batch_rounds(len(chunks), self.dist),
+        )
 
     def _old_logprobs(self, batch: UpdateBatch) -> torch.Tensor:
         """Log-probs [N, T] of the policy that sampled the batch.
@@ -88,16 +102,20 @@ class PolicyUpdater:
         reduced-precision autocast the decode and full-sequence kernels round differently, so the
         ratio would start away from 1: there the old log-probs are recomputed, and so they are with
         truncated importance sampling (``tis_cap``), whose weights compare the two."""
-        if (batch.rollout_logprobs is not None and self.autocast_dtype is None
-                and self.p.loss_params.get("tis_cap") is None):
+        if (
+            batch.rollout_logprobs is not None
+            and self.autocast_dtype is None
+            and self.p.loss_params.get("tis_cap") is None
+        ):
             return batch.rollout_logprobs.float()
         return self._logprobs_no_grad(self.model, batch)
 
     def update(self, batch: UpdateBatch, *, kl_coef: float) -> dict[str, float]:
         """Run ppo_epochs x mini-batches of optimizer steps; returns averaged statistics."""
         self.model.train()
-        return run_epochs(batch, self.p.mini_batch_size, self.p.ppo_epochs,
-                          lambda b, rows: self._optimizer_step(b, rows, kl_coef))
+        return run_epochs(
+            batch, self.p.mini_batch_size, self.p.ppo_epochs, lambda b, rows: self._optimizer_step(b, rows, kl_coef)
+        )
 
     def _kl_ref(self, mb: UpdateBatch) -> torch.Tensor | None:
         return mb.ref_logprobs if self.p.kl_in_loss else None
@@ -121,17 +139,23 @@ class PolicyUpdater:
         mask = batch.loss_mask[rows]
         active = self._rows_with_gradient(batch, rows, kl_coef)
         num_tokens, num_seqs, active_tokens, active_rows = self.dist.sum_floats(
-            float(mask.sum().item()), float(mask.shape[0] if batch.valid is None else batch.valid[rows].sum()),
+            float(mask.sum().item()),
+            float(mask.shape[0] if batch.valid is None else batch.valid[rows].sum()),
             float(batch.loss_mask[active].sum().item()),
-            float(active.numel()))
+            float(active.numel()),
+        )
         counts = dict(num_tokens=num_tokens, num_seqs=num_seqs, max_len=self.p.max_len)
         active_tokens = max(active_tokens, 1.0)
         # With no row to compute, every loss term is exactly 0 (all advantages 0, no KL in the loss).
         stats: dict[str, float] = {"loss": 0.0, "pg_loss": 0.0, "clip_frac": 0.0}
         self.optimizer.zero_grad(set_to_none=True)
-        chunks = (batch.micro_batches(self.p.micro_batch_size, self.p.micro_batch_tokens, active,
-                                       self.p.micro_batch_full_speed)
-                  if active.numel() else [])
+        chunks = (
+            batch.micro_batches(
+                self.p.micro_batch_size, self.p.micro_batch_tokens, active, self.p.micro_batch_full_speed
+            )
+            if active.numel()
+            else []
+        )
         rounds = micro_batch_rounds(len(chunks), self.dist)
         for i in range(rounds):
             # A pass past this rank's own rows keeps an fsdp2 rank in step with the others: one row,
@@ -141,11 +165,21 @@ class PolicyUpdater:
                 with autocast(self.autocast_dtype, mb.loss_mask.device):
                     lp, ent = mb.logprobs(self.model, self.p.temperature, with_entropy=True)
                 old = lp.detach() if mb.old_logprobs is None else mb.old_logprobs
-                out = policy_objective(lp, old, mb.advantages, mb.loss_mask, self._kl_ref(mb),
-                                       loss_name=self.p.loss_name, loss_params=self.p.loss_params, kl_coef=kl_coef,
-                                       kl_estimator=self.p.kl_estimator, aggregation=self.p.aggregation,
-                                       num_computed_tokens=active_tokens, rollout_logprobs=mb.rollout_logprobs,
-                                       **counts)
+                out = policy_objective(
+                    lp,
+                    old,
+                    mb.advantages,
+                    mb.loss_mask,
+                    self._kl_ref(mb),
+                    loss_name=self.p.loss_name,
+                    loss_params=self.p.loss_params,
+                    kl_coef=kl_coef,
+                    kl_estimator=self.p.kl_estimator,
+                    aggregation=self.p.aggregation,
+                    num_computed_tokens=active_tokens,
+                    rollout_logprobs=mb.rollout_logprobs,
+                    **counts,
+                )
                 if i >= len(chunks):
                     (out.loss * 0.0).backward()
                     continue

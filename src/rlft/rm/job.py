@@ -34,19 +34,23 @@ class RMJob(PairJob):
 
     def describe(self) -> list[str]:
         r, data = self.cfg.rm, self.cfg.data
-        return [f"reward model: {len(self.train_set.pairs)} preference pairs, Bradley-Terry loss"
-                + (f", margin {r.margin}" if r.margin else "")
-                + (f", margin column '{data.margin_field}'" if data.margin_field else ""), *self._parameters_line()]
+        return [
+            f"reward model: {len(self.train_set.pairs)} preference pairs, Bradley-Terry loss"
+            + (f", margin {r.margin}" if r.margin else "")
+            + (f", margin column '{data.margin_field}'" if data.margin_field else ""),
+            *self._parameters_line(),
+        ]
 
     def _scores(self, pairs: list[PreferencePair]) -> tuple[torch.Tensor, torch.Tensor]:
         """(chosen, rejected) scores [b] of ``pairs``: both sides in one forward of 2b rows."""
         ids, mask = left_pad([p.chosen for p in pairs] + [p.rejected for p in pairs], self.pad_id, self.device)
         with autocast(self.parts.autocast_dtype, self.device):
             scores = sequence_scores(self.parts.model, ids, mask)
-        return scores[: len(pairs)], scores[len(pairs):]
+        return scores[: len(pairs)], scores[len(pairs) :]
 
     def _loss(self, pairs: list[PreferencePair], num_pairs: float):
         chosen, rejected = self._scores(pairs)
         margin = torch.tensor([p.margin for p in pairs], device=chosen.device) + self.cfg.rm.margin
-        return bradley_terry_loss(chosen, rejected, margin=margin, num_pairs=num_pairs,
-                                  center_coef=self.cfg.rm.center_rewards_coef)
+        return bradley_terry_loss(
+            chosen, rejected, margin=margin, num_pairs=num_pairs, center_coef=self.cfg.rm.center_rewards_coef
+        )

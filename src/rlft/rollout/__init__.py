@@ -7,5 +7,12 @@ from rlft.rollout.vllm_engine import VLLMEngine  # imports vllm only when one is
 
 ENGINES = {"native": NativeEngine, "hf": HFGenerateEngine, "vllm": VLLMEngine}
 
-__all__ = ["ENGINES", "HFGenerateEngine", "NativeEngine", "RolloutBatch", "RolloutEngine", "SamplingParams",
-           "VLLMEngine"]
+__all__ = [
+    "ENGINES",
+    "HFGenerateEngine",
+    "NativeEngine",
+    "RolloutBatch",
+    "RolloutEngine",
+    "SamplingParams",
+    "VLLMEngine",
+]

@@ -96,21 +96,28 @@ class RolloutBatch:
         """[N] number of tokens the model produced per completion (loss tokens)."""
         return self.loss_mask.sum(-1)
 
-    def select(self, rows: list[int]) -> "RolloutBatch":
+    def select(self, rows: list[int]) -> RolloutBatch:
         """These rows only, with ``prompt_index`` renumbered 0..U-1 in order of first appearance."""
         idx = torch.tensor(rows, dtype=torch.long, device=self.prompt_ids.device)
         renumber: dict[int, int] = {}
         prompt_index = [renumber.setdefault(self.prompt_index[r], len(renumber)) for r in rows]
-        return RolloutBatch(self.prompt_ids[idx], self.prompt_mask[idx], self.completion_ids[idx],
-                            self.completion_mask[idx], [self.texts[r] for r in rows],
-                            [self.finish_reasons[r] for r in rows], prompt_index,
-                            None if self.logprobs is None else self.logprobs[idx],
-                            self.loss_mask[idx], self.turn_index[idx],
-                            None if self.columns is None else {k: [v[r] for r in rows] for k, v in self.columns.items()},
-                            None if self.episodes is None else [self.episodes[r] for r in rows])
+        return RolloutBatch(
+            self.prompt_ids[idx],
+            self.prompt_mask[idx],
+            self.completion_ids[idx],
+            self.completion_mask[idx],
+            [self.texts[r] for r in rows],
+            [self.finish_reasons[r] for r in rows],
+            prompt_index,
+            None if self.logprobs is None else self.logprobs[idx],
+            self.loss_mask[idx],
+            self.turn_index[idx],
+            None if self.columns is None else {k: [v[r] for r in rows] for k, v in self.columns.items()},
+            None if self.episodes is None else [self.episodes[r] for r in rows],
+        )
 
     @staticmethod
-    def concat(batches: list["RolloutBatch"]) -> "RolloutBatch":
+    def concat(batches: list[RolloutBatch]) -> RolloutBatch:
         """Rows of several batches in order; prompts are re-padded on the left, completions on the right,
         and ``prompt_index`` values of later batches are offset past the earlier ones'."""
         P = max(b.prompt_ids.shape[1] for b in batches)
@@ -122,17 +129,26 @@ class RolloutBatch:
             prompt_index += [offset + p for p in b.prompt_index]
             offset += max(b.prompt_index) + 1
         has_lp = all(b.logprobs is not None for b in batches)
-        columns = ({k: [x for b in batches for x in b.columns[k]] for k in batches[0].columns}
-                   if all(b.columns is not None for b in batches) else None)
+        columns = (
+            {k: [x for b in batches for x in b.columns[k]] for k in batches[0].columns}
+            if all(b.columns is not None for b in batches)
+            else None
+        )
         episodes = [e for b in batches for e in b.episodes] if all(b.episodes is not None for b in batches) else None
         return RolloutBatch(
-            torch.cat([left(b.prompt_ids) for b in batches]), torch.cat([left(b.prompt_mask) for b in batches]),
+            torch.cat([left(b.prompt_ids) for b in batches]),
+            torch.cat([left(b.prompt_mask) for b in batches]),
             torch.cat([right(b.completion_ids) for b in batches]),
             torch.cat([right(b.completion_mask) for b in batches]),
-            [t for b in batches for t in b.texts], [f for b in batches for f in b.finish_reasons], prompt_index,
+            [t for b in batches for t in b.texts],
+            [f for b in batches for f in b.finish_reasons],
+            prompt_index,
             torch.cat([right(b.logprobs) for b in batches]) if has_lp else None,
-            torch.cat([right(b.loss_mask) for b in batches]), torch.cat([right(b.turn_index) for b in batches]),
-            columns, episodes)
+            torch.cat([right(b.loss_mask) for b in batches]),
+            torch.cat([right(b.turn_index) for b in batches]),
+            columns,
+            episodes,
+        )
 
 
 class RolloutEngine(Protocol):

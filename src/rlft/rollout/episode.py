@@ -90,7 +90,7 @@ class Episode:
 
     @property
     def turn_tokens(self) -> list[int]:
-        return self.tokens[self.turn_start:]
+        return self.tokens[self.turn_start :]
 
     def finish(self, reason: str) -> None:
         self.stats.finish = reason
@@ -106,8 +106,9 @@ class Episode:
         turn = parse_tool_calls(text)
         message: dict[str, Any] = {"role": "assistant", "content": turn.content}
         if turn.calls:
-            message["tool_calls"] = [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                                     for c in turn.calls]
+            message["tool_calls"] = [
+                {"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in turn.calls
+            ]
         if turn.errors:
             message["call_errors"] = list(turn.errors)
         self.messages.append(message)

@@ -96,8 +96,10 @@ class GraphedRows:
             graph.replay()
             self.graph = graph
         except RuntimeError as exc:  # a model op that cannot be captured: the same step, eagerly
-            log.warning(f"rollout: the decode step could not be captured as a CUDA graph ({exc}); decoding "
-                        f"eagerly (rollout.cuda_graphs: false silences this)")
+            log.warning(
+                f"rollout: the decode step could not be captured as a CUDA graph ({exc}); decoding "
+                f"eagerly (rollout.cuda_graphs: false silences this)"
+            )
             self.graphs = False
             torch.cuda.synchronize()
             self.logits = self._run()

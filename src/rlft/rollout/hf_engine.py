@@ -37,14 +37,21 @@ def completion_mask_from_ids(completion_ids: torch.Tensor, eos_ids: list[int]) -
     return mask, is_eos.any(dim=1)
 
 
-def left_padded(tokenizer, prompts: list[str], max_length: int, add_special_tokens: bool,
-                device) -> tuple[torch.Tensor, torch.Tensor]:
+def left_padded(
+    tokenizer, prompts: list[str], max_length: int, add_special_tokens: bool, device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Prompt ids and mask [B, P], padded and truncated on the left (the newest tokens kept), as
     every engine feeds them to its model."""
     tokenizer.padding_side = "left"
     tokenizer.truncation_side = "left"
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, truncation=True, max_length=max_length,
-                    add_special_tokens=add_special_tokens)
+    enc = tokenizer(
+        prompts,
+        return_tensors="pt",
+        padding=True,
+        truncation=True,
+        max_length=max_length,
+        add_special_tokens=add_special_tokens,
+    )
     return enc["input_ids"].to(device), enc["attention_mask"].to(device)
 
 
@@ -56,8 +63,17 @@ class HFGenerateEngine:
     weights in that dtype, refreshed after each optimizer step (:mod:`rlft.models.decode_weights`).
     """
 
-    def __init__(self, model, tokenizer, *, max_prompt_length: int, autocast_dtype: torch.dtype | None,
-                 add_special_tokens: bool = False, decode_copy: bool = False, fused_decode: bool = True):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        max_prompt_length: int,
+        autocast_dtype: torch.dtype | None,
+        add_special_tokens: bool = False,
+        decode_copy: bool = False,
+        fused_decode: bool = True,
+    ):
         self.model = model
         self.fused_decode = fused_decode  # NativeEngine: the fused decode where the model allows it
         self.decode_copy = decode_copy and autocast_dtype is not None
@@ -90,8 +106,11 @@ class HFGenerateEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            with (self.grad_mode(), self._autocast(),
-                  self._decode_linears(model) if linears else contextlib.nullcontext()):
+            with (
+                self.grad_mode(),
+                self._autocast(),
+                self._decode_linears(model) if linears else contextlib.nullcontext(),
+            ):
                 yield model
         finally:
             self.model.train(was_training)
@@ -114,12 +133,22 @@ class HFGenerateEngine:
     def _generation_config(self, sampling: SamplingParams):
         from transformers import GenerationConfig
 
-        kwargs = dict(max_new_tokens=sampling.max_new_tokens, min_new_tokens=sampling.min_new_tokens,
-                      eos_token_id=self.eos_ids, pad_token_id=self.pad_id, use_cache=True)
+        kwargs = dict(
+            max_new_tokens=sampling.max_new_tokens,
+            min_new_tokens=sampling.min_new_tokens,
+            eos_token_id=self.eos_ids,
+            pad_token_id=self.pad_id,
+            use_cache=True,
+        )
         if sampling.greedy:
             return GenerationConfig(do_sample=False, **kwargs)
-        return GenerationConfig(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
-                                top_k=sampling.top_k if sampling.top_k > 0 else None, **kwargs)
+        return GenerationConfig(
+            do_sample=True,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k if sampling.top_k > 0 else None,
+            **kwargs,
+        )
 
     @staticmethod
     def _sampled_logprobs(step_logits: tuple[torch.Tensor, ...], tokens: torch.Tensor, sampling: SamplingParams):
@@ -142,10 +171,14 @@ class HFGenerateEngine:
         prompt_ids = prompt_ids.repeat_interleave(sampling.n, dim=0)
         prompt_mask = prompt_mask.repeat_interleave(sampling.n, dim=0)
         with self.generating() as model, phase("decode"):  # prefill included: generate() does not split them
-            out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask,
-                                 generation_config=self._generation_config(sampling),
-                                 output_logits=True, return_dict_in_generate=True)
-        completion_ids = out.sequences[:, prompt_ids.shape[1]:]
+            out = model.generate(
+                input_ids=prompt_ids,
+                attention_mask=prompt_mask,
+                generation_config=self._generation_config(sampling),
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
+        completion_ids = out.sequences[:, prompt_ids.shape[1] :]
         mask, ended = completion_mask_from_ids(completion_ids, self.eos_ids)
         count("decode_tokens", float(mask.sum()))
         completion_ids = torch.where(mask.bool(), completion_ids, torch.full_like(completion_ids, self.pad_id))

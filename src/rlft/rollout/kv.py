@@ -54,10 +54,10 @@ def _new_inputs(rows: list[RowKV | None], inputs: list[list[int]], pad_id: int, 
     pos = torch.zeros(B, T, dtype=torch.long, device=device)
     for b, (row, x) in enumerate(zip(rows, inputs)):
         c = row.length if row is not None else 0
-        ids[b, T - len(x):] = torch.tensor(x, device=device)
-        mask[b, C - c:C] = 1
-        mask[b, C + T - len(x):] = 1
-        pos[b, T - len(x):] = torch.arange(c, c + len(x), device=device)
+        ids[b, T - len(x) :] = torch.tensor(x, device=device)
+        mask[b, C - c : C] = 1
+        mask[b, C + T - len(x) :] = 1
+        pos[b, T - len(x) :] = torch.arange(c, c + len(x), device=device)
     return ids, mask, pos, C
 
 
@@ -73,8 +73,9 @@ class FusedKVBatch:
         return self.positions.shape[0]
 
     @staticmethod
-    def prefill(fused, rows: list[RowKV | None], inputs: list[list[int]], pad_id: int, device: torch.device,
-                capacity: int) -> tuple["FusedKVBatch", torch.Tensor]:
+    def prefill(
+        fused, rows: list[RowKV | None], inputs: list[list[int]], pad_id: int, device: torch.device, capacity: int
+    ) -> tuple[FusedKVBatch, torch.Tensor]:
         """Feed each row's new ``inputs`` after its cached tokens (``rows[i]``, or nothing); returns the
         batch and the next-token logits [B, V] after each row's last input."""
         ids, mask, pos, C = _new_inputs(rows, inputs, pad_id, device)
@@ -107,7 +108,7 @@ class FusedKVBatch:
         self.kv.select(rows)
         self.positions = self.positions[rows]
 
-    def join(self, other: "FusedKVBatch") -> "FusedKVBatch":
+    def join(self, other: FusedKVBatch) -> FusedKVBatch:
         """This batch's rows followed by ``other``'s."""
         from rlft.models.static_kv import StaticKV
 
@@ -127,8 +128,9 @@ class KVBatch:
     # ------------------------------------------------------------------ building
 
     @staticmethod
-    def _from_tensors(model, layers: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor,
-                      positions: torch.Tensor) -> "KVBatch":
+    def _from_tensors(
+        model, layers: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor, positions: torch.Tensor
+    ) -> KVBatch:
         from transformers import DynamicCache
 
         cache = DynamicCache()
@@ -137,29 +139,38 @@ class KVBatch:
         return KVBatch(model, cache, mask, positions)
 
     @staticmethod
-    def prefill(model, rows: list[RowKV | None], inputs: list[list[int]], pad_id: int,
-                device: torch.device) -> tuple["KVBatch", torch.Tensor]:
+    def prefill(
+        model, rows: list[RowKV | None], inputs: list[list[int]], pad_id: int, device: torch.device
+    ) -> tuple[KVBatch, torch.Tensor]:
         """Feed each row's new ``inputs`` after its cached tokens (``rows[i]``, or nothing).
 
         Returns the batch's cache and the next-token logits [B, V] after each row's last input."""
         ids, mask, pos, C = _new_inputs(rows, inputs, pad_id, device)
         B = len(inputs)
-        batch = (KVBatch._from_tensors(model, _left_padded(rows, C), mask[:, :C], mask[:, :C].sum(-1)) if C > 0
-                 else KVBatch._empty(model, B, device))
+        batch = (
+            KVBatch._from_tensors(model, _left_padded(rows, C), mask[:, :C], mask[:, :C].sum(-1))
+            if C > 0
+            else KVBatch._empty(model, B, device)
+        )
         with phase("prefill"):
-            logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=1,
-                           **cache_kwargs(batch.cache)).logits[:, -1]
+            logits = model(
+                input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=1, **cache_kwargs(batch.cache)
+            ).logits[:, -1]
         count("prefill_tokens", ids.numel())
         batch.mask = mask
         batch.positions = mask.sum(-1)
         return batch, logits
 
     @staticmethod
-    def _empty(model, B: int, device: torch.device) -> "KVBatch":
+    def _empty(model, B: int, device: torch.device) -> KVBatch:
         from transformers import DynamicCache
 
-        return KVBatch(model, DynamicCache(), torch.zeros(B, 0, dtype=torch.long, device=device),
-                       torch.zeros(B, dtype=torch.long, device=device))
+        return KVBatch(
+            model,
+            DynamicCache(),
+            torch.zeros(B, 0, dtype=torch.long, device=device),
+            torch.zeros(B, dtype=torch.long, device=device),
+        )
 
     # ------------------------------------------------------------------ decoding
 
@@ -167,8 +178,13 @@ class KVBatch:
         """Append one token per row ([B]); returns the next-token logits [B, V]."""
         self.mask = torch.cat([self.mask, self.mask.new_ones(len(self), 1)], dim=1)
         with phase("decode"):
-            logits = self.model(input_ids=tokens[:, None], attention_mask=self.mask, position_ids=self.positions[:, None],
-                           logits_to_keep=1, **cache_kwargs(self.cache)).logits[:, -1]
+            logits = self.model(
+                input_ids=tokens[:, None],
+                attention_mask=self.mask,
+                position_ids=self.positions[:, None],
+                logits_to_keep=1,
+                **cache_kwargs(self.cache),
+            ).logits[:, -1]
         count("decode_tokens", len(self))
         count("decode_steps", 1)
         self.positions = self.positions + 1
@@ -179,8 +195,9 @@ class KVBatch:
     def row(self, b: int) -> RowKV:
         """Row ``b``'s real positions (a copy, so the batch can drop it)."""
         keep = self.mask[b].bool()
-        return RowKV([(layer.keys[b][:, keep].clone(), layer.values[b][:, keep].clone())
-                      for layer in self.cache.layers])
+        return RowKV(
+            [(layer.keys[b][:, keep].clone(), layer.values[b][:, keep].clone()) for layer in self.cache.layers]
+        )
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep only ``rows`` (indices [K]), then drop the leading columns no kept row uses."""
@@ -194,12 +211,14 @@ class KVBatch:
             for layer in self.cache.layers:
                 layer.keys, layer.values = layer.keys[:, :, start:], layer.values[:, :, start:]
 
-    def join(self, other: "KVBatch") -> "KVBatch":
+    def join(self, other: KVBatch) -> KVBatch:
         """This batch's rows followed by ``other``'s, both left-padded to the longer length."""
         L = max(self.mask.shape[1], other.mask.shape[1])
         pad = lambda t, dim: _pad_left(t, L, dim)  # noqa: E731
-        layers = [(torch.cat([pad(a.keys, 2), pad(b.keys, 2)]), torch.cat([pad(a.values, 2), pad(b.values, 2)]))
-                  for a, b in zip(self.cache.layers, other.cache.layers)]
+        layers = [
+            (torch.cat([pad(a.keys, 2), pad(b.keys, 2)]), torch.cat([pad(a.values, 2), pad(b.values, 2)]))
+            for a, b in zip(self.cache.layers, other.cache.layers)
+        ]
         mask = torch.cat([pad(self.mask, 1), pad(other.mask, 1)])
         return KVBatch._from_tensors(self.model, layers, mask, torch.cat([self.positions, other.positions]))
 

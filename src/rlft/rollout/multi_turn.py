@@ -40,8 +40,9 @@ class EpisodeRunner:
     returned, appended to the last user message, or None); row_for(example) -> the data row given
     to ``reset(**row)``."""
 
-    def __init__(self, engine, spec: EnvironmentSpec, limits: EpisodeLimits, *, prompt_for, row_for,
-                 isolation: str = "process"):
+    def __init__(
+        self, engine, spec: EnvironmentSpec, limits: EpisodeLimits, *, prompt_for, row_for, isolation: str = "process"
+    ):
         self.engine, self.spec, self.limits = engine, spec, limits
         self.prompt_for, self.row_for, self.isolation = prompt_for, row_for, isolation
         self.tokenizer = engine.tokenizer
@@ -74,8 +75,9 @@ class EpisodeRunner:
         else:
             groups = torch.arange(len(examples)) + sampling.row_offset // n
             seeds = (row_uniforms(sampling.seed, groups, -1) * (2**31 - 1)).long().tolist()
-        episodes = [Episode(g * n + j, g, WORKERS[self.isolation](self.spec)) for g in range(len(examples))
-                    for j in range(n)]
+        episodes = [
+            Episode(g * n + j, g, WORKERS[self.isolation](self.spec)) for g in range(len(examples)) for j in range(n)
+        ]
         for ep in episodes:
             ep.worker.send("reset", self.row_for(examples[ep.group]), seeds[ep.group])
         prompts: dict[tuple[int, str | None], list[int]] = {}
@@ -87,13 +89,14 @@ class EpisodeRunner:
             if not reply.ok:
                 self._abort(episodes)
                 source = getattr(examples[ep.group], "source", "") or f"row {ep.group}"
-                raise EnvironmentFailure(f"environment '{self.spec.name}': reset failed on data row {source}: "
-                                         f"{reply.value}")
+                raise EnvironmentFailure(
+                    f"environment '{self.spec.name}': reset failed on data row {source}: {reply.value}"
+                )
             key = (ep.group, reply.value)
             if key not in prompts:
                 text = self.prompt_for(examples[ep.group], reply.value)
                 ids = self.tokenizer(text, add_special_tokens=self.engine.add_special_tokens)["input_ids"]
-                prompts[key] = list(ids[-self.engine.max_prompt_length:])
+                prompts[key] = list(ids[-self.engine.max_prompt_length :])
             ep.prompt_ids = prompts[key]
             ep.pending = list(ep.prompt_ids)
         return episodes
@@ -112,8 +115,14 @@ class EpisodeRunner:
                 reply = ep.worker.receive(self.limits.tool_timeout)
                 ep.env_reward = float(reply.value) if reply.ok and reply.value is not None else 0.0
                 if not reply.ok:
-                    ep.messages.append({"role": "tool", "name": "get_reward", "error": True,
-                                        "content": f"error: get_reward failed: {reply.value}"})
+                    ep.messages.append(
+                        {
+                            "role": "tool",
+                            "name": "get_reward",
+                            "error": True,
+                            "content": f"error: get_reward failed: {reply.value}",
+                        }
+                    )
         for ep in episodes:
             if ep.worker.alive:
                 ep.worker.close()
@@ -171,8 +180,7 @@ class EpisodeRunner:
         positions = torch.tensor([len(ep.tokens) for ep in rows])
         return sample_next(logits, sampling, u=row_uniforms(sampling.seed, rows_at, positions), kernels=kernels)
 
-    def _append(self, rows: list[Episode], tokens: list[int], logprobs: list[float], max_turn_tokens: int
-                ) -> list[int]:
+    def _append(self, rows: list[Episode], tokens: list[int], logprobs: list[float], max_turn_tokens: int) -> list[int]:
         """Add each row's sampled token; the rows whose turn (or episode) ended."""
         ended = []
         eos = set(self.engine.eos_ids)
@@ -223,8 +231,9 @@ class EpisodeRunner:
         ep.messages += ep.results
         if ep.state == DONE:
             return
-        delta = self.deltas.after_turn([{k: m[k] for k in ("role", "name", "content")} for m in ep.results],
-                                       ep.ended_with_eos)
+        delta = self.deltas.after_turn(
+            [{k: m[k] for k in ("role", "name", "content")} for m in ep.results], ep.ended_with_eos
+        )
         ids = self.tokenizer(delta, add_special_tokens=False)["input_ids"]
         if len(ep.tokens) + len(ids) + 1 > self.limits.max_episode_tokens:
             ep.finish("budget")  # the result would not fit: roll it back rather than cut the context
@@ -267,8 +276,10 @@ class EpisodeRunner:
     def _wait_for_any(self, waiting: list[Episode]) -> None:
         """Block until a waiting episode's tool replies or the nearest timeout passes."""
         now = time.monotonic()
-        left = min(min(self.limits.tool_timeout - ep.worker.waited(),
-                       self.limits.episode_timeout - (now - ep.started)) for ep in waiting)
+        left = min(
+            min(self.limits.tool_timeout - ep.worker.waited(), self.limits.episode_timeout - (now - ep.started))
+            for ep in waiting
+        )
         left = max(0.0, left)
         conns = [ep.worker.connection for ep in waiting if ep.worker.connection is not None]
         if conns:
@@ -324,7 +335,7 @@ class EpisodeRunner:
         logprobs = torch.zeros(N, T)
         for i, ep in enumerate(episodes):
             p, t = len(ep.prompt_ids), len(ep.tokens)
-            prompt_ids[i, P - p:], prompt_mask[i, P - p:] = torch.tensor(ep.prompt_ids), 1
+            prompt_ids[i, P - p :], prompt_mask[i, P - p :] = torch.tensor(ep.prompt_ids), 1
             if t:
                 ids[i, :t], mask[i, :t] = torch.tensor(ep.tokens), 1
                 loss[i, :t], turn[i, :t] = torch.tensor(ep.loss), torch.tensor(ep.turn)
@@ -333,11 +344,19 @@ class EpisodeRunner:
         if self.spec.has_reward:
             columns["environment_reward"] = [ep.env_reward for ep in episodes]
         return RolloutBatch(
-            prompt_ids=prompt_ids.to(device), prompt_mask=prompt_mask.to(device), completion_ids=ids.to(device),
-            completion_mask=mask.to(device), texts=[ep.final_text for ep in episodes],
-            finish_reasons=[ep.stats.finish for ep in episodes], prompt_index=[ep.group for ep in episodes],
-            logprobs=logprobs.to(device), loss_mask=loss.to(device), turn_index=turn.to(device),
-            columns=columns, episodes=[ep.stats for ep in episodes])
+            prompt_ids=prompt_ids.to(device),
+            prompt_mask=prompt_mask.to(device),
+            completion_ids=ids.to(device),
+            completion_mask=mask.to(device),
+            texts=[ep.final_text for ep in episodes],
+            finish_reasons=[ep.stats.finish for ep in episodes],
+            prompt_index=[ep.group for ep in episodes],
+            logprobs=logprobs.to(device),
+            loss_mask=loss.to(device),
+            turn_index=turn.to(device),
+            columns=columns,
+            episodes=[ep.stats for ep in episodes],
+        )
 
 
 def _end_on_tool_error(ep: Episode, name: str, text: str, finish: str) -> None:

@@ -37,8 +37,9 @@ class NativeEngine(HFGenerateEngine):
         fused = self.fused_decoder()
         with self.generating(fused[0] if fused else None) as model:
             n, capacity = sampling.n, prompt_ids.shape[1] + sampling.max_new_tokens
-            rows = (self._static_rows(fused[1], n, prompt_ids.shape[0] * n, capacity) if fused
-                    else _DynamicRows(model, n))
+            rows = (
+                self._static_rows(fused[1], n, prompt_ids.shape[0] * n, capacity) if fused else _DynamicRows(model, n)
+            )
             decoded = self._decode(rows, prompt_ids, prompt_mask, sampling)
         tokens, logprobs, lengths, ended = (t.clone() for t in decoded)  # normal tensors again
         n = sampling.n
@@ -47,8 +48,11 @@ class NativeEngine(HFGenerateEngine):
         text_lengths = (lengths - ended.long()).tolist()
         texts = self.tokenizer.batch_decode([row[:k] for row, k in zip(tokens, text_lengths)], skip_special_tokens=True)
         return RolloutBatch(
-            prompt_ids=prompt_ids.repeat_interleave(n, 0), prompt_mask=prompt_mask.repeat_interleave(n, 0),
-            completion_ids=tokens, completion_mask=mask, texts=texts,
+            prompt_ids=prompt_ids.repeat_interleave(n, 0),
+            prompt_mask=prompt_mask.repeat_interleave(n, 0),
+            completion_ids=tokens,
+            completion_mask=mask,
+            texts=texts,
             finish_reasons=["stop" if e else "length" for e in ended.tolist()],
             prompt_index=[i for i in range(len(prompts)) for _ in range(n)],
             logprobs=logprobs * mask,
@@ -103,8 +107,11 @@ class NativeEngine(HFGenerateEngine):
 
         if not self.fused_decode or (self.autocast_dtype is not None and not self.decode_copy):
             return None
-        pack = self.autocast_dtype if self.autocast_dtype is not None and can_pack(self.autocast_dtype,
-                                                                                  self.device) else None
+        pack = (
+            self.autocast_dtype
+            if self.autocast_dtype is not None and can_pack(self.autocast_dtype, self.device)
+            else None
+        )
         reason = unsupported_reason(self.model)
         if self.autocast_dtype is None or (pack is not None and reason is None):
             source = self.model
@@ -182,5 +189,10 @@ class _StaticRows:
 
 def _last_logits(model, cache, input_ids, attention_mask, position_ids) -> torch.Tensor:
     """Next-token logits [B, V] after ``input_ids`` [B, L]; extends ``cache`` in place."""
-    return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                 logits_to_keep=1, **cache_kwargs(cache)).logits[:, -1]
+    return model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        logits_to_keep=1,
+        **cache_kwargs(cache),
+    ).logits[:, -1]

@@ -79,13 +79,21 @@ def sample_categorical(probs: torch.Tensor, u: torch.Tensor | None = None) -> to
     u: the uniforms [N] to use (:func:`row_uniforms`), else drawn from the process's stream.
     """
     cdf = probs.cumsum(-1)
-    u = (torch.rand(probs.shape[0], 1, device=probs.device, dtype=cdf.dtype) if u is None
-         else u.to(device=probs.device, dtype=cdf.dtype)[:, None])
+    u = (
+        torch.rand(probs.shape[0], 1, device=probs.device, dtype=cdf.dtype)
+        if u is None
+        else u.to(device=probs.device, dtype=cdf.dtype)[:, None]
+    )
     return torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
 
 
-def sample_next(logits: torch.Tensor, sampling: SamplingParams, suppress: torch.Tensor | None = None,
-                u: torch.Tensor | None = None, kernels=None) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_next(
+    logits: torch.Tensor,
+    sampling: SamplingParams,
+    suppress: torch.Tensor | None = None,
+    u: torch.Tensor | None = None,
+    kernels=None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row; returns tokens [N] and their log-probs [N] under the tempered,
     unfiltered distribution (the one the trainer's log-prob computation sees).
 

@@ -50,15 +50,21 @@ def require_vllm(device: torch.device) -> None:
     if importlib.util.find_spec("vllm") is None:
         missing.append(f"the vllm package, which is not installed ({INSTALL_HINT})")
     if not torch.cuda.is_available():
-        build = (f"this torch build has CUDA {torch.version.cuda} but sees no GPU" if torch.version.cuda
-                 else "this torch build is CPU-only")
+        build = (
+            f"this torch build has CUDA {torch.version.cuda} but sees no GPU"
+            if torch.version.cuda
+            else "this torch build is CPU-only"
+        )
         missing.append(f"a CUDA GPU ({build})")
     if missing:
-        raise UsageError("rollout.engine: vllm needs " + " and ".join(missing) + "; without them use "
-                         "rollout.engine: native")
+        raise UsageError(
+            "rollout.engine: vllm needs " + " and ".join(missing) + "; without them use rollout.engine: native"
+        )
     if device.type != "cuda" or device.index not in (None, 0):
-        raise UsageError(f"rollout.engine: vllm runs vLLM on cuda:0 next to the policy, but the policy is on {device}; "
-                         f"set model.device: cuda (choose the GPU with CUDA_VISIBLE_DEVICES)")
+        raise UsageError(
+            f"rollout.engine: vllm runs vLLM on cuda:0 next to the policy, but the policy is on {device}; "
+            f"set model.device: cuda (choose the GPU with CUDA_VISIBLE_DEVICES)"
+        )
 
 
 class VLLMEngine:
@@ -71,10 +77,20 @@ class VLLMEngine:
     ``fused_decode`` are the native engine's and are ignored here.
     """
 
-    def __init__(self, model, tokenizer, *, max_prompt_length: int, autocast_dtype: torch.dtype | None,
-                 add_special_tokens: bool = False, decode_copy: bool = True, fused_decode: bool = True,
-                 gpu_memory_utilization: float = 0.3, sleep_between_steps: bool = True,
-                 model_dir: str | Path | None = None):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        max_prompt_length: int,
+        autocast_dtype: torch.dtype | None,
+        add_special_tokens: bool = False,
+        decode_copy: bool = True,
+        fused_decode: bool = True,
+        gpu_memory_utilization: float = 0.3,
+        sleep_between_steps: bool = True,
+        model_dir: str | Path | None = None,
+    ):
         self.model, self.tokenizer = model, tokenizer
         self.device = next(model.parameters()).device
         require_vllm(self.device)
@@ -131,8 +147,9 @@ class VLLMEngine:
         prompt_ids, prompt_mask = self.tokenize_prompts(prompts)
         self._ready()
         n = sampling.n
-        requests = [{"prompt_token_ids": ids[m.bool()].tolist()} for ids, m in zip(prompt_ids, prompt_mask)
-                    for _ in range(n)]  # one request per completion: each has its own seed
+        requests = [
+            {"prompt_token_ids": ids[m.bool()].tolist()} for ids, m in zip(prompt_ids, prompt_mask) for _ in range(n)
+        ]  # one request per completion: each has its own seed
         params = [self.vllm_sampling(sampling, seed) for seed in row_seeds(sampling, len(requests))]
         with phase("decode"):
             outputs = self.llm.generate(requests, params, use_tqdm=False)
@@ -149,10 +166,20 @@ class VLLMEngine:
         """vLLM's ``SamplingParams`` for one completion: greedy is temperature 0; top_k 0 is off in both."""
         from vllm import SamplingParams as VLLMSamplingParams
 
-        shape = (dict(temperature=0.0) if sampling.greedy else
-                 dict(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k, seed=seed))
-        return VLLMSamplingParams(n=1, max_tokens=sampling.max_new_tokens, min_tokens=sampling.min_new_tokens,
-                                  stop_token_ids=list(self.eos_ids), logprobs=0, detokenize=False, **shape)
+        shape = (
+            dict(temperature=0.0)
+            if sampling.greedy
+            else dict(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k, seed=seed)
+        )
+        return VLLMSamplingParams(
+            n=1,
+            max_tokens=sampling.max_new_tokens,
+            min_tokens=sampling.min_new_tokens,
+            stop_token_ids=list(self.eos_ids),
+            logprobs=0,
+            detokenize=False,
+            **shape,
+        )
 
     def _batch(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, rows: list, n: int) -> RolloutBatch:
         """The :class:`RolloutBatch` of ``rows`` (token ids, log-probs, ended by EOS), right-padded."""
@@ -163,13 +190,17 @@ class VLLMEngine:
         mask = (torch.arange(T)[None, :] < lengths[:, None]).long()
         ended = [e for _, _, e in rows]
         # Decode without the EOS token itself: it may not be marked special in every tokenizer.
-        texts = self.tokenizer.batch_decode([t[:len(t) - int(e)] for t, _, e in rows], skip_special_tokens=True)
+        texts = self.tokenizer.batch_decode([t[: len(t) - int(e)] for t, _, e in rows], skip_special_tokens=True)
         return RolloutBatch(
-            prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=ids.to(self.device),
-            completion_mask=mask.to(self.device), texts=texts,
+            prompt_ids=prompt_ids,
+            prompt_mask=prompt_mask,
+            completion_ids=ids.to(self.device),
+            completion_mask=mask.to(self.device),
+            texts=texts,
             finish_reasons=["stop" if e else "length" for e in ended],
             prompt_index=[i for i in range(len(rows) // n) for _ in range(n)],
-            logprobs=(logprobs * mask).to(self.device))
+            logprobs=(logprobs * mask).to(self.device),
+        )
 
 
 def completion_row(completion) -> tuple[list[int], list[float], bool]:
@@ -179,8 +210,10 @@ def completion_row(completion) -> tuple[list[int], list[float], bool]:
     is the token budget."""
     tokens = [int(t) for t in completion.token_ids]
     if completion.logprobs is None or len(completion.logprobs) != len(tokens):
-        raise RuntimeError(f"vLLM returned {0 if completion.logprobs is None else len(completion.logprobs)} "
-                           f"sampling log-probs for {len(tokens)} tokens (logprobs=0 asks for one per token)")
+        raise RuntimeError(
+            f"vLLM returned {0 if completion.logprobs is None else len(completion.logprobs)} "
+            f"sampling log-probs for {len(tokens)} tokens (logprobs=0 asks for one per token)"
+        )
     logprobs = [float(position[token].logprob) for position, token in zip(completion.logprobs, tokens)]
     return tokens, logprobs, completion.finish_reason == "stop"
 
@@ -200,8 +233,10 @@ def policy_model_dir(model) -> Path:
     """The Hugging Face directory the policy was loaded from (``config._name_or_path``)."""
     path = getattr(getattr(model, "config", None), "_name_or_path", None)
     if not path or not (Path(path) / "config.json").is_file():
-        raise UsageError(f"rollout.engine: vllm starts vLLM from the policy's model directory, but the policy "
-                         f"names none with a config.json (config._name_or_path = {path!r})")
+        raise UsageError(
+            f"rollout.engine: vllm starts vLLM from the policy's model directory, but the policy "
+            f"names none with a config.json (config._name_or_path = {path!r})"
+        )
     return Path(path)
 
 
@@ -211,6 +246,13 @@ def start_vllm(model_dir: str | Path, gpu_memory_utilization: float):
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM
 
-    return LLM(model=str(model_dir), tokenizer=str(model_dir), dtype="bfloat16",
-               gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=True,
-               logprobs_mode="processed_logprobs", enable_prefix_caching=True, seed=0)
+    return LLM(
+        model=str(model_dir),
+        tokenizer=str(model_dir),
+        dtype="bfloat16",
+        gpu_memory_utilization=gpu_memory_utilization,
+        enable_sleep_mode=True,
+        logprobs_mode="processed_logprobs",
+        enable_prefix_caching=True,
+        seed=0,
+    )

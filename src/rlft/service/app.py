@@ -31,8 +31,14 @@ def create_app(settings: Settings, start_runner: bool = True) -> FastAPI:
     ws.service_dir.mkdir(exist_ok=True)
     placement = make_placement(settings.backend, settings.ray_address)  # first: a missing Ray is exit 2, nothing opened
     store = JobStore(settings.db_url or default_url(ws.root))
-    runner = Runner(store, ws.root, slots=settings.slots, grace_seconds=settings.grace_seconds,
-                    poll_seconds=settings.poll_seconds, placement=placement)
+    runner = Runner(
+        store,
+        ws.root,
+        slots=settings.slots,
+        grace_seconds=settings.grace_seconds,
+        poll_seconds=settings.poll_seconds,
+        placement=placement,
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -42,9 +48,13 @@ def create_app(settings: Settings, start_runner: bool = True) -> FastAPI:
         runner.stop()
         store.close()
 
-    app = FastAPI(title="rlft job service", version=__version__, lifespan=lifespan,
-                  description="Submit, watch, cancel and resume rlft training jobs. The service runs configs, "
-                              "never commands; a token holder can run the code inside the workspace, nothing else.")
+    app = FastAPI(
+        title="rlft job service",
+        version=__version__,
+        lifespan=lifespan,
+        description="Submit, watch, cancel and resume rlft training jobs. The service runs configs, "
+        "never commands; a token holder can run the code inside the workspace, nothing else.",
+    )
     app.state.service = Service(settings, ws, store, runner, RateLimiter(settings.submissions_per_minute))
     _guard(app, settings)
 
@@ -70,13 +80,16 @@ def _guard(app: FastAPI, settings: Settings) -> None:
         if request.method == "POST":
             origin = request.headers.get("origin")
             if origin and not origin_allowed(settings, origin, request.headers.get("host", "")):
-                return JSONResponse({"detail": f"cross-origin requests are refused (Origin {origin!r} is not this "
-                                               f"service's own page)"}, status_code=403)
+                return JSONResponse(
+                    {"detail": f"cross-origin requests are refused (Origin {origin!r} is not this service's own page)"},
+                    status_code=403,
+                )
             kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
             has_body = request.headers.get("content-length", "0") != "0" or "transfer-encoding" in request.headers
             if has_body and kind != "application/json":
-                return JSONResponse({"detail": "the body must be JSON (Content-Type: application/json)"},
-                                    status_code=415)
+                return JSONResponse(
+                    {"detail": "the body must be JSON (Content-Type: application/json)"}, status_code=415
+                )
         response = await call_next(request)
         response.headers["X-Content-Type-Options"] = "nosniff"
         response.headers["X-Frame-Options"] = "DENY"

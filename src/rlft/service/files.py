@@ -32,13 +32,17 @@ def checked(path: Path, roots: tuple[str, ...], workspace: str | None = None) ->
     given), whatever links lead there; else :class:`OutsideJob`."""
     real = Path(os.path.realpath(path))
     if workspace is not None and not _within(real, Path(os.path.realpath(workspace))):
-        raise OutsideJob(f"refused to serve {Path(path).name}: it resolves to a file outside the workspace "
-                         f"(a symbolic link out of the job's folder)")
+        raise OutsideJob(
+            f"refused to serve {Path(path).name}: it resolves to a file outside the workspace "
+            f"(a symbolic link out of the job's folder)"
+        )
     for root in roots:
         if _within(real, Path(os.path.realpath(root))):
             return real
-    raise OutsideJob(f"refused to serve {Path(path).name}: it resolves to a file outside the job's folders "
-                     f"(a symbolic link out of them)")
+    raise OutsideJob(
+        f"refused to serve {Path(path).name}: it resolves to a file outside the job's folders "
+        f"(a symbolic link out of them)"
+    )
 
 
 _inside = checked  # the older name
@@ -48,8 +52,9 @@ def log_tail(path: str, job_dir: str, lines: int, workspace: str | None = None) 
     return tail_lines(checked(Path(path), (job_dir,), workspace), lines)
 
 
-def read_jsonl_from(path: Path, roots: tuple[str, ...], offset: int = 0, max_bytes: int = MAX_CHUNK,
-                    workspace: str | None = None) -> tuple[list[dict], int, bool]:
+def read_jsonl_from(
+    path: Path, roots: tuple[str, ...], offset: int = 0, max_bytes: int = MAX_CHUNK, workspace: str | None = None
+) -> tuple[list[dict], int, bool]:
     """The complete JSON lines of ``path`` from byte ``offset``, the offset after the last one, and
     whether the file was rewritten under the reader (a resume drops the records written after its
     checkpoint): then ``offset`` no longer falls after a line end, and reading starts again at 0."""
@@ -85,8 +90,9 @@ def _byte_before(f, offset: int) -> bytes:
 def samples(run_dir: str, last_steps: int = 3, limit: int = 400, workspace: str | None = None) -> list[dict]:
     """The samples of the ``last_steps`` most recent steps, grouped by (step, prompt): a GRPO group
     reads side by side. Each group: step, prompt, completions [{completion, reward, rewards}]."""
-    records, _, _ = read_jsonl_from(Path(run_dir) / "samples.jsonl", (run_dir,), 0, max_bytes=64 << 20,
-                                    workspace=workspace)
+    records, _, _ = read_jsonl_from(
+        Path(run_dir) / "samples.jsonl", (run_dir,), 0, max_bytes=64 << 20, workspace=workspace
+    )
     steps = sorted({r.get("step", 0) for r in records})[-last_steps:]
     groups: dict[tuple, dict] = {}
     for r in records:
@@ -94,8 +100,9 @@ def samples(run_dir: str, last_steps: int = 3, limit: int = 400, workspace: str 
             continue
         key = (r.get("step", 0), r.get("prompt", ""))
         group = groups.setdefault(key, {"step": key[0], "prompt": key[1], "completions": []})
-        group["completions"].append({"completion": r.get("completion", ""), "reward": r.get("reward"),
-                                     "rewards": r.get("rewards") or {}})
+        group["completions"].append(
+            {"completion": r.get("completion", ""), "reward": r.get("reward"), "rewards": r.get("rewards") or {}}
+        )
     ordered = sorted(groups.values(), key=lambda g: -g["step"])
     return ordered[:limit]
 

@@ -23,6 +23,7 @@ import psutil
 if TYPE_CHECKING:
     from rlft.service.store import Job
 
+
 class LaunchRefused(Exception):
     """A placement will not start this job (e.g. it asks for more than the cluster has); the runner records
     it as failed with ``error_type`` and ``summary`` instead of waiting for a place that never comes."""
@@ -141,8 +142,15 @@ class LocalPlacement:
 
         with open(job.stdout_log, "ab") as out, open(job.stderr_log, "ab") as err:
             try:
-                popen = subprocess.Popen(interpreter_argv(args), cwd=cwd, stdout=out, stderr=err,
-                                         env={**os.environ, **env}, stdin=subprocess.DEVNULL, start_new_session=True)
+                popen = subprocess.Popen(
+                    interpreter_argv(args),
+                    cwd=cwd,
+                    stdout=out,
+                    stderr=err,
+                    env={**os.environ, **env},
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
             except OSError as exc:
                 raise LaunchRefused(f"could not start: {exc}") from None
         try:

@@ -60,8 +60,9 @@ def config_demands(job: Job) -> tuple[int, str]:
     from rlft.config.yamlio import load_yaml_text
 
     try:
-        cfg = load_config(data=load_yaml_text(job.config_yaml, f"job {job.id}'s config"), check_files=False,
-                          kind=job.kind)
+        cfg = load_config(
+            data=load_yaml_text(job.config_yaml, f"job {job.id}'s config"), check_files=False, kind=job.kind
+        )
     except ConfigError as exc:
         raise LaunchRefused(str(exc), "config_invalid") from None
     return cfg.train.num_threads or 1, cfg.model.device
@@ -76,8 +77,11 @@ def gpus_for(device: str, cluster_gpus: float) -> int:
         return 1 if cluster_gpus > 0 else 0
     if device in ("cuda", "cuda:0"):
         return 1
-    raise LaunchRefused(f"model.device {device}: on Ray a job gets one GPU that Ray chooses and sees it as cuda:0; "
-                        f"set model.device to cuda or auto", "config_invalid")
+    raise LaunchRefused(
+        f"model.device {device}: on Ray a job gets one GPU that Ray chooses and sees it as cuda:0; "
+        f"set model.device to cuda or auto",
+        "config_invalid",
+    )
 
 
 class JobProcess:
@@ -91,12 +95,20 @@ class JobProcess:
         self.error: str | None = None
         try:
             with open(stdout_log, "ab") as out, open(stderr_log, "ab") as err:
-                self.popen = subprocess.Popen(interpreter_argv(args), cwd=cwd, stdout=out, stderr=err,
-                                              env={**os.environ, **env}, stdin=subprocess.DEVNULL,
-                                              start_new_session=True)
+                self.popen = subprocess.Popen(
+                    interpreter_argv(args),
+                    cwd=cwd,
+                    stdout=out,
+                    stderr=err,
+                    env={**os.environ, **env},
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
         except OSError as exc:
-            self.error = (f"could not start on Ray node {self.node}: {exc} (the Ray backend needs the workspace "
-                          f"and the job's folders on a filesystem every node shares, at the same path)")
+            self.error = (
+                f"could not start on Ray node {self.node}: {exc} (the Ray backend needs the workspace "
+                f"and the job's folders on a filesystem every node shares, at the same path)"
+            )
             return
         try:
             self.started = psutil.Process(self.popen.pid).create_time()
@@ -145,8 +157,14 @@ class RayHandle:
             result = self.ray.get(self._exit_ref)
         except self.ray.exceptions.RayError as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            return True, None, (f"its Ray actor died ({first}): its node was lost, Ray was stopped, or the actor "
-                                f"was killed, before the process recorded an outcome")
+            return (
+                True,
+                None,
+                (
+                    f"its Ray actor died ({first}): its node was lost, Ray was stopped, or the actor "
+                    f"was killed, before the process recorded an outcome"
+                ),
+            )
         if isinstance(result, str):
             raise LaunchRefused(result)
         return True, result, None
@@ -194,17 +212,24 @@ class RayPlacement:
         total = self.ray.cluster_resources()
         gpus = gpus_for(device, total.get("GPU", 0))
         if cpus > total.get("CPU", 0) or gpus > total.get("GPU", 0):
-            raise LaunchRefused(f"the job needs {cpus} CPUs and {gpus} GPUs (train.num_threads, model.device); the "
-                                f"Ray cluster has {total.get('CPU', 0):g} CPUs and {total.get('GPU', 0):g} GPUs in all",
-                                "config_invalid")
+            raise LaunchRefused(
+                f"the job needs {cpus} CPUs and {gpus} GPUs (train.num_threads, model.device); the "
+                f"Ray cluster has {total.get('CPU', 0):g} CPUs and {total.get('GPU', 0):g} GPUs in all",
+                "config_invalid",
+            )
         return cpus, gpus
 
     def launch(self, job: Job, args: list[str], cwd: Path, env: dict[str, str]) -> RayHandle:
         cpus, gpus = self.resources(job)
         try:
-            actor = self._actor.options(name=actor_name(job.id), namespace=NAMESPACE, lifetime="detached",
-                                        num_cpus=cpus, num_gpus=gpus, max_concurrency=CONCURRENCY).remote(
-                args, str(cwd), {**env, "OMP_NUM_THREADS": str(cpus)}, job.stdout_log, job.stderr_log)
+            actor = self._actor.options(
+                name=actor_name(job.id),
+                namespace=NAMESPACE,
+                lifetime="detached",
+                num_cpus=cpus,
+                num_gpus=gpus,
+                max_concurrency=CONCURRENCY,
+            ).remote(args, str(cwd), {**env, "OMP_NUM_THREADS": str(cpus)}, job.stdout_log, job.stderr_log)
         except ValueError as exc:  # an actor of this name already exists
             raise LaunchRefused(f"could not place the job on Ray: {exc}") from None
         return RayHandle(self.ray, actor, where=f"on Ray ({cpus} CPUs, {gpus} GPUs)")

@@ -17,8 +17,21 @@ from rlft import __version__
 from rlft.service import files
 from rlft.service.dashboard import static_path
 from rlft.service.runner import Runner, read_run_info
-from rlft.service.schemas import (Evaluations, Health, JobDetail, JobInfo, JobList, Logs, Metrics, Problem,
-                                  ResumeRequest, Samples, Status, Submitted, TrainRequest)
+from rlft.service.schemas import (
+    Evaluations,
+    Health,
+    JobDetail,
+    JobInfo,
+    JobList,
+    Logs,
+    Metrics,
+    Problem,
+    ResumeRequest,
+    Samples,
+    Status,
+    Submitted,
+    TrainRequest,
+)
 from rlft.service.security import RateLimiter, Settings, is_loopback
 from rlft.service.stall import stalled
 from rlft.service.store import STATUSES, Job, JobStore
@@ -43,8 +56,11 @@ class Service:
     def rate_limit(self, who: str | None) -> None:
         wait = self.limiter.allow(who or "(no token)")
         if wait is not None:
-            raise HTTPException(429, f"more than {self.settings.submissions_per_minute} submissions a minute; "
-                                     f"retry in {wait:.0f} s", headers={"Retry-After": str(int(wait) + 1)})
+            raise HTTPException(
+                429,
+                f"more than {self.settings.submissions_per_minute} submissions a minute; retry in {wait:.0f} s",
+                headers={"Retry-After": str(int(wait) + 1)},
+            )
 
 
 def service(request: Request) -> Service:
@@ -58,8 +74,11 @@ def caller(request: Request, svc: Service = Depends(service)) -> str | None:
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     name = svc.store.check_token(token.strip()) if scheme.lower() == "bearer" and token.strip() else None
     if name is None:
-        raise HTTPException(401, "a valid bearer token is required (rlft serve --create-token NAME makes one)",
-                            headers={"WWW-Authenticate": "Bearer"})
+        raise HTTPException(
+            401,
+            "a valid bearer token is required (rlft serve --create-token NAME makes one)",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
     return name
 
 
@@ -75,77 +94,114 @@ def health(svc: Service = Depends(service)) -> Health:
     counts = {s: 0 for s in STATUSES}
     for job in svc.store.list():
         counts[job.status] += 1
-    return Health(status="ok", version=__version__, jobs=counts,
-                  auth_required=not is_loopback(svc.settings.host) or svc.store.has_tokens())
+    return Health(
+        status="ok",
+        version=__version__,
+        jobs=counts,
+        auth_required=not is_loopback(svc.settings.host) or svc.store.has_tokens(),
+    )
+
 
 @router.post("/api/train", response_model=Submitted, status_code=201, responses=_ERRORS, tags=["jobs"])
 def train(body: TrainRequest, svc: Service = Depends(service), who: str | None = Depends(caller)) -> Submitted:
     svc.rate_limit(who)
-    return _submitted(submit(svc.store, svc.workspace, Submission(body.config_path, body.config, body.overrides,
-                                                                  body.resume_from), who))
+    return _submitted(
+        submit(
+            svc.store, svc.workspace, Submission(body.config_path, body.config, body.overrides, body.resume_from), who
+        )
+    )
+
 
 @router.get("/api/jobs", response_model=JobList, responses=_ERRORS, tags=["jobs"])
-def list_jobs(status: Status | None = None, limit: int = Query(200, ge=1, le=1000),
-              svc: Service = Depends(service), who: str | None = Depends(caller)) -> JobList:
+def list_jobs(
+    status: Status | None = None,
+    limit: int = Query(200, ge=1, le=1000),
+    svc: Service = Depends(service),
+    who: str | None = Depends(caller),
+) -> JobList:
     return JobList(jobs=[_info(j) for j in svc.store.list(status, limit)])
+
 
 @router.get("/api/jobs/{job_id}", response_model=JobDetail, responses=_ERRORS, tags=["jobs"])
 def get_job(job: Job = Depends(job_of_path)) -> JobDetail:
     return JobDetail(**_info(job).model_dump(), config_yaml=job.config_yaml)
 
+
 @router.get("/api/jobs/{job_id}/logs", response_model=Logs, responses=_ERRORS, tags=["jobs"])
-def logs(stream: Literal["stdout", "stderr"] = "stdout", tail: int = Query(200, ge=1, le=10000),
-         job: Job = Depends(job_of_path), svc: Service = Depends(service)) -> Logs:
+def logs(
+    stream: Literal["stdout", "stderr"] = "stdout",
+    tail: int = Query(200, ge=1, le=10000),
+    job: Job = Depends(job_of_path),
+    svc: Service = Depends(service),
+) -> Logs:
     path = job.stdout_log if stream == "stdout" else job.stderr_log
     return Logs(stream=stream, text=_read(lambda: files.log_tail(path, job.job_dir, tail, _ws(svc))))
 
+
 @router.get("/api/jobs/{job_id}/metrics", response_model=Metrics, responses=_ERRORS, tags=["jobs"])
-def metrics(offset: int = Query(0, ge=0), job: Job = Depends(job_of_path),
-            svc: Service = Depends(service)) -> Metrics:
-    records, end, reset = _read(lambda: files.read_jsonl_from(Path(job.run_dir) / "metrics.jsonl",
-                                                               (job.run_dir,), offset, workspace=_ws(svc)))
+def metrics(offset: int = Query(0, ge=0), job: Job = Depends(job_of_path), svc: Service = Depends(service)) -> Metrics:
+    records, end, reset = _read(
+        lambda: files.read_jsonl_from(Path(job.run_dir) / "metrics.jsonl", (job.run_dir,), offset, workspace=_ws(svc))
+    )
     return Metrics(records=records, offset=end, reset=reset)
 
-@router.get("/api/jobs/{job_id}/metrics/stream", responses={200: {"content": {"text/event-stream": {}}}, **_ERRORS},
-         tags=["jobs"])
-async def metrics_stream(request: Request, offset: int = Query(0, ge=0), job: Job = Depends(job_of_path),
-                         svc: Service = Depends(service)):
+
+@router.get(
+    "/api/jobs/{job_id}/metrics/stream",
+    responses={200: {"content": {"text/event-stream": {}}}, **_ERRORS},
+    tags=["jobs"],
+)
+async def metrics_stream(
+    request: Request, offset: int = Query(0, ge=0), job: Job = Depends(job_of_path), svc: Service = Depends(service)
+):
     """Server-sent events: one ``metrics`` event per record, its ``id`` the byte offset after it,
     so a reconnect (``Last-Event-ID``) resumes where it stopped; ``end`` once the job has ended."""
     last = request.headers.get("last-event-id", "")
     start = int(last) if last.isdigit() else offset
     _read(lambda: files.checked(Path(job.run_dir) / "metrics.jsonl", (job.run_dir,), _ws(svc)))  # 403 up front
-    return StreamingResponse(_sse(svc, job, start, request), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache"})
+    return StreamingResponse(
+        _sse(svc, job, start, request), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+    )
+
 
 @router.get("/api/jobs/{job_id}/samples", response_model=Samples, responses=_ERRORS, tags=["jobs"])
-def get_samples(steps: int = Query(3, ge=1, le=1000), job: Job = Depends(job_of_path),
-                svc: Service = Depends(service)) -> Samples:
+def get_samples(
+    steps: int = Query(3, ge=1, le=1000), job: Job = Depends(job_of_path), svc: Service = Depends(service)
+) -> Samples:
     return Samples(groups=_read(lambda: files.samples(job.run_dir, steps, workspace=_ws(svc))))
+
 
 @router.get("/api/jobs/{job_id}/eval", response_model=Evaluations, responses=_ERRORS, tags=["jobs"])
 def get_eval(job: Job = Depends(job_of_path), svc: Service = Depends(service)) -> Evaluations:
     return Evaluations(results=_read(lambda: files.evaluations(job.run_dir, _ws(svc))))
+
 
 @router.post("/api/jobs/{job_id}/cancel", response_model=JobInfo, responses=_ERRORS, tags=["jobs"])
 def cancel(job: Job = Depends(job_of_path), svc: Service = Depends(service)) -> JobInfo:
     svc.store.request_cancel(job.id)
     return _info(svc.store.get(job.id))
 
-@router.post("/api/jobs/{job_id}/resume", response_model=Submitted, status_code=201, responses=_ERRORS,
-          tags=["jobs"])
-def resume(body: ResumeRequest | None = None, old: Job = Depends(job_of_path), svc: Service = Depends(service),
-           who: str | None = Depends(caller)) -> Submitted:
+
+@router.post("/api/jobs/{job_id}/resume", response_model=Submitted, status_code=201, responses=_ERRORS, tags=["jobs"])
+def resume(
+    body: ResumeRequest | None = None,
+    old: Job = Depends(job_of_path),
+    svc: Service = Depends(service),
+    who: str | None = Depends(caller),
+) -> Submitted:
     svc.rate_limit(who)
     return _submitted(resume_job(svc.store, svc.workspace, old, body.overrides if body else None, who))
+
 
 @router.get("/", include_in_schema=False)
 def dashboard():
     return _static_file("index.html")
 
+
 @router.get("/static/{name}", include_in_schema=False)
 def static(name: str):
     return _static_file(name)
+
 
 def _ws(svc: Service) -> str:
     return str(svc.workspace.root)
@@ -159,8 +215,9 @@ def _read(read):
 
 
 def _submitted(job: Job) -> Submitted:
-    return Submitted(job_id=job.id, status=job.status, run_dir=job.run_dir, stdout_log=job.stdout_log,
-                     stderr_log=job.stderr_log)
+    return Submitted(
+        job_id=job.id, status=job.status, run_dir=job.run_dir, stdout_log=job.stdout_log, stderr_log=job.stderr_log
+    )
 
 
 def _info(job: Job) -> JobInfo:
@@ -168,10 +225,15 @@ def _info(job: Job) -> JobInfo:
     run = read_run_info(job.run_dir)
     progress = run.get("progress")
     verdict, findings = _health(run)
-    return JobInfo(**fields, step=run.get("step"), total_steps=run.get("total_steps"),
-                   last_progress=progress if isinstance(progress, (int, float)) else None,
-                   stalled=stalled(run) if job.status == "running" else None, health=verdict,
-                   health_findings=findings)
+    return JobInfo(
+        **fields,
+        step=run.get("step"),
+        total_steps=run.get("total_steps"),
+        last_progress=progress if isinstance(progress, (int, float)) else None,
+        stalled=stalled(run) if job.status == "running" else None,
+        health=verdict,
+        health_findings=findings,
+    )
 
 
 def _health(run: dict) -> tuple[str | None, list[dict]]:

@@ -33,7 +33,7 @@ from rlft.service.stall import stalled
 from rlft.service.store import Job, JobStore
 
 SUMMARY_LINES = 20
-LOST = ("the job's process ended while the service was not watching it, without recording an outcome")
+LOST = "the job's process ended while the service was not watching it, without recording an outcome"
 
 __all__ = ["Runner", "alive", "read_run_info", "record_oom_kill", "recorded_exit_code", "tail_lines"]
 
@@ -274,9 +274,11 @@ class Runner:
         code = exit_code if exit_code is None or exit_code >= 0 else 128 - exit_code  # -9 -> 137, as a shell says
         inferred = None
         if code is None and (code := recorded_exit_code(info)) is not None:
-            inferred = (f"exit code {code} read from run.json's final status ({recorded}): the process was not this "
-                        f"service's child (re-attached after a restart, or ended while it was down), so its exit "
-                        f"code could not be waited on")
+            inferred = (
+                f"exit code {code} read from run.json's final status ({recorded}): the process was not this "
+                f"service's child (re-attached after a restart, or ended while it was down), so its exit "
+                f"code could not be waited on"
+            )
         if recorded == "completed" and code in (None, 0):
             status, error, summary = "success", None, None  # stderr's warnings are no summary of a success
         elif recorded == "cancelled" or job.cancel_requested:
@@ -300,5 +302,8 @@ class Runner:
         if inferred:
             summary = (summary + "\n" if summary else "") + inferred
         if self.store.finish(job.id, status, exit_code=code, error_type=error, summary=summary):
-            self._note(f"job {job.id}: {status}" + (f" ({error})" if error else "") +
-                       (f", exit code {code}" if code is not None else ""))
+            self._note(
+                f"job {job.id}: {status}"
+                + (f" ({error})" if error else "")
+                + (f", exit code {code}" if code is not None else "")
+            )

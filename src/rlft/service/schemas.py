@@ -14,21 +14,27 @@ class TrainRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    config_path: str | None = Field(None, max_length=1024,
-                                    description="A YAML config inside the workspace (relative to it).")
+    config_path: str | None = Field(
+        None, max_length=1024, description="A YAML config inside the workspace (relative to it)."
+    )
     config: dict[str, Any] | None = Field(None, description="The config itself, instead of config_path.")
-    resume_from: str | None = Field(None, max_length=1024,
-                                    description="null (a new run), 'auto' (this config's latest checkpoint, "
-                                                "else a new run) or a checkpoint directory in the workspace.")
-    overrides: list[str] = Field(default_factory=list, max_length=64,
-                                 description="KEY=VALUE overrides, as `rlft train --set`.")
+    resume_from: str | None = Field(
+        None,
+        max_length=1024,
+        description="null (a new run), 'auto' (this config's latest checkpoint, "
+        "else a new run) or a checkpoint directory in the workspace.",
+    )
+    overrides: list[str] = Field(
+        default_factory=list, max_length=64, description="KEY=VALUE overrides, as `rlft train --set`."
+    )
 
 
 class ResumeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    overrides: list[str] = Field(default_factory=list, max_length=64,
-                                 description="KEY=VALUE changes a resume allows (train.max_steps=20 ...).")
+    overrides: list[str] = Field(
+        default_factory=list, max_length=64, description="KEY=VALUE changes a resume allows (train.max_steps=20 ...)."
+    )
 
 
 class Submitted(BaseModel):
@@ -60,17 +66,24 @@ class JobInfo(BaseModel):
     submitted_by: str | None = None
     step: int | None = Field(None, description="The last step the run logged (from its run.json).")
     total_steps: int | None = None
-    last_progress: float | None = Field(None, description="When the run last completed a step, or began "
-                                                          "training (unix time, from its heartbeat).")
-    stalled: str | None = Field(None, description="Set while a running job has completed no step for max(10 min, "
-                                                  "5 x its median step time): 'stalled: no step for X min ...'. "
-                                                  "The job is not stopped.")
+    last_progress: float | None = Field(
+        None, description="When the run last completed a step, or began training (unix time, from its heartbeat)."
+    )
+    stalled: str | None = Field(
+        None,
+        description="Set while a running job has completed no step for max(10 min, "
+        "5 x its median step time): 'stalled: no step for X min ...'. "
+        "The job is not stopped.",
+    )
     health: Literal["healthy", "warnings", "unhealthy"] | None = Field(
-        None, description="The run's health verdict so far (from its run.json; rlft.health): 'unhealthy' is a "
-                          "run that completes but is not learning as it should. `rlft diagnose RUN_DIR` writes "
-                          "the report.")
+        None,
+        description="The run's health verdict so far (from its run.json; rlft.health): 'unhealthy' is a "
+        "run that completes but is not learning as it should. `rlft diagnose RUN_DIR` writes "
+        "the report.",
+    )
     health_findings: list[dict[str, Any]] = Field(
-        default_factory=list, description="The health checks that fired: check, step, severity, message, knob.")
+        default_factory=list, description="The health checks that fired: check, step, severity, message, knob."
+    )
 
 
 class JobDetail(JobInfo):
@@ -89,8 +102,11 @@ class Logs(BaseModel):
 class Metrics(BaseModel):
     records: list[dict[str, Any]]
     offset: int = Field(description="Pass as ?offset= to get only newer records.")
-    reset: bool = Field(False, description="The file was rewritten since that offset (a resume drops the records "
-                                           "after its checkpoint): these records start from the beginning.")
+    reset: bool = Field(
+        False,
+        description="The file was rewritten since that offset (a resume drops the records "
+        "after its checkpoint): these records start from the beginning.",
+    )
 
 
 class SampleCompletion(BaseModel):

@@ -177,6 +177,11 @@ def _replay(first: dict, receive):
 
 async def _too_large(send, max_bytes: int, how: str) -> None:
     body = json.dumps({"detail": f"request body over the limit of {max_bytes} bytes{how}"}).encode()
-    await send({"type": "http.response.start", "status": 413,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": body})

@@ -41,8 +41,10 @@ def stalled(info: dict, now: float | None = None) -> str | None:
     since = f"since step {step}" if step is not None else "since training began"
     median = _number(info.get("step_seconds"))
     usual = f"; the median step takes {_duration(median)}" if median is not None else ""
-    return (f"stalled: no step for {_duration(idle)} ({since}{usual}); the process is alive but may be hung. "
-            f"It is not stopped: cancel it if it does not recover")
+    return (
+        f"stalled: no step for {_duration(idle)} ({since}{usual}); the process is alive but may be hung. "
+        f"It is not stopped: cancel it if it does not recover"
+    )
 
 
 def _duration(seconds: float) -> str:

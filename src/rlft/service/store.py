@@ -17,9 +17,9 @@ import hmac
 import secrets
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from sqlalchemy import Boolean, Float, Integer, String, Text, create_engine, event, select, update
 from sqlalchemy.engine import Engine, make_url
@@ -161,12 +161,27 @@ class JobStore:
     def create(self, job_id: str, new: NewJob) -> Job:
         with self._session() as s, s.begin():
             last = s.scalar(select(Job.seq).order_by(Job.seq.desc()).limit(1)) or 0
-            job = Job(id=job_id, seq=last + 1, status="pending", created_at=time.time(), kind=new.kind,
-                      config_yaml=new.config_yaml, config_source=new.config_source, job_dir=new.job_dir,
-                      run_dir=new.run_dir, stdout_log=str(Path(new.job_dir) / "stdout.log"),
-                      stderr_log=str(Path(new.job_dir) / "stderr.log"), resume_from=new.resume_from,
-                      resumed_job=new.resumed_job, submitted_by=new.submitted_by, cancel_requested=False,
-                      sweep=new.sweep, name=new.name, attempt=new.attempt, retry_of=new.retry_of)
+            job = Job(
+                id=job_id,
+                seq=last + 1,
+                status="pending",
+                created_at=time.time(),
+                kind=new.kind,
+                config_yaml=new.config_yaml,
+                config_source=new.config_source,
+                job_dir=new.job_dir,
+                run_dir=new.run_dir,
+                stdout_log=str(Path(new.job_dir) / "stdout.log"),
+                stderr_log=str(Path(new.job_dir) / "stderr.log"),
+                resume_from=new.resume_from,
+                resumed_job=new.resumed_job,
+                submitted_by=new.submitted_by,
+                cancel_requested=False,
+                sweep=new.sweep,
+                name=new.name,
+                attempt=new.attempt,
+                retry_of=new.retry_of,
+            )
             s.add(job)
         return job
 
@@ -212,12 +227,26 @@ class JobStore:
     def set_process(self, job_id: str, pid: int, pid_started: float) -> None:
         self._cas(job_id, ("running",), pid=pid, pid_started=pid_started)
 
-    def finish(self, job_id: str, status: str, *, exit_code: int | None = None, error_type: str | None = None,
-               summary: str | None = None) -> bool:
+    def finish(
+        self,
+        job_id: str,
+        status: str,
+        *,
+        exit_code: int | None = None,
+        error_type: str | None = None,
+        summary: str | None = None,
+    ) -> bool:
         """Move a job to a terminal ``status``; False (nothing changed) if it already was in one."""
         assert status in TERMINAL, status
-        return self._cas(job_id, ("pending", "running"), status=status, exit_code=exit_code,
-                         error_type=error_type, summary=summary, finished_at=time.time())
+        return self._cas(
+            job_id,
+            ("pending", "running"),
+            status=status,
+            exit_code=exit_code,
+            error_type=error_type,
+            summary=summary,
+            finished_at=time.time(),
+        )
 
     def record_outcome(self, job_id: str, **values) -> bool:
         """Add what ``rlft sweep`` learnt of an ended job (failure_class, metrics_final, metrics_best)."""
@@ -226,8 +255,14 @@ class JobStore:
     def request_cancel(self, job_id: str) -> str | None:
         """Cancel a job: a pending one at once, a running one by flagging it for the runner. Returns the
         job's status afterwards (None if there is no such job)."""
-        if self._cas(job_id, ("pending",), status="cancelled", finished_at=time.time(), cancel_requested=True,
-                     summary="cancelled before it started"):
+        if self._cas(
+            job_id,
+            ("pending",),
+            status="cancelled",
+            finished_at=time.time(),
+            cancel_requested=True,
+            summary="cancelled before it started",
+        ):
             return "cancelled"
         self._cas(job_id, ("running",), cancel_requested=True)
         job = self.get(job_id)

@@ -13,12 +13,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlft.checkpoint.layout import find_run_of_config, is_complete, list_checkpoints
 from rlft.checkpoint.continuity import COMMON_RULES
+from rlft.checkpoint.layout import find_run_of_config, is_complete, list_checkpoints
 from rlft.checkpoint.manifest import checkpoint_problems
 from rlft.config.loader import config_to_yaml, load_config
-from rlft.config.yamlio import load_yaml_text
 from rlft.config.schema import JOB_KINDS
+from rlft.config.yamlio import load_yaml_text
 from rlft.errors import ConfigError
 from rlft.logging.run_dir import RunDirectory
 from rlft.service.store import Job, JobStore, NewJob
@@ -60,8 +60,9 @@ def submit(store: JobStore, ws: Workspace, sub: Submission, submitted_by: str | 
     return _queue(store, ws, job_id, cfg, source, run_dir, resume, None, submitted_by)
 
 
-def resume_job(store: JobStore, ws: Workspace, old: Job, overrides: list[str] | None,
-               submitted_by: str | None = None) -> Job:
+def resume_job(
+    store: JobStore, ws: Workspace, old: Job, overrides: list[str] | None, submitted_by: str | None = None
+) -> Job:
     """A new job continuing ``old`` (failed or cancelled) in its run directory, from its newest intact
     checkpoint (or afresh in place, when it stopped before its first save); ``overrides``
     (``train.max_steps=20``) may change what a resume allows to change."""
@@ -72,8 +73,12 @@ def resume_job(store: JobStore, ws: Workspace, old: Job, overrides: list[str] | 
         raise Refused(409, f"job {old.id} left no run in {old.run_dir}; submit it again instead")
     _no_active_job_in(store, old.run_dir)
     try:
-        cfg = load_config(data=load_yaml_text(old.config_yaml, f"job {old.id}'s config"), overrides=overrides,
-                          base_dir=ws.root, kind=old.kind)
+        cfg = load_config(
+            data=load_yaml_text(old.config_yaml, f"job {old.id}'s config"),
+            overrides=overrides,
+            base_dir=ws.root,
+            kind=old.kind,
+        )
     except ConfigError as exc:
         raise Refused(422, str(exc).splitlines()[0], exc.problems) from None
     admit(ws, cfg)
@@ -97,21 +102,28 @@ def _load(ws: Workspace, sub: Submission):
         raise Refused(422, str(exc).splitlines()[0], exc.problems) from None
 
 
-def _run_dir_and_resume(store, ws, cfg, resolved, source, output_dir: Path, job_id: str,
-                        resume_from: str | None) -> tuple[Path, str | None]:
+def _run_dir_and_resume(
+    store, ws, cfg, resolved, source, output_dir: Path, job_id: str, resume_from: str | None
+) -> tuple[Path, str | None]:
     """The run directory the job writes, and the checkpoint it continues from (None: a new run)."""
     if resume_from is None:
         name = cfg.train.run_name or f"{time.strftime('%Y%m%d-%H%M%S')}-{cfg.run_label()}-{job_id[:6]}"
         run_dir = _inside(ws, str(output_dir / name), "train.run_name")
         if RunDirectory(run_dir).holds_run():
-            raise Refused(409, f"train.run_name: {run_dir} already holds a run; resume it (resume_from: auto) or "
-                               f"choose another run_name")
+            raise Refused(
+                409,
+                f"train.run_name: {run_dir} already holds a run; resume it (resume_from: auto) or "
+                f"choose another run_name",
+            )
         _no_active_job_in(store, str(run_dir))
         return run_dir, None
     if resume_from == "auto":
         rules = {**COMMON_RULES, **JOB_KINDS[cfg.kind].continuity}
-        root = _inside(ws, str(output_dir / cfg.train.run_name), "train.run_name") if cfg.train.run_name else \
-            find_run_of_config(output_dir, resolved, source, rules)
+        root = (
+            _inside(ws, str(output_dir / cfg.train.run_name), "train.run_name")
+            if cfg.train.run_name
+            else find_run_of_config(output_dir, resolved, source, rules)
+        )
         point = _resume_point(root) if root is not None else None
         if point is None:
             return _run_dir_and_resume(store, ws, cfg, resolved, source, output_dir, job_id, None)
@@ -139,8 +151,11 @@ def _resume_point(run_dir: Path) -> str | None:
     if intact:
         return str(intact[-1])
     if found:
-        raise Refused(409, f"every checkpoint in {run_dir / 'checkpoints'} is damaged; resume one by hand or submit "
-                           f"the run again", [f"{name}: {'; '.join(problems)}" for name, problems in damage.items()])
+        raise Refused(
+            409,
+            f"every checkpoint in {run_dir / 'checkpoints'} is damaged; resume one by hand or submit the run again",
+            [f"{name}: {'; '.join(problems)}" for name, problems in damage.items()],
+        )
     return "auto" if RunDirectory(run_dir).holds_run() else None
 
 
@@ -158,8 +173,17 @@ def _no_active_job_in(store: JobStore, run_dir: str) -> None:
         raise Refused(409, f"job {busy[0]} is already queued or running in {run_dir}")
 
 
-def _queue(store, ws: Workspace, job_id: str, cfg, source, run_dir: Path, resume: str | None,
-           resumed_job: str | None, submitted_by: str | None) -> Job:
+def _queue(
+    store,
+    ws: Workspace,
+    job_id: str,
+    cfg,
+    source,
+    run_dir: Path,
+    resume: str | None,
+    resumed_job: str | None,
+    submitted_by: str | None,
+) -> Job:
     _inside(ws, str(run_dir), "run directory")  # whatever route led here, the job writes only in the workspace
     job_dir = ws.jobs_dir() / job_id
     job_dir.mkdir(parents=True)
@@ -167,9 +191,19 @@ def _queue(store, ws: Workspace, job_id: str, cfg, source, run_dir: Path, resume
     (job_dir / "config.yaml").write_text(text)
     for stream in ("stdout.log", "stderr.log"):
         (job_dir / stream).touch()
-    return store.create(job_id, NewJob(kind=cfg.kind, config_yaml=text, config_source=source, job_dir=str(job_dir),
-                                       run_dir=str(run_dir), resume_from=resume, resumed_job=resumed_job,
-                                       submitted_by=submitted_by))
+    return store.create(
+        job_id,
+        NewJob(
+            kind=cfg.kind,
+            config_yaml=text,
+            config_source=source,
+            job_dir=str(job_dir),
+            run_dir=str(run_dir),
+            resume_from=resume,
+            resumed_job=resumed_job,
+            submitted_by=submitted_by,
+        ),
+    )
 
 
 def _is_file(path: Path) -> bool:

@@ -74,15 +74,19 @@ class Workspace:
             if (self.root / rel).is_file():
                 self.resolve(str(rel), field)
                 return
-        raise PathRefused(f"{field}: module {target!r} is not a file inside the workspace; the job service runs "
-                          f"only code that lives there (write it as 'path/to/file.py:name')")
+        raise PathRefused(
+            f"{field}: module {target!r} is not a file inside the workspace; the job service runs "
+            f"only code that lives there (write it as 'path/to/file.py:name')"
+        )
 
     def check_url(self, raw: str, field: str) -> None:
         """An endpoint the job calls: http(s) with a host; other schemes (file:, ftp:, ...) are refused."""
         parts = urlsplit(raw)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise PathRefused(f"{field}: {raw!r} is not an http(s) URL with a host; the job service calls only "
-                              f"http and https endpoints")
+            raise PathRefused(
+                f"{field}: {raw!r} is not an http(s) URL with a host; the job service calls only "
+                f"http and https endpoints"
+            )
 
     def check_store(self, raw: str, field: str) -> None:
         """A tracker URI: an http(s) server, or a store on disk (a path, ``file:`` or ``sqlite:`` URI) inside
@@ -92,14 +96,16 @@ class Workspace:
         if scheme in ("http", "https"):
             self.check_url(raw, field)
         elif scheme == "sqlite" and raw.startswith("sqlite:///"):
-            self.resolve(raw[len("sqlite:///"):], field)  # SQLAlchemy: 3 slashes, then the (relative or /) path
+            self.resolve(raw[len("sqlite:///") :], field)  # SQLAlchemy: 3 slashes, then the (relative or /) path
         elif scheme == "file":
             self.resolve(urlsplit(raw).path, field)
         elif scheme == "":
             self.resolve(raw, field)
         else:
-            raise PathRefused(f"{field}: {raw!r}: the job service accepts an http(s) tracking server or a store "
-                              f"inside the workspace (a path, file: or sqlite:/// URI)")
+            raise PathRefused(
+                f"{field}: {raw!r}: the job service accepts an http(s) tracking server or a store "
+                f"inside the workspace (a path, file: or sqlite:/// URI)"
+            )
 
     def check_run_name(self, raw: str, field: str) -> None:
         """A folder below train.output_dir: relative, with no '..' (the run directory itself is checked
@@ -111,8 +117,15 @@ class Workspace:
         """Every problem with the references of a validated config, one line each: each file, folder,
         model, code reference, URL and tracker store it names (:func:`~rlft.config.references.references`
         finds them from the schema's types) must stay inside the workspace or be refused."""
-        checks = {"file": self.resolve, "dir": self.resolve, "model": self.resolve, "code": self.check_code_ref,
-                  "url": self.check_url, "store": self.check_store, "run_name": self.check_run_name}
+        checks = {
+            "file": self.resolve,
+            "dir": self.resolve,
+            "model": self.resolve,
+            "code": self.check_code_ref,
+            "url": self.check_url,
+            "store": self.check_store,
+            "run_name": self.check_run_name,
+        }
         problems = []
         for dotted, ref, value in references(cfg):
             try:

@@ -25,9 +25,10 @@ class SFTBatch:
         """Tokens that are predicted and trained on (the first token of a row never is)."""
         return int(self.loss_mask[:, 1:].sum().item())
 
-    def to(self, device: torch.device) -> "SFTBatch":
-        return SFTBatch(*(t.to(device) for t in (self.input_ids, self.position_ids, self.loss_mask,
-                                                  self.attention_mask)))
+    def to(self, device: torch.device) -> SFTBatch:
+        return SFTBatch(
+            *(t.to(device) for t in (self.input_ids, self.position_ids, self.loss_mask, self.attention_mask))
+        )
 
 
 def collate(rows: list[TrainingRow], pad_id: int) -> SFTBatch:

@@ -20,8 +20,14 @@ from rlft.chat.render import TokenizedChat, tokenize_chat
 from rlft.chat.templates import PLAIN_TEMPLATE, TemplateError, render
 from rlft.config.sft import SFTDataConfig
 from rlft.data.formats import BadRow, supervised_row
-from rlft.data.prompts import (PromptExample, configure_chat_template, read_split, row_tools, rows_use_tools,
-                               with_system_prompt)
+from rlft.data.prompts import (
+    PromptExample,
+    configure_chat_template,
+    read_split,
+    row_tools,
+    rows_use_tools,
+    with_system_prompt,
+)
 from rlft.data.readers import where
 from rlft.errors import DataError
 
@@ -56,8 +62,9 @@ class SFTSet:
     chat_template: str | None = None
 
 
-def load_sft(data_cfg: SFTDataConfig, tokenizer, split: Literal["train", "eval"], seed: int,
-             train_on: str = "assistant") -> SFTSet | None:
+def load_sft(
+    data_cfg: SFTDataConfig, tokenizer, split: Literal["train", "eval"], seed: int, train_on: str = "assistant"
+) -> SFTSet | None:
     """The tokenized conversations of one split (None for "eval" without eval data)."""
     found = read_split(data_cfg, split, seed)
     if found is None:
@@ -154,13 +161,16 @@ def training_rows(examples: list[SFTExample], max_length: int, packing: bool) ->
     rows = []
     for group in groups:
         chats = [examples[i].tokens for i in group]
-        rows.append(TrainingRow(
-            input_ids=torch.tensor([t for c in chats for t in c.input_ids]),
-            loss_mask=torch.tensor([m for c in chats for m in c.loss_mask]),
-            turn_index=torch.tensor([t for c in chats for t in c.turn_index]),
-            position_ids=torch.cat([torch.arange(len(c)) for c in chats]),
-            segment=torch.cat([torch.full((len(c),), j) for j, c in enumerate(chats)]),
-            sources=[examples[i].source for i in group]))
+        rows.append(
+            TrainingRow(
+                input_ids=torch.tensor([t for c in chats for t in c.input_ids]),
+                loss_mask=torch.tensor([m for c in chats for m in c.loss_mask]),
+                turn_index=torch.tensor([t for c in chats for t in c.turn_index]),
+                position_ids=torch.cat([torch.arange(len(c)) for c in chats]),
+                segment=torch.cat([torch.full((len(c),), j) for j, c in enumerate(chats)]),
+                sources=[examples[i].source for i in group],
+            )
+        )
     return rows
 
 

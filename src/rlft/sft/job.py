@@ -57,8 +57,13 @@ class SFTEvalResult:
         return line + (f"; {self.generation.metrics_line()}" if self.generation is not None else "")
 
     def summary(self) -> dict:
-        out = {"eval_loss": self.loss, "perplexity": self.perplexity, "num_rows": self.num_rows,
-               "num_tokens": self.num_tokens, "seconds": self.seconds}
+        out = {
+            "eval_loss": self.loss,
+            "perplexity": self.perplexity,
+            "num_rows": self.num_rows,
+            "num_tokens": self.num_tokens,
+            "seconds": self.seconds,
+        }
         return {**out, **self.generation.summary()} if self.generation is not None else out
 
 
@@ -86,10 +91,20 @@ class SFTJob:
         self.sampler = PromptSampler(len(self.rows), s.batch_size, seed=cfg.train.seed, shuffle=cfg.data.shuffle)
         self.steps_per_epoch = self.sampler.steps_per_epoch
         self.total_steps = total_steps(cfg.train, self.steps_per_epoch)
-        self.optimizer = build_optimizer(self.parts.model.parameters(), lr=s.learning_rate,
-                                         weight_decay=s.weight_decay, betas=tuple(s.adam_betas), eps=s.adam_eps)
-        self.scheduler = build_scheduler(self.optimizer, total_steps=self.total_steps, warmup_steps=s.warmup_steps,
-                                         schedule=s.lr_scheduler, min_ratio=s.min_lr_ratio)
+        self.optimizer = build_optimizer(
+            self.parts.model.parameters(),
+            lr=s.learning_rate,
+            weight_decay=s.weight_decay,
+            betas=tuple(s.adam_betas),
+            eps=s.adam_eps,
+        )
+        self.scheduler = build_scheduler(
+            self.optimizer,
+            total_steps=self.total_steps,
+            warmup_steps=s.warmup_steps,
+            schedule=s.lr_scheduler,
+            min_ratio=s.min_lr_ratio,
+        )
         self.rewards = self.engine = None
         if cfg.reward is not None and self.eval_set is not None:
             self.rewards = self.reward_manager(cfg)
@@ -100,14 +115,17 @@ class SFTJob:
         tokens = sum(len(r.input_ids) for r in self.rows)
         trained = sum(int(r.loss_mask.sum()) for r in self.rows)
         packed = f", packed into {len(self.rows)} rows of up to {self.cfg.data.max_length} tokens" if s.packing else ""
-        lines = [f"sft: {len(self.train_set.examples)} examples{packed}; {tokens} tokens, {trained} trained on "
-                 f"({s.train_on} turns)",
-                 f"sft parameters in effect: " + ", ".join(f"{k}={v}" for k, v in s.model_dump().items()),
-                 f"training for {self.total_steps} steps: {s.batch_size} rows per step ({s.micro_batch_size} per "
-                 f"forward/backward), {self.steps_per_epoch} steps per epoch"]
+        lines = [
+            f"sft: {len(self.train_set.examples)} examples{packed}; {tokens} tokens, {trained} trained on "
+            f"({s.train_on} turns)",
+            "sft parameters in effect: " + ", ".join(f"{k}={v}" for k, v in s.model_dump().items()),
+            f"training for {self.total_steps} steps: {s.batch_size} rows per step ({s.micro_batch_size} per "
+            f"forward/backward), {self.steps_per_epoch} steps per epoch",
+        ]
         if self.rewards is not None:
-            lines.append("generation eval rewards: " + ", ".join(f"{n} (weight {w})"
-                                                                 for n, w in self.rewards.weights.items()))
+            lines.append(
+                "generation eval rewards: " + ", ".join(f"{n} (weight {w})" for n, w in self.rewards.weights.items())
+            )
         return lines
 
     # ------------------------------------------------------------------ one step
@@ -124,8 +142,9 @@ class SFTJob:
         for i in range(0, len(rows), self.cfg.sft.micro_batch_size):
             batch = collate(rows[i : i + self.cfg.sft.micro_batch_size], self.pad_id).to(self.device)
             with autocast(self.parts.autocast_dtype, self.device):
-                lp = marked_token_logprobs(model, batch.input_ids, batch.attention_mask, batch.position_ids,
-                                           batch.loss_mask)
+                lp = marked_token_logprobs(
+                    model, batch.input_ids, batch.attention_mask, batch.position_ids, batch.loss_mask
+                )
             loss = sft_loss(lp, num_tokens=num_tokens)
             loss.backward()
             loss_sum += float(loss.detach())
@@ -136,14 +155,24 @@ class SFTJob:
         seconds = time.perf_counter() - t0
         all_tokens = sum(len(r.input_ids) for r in rows)
         self._last_loss = loss_sum
-        return {"loss": loss_sum, "perplexity": math.exp(min(loss_sum, 50.0)), **stats, "lr": lr,
-                "trained_tokens": num_tokens, "tokens": float(all_tokens),
-                "examples": float(sum(r.num_examples for r in rows)), "step_seconds": seconds,
-                "tokens_per_s": all_tokens / seconds, "peak_mem_mb": peak_memory_mb(self.device)}
+        return {
+            "loss": loss_sum,
+            "perplexity": math.exp(min(loss_sum, 50.0)),
+            **stats,
+            "lr": lr,
+            "trained_tokens": num_tokens,
+            "tokens": float(all_tokens),
+            "examples": float(sum(r.num_examples for r in rows)),
+            "step_seconds": seconds,
+            "tokens_per_s": all_tokens / seconds,
+            "peak_mem_mb": peak_memory_mb(self.device),
+        }
 
     def step_line(self, step: int, m: dict[str, float]) -> str:
-        return (f"step {step}/{self.total_steps} | loss {m['loss']:.4f} | grad norm {m['grad_norm']:.3f} | "
-                f"lr {m['lr']:.2e} | {m['step_seconds']:.2f} s/step | {m['tokens_per_s']:.0f} tok/s")
+        return (
+            f"step {step}/{self.total_steps} | loss {m['loss']:.4f} | grad norm {m['grad_norm']:.3f} | "
+            f"lr {m['lr']:.2e} | {m['step_seconds']:.2f} s/step | {m['tokens_per_s']:.0f} tok/s"
+        )
 
     def progress_info(self) -> str:
         return f"loss {self._last_loss:.3f}"
@@ -161,8 +190,9 @@ class SFTJob:
             for i in range(0, len(rows), self.cfg.sft.micro_batch_size):
                 batch = collate(rows[i : i + self.cfg.sft.micro_batch_size], self.pad_id).to(self.device)
                 with autocast(self.parts.autocast_dtype, self.device):
-                    lp = marked_token_logprobs(model, batch.input_ids, batch.attention_mask, batch.position_ids,
-                                               batch.loss_mask)
+                    lp = marked_token_logprobs(
+                        model, batch.input_ids, batch.attention_mask, batch.position_ids, batch.loss_mask
+                    )
                 total, count = total - float(lp.sum()), count + lp.numel()
         finally:
             model.train(was_training)
@@ -184,8 +214,9 @@ class SFTJob:
         prompts = [p for p in (ex.prompt_example(self.parts.tokenizer) for ex in evalset.examples) if p is not None]
         if not prompts:  # plain-text rows: the loss is the whole evaluation
             return None
-        return evaluate_generations(self.engine, prompts, self.rewards, self.cfg,
-                                    self.generation(self.cfg).max_new_tokens)
+        return evaluate_generations(
+            self.engine, prompts, self.rewards, self.cfg, self.generation(self.cfg).max_new_tokens
+        )
 
     @staticmethod
     def eval_prompts(cfg: SFTConfig, tokenizer) -> list | None:
@@ -205,8 +236,9 @@ class SFTJob:
     @staticmethod
     def generation(cfg: SFTConfig) -> GenerationSettings:
         # The chat template has already put the special tokens into every prompt.
-        return GenerationSettings("native", cfg.data.max_length, cfg.eval.max_new_tokens or 256,
-                                  add_special_tokens=False)
+        return GenerationSettings(
+            "native", cfg.data.max_length, cfg.eval.max_new_tokens or 256, add_special_tokens=False
+        )
 
     def state(self) -> TrainedState:
         return TrainedState(self.parts.model, self.parts.tokenizer, self.optimizer, self.scheduler, self.sampler)
@@ -220,6 +252,8 @@ class SFTJob:
         b, a = before.result, after.result
         lines = [f"held-out loss: before {b.loss:.4f} -> after {a.loss:.4f} ({a.num_rows} conversations)"]
         if a.accuracy is not None:
-            lines.append(f"held-out accuracy: before {b.accuracy:.1%} -> after {a.accuracy:.1%} "
-                         f"({a.generation.num_prompts} prompts)")
+            lines.append(
+                f"held-out accuracy: before {b.accuracy:.1%} -> after {a.accuracy:.1%} "
+                f"({a.generation.num_prompts} prompts)"
+            )
         return lines

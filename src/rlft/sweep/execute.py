@@ -22,9 +22,9 @@ import json
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from rlft.atomic import free_name
 from rlft.checkpoint.layout import has_optimizer_state, list_checkpoints
@@ -80,9 +80,15 @@ class Sweep:
     def __post_init__(self):
         self.sweep = sweep_id(self.sweep_dir)
         placement = make_placement(self.options.backend, self.options.ray_address)
-        self.runner = Runner(self.store, Path.cwd(), slots=self.options.parallel,
-                             grace_seconds=self.options.grace_seconds, sweep=self.sweep, echo=False,
-                             placement=placement)
+        self.runner = Runner(
+            self.store,
+            Path.cwd(),
+            slots=self.options.parallel,
+            grace_seconds=self.options.grace_seconds,
+            sweep=self.sweep,
+            echo=False,
+            placement=placement,
+        )
         self.stopping = False  # --fail-fast tripped or Ctrl-C: start nothing new
         self.interrupted = False
         self._total = 0
@@ -96,8 +102,10 @@ class Sweep:
             self.runner.reconcile()  # after a crash: re-attach live processes, settle the dead ones first
         previous = attempts_by_name(self.store, self.sweep)
         if previous and not resume:
-            raise UsageError(f"{self.sweep_dir} already holds a sweep ({len(previous)} runs); continue it with "
-                             f"--resume --out {self.sweep_dir}, or choose another --out")
+            raise UsageError(
+                f"{self.sweep_dir} already holds a sweep ({len(previous)} runs); continue it with "
+                f"--resume --out {self.sweep_dir}, or choose another --out"
+            )
         if resume and not previous:
             raise UsageError(f"--resume: {self.sweep_dir} holds no sweep to continue (no runs in its registry)")
         if specs is None:
@@ -106,8 +114,11 @@ class Sweep:
         tracks = []
         for i, spec in enumerate(specs):
             rows = previous.get(spec.name)
-            run_dir = Path(rows[-1].run_dir) if rows else (
-                self.sweep_dir / "runs" / run_dir_name(spec, uuid.uuid4().hex[:6], day)).resolve()
+            run_dir = (
+                Path(rows[-1].run_dir)
+                if rows
+                else (self.sweep_dir / "runs" / run_dir_name(spec, uuid.uuid4().hex[:6], day)).resolve()
+            )
             track = Track(spec, run_dir, index=i + 1)
             if rows:
                 self._continue_from(track, rows[-1])
@@ -124,8 +135,9 @@ class Sweep:
             self.store.record_outcome(last.id, failure_class=cls)
         if last.status in ("pending", "running"):
             track.tries = 1  # an attempt still queued or running (re-attached by reconcile): watch it
-        elif last.status == "success" or (last.status == "failed" and cls not in RESUMED_CLASSES
-                                          and not retryable(cls, self.options.retry_on)):
+        elif last.status == "success" or (
+            last.status == "failed" and cls not in RESUMED_CLASSES and not retryable(cls, self.options.retry_on)
+        ):
             track.done = track.announced = True
             why = "succeeded" if last.status == "success" else f"failed ({cls}); a retry cannot fix it"
             self._line(track, f"skipped: {why} in attempt {track.attempt}")
@@ -149,8 +161,10 @@ class Sweep:
             self._drive(tracks)
         except KeyboardInterrupt:
             self.interrupted = True
-            self.say("interrupted: cancelling the running attempts (each saves a checkpoint; --resume continues "
-                     "them); Ctrl-C again leaves them running")
+            self.say(
+                "interrupted: cancelling the running attempts (each saves a checkpoint; --resume continues "
+                "them); Ctrl-C again leaves them running"
+            )
             self._cancel_all(tracks)
             try:
                 self._drive(tracks)
@@ -176,8 +190,12 @@ class Sweep:
         job = self.store.get(track.job_id)
         if job.started_at and not track.announced:
             track.announced = True
-            self._line(track, f"started attempt {job.attempt}" + (" (resuming its latest checkpoint)"
-                                                                   if job.resume_from else "") + f" -> {job.run_dir}")
+            self._line(
+                track,
+                f"started attempt {job.attempt}"
+                + (" (resuming its latest checkpoint)" if job.resume_from else "")
+                + f" -> {job.run_dir}",
+            )
         if job.status in TERMINAL:
             self._ended(track, job, tracks)
 
@@ -190,9 +208,18 @@ class Sweep:
             elif RunDirectory(track.run_dir).holds_run():
                 aside = free_name(track.run_dir.with_name(f"{track.run_dir.name}.attempt-{track.attempt}"))
                 track.run_dir.rename(aside)
-                self._line(track, f"attempt {track.attempt} left no checkpoint to resume; its directory moved to {aside.name}")
-        job = add_attempt(self.store, self.sweep_dir, track.spec, track.run_dir, attempt=track.attempt + 1,
-                          retry_of=track.job_id, resume=resume)
+                self._line(
+                    track, f"attempt {track.attempt} left no checkpoint to resume; its directory moved to {aside.name}"
+                )
+        job = add_attempt(
+            self.store,
+            self.sweep_dir,
+            track.spec,
+            track.run_dir,
+            attempt=track.attempt + 1,
+            retry_of=track.job_id,
+            resume=resume,
+        )
         track.job_id, track.attempt, track.announced = job.id, job.attempt, False
         track.tries += 1
 
@@ -200,19 +227,27 @@ class Sweep:
         info = read_run_info(job.run_dir)
         cls = _failure_class(job, info) if job.status == "failed" else None
         final, best = run_metrics(job.run_dir)
-        self.store.record_outcome(job.id, failure_class=cls, metrics_final=json.dumps(final),
-                                  metrics_best=json.dumps(best))
+        self.store.record_outcome(
+            job.id, failure_class=cls, metrics_final=json.dumps(final), metrics_best=json.dumps(best)
+        )
         took = f" in {_seconds(job)}" if job.started_at else ""
         if job.status != "failed":
             self._line(track, f"{job.status}{took}" + _brief(final))
         else:
             self._line(track, f"failed ({cls}){took}: {gist(info.get('error') or job.summary)}")
-        if job.status == "failed" and retryable(cls, self.options.retry_on) and track.tries <= self.options.retries \
-                and not self.stopping:
+        if (
+            job.status == "failed"
+            and retryable(cls, self.options.retry_on)
+            and track.tries <= self.options.retries
+            and not self.stopping
+        ):
             delay = self.options.backoff * 2 ** (track.tries - 1)
             track.retry_at = time.time() + delay
-            self._line(track, f"retrying in {delay:g} s (attempt {track.attempt + 1} of at most "
-                              f"{track.attempt - track.tries + self.options.retries + 1})")
+            self._line(
+                track,
+                f"retrying in {delay:g} s (attempt {track.attempt + 1} of at most "
+                f"{track.attempt - track.tries + self.options.retries + 1})",
+            )
             return
         track.done = True
         if job.status == "failed":

@@ -15,8 +15,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-FAILURE_CLASSES = ("config_invalid", "data", "reward", "environment", "oom", "disk_full", "killed", "transient",
-                   "unknown")
+FAILURE_CLASSES = (
+    "config_invalid",
+    "data",
+    "reward",
+    "environment",
+    "oom",
+    "disk_full",
+    "killed",
+    "transient",
+    "unknown",
+)
 
 # What a failure of each class says about a second try (docs/sweeps.md repeats this table).
 RETRY_HINT = {

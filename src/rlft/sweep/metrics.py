@@ -14,8 +14,13 @@ from rlft.logging.plots import read_evals, read_metrics
 
 # (metric, better): the columns of the summary, in this order, where any run has them.
 MAIN_METRICS: tuple[tuple[str, str], ...] = (
-    ("reward/mean", "max"), ("loss", "min"), ("kl", "min"), ("accuracy", "max"), ("rewards/accuracy", "max"),
-    ("eval_loss", "min"), ("eval/accuracy", "max"),
+    ("reward/mean", "max"),
+    ("loss", "min"),
+    ("kl", "min"),
+    ("accuracy", "max"),
+    ("rewards/accuracy", "max"),
+    ("eval_loss", "min"),
+    ("eval/accuracy", "max"),
 )
 EVAL_KEYS = {"eval/accuracy": "accuracy"}  # summary key -> the key in eval/step-N.json
 

@@ -99,8 +99,10 @@ def config_files(sources: list[str]) -> list[Path]:
         if path.is_dir():
             found = sorted(p.resolve() for p in path.iterdir() if p.suffix in CONFIG_SUFFIXES and p.is_file())
             if not found:
-                raise UsageError(f"{source}: no *.yaml config in this folder; give a folder of run configs, or "
-                                 f"--config BASE --grid KEY=V1,V2")
+                raise UsageError(
+                    f"{source}: no *.yaml config in this folder; give a folder of run configs, or "
+                    f"--config BASE --grid KEY=V1,V2"
+                )
             files += found
         elif path.is_file():
             files.append(path.resolve())
@@ -138,8 +140,9 @@ def parse_grid(items: list[str]) -> list[tuple[str, list[str]]]:
         key, eq, values = item.partition("=")
         key = key.strip()
         if not eq or not key or not re.fullmatch(r"[A-Za-z_][\w-]*(\.[\w-]+)*", key):
-            raise UsageError(f"--grid {item!r}: expected KEY=V1,V2,... with a dotted key, e.g. "
-                             f"--grid algorithm.kl_coef=0.01,0.05")
+            raise UsageError(
+                f"--grid {item!r}: expected KEY=V1,V2,... with a dotted key, e.g. --grid algorithm.kl_coef=0.01,0.05"
+            )
         parts = split_values(values)
         if not parts or any(not p.strip() for p in parts):
             raise UsageError(f"--grid {item!r}: give one or more comma-separated values, none empty")

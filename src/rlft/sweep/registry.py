@@ -36,8 +36,15 @@ def sweep_id(sweep_dir: Path) -> str:
     return str(sweep_dir.expanduser().resolve())
 
 
-def add_attempt(store: JobStore, sweep_dir: Path, spec: RunSpec, run_dir: Path, attempt: int,
-                retry_of: str | None = None, resume: str | None = None) -> Job:
+def add_attempt(
+    store: JobStore,
+    sweep_dir: Path,
+    spec: RunSpec,
+    run_dir: Path,
+    attempt: int,
+    retry_of: str | None = None,
+    resume: str | None = None,
+) -> Job:
     """Queue one attempt of ``spec`` (pending): its own job folder with the resolved config and log files."""
     job_id = store.new_id()
     job_dir = sweep_dir / "jobs" / job_id
@@ -45,14 +52,27 @@ def add_attempt(store: JobStore, sweep_dir: Path, spec: RunSpec, run_dir: Path, 
     (job_dir / "config.yaml").write_text(spec.config_yaml)
     for stream in ("stdout.log", "stderr.log"):
         (job_dir / stream).touch()
-    return store.create(job_id, NewJob(
-        kind=spec.kind, config_yaml=spec.config_yaml, config_source=spec.source, job_dir=str(job_dir.resolve()),
-        run_dir=str(run_dir), resume_from=resume, resumed_job=retry_of if resume else None,
-        sweep=sweep_id(sweep_dir), name=spec.name, attempt=attempt, retry_of=retry_of))
+    return store.create(
+        job_id,
+        NewJob(
+            kind=spec.kind,
+            config_yaml=spec.config_yaml,
+            config_source=spec.source,
+            job_dir=str(job_dir.resolve()),
+            run_dir=str(run_dir),
+            resume_from=resume,
+            resumed_job=retry_of if resume else None,
+            sweep=sweep_id(sweep_dir),
+            name=spec.name,
+            attempt=attempt,
+            retry_of=retry_of,
+        ),
+    )
 
 
-def record_invalid(store: JobStore, sweep_dir: Path, spec: RunSpec, run_dir: Path, attempt: int = 1,
-                   retry_of: str | None = None) -> Job:
+def record_invalid(
+    store: JobStore, sweep_dir: Path, spec: RunSpec, run_dir: Path, attempt: int = 1, retry_of: str | None = None
+) -> Job:
     """A config that does not validate: a failed ``config_invalid`` row with the error, no process."""
     job = add_attempt(store, sweep_dir, spec, run_dir, attempt=attempt, retry_of=retry_of)
     store.finish(job.id, "failed", exit_code=None, error_type="config_invalid", summary=spec.error)
@@ -70,6 +90,7 @@ def attempts_by_name(store: JobStore, sweep: str) -> dict[str, list[Job]]:
 
 def metrics_of(job: Job) -> tuple[dict, dict]:
     """(final, best) metrics recorded on ``job`` ({} where none were)."""
+
     def parse(text: str | None) -> dict:
         try:
             value = json.loads(text) if text else {}

@@ -53,12 +53,26 @@ def summarize(store: JobStore, sweep: str) -> list[RunRow]:
         final, best = metrics_of(last)
         verdict, checks = health_of(last.run_dir)
         spans = [j.finished_at - j.started_at for j in jobs if j.started_at and j.finished_at]
-        rows.append(RunRow(
-            name=name, status=last.status, failure_class=last.failure_class, attempts=len(jobs),
-            seconds=sum(spans) if spans else None, run_dir=last.run_dir, config_source=last.config_source,
-            final=final, best=best, error=error_text(last) if last.status == "failed" else None,
-            history=[f"{j.attempt or i + 1} {j.status}" + (f" ({j.failure_class})" if j.failure_class else "")
-                     for i, j in enumerate(jobs)], health=verdict, health_checks=checks))
+        rows.append(
+            RunRow(
+                name=name,
+                status=last.status,
+                failure_class=last.failure_class,
+                attempts=len(jobs),
+                seconds=sum(spans) if spans else None,
+                run_dir=last.run_dir,
+                config_source=last.config_source,
+                final=final,
+                best=best,
+                error=error_text(last) if last.status == "failed" else None,
+                history=[
+                    f"{j.attempt or i + 1} {j.status}" + (f" ({j.failure_class})" if j.failure_class else "")
+                    for i, j in enumerate(jobs)
+                ],
+                health=verdict,
+                health_checks=checks,
+            )
+        )
     return rows
 
 
@@ -110,10 +124,17 @@ def _duration(seconds: float | None) -> str:
 
 
 def _cells(row: RunRow, metrics: list[str]) -> list[str]:
-    cells = [row.name, row.status, row.failure_class or "", str(row.attempts), _duration(row.seconds),
-             _health_cell(row)]
-    return cells + [f"{_number(row.final.get(k))} / {_number(row.best.get(k))}" if k in row.final else ""
-                    for k in metrics]
+    cells = [
+        row.name,
+        row.status,
+        row.failure_class or "",
+        str(row.attempts),
+        _duration(row.seconds),
+        _health_cell(row),
+    ]
+    return cells + [
+        f"{_number(row.final.get(k))} / {_number(row.best.get(k))}" if k in row.final else "" for k in metrics
+    ]
 
 
 # ---------------------------------------------------------------------- files
@@ -121,21 +142,48 @@ def _cells(row: RunRow, metrics: list[str]) -> list[str]:
 
 def write_reports(rows: list[RunRow], sweep_dir: Path) -> list[Path]:
     """summary.csv, summary.md and errors.md in ``sweep_dir``; returns their paths."""
-    return [_write_csv(rows, sweep_dir / "summary.csv"), _write_markdown(rows, sweep_dir / "summary.md", sweep_dir),
-            _write_errors(rows, sweep_dir / "errors.md")]
+    return [
+        _write_csv(rows, sweep_dir / "summary.csv"),
+        _write_markdown(rows, sweep_dir / "summary.md", sweep_dir),
+        _write_errors(rows, sweep_dir / "errors.md"),
+    ]
 
 
 def _write_csv(rows: list[RunRow], path: Path) -> Path:
     metrics = metric_columns(rows)
     with open(path, "w", newline="", encoding="utf-8") as f:
         out = csv.writer(f)
-        out.writerow(["name", "status", "failure_class", "attempts", "seconds", "health", "health_checks",
-                      *(f"{k}_{w}" for k in metrics for w in ("final", "best")), "run_dir", "config_source", "error"])
+        out.writerow(
+            [
+                "name",
+                "status",
+                "failure_class",
+                "attempts",
+                "seconds",
+                "health",
+                "health_checks",
+                *(f"{k}_{w}" for k in metrics for w in ("final", "best")),
+                "run_dir",
+                "config_source",
+                "error",
+            ]
+        )
         for r in rows:
-            out.writerow([r.name, r.status, r.failure_class or "", r.attempts,
-                          "" if r.seconds is None else f"{r.seconds:.2f}", r.health or "", " ".join(r.health_checks),
-                          *(v for k in metrics for v in (r.final.get(k, ""), r.best.get(k, ""))),
-                          r.run_dir, r.config_source or "", gist(r.error) if r.error else ""])
+            out.writerow(
+                [
+                    r.name,
+                    r.status,
+                    r.failure_class or "",
+                    r.attempts,
+                    "" if r.seconds is None else f"{r.seconds:.2f}",
+                    r.health or "",
+                    " ".join(r.health_checks),
+                    *(v for k in metrics for v in (r.final.get(k, ""), r.best.get(k, ""))),
+                    r.run_dir,
+                    r.config_source or "",
+                    gist(r.error) if r.error else "",
+                ]
+            )
     return path
 
 
@@ -153,18 +201,34 @@ def headline(rows: list[RunRow]) -> str:
 
 def _write_markdown(rows: list[RunRow], path: Path, sweep_dir: Path) -> Path:
     metrics = metric_columns(rows)
-    head = ["run", "status", "failure class", "attempts", "duration", "health",
-            *(f"{k} (final / best)" for k in metrics)]
-    lines = [f"# Sweep {sweep_dir.name}", "", headline(rows), "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    head = [
+        "run",
+        "status",
+        "failure class",
+        "attempts",
+        "duration",
+        "health",
+        *(f"{k} (final / best)" for k in metrics),
+    ]
+    lines = [
+        f"# Sweep {sweep_dir.name}",
+        "",
+        headline(rows),
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
     lines += ["| " + " | ".join(c.replace("|", "\\|") for c in _cells(r, metrics)) + " |" for r in rows]
     failed = [r for r in rows if r.status == "failed"]
     if failed:
         lines += ["", f"{len(failed)} failed: see errors.md."]
     unhealthy = [r for r in rows if r.health == "unhealthy"]
     if unhealthy:
-        lines += ["", f"{len(unhealthy)} unhealthy (completed, but not learning as they should): "
-                  f"`rlft diagnose RUN_DIR` writes each one's report."]
+        lines += [
+            "",
+            f"{len(unhealthy)} unhealthy (completed, but not learning as they should): "
+            f"`rlft diagnose RUN_DIR` writes each one's report.",
+        ]
     lines += ["", "Run directories (overlay their curves with `rlft plot`):", ""]
     lines += [f"- {r.name}: `{r.run_dir}`" for r in rows]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -177,9 +241,18 @@ def _write_errors(rows: list[RunRow], path: Path) -> Path:
     if not failed:
         lines.append("None: every run that ended, ended well." if rows else "No runs.")
     for r in failed:
-        lines += [f"## {r.name}: {r.failure_class or 'unknown'}", "",
-                  f"- attempts: {r.attempts} ({'; '.join(r.history)})", f"- config: `{r.config_source}`",
-                  f"- run directory: `{r.run_dir}`", "", "```", (r.error or "").strip(), "```", ""]
+        lines += [
+            f"## {r.name}: {r.failure_class or 'unknown'}",
+            "",
+            f"- attempts: {r.attempts} ({'; '.join(r.history)})",
+            f"- config: `{r.config_source}`",
+            f"- run directory: `{r.run_dir}`",
+            "",
+            "```",
+            (r.error or "").strip(),
+            "```",
+            "",
+        ]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
 
@@ -213,8 +286,10 @@ def print_table(rows: list[RunRow], sweep_dir: Path, file=None) -> None:
         if r.status == "failed":
             console.print(f"[red]{r.name}[/] ({r.failure_class}): {gist(r.error)}", soft_wrap=True)
         elif r.health == "unhealthy":
-            console.print(f"[red]{r.name}[/] is unhealthy ({', '.join(r.health_checks)}): rlft diagnose {r.run_dir}",
-                          soft_wrap=True)
+            console.print(
+                f"[red]{r.name}[/] is unhealthy ({', '.join(r.health_checks)}): rlft diagnose {r.run_dir}",
+                soft_wrap=True,
+            )
 
 
 def gist(text: str | None, limit: int = 200) -> str:
@@ -243,5 +318,9 @@ def write_plots(rows: list[RunRow], sweep_dir: Path) -> tuple[list[Path], str | 
 
 
 def as_json(rows: list[RunRow], sweep_dir: Path, files: list[Path]) -> dict:
-    return {"sweep": str(sweep_dir), "succeeded": succeeded(rows), "runs": [asdict(r) for r in rows],
-            "files": [str(p) for p in files]}
+    return {
+        "sweep": str(sweep_dir),
+        "succeeded": succeeded(rows),
+        "runs": [asdict(r) for r in rows],
+        "files": [str(p) for p in files],
+    }

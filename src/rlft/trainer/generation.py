@@ -32,10 +32,16 @@ class GenerationSettings:
     def make_engine(self, model, tokenizer, autocast_dtype: torch.dtype | None):
         from rlft.rollout import ENGINES
 
-        engine = ENGINES[self.engine](model, tokenizer, max_prompt_length=self.max_prompt_length,
-                                      autocast_dtype=autocast_dtype, add_special_tokens=self.add_special_tokens,
-                                      decode_copy=self.decode_copy, fused_decode=self.fused_decode,
-                                      **self.engine_options)
+        engine = ENGINES[self.engine](
+            model,
+            tokenizer,
+            max_prompt_length=self.max_prompt_length,
+            autocast_dtype=autocast_dtype,
+            add_special_tokens=self.add_special_tokens,
+            decode_copy=self.decode_copy,
+            fused_decode=self.fused_decode,
+            **self.engine_options,
+        )
         return self.episodes(engine) if self.episodes is not None else engine
 
 
@@ -44,7 +50,16 @@ def evaluate_generations(engine, examples: list, rewards, cfg: RunConfig, max_ne
     seeded with ``train.seed`` (so evaluating never changes the training trajectory)."""
     ecfg = cfg.eval
     examples = examples[: ecfg.max_samples] if ecfg.max_samples else examples
-    return evaluate(engine, examples, rewards, max_new_tokens=max_new_tokens, batch_size=ecfg.batch_size,
-                    accuracy_reward=ecfg.accuracy_reward or rewards.names[0],
-                    success_threshold=ecfg.success_threshold, num_samples=ecfg.num_samples,
-                    temperature=ecfg.temperature, pass_k=ecfg.pass_k, seed=cfg.train.seed)
+    return evaluate(
+        engine,
+        examples,
+        rewards,
+        max_new_tokens=max_new_tokens,
+        batch_size=ecfg.batch_size,
+        accuracy_reward=ecfg.accuracy_reward or rewards.names[0],
+        success_threshold=ecfg.success_threshold,
+        num_samples=ecfg.num_samples,
+        temperature=ecfg.temperature,
+        pass_k=ecfg.pass_k,
+        seed=cfg.train.seed,
+    )

@@ -7,7 +7,9 @@ import math
 import torch
 
 
-def build_optimizer(params, *, lr: float, weight_decay: float, betas: tuple[float, float], eps: float) -> torch.optim.Optimizer:
+def build_optimizer(
+    params, *, lr: float, weight_decay: float, betas: tuple[float, float], eps: float
+) -> torch.optim.Optimizer:
     """AdamW over the trainable parameters, with the fused kernel where PyTorch has one.
 
     PyTorch picks the per-tensor loop by default on CPU; for a 135M model the fused
@@ -44,8 +46,9 @@ def build_scheduler(optimizer, *, total_steps: int, warmup_steps: int, schedule:
     """A LambdaLR stepping once per optimizer step."""
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer,
-        lambda s: lr_multiplier(s, total_steps=total_steps, warmup_steps=warmup_steps, schedule=schedule,
-                                min_ratio=min_ratio),
+        lambda s: lr_multiplier(
+            s, total_steps=total_steps, warmup_steps=warmup_steps, schedule=schedule, min_ratio=min_ratio
+        ),
     )
 
 

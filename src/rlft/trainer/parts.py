@@ -53,10 +53,12 @@ def build_model(model_cfg: ModelConfig, *, with_reference: bool = False) -> Mode
         get_logger().warning(warning)
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
     n_all = sum(p.numel() for p in model.parameters())
-    get_logger().info(f"model loaded: {model_dir} on {device} ({n_all / 1e6:.1f}M parameters, "
-                      f"{n_train / 1e6:.2f}M trainable, compute {'bf16 autocast' if autocast else 'fp32'}"
-                      f"{dtype_reason(model_cfg.dtype, device)}"
-                      f"{', LoRA r=%d' % model_cfg.lora.r if model_cfg.lora else ''})")
+    get_logger().info(
+        f"model loaded: {model_dir} on {device} ({n_all / 1e6:.1f}M parameters, "
+        f"{n_train / 1e6:.2f}M trainable, compute {'bf16 autocast' if autocast else 'fp32'}"
+        f"{dtype_reason(model_cfg.dtype, device)}"
+        f"{f', LoRA r={model_cfg.lora.r}' if model_cfg.lora else ''})"
+    )
     return ModelParts(model, tokenizer, reference, device, autocast, str(model_dir))
 
 
@@ -77,6 +79,8 @@ def build_reward_model(model_cfg: ModelConfig) -> ModelParts:
         get_logger().warning(warning)
     head = "its trained score head" if is_reward_model_dir(model_dir) else "a new score head"
     n_all = sum(p.numel() for p in model.parameters())
-    get_logger().info(f"reward model loaded: {model_dir} with {head} on {device} ({n_all / 1e6:.1f}M parameters, "
-                      f"compute {'bf16 autocast' if autocast else 'fp32'})")
+    get_logger().info(
+        f"reward model loaded: {model_dir} with {head} on {device} ({n_all / 1e6:.1f}M parameters, "
+        f"compute {'bf16 autocast' if autocast else 'fp32'})"
+    )
     return ModelParts(model, tokenizer, None, device, autocast, str(model_dir))

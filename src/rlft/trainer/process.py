@@ -44,7 +44,7 @@ class StopRequest:
             raise KeyboardInterrupt
         self.signal = signum
 
-    def __enter__(self) -> "StopRequest":
+    def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._previous[sig] = signal.signal(sig, self._handle)
@@ -76,7 +76,7 @@ class Heartbeat:
         self._last_step_at: float | None = None
         self._durations: deque[float] = deque(maxlen=1000)
 
-    def __enter__(self) -> "Heartbeat":
+    def __enter__(self) -> Heartbeat:
         self.run_dir.write_run_info(pid=os.getpid(), heartbeat=time.time(), **self.progress_fields())
         self._thread = threading.Thread(target=self._beat, name="rlft-heartbeat", daemon=True)
         self._thread.start()
@@ -90,8 +90,10 @@ class Heartbeat:
             if step is not None and self._last_step_at is not None:
                 self._durations.append(now - self._last_step_at)
             self._last_step_at = now
-            self._progress = {"progress": now, "progress_step": step if step is not None
-                              else self._progress.get("progress_step")}
+            self._progress = {
+                "progress": now,
+                "progress_step": step if step is not None else self._progress.get("progress_step"),
+            }
         if step is None:
             self._write()
 
@@ -127,10 +129,12 @@ def join_process_group(cfg):
     from rlft.errors import UsageError
 
     if launched_by_torchrun() and not JOB_KINDS[cfg.kind].data_parallel:
-        raise UsageError(f"kind {cfg.kind} runs in one process; under torchrun (WORLD_SIZE="
-                         f"{os.environ.get('WORLD_SIZE')}) it would train {os.environ.get('WORLD_SIZE')} independent "
-                         f"copies. Data-parallel training is implemented for: "
-                         + ", ".join(k for k, v in JOB_KINDS.items() if v.data_parallel))
+        raise UsageError(
+            f"kind {cfg.kind} runs in one process; under torchrun (WORLD_SIZE="
+            f"{os.environ.get('WORLD_SIZE')}) it would train {os.environ.get('WORLD_SIZE')} independent "
+            f"copies. Data-parallel training is implemented for: "
+            + ", ".join(k for k, v in JOB_KINDS.items() if v.data_parallel)
+        )
     d = cfg.distributed
     dist = init_distributed(d.strategy, d.backend, cfg.model.device, d.timeout_minutes)
     if dist.enabled and cfg.model.dtype == "auto":  # every rank computes in the dtype rank 0 measured best
@@ -165,8 +169,10 @@ def configure_compute(cfg, log) -> None:
         return
     kernels = cpu_kernels()
     if kernels is None:
-        log.warning(f"train.native_kernels: not available here ({unavailable_reason()}); the decode step, sampling "
-                    f"and the softmaxes of the LM head and attention run as PyTorch ops (a bf16 decode step 1.4x "
-                    f"slower)")
+        log.warning(
+            f"train.native_kernels: not available here ({unavailable_reason()}); the decode step, sampling "
+            f"and the softmaxes of the LM head and attention run as PyTorch ops (a bf16 decode step 1.4x "
+            f"slower)"
+        )
     else:
         log.info(f"{kernels.describe()}: decode step, sampling, LM head and attention softmax")

@@ -33,8 +33,9 @@ class ResumePlan:
         return int(self.point.state["step"]) if self.point is not None else None
 
 
-def plan_resume(resume_from: str | None, cfg, continuity: dict[str, str], run_dir_path: Path | None,
-                config_source: str, dist: Dist) -> ResumePlan:
+def plan_resume(
+    resume_from: str | None, cfg, continuity: dict[str, str], run_dir_path: Path | None, config_source: str, dist: Dist
+) -> ResumePlan:
     """The :class:`ResumePlan` of a run started with ``--resume resume_from`` (None: a new run);
     ``continuity``: the job's own rules (dotted path -> why a change breaks the resume)."""
     if not resume_from:
@@ -54,8 +55,9 @@ def plan_resume(resume_from: str | None, cfg, continuity: dict[str, str], run_di
     else:
         point = find_checkpoint(resume_from, None)
         if run_dir_path is not None and point.run_root != run_dir_path:
-            raise UsageError(f"--resume {point.checkpoint} belongs to the run {point.run_root}, not to "
-                             f"--run-dir {run_dir_path}")
+            raise UsageError(
+                f"--resume {point.checkpoint} belongs to the run {point.run_root}, not to --run-dir {run_dir_path}"
+            )
     return ResumePlan(point, check_continuity(point, config_to_dict(cfg), cfg.data.train_file, rules))
 
 
@@ -76,13 +78,17 @@ def log_plan(plan: ResumePlan, resume_from: str | None, log) -> None:
     """What the plan means, in the run's log (before the model is built)."""
     if plan.point is not None:
         for path, why in plan.point.damaged.items():
-            log.warning(f"--resume auto: checkpoint {path} is damaged ({why}); continuing from the newest intact "
-                        f"one, {plan.point.checkpoint.name}")
+            log.warning(
+                f"--resume auto: checkpoint {path} is damaged ({why}); continuing from the newest intact "
+                f"one, {plan.point.checkpoint.name}"
+            )
         for change in plan.changes:
             log.info(f"changed on resume: {change}")
     elif plan.restart_root is not None:
-        log.info(f"--resume auto: the run in {plan.restart_root} stopped before its first checkpoint; starting it "
-                 f"afresh in the same directory")
+        log.info(
+            f"--resume auto: the run in {plan.restart_root} stopped before its first checkpoint; starting it "
+            f"afresh in the same directory"
+        )
     elif resume_from == "auto":
         log.info("--resume auto: no checkpoint of this run to continue from; starting it afresh")
 

@@ -14,23 +14,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
 from rlft.checkpoint import prune_checkpoints, save_checkpoint
 from rlft.checkpoint.continuity import file_fingerprint
 from rlft.config.loader import config_to_dict, config_to_yaml, load_config
 from rlft.config.schema import RunConfig
 from rlft.distributed.context import Dist
 from rlft.errors import error_type
-from rlft.logging.console import (ProgressBar, attach_file_log, get_logger, quiet_library_progress_bars,
-                                  setup_console_logging)
+from rlft.logging.console import (
+    ProgressBar,
+    attach_file_log,
+    get_logger,
+    quiet_library_progress_bars,
+    setup_console_logging,
+)
 from rlft.logging.resources import ResourceMonitor
 from rlft.logging.run_dir import FollowerRunDirectory, RunDirectory, append_jsonl
 from rlft.logging.trackers import Trackers, open_trackers
 from rlft.trainer.job import EvalRecord, Job, job_class
 from rlft.trainer.metrics import MetricWindow
-from rlft.trainer.resuming import ResumePlan, log_plan, plan_resume, set_aside_later_than
 from rlft.trainer.parts import seed_everything
 from rlft.trainer.process import Heartbeat, StopRequest, configure_compute, join_process_group, leave_process_group
+from rlft.trainer.resuming import ResumePlan, log_plan, plan_resume, set_aside_later_than
 
 
 @dataclass
@@ -61,10 +65,17 @@ class Trainer:
     instead of ``<train.output_dir>/<train.run_name>``.
     """
 
-    def __init__(self, config_path: str | Path | None = None, *, config: RunConfig | dict | None = None,
-                 output_dir: str | Path | None = None, overrides: list[str] | None = None,
-                 resume_from: str | Path | None = None, kind: str | None = None,
-                 run_dir: str | Path | None = None):
+    def __init__(
+        self,
+        config_path: str | Path | None = None,
+        *,
+        config: RunConfig | dict | None = None,
+        output_dir: str | Path | None = None,
+        overrides: list[str] | None = None,
+        resume_from: str | Path | None = None,
+        kind: str | None = None,
+        run_dir: str | Path | None = None,
+    ):
         if isinstance(config, RunConfig):
             cfg = config
         else:
@@ -91,8 +102,9 @@ class Trainer:
         A failure here is recorded in run.json like a failure during training."""
         cfg = self.cfg
         self.dist = join_process_group(cfg)
-        self._plan = plan_resume(self.resume_from, cfg, self.job.CONTINUITY, self.run_dir_path, self.config_source,
-                                 self.dist)
+        self._plan = plan_resume(
+            self.resume_from, cfg, self.job.CONTINUITY, self.run_dir_path, self.config_source, self.dist
+        )
         from rlft.planner.check import check_memory
 
         # refused before anything is written if it won't fit (one process's share, in a data-parallel run)
@@ -101,23 +113,41 @@ class Trainer:
         self._heartbeat = Heartbeat(self.run_dir).__enter__()
         self.log = setup_console_logging(rank=self.dist.rank if self.dist.enabled else None)
         self._file_log = attach_file_log(self.run_dir.log if self.dist.is_main else None)
-        self.resources = ResourceMonitor(self.run_dir.root / "resources.jsonl" if self.dist.is_main else os.devnull,
-                                         cuda=_on_cuda(cfg.model.device),
-                                         first_knob=(memory.if_out_of_memory or [None])[0] if memory else None,
-                                         log=get_logger()).__enter__()
+        self.resources = ResourceMonitor(
+            self.run_dir.root / "resources.jsonl" if self.dist.is_main else os.devnull,
+            cuda=_on_cuda(cfg.model.device),
+            first_knob=(memory.if_out_of_memory or [None])[0] if memory else None,
+            log=get_logger(),
+        ).__enter__()
         if self.dist.is_main:
             self.run_dir.write_config(config_to_yaml(cfg))  # the config in effect; each checkpoint keeps its own
-        self.trackers = Trackers() if not self.dist.is_main else open_trackers(
-            cfg.train.report_to, self.run_dir.root, config_to_dict(cfg), self.run_dir.root.name,
-            self.run_dir.read_run_info().get("trackers"), self._plan.step)  # a resume continues run.json's trackers
+        self.trackers = (
+            Trackers()
+            if not self.dist.is_main
+            else open_trackers(
+                cfg.train.report_to,
+                self.run_dir.root,
+                config_to_dict(cfg),
+                self.run_dir.root.name,
+                self.run_dir.read_run_info().get("trackers"),
+                self._plan.step,
+            )
+        )  # a resume continues run.json's trackers
         if self.trackers.ids:
             self.run_dir.write_run_info(trackers=self.trackers.ids)
-        self.run_dir.write_run_info(status="starting", kind=cfg.kind, config=self.config_source, started=time.time(),
-                                    **({"memory": memory.as_dict()} if memory else {}))
+        self.run_dir.write_run_info(
+            status="starting",
+            kind=cfg.kind,
+            config=self.config_source,
+            started=time.time(),
+            **({"memory": memory.as_dict()} if memory else {}),
+        )
         self.log.info(f"config loaded: {self.config_source} -> run directory {self.run_dir.root}")
         if memory is not None:
-            self.log.info(f"memory: predicted peak {memory.peak_bytes / 2**30:.2f} GB ({memory.peak_phase}) of "
-                          f"{memory.device_bytes / 2**30:.1f} GB on {memory.device}")
+            self.log.info(
+                f"memory: predicted peak {memory.peak_bytes / 2**30:.2f} GB ({memory.peak_phase}) of "
+                f"{memory.device_bytes / 2**30:.1f} GB on {memory.device}"
+            )
         log_plan(self._plan, self.resume_from, self.log)
         if self._plan.restart_root is not None and self.dist.is_main:
             set_aside_later_than(self.run_dir.root, 0, None, self.log)
@@ -164,12 +194,20 @@ class Trainer:
             from rlft.checkpoint.resume import restore_training_state
 
             state, settings = self.job.state(), []
-            self.step = restore_training_state(point, model=state.model, optimizer=state.optimizer,
-                                               scheduler=state.scheduler, sampler=state.sampler,
-                                               components=state.components, dist=self.dist, report=settings)
+            self.step = restore_training_state(
+                point,
+                model=state.model,
+                optimizer=state.optimizer,
+                scheduler=state.scheduler,
+                sampler=state.sampler,
+                components=state.components,
+                dist=self.dist,
+                report=settings,
+            )
             self.job.restore(point.state)
-            self.log.info(f"resumed from {point.checkpoint} at step {self.step}; continuing to "
-                          f"step {self.job.total_steps}")
+            self.log.info(
+                f"resumed from {point.checkpoint} at step {self.step}; continuing to step {self.job.total_steps}"
+            )
             for line in settings:
                 self.log.info(f"optimizer settings of this config apply from step {self.step + 1}: {line}")
             if self.dist.is_main:  # only now that it loaded: a resume that fails leaves the run directory as it was
@@ -235,8 +273,10 @@ class Trainer:
                 result.final_checkpoint = self.save_checkpoint()
             elif self.run_dir.checkpoint(self.step).exists():
                 result.final_checkpoint = self.run_dir.checkpoint(self.step)
-            self.log.info(f"stopped by {signal.Signals(stop.signal).name} at step {self.step}; "
-                          f"{stop_note(result.final_checkpoint)}")
+            self.log.info(
+                f"stopped by {signal.Signals(stop.signal).name} at step {self.step}; "
+                f"{stop_note(result.final_checkpoint)}"
+            )
             self._close(status="cancelled", step=self.step, signal=signal.Signals(stop.signal).name)
             result.stopped_by = stop.signal
             return result
@@ -247,8 +287,12 @@ class Trainer:
         result.eval_before = before.result if before else None
         result.eval_after = after.result if after else None
         result.health = self._conclude_health()
-        self._close(status="completed", step=self.step, **({"health": result.health} if result.health else {}),
-                    **({"halted": {"step": self.step, "reason": result.halted}} if result.halted else {}))
+        self._close(
+            status="completed",
+            step=self.step,
+            **({"health": result.health} if result.health else {}),
+            **({"halted": {"step": self.step, "reason": result.halted}} if result.halted else {}),
+        )
         return result
 
     def _job_halts(self) -> str | None:
@@ -311,8 +355,12 @@ class Trainer:
 
     def _log_metrics(self, window: MetricWindow, result: TrainResult) -> None:
         """One metrics.jsonl row (the mean of the steps since the last one), the trackers and the log line."""
-        metrics = {"step": self.step, "epoch": round(self.step / self.job.steps_per_epoch, 4), **window.flush(),
-                   **self.resources.step_metrics()}
+        metrics = {
+            "step": self.step,
+            "epoch": round(self.step / self.job.steps_per_epoch, 4),
+            **window.flush(),
+            **self.resources.step_metrics(),
+        }
         if self.dist.is_main:
             append_jsonl(self.run_dir.metrics, metrics)
         self.trackers.log(self.step, metrics)
@@ -341,13 +389,28 @@ class Trainer:
     def save_checkpoint(self) -> Path:
         target = self.run_dir.checkpoint(self.step)
         parts = self.job.state()
-        state = {"step": self.step, "total_steps": self.total_steps, "kind": self.cfg.kind,
-                 "sampler": parts.sampler.state_dict(), "model_dir": self.job.model_dir,
-                 **parts.extra, "data_fingerprint": self._data_fingerprint}
-        save_checkpoint(target, model=parts.model, tokenizer=parts.tokenizer, optimizer=parts.optimizer,
-                        scheduler=parts.scheduler, trainer_state=state, config_yaml=config_to_yaml(self.cfg),
-                        components=parts.components, save_optimizer=self.cfg.train.save_optimizer,
-                        dist=self.dist, export_model=parts.export_model)
+        state = {
+            "step": self.step,
+            "total_steps": self.total_steps,
+            "kind": self.cfg.kind,
+            "sampler": parts.sampler.state_dict(),
+            "model_dir": self.job.model_dir,
+            **parts.extra,
+            "data_fingerprint": self._data_fingerprint,
+        }
+        save_checkpoint(
+            target,
+            model=parts.model,
+            tokenizer=parts.tokenizer,
+            optimizer=parts.optimizer,
+            scheduler=parts.scheduler,
+            trainer_state=state,
+            config_yaml=config_to_yaml(self.cfg),
+            components=parts.components,
+            save_optimizer=self.cfg.train.save_optimizer,
+            dist=self.dist,
+            export_model=parts.export_model,
+        )
         self.log.info(f"checkpoint saved: {target}")
         if self.cfg.train.keep_last and self.dist.is_main:
             for old in prune_checkpoints(self.run_dir.checkpoints, self.cfg.train.keep_last):
@@ -355,11 +418,12 @@ class Trainer:
         return target
 
     def _report(self, before: EvalRecord | None, after: EvalRecord | None) -> None:
-        self.log.info(f"reached step {self.step}; {self.train_seconds / 60:.1f} min of training time in this process "
-                      f"(model load, evaluation and checkpoints not counted)")
+        self.log.info(
+            f"reached step {self.step}; {self.train_seconds / 60:.1f} min of training time in this process "
+            f"(model load, evaluation and checkpoints not counted)"
+        )
         for line in self.job.report(before, after):
             self.log.info(line)
-
 
     def _ended_by(self, exc: BaseException) -> dict:
         """run.json's record of a run ended by ``exc``: a second Ctrl-C is a cancellation, anything else a
@@ -371,8 +435,12 @@ class Trainer:
         out = {"status": "failed", "error": f"{type(exc).__name__}: {exc}", "error_type": kind}
         if kind == "oom":
             advice = self._memory.if_out_of_memory if self._memory is not None else []
-            out["oom"] = {"kind": "cuda" if "cuda" in str(exc).lower() else "cpu", "step": self.step,
-                          "peak_mb": self.resources.peak_mb(), "advice": advice}
+            out["oom"] = {
+                "kind": "cuda" if "cuda" in str(exc).lower() else "cpu",
+                "step": self.step,
+                "peak_mb": self.resources.peak_mb(),
+                "advice": advice,
+            }
             if advice:
                 out["error"] += f" | try --set {advice[0]} (rlft estimate --config ... for the whole list)"
         return out
@@ -382,8 +450,9 @@ def stop_note(checkpoint: Path | None) -> str:
     """What a stopped run kept, truthfully: its checkpoint, or none because no step had completed."""
     if checkpoint is not None:
         return f"checkpoint kept: {checkpoint}; continue with --resume auto"
-    return ("no checkpoint was written, as no step had completed; --resume auto starts the run afresh "
-            "in the same directory")
+    return (
+        "no checkpoint was written, as no step had completed; --resume auto starts the run afresh in the same directory"
+    )
 
 
 def _on_cuda(device: str) -> bool:

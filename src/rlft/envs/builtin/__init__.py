@@ -28,17 +28,33 @@ class BuiltinEnvironment:
 
 
 BUILTIN_ENVIRONMENTS: dict[str, BuiltinEnvironment] = {
-    env.name: env for env in (
-        BuiltinEnvironment("calculator", "rlft.envs.builtin.calculator:CalculatorEnv", "rlft.envs.builtin.calculator",
-                           "2-digit products and 3-digit sums, with a calculate(expression) tool"),
-        BuiltinEnvironment("search", "rlft.envs.builtin.search:SearchEnv", "rlft.envs.builtin.search",
-                           "questions about invented entities, answered from a BM25 search(query) tool "
-                           "over a small corpus (kwargs: docs=path to the JSONL corpus)"),
-        BuiltinEnvironment("guess_number", "rlft.envs.builtin.guess:GuessNumberEnv", "rlft.envs.builtin.guess",
-                           "find a secret number from too-low/too-high feedback with a guess(number) tool; "
-                           "rewarded by get_reward()"),
-        BuiltinEnvironment("openenv", "rlft.envs.openenv:OpenEnvHTTP", "rlft.envs.openenv",
-                           "an OpenEnv-style HTTP environment server (kwargs: url); one step(action) tool"),
+    env.name: env
+    for env in (
+        BuiltinEnvironment(
+            "calculator",
+            "rlft.envs.builtin.calculator:CalculatorEnv",
+            "rlft.envs.builtin.calculator",
+            "2-digit products and 3-digit sums, with a calculate(expression) tool",
+        ),
+        BuiltinEnvironment(
+            "search",
+            "rlft.envs.builtin.search:SearchEnv",
+            "rlft.envs.builtin.search",
+            "questions about invented entities, answered from a BM25 search(query) tool "
+            "over a small corpus (kwargs: docs=path to the JSONL corpus)",
+        ),
+        BuiltinEnvironment(
+            "guess_number",
+            "rlft.envs.builtin.guess:GuessNumberEnv",
+            "rlft.envs.builtin.guess",
+            "find a secret number from too-low/too-high feedback with a guess(number) tool; rewarded by get_reward()",
+        ),
+        BuiltinEnvironment(
+            "openenv",
+            "rlft.envs.openenv:OpenEnvHTTP",
+            "rlft.envs.openenv",
+            "an OpenEnv-style HTTP environment server (kwargs: url); one step(action) tool",
+        ),
     )
 }
 
@@ -46,8 +62,9 @@ BUILTIN_ENVIRONMENTS: dict[str, BuiltinEnvironment] = {
 def builtin_module(name: str) -> ModuleType:
     """The module behind a built-in environment, imported now (it may pull in bm25s/transformers)."""
     if name not in BUILTIN_ENVIRONMENTS:
-        raise EnvironmentFailure(f"no built-in environment '{name}'; the built-ins are "
-                                 f"{', '.join(sorted(BUILTIN_ENVIRONMENTS))}")
+        raise EnvironmentFailure(
+            f"no built-in environment '{name}'; the built-ins are {', '.join(sorted(BUILTIN_ENVIRONMENTS))}"
+        )
     return importlib.import_module(BUILTIN_ENVIRONMENTS[name].module)
 
 
@@ -57,8 +74,13 @@ def demo_messages(prompt: str, steps: list[tuple[str, dict[str, Any], str]], fin
     Shared so the three environments teach the very same conversation shape."""
     messages: list[dict] = [{"role": "user", "content": prompt}]
     for tool, arguments, result in steps:
-        messages.append({"role": "assistant", "content": "",
-                         "tool_calls": [{"type": "function", "function": {"name": tool, "arguments": arguments}}]})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"type": "function", "function": {"name": tool, "arguments": arguments}}],
+            }
+        )
         messages.append({"role": "tool", "name": tool, "content": result})
     messages.append({"role": "assistant", "content": final})
     return messages

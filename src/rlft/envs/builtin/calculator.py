@@ -55,7 +55,7 @@ def calculate_expression(expression: str) -> str:
     """The value of ``expression`` as the tool shows it, or an "error: ..." line the model can act on.
     Walks the syntax tree itself, so nothing but numbers and + - * / can ever run."""
     if not isinstance(expression, str):
-        return "error: the expression must be a string, e.g. \"47 * 86\""
+        return 'error: the expression must be a string, e.g. "47 * 86"'
     if len(expression) > MAX_EXPRESSION_CHARS:
         return f"error: expression too long (over {MAX_EXPRESSION_CHARS} characters)"
     try:
@@ -141,8 +141,14 @@ def _rows(split: str, n: int, seed: int, phrasings: dict[str, list[str]]) -> lis
             cycles[op] = rng.sample(phrasings[op], len(phrasings[op]))
         phrasing = cycles[op].pop()
         symbol, fn = OPS[op]
-        rows.append({"prompt": PHRASINGS[op][phrasing].format(a=a, b=b), "answer": str(fn(a, b)),
-                     "phrasing": phrasing, "expression": f"{a} {symbol} {b}"})
+        rows.append(
+            {
+                "prompt": PHRASINGS[op][phrasing].format(a=a, b=b),
+                "answer": str(fn(a, b)),
+                "phrasing": phrasing,
+                "expression": f"{a} {symbol} {b}",
+            }
+        )
     return rows
 
 
@@ -176,6 +182,7 @@ def demonstration(row: dict, **env_kwargs: object) -> dict:
     result = env.calculate(row["expression"])
     if result != str(row["answer"]):
         raise ValueError(f"calculator returned {result!r} for {row['expression']!r}, expected {row['answer']!r}")
-    messages = demo_messages(row["prompt"], [("calculate", {"expression": row["expression"]}, result)],
-                             f"The answer is {result}.")
+    messages = demo_messages(
+        row["prompt"], [("calculate", {"expression": row["expression"]}, result)], f"The answer is {result}."
+    )
     return {"messages": messages, "tools": tool_schemas()}

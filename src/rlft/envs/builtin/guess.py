@@ -23,16 +23,16 @@ from rlft.envs.builtin import demo_messages
 
 PHRASINGS = {
     "guess_direct": "Guess the secret number between {low} and {high}. After each guess you will be told whether "
-                    "it is too low, too high or correct.",
+    "it is too low, too high or correct.",
     "guess_thinking": "I'm thinking of a whole number from {low} to {high}. Find it in as few guesses as you can; "
-                      "after every guess I'll say if it is too low, too high or correct.",
+    "after every guess I'll say if it is too low, too high or correct.",
     "guess_game": "Let's play a game: my number is between {low} and {high}, inclusive. Each time you guess, you "
-                  "will hear whether it is too low, too high or correct. What is my number?",
+    "will hear whether it is too low, too high or correct. What is my number?",
     "guess_lock": "A lock opens with a code from {low} to {high}. Try codes with the guess tool; each try tells "
-                  "you if the code is too low, too high or correct. Which code opens it?",
+    "you if the code is too low, too high or correct. Which code opens it?",
     "guess_short": "Find the hidden number ({low}-{high}). Feedback after each guess: too low, too high or correct.",
     "guess_hidden": "A number between {low} and {high} is hidden. Make guesses and use the feedback after each one "
-                    "(too low, too high or correct) to find it.",
+    "(too low, too high or correct) to find it.",
 }
 # Demonstrations use only this; evaluation never does (see calculator.DEMO_PHRASING for why).
 DEMO_PHRASING = {"guess": "guess_direct"}
@@ -119,8 +119,13 @@ def _rows(label: str, n: int, seed: int, phrasings: list[str], low: int, high: i
         if not cycle:  # every phrasing once per round, in a shuffled order
             cycle = rng.sample(phrasings, len(phrasings))
         phrasing = cycle.pop()
-        rows.append({"prompt": PHRASINGS[phrasing].format(low=low, high=high), "secret": rng.randint(low, high),
-                     "phrasing": phrasing})
+        rows.append(
+            {
+                "prompt": PHRASINGS[phrasing].format(low=low, high=high),
+                "secret": rng.randint(low, high),
+                "phrasing": phrasing,
+            }
+        )
     return rows
 
 

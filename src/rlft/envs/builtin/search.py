@@ -32,67 +32,199 @@ EVAL_EVERY = 6  # entities 0 and 6 of each kind are evaluation entities
 # kind: title, subject (how a question names it), the participle for its year, the role of its
 # person, a region question's clause and statement, the document text, and what it may be known for.
 KINDS: dict[str, dict[str, Any]] = {
-    "town": dict(title="{n}", subject="{n}", verb="founded", role="founder",
-                 clause="is {s} located", stmt="{s} is located",
-                 text="{n} is a town in the {r} region. It was founded in {y} by its founder {f} {p} "
-                      "and is known for its {t}.",
-                 things=["copper lanterns", "salt market", "clock tower", "wool fair", "stone bridges",
-                         "glass workshops", "cheese caves", "blue roofs", "rope makers", "tea gardens"]),
-    "invention": dict(title="{n} {d}", subject="the {n} {d}", verb="invented", role="inventor",
-                      clause="was {s} invented", stmt="{s} was invented",
-                      text="The {n} {d} is a machine invented in {y} by the inventor {f} {p} in the {r} "
-                           "region. It was used for {t}.",
-                      devices=["loom", "pump", "lamp", "press", "compass", "kiln"],
-                      things=["weaving sail cloth", "draining mines", "lighting harbours", "printing maps",
-                              "measuring tides", "firing bricks", "cutting ice", "sorting grain"]),
-    "ship": dict(title="{n}", subject="the {n}", verb="launched", role="captain",
-                 clause="was {s} launched", stmt="{s} was launched",
-                 text="The {n} was a merchant ship launched in {y} from a harbour in the {r} region. "
-                      "Her captain was {f} {p}, and she carried {t}.",
-                 things=["salt and timber", "wool", "spices", "copper ore", "tea", "grain", "olive oil",
-                         "coal", "silk", "dyes"]),
-    "company": dict(title="{n} Company", subject="the {n} Company", verb="founded", role="founder",
-                    clause="is {s} based", stmt="{s} is based",
-                    text="The {n} Company was founded in {y} by its founder {f} {p}. It is based in the {r} "
-                         "region and makes {t}.",
-                    things=["bicycles", "ink", "umbrellas", "telescopes", "wooden toys", "buttons", "pianos",
-                            "soap", "typewriters", "matches"]),
-    "festival": dict(title="{n} Festival", subject="the {n} Festival", verb="first held", role="organiser",
-                     clause="is {s} held", stmt="{s} is held",
-                     text="The {n} Festival is held every year in the {r} region. It was first held in {y}, "
-                          "and its first organiser was {f} {p}. It celebrates {t}.",
-                     things=["the spring thaw", "the apple harvest", "the longest night", "paper boats",
-                             "kites", "local bakers", "the first snow", "lantern makers"]),
-    "river": dict(title="{n} River", subject="the {n} River", verb="first mapped", role="mapmaker",
-                  clause="does {s} flow", stmt="{s} flows",
-                  text="The {n} River flows through the {r} region. It was first mapped in {y} by the "
-                       "mapmaker {f} {p} and is known for its {t}.",
-                  things=["white rapids", "silver eels", "tall reeds", "winter floods", "clear water",
-                          "red clay banks", "many waterfalls", "otters"]),
+    "town": dict(
+        title="{n}",
+        subject="{n}",
+        verb="founded",
+        role="founder",
+        clause="is {s} located",
+        stmt="{s} is located",
+        text="{n} is a town in the {r} region. It was founded in {y} by its founder {f} {p} and is known for its {t}.",
+        things=[
+            "copper lanterns",
+            "salt market",
+            "clock tower",
+            "wool fair",
+            "stone bridges",
+            "glass workshops",
+            "cheese caves",
+            "blue roofs",
+            "rope makers",
+            "tea gardens",
+        ],
+    ),
+    "invention": dict(
+        title="{n} {d}",
+        subject="the {n} {d}",
+        verb="invented",
+        role="inventor",
+        clause="was {s} invented",
+        stmt="{s} was invented",
+        text="The {n} {d} is a machine invented in {y} by the inventor {f} {p} in the {r} region. It was used for {t}.",
+        devices=["loom", "pump", "lamp", "press", "compass", "kiln"],
+        things=[
+            "weaving sail cloth",
+            "draining mines",
+            "lighting harbours",
+            "printing maps",
+            "measuring tides",
+            "firing bricks",
+            "cutting ice",
+            "sorting grain",
+        ],
+    ),
+    "ship": dict(
+        title="{n}",
+        subject="the {n}",
+        verb="launched",
+        role="captain",
+        clause="was {s} launched",
+        stmt="{s} was launched",
+        text="The {n} was a merchant ship launched in {y} from a harbour in the {r} region. "
+        "Her captain was {f} {p}, and she carried {t}.",
+        things=["salt and timber", "wool", "spices", "copper ore", "tea", "grain", "olive oil", "coal", "silk", "dyes"],
+    ),
+    "company": dict(
+        title="{n} Company",
+        subject="the {n} Company",
+        verb="founded",
+        role="founder",
+        clause="is {s} based",
+        stmt="{s} is based",
+        text="The {n} Company was founded in {y} by its founder {f} {p}. It is based in the {r} region and makes {t}.",
+        things=[
+            "bicycles",
+            "ink",
+            "umbrellas",
+            "telescopes",
+            "wooden toys",
+            "buttons",
+            "pianos",
+            "soap",
+            "typewriters",
+            "matches",
+        ],
+    ),
+    "festival": dict(
+        title="{n} Festival",
+        subject="the {n} Festival",
+        verb="first held",
+        role="organiser",
+        clause="is {s} held",
+        stmt="{s} is held",
+        text="The {n} Festival is held every year in the {r} region. It was first held in {y}, "
+        "and its first organiser was {f} {p}. It celebrates {t}.",
+        things=[
+            "the spring thaw",
+            "the apple harvest",
+            "the longest night",
+            "paper boats",
+            "kites",
+            "local bakers",
+            "the first snow",
+            "lantern makers",
+        ],
+    ),
+    "river": dict(
+        title="{n} River",
+        subject="the {n} River",
+        verb="first mapped",
+        role="mapmaker",
+        clause="does {s} flow",
+        stmt="{s} flows",
+        text="The {n} River flows through the {r} region. It was first mapped in {y} by the "
+        "mapmaker {f} {p} and is known for its {t}.",
+        things=[
+            "white rapids",
+            "silver eels",
+            "tall reeds",
+            "winter floods",
+            "clear water",
+            "red clay banks",
+            "many waterfalls",
+            "otters",
+        ],
+    ),
 }
 PHRASINGS: dict[str, dict[str, str]] = {
-    "year": {"year_what": "In what year was {s} {verb}?",
-             "year_when": "When was {s} {verb}? Give the year.",
-             "year_which": "{S} was {verb} in which year?",
-             "year_tell": "Tell me the year in which {s} was {verb}."},
-    "person": {"person_who": "Who was the {role} of {s}?",
-               "person_surname": "What was the surname of the {role} of {s}?",
-               "person_name": "Name the {role} of {s}.",
-               "person_which": "Which person was the {role} of {s}? Give the surname."},
-    "region": {"region_what": "In which region {clause}?",
-               "region_which": "Which region {clause} in?",
-               "region_name": "Name the region in which {stmt}.",
-               "region_stmt": "{Stmt} in which region?"},
+    "year": {
+        "year_what": "In what year was {s} {verb}?",
+        "year_when": "When was {s} {verb}? Give the year.",
+        "year_which": "{S} was {verb} in which year?",
+        "year_tell": "Tell me the year in which {s} was {verb}.",
+    },
+    "person": {
+        "person_who": "Who was the {role} of {s}?",
+        "person_surname": "What was the surname of the {role} of {s}?",
+        "person_name": "Name the {role} of {s}.",
+        "person_which": "Which person was the {role} of {s}? Give the surname.",
+    },
+    "region": {
+        "region_what": "In which region {clause}?",
+        "region_which": "Which region {clause} in?",
+        "region_name": "Name the region in which {stmt}.",
+        "region_stmt": "{Stmt} in which region?",
+    },
 }
 # Demonstrations use only these; evaluation never does (see calculator.DEMO_PHRASING for why).
 DEMO_PHRASING = {"year": "year_what", "person": "person_who", "region": "region_what"}
 
-_REGIONS = ["Ostrel", "Vandemar", "Kessary", "Lunmoor", "Drevik", "Palistra", "Quorran", "Seldany", "Thesk",
-            "Ambrevale"]
-_FIRST = ["Mira", "Tam", "Edda", "Joren", "Lisk", "Ansel", "Brin", "Cato", "Dena", "Ilse", "Oren", "Pell",
-          "Runa", "Sabe", "Tove", "Wendel"]
-_START = ["Bal", "Cor", "Dra", "Ell", "Fen", "Gor", "Hal", "Ist", "Jun", "Kel", "Lor", "Mar", "Nor", "Ost",
-          "Pel", "Quil", "Ros", "Sel", "Tam", "Ul", "Vel", "Wyn", "Yar", "Zor"]
+_REGIONS = [
+    "Ostrel",
+    "Vandemar",
+    "Kessary",
+    "Lunmoor",
+    "Drevik",
+    "Palistra",
+    "Quorran",
+    "Seldany",
+    "Thesk",
+    "Ambrevale",
+]
+_FIRST = [
+    "Mira",
+    "Tam",
+    "Edda",
+    "Joren",
+    "Lisk",
+    "Ansel",
+    "Brin",
+    "Cato",
+    "Dena",
+    "Ilse",
+    "Oren",
+    "Pell",
+    "Runa",
+    "Sabe",
+    "Tove",
+    "Wendel",
+]
+_START = [
+    "Bal",
+    "Cor",
+    "Dra",
+    "Ell",
+    "Fen",
+    "Gor",
+    "Hal",
+    "Ist",
+    "Jun",
+    "Kel",
+    "Lor",
+    "Mar",
+    "Nor",
+    "Ost",
+    "Pel",
+    "Quil",
+    "Ros",
+    "Sel",
+    "Tam",
+    "Ul",
+    "Vel",
+    "Wyn",
+    "Yar",
+    "Zor",
+]
 _MID = ["a", "e", "i", "o", "u", "ar", "en", "is", "or"]
 _END = ["beck", "dor", "ven", "mir", "sk", "thal", "wick", "ra", "lin", "mont", "vik", "sa", "len", "gard"]
 
@@ -123,9 +255,17 @@ def _entities(seed: int) -> tuple[dict, ...]:
             year, region = str(rng.randint(1620, 1890)), rng.choice(_REGIONS)
             first, surname = rng.choice(_FIRST), fresh([_START, _END])
             text = spec["text"].format(n=n, d=d, r=region, y=year, f=first, p=surname, t=rng.choice(spec["things"]))
-            out.append({"id": f"{kind}-{i:02d}", "kind": kind, "title": title, "subject": subject, "text": text,
-                        "split": "eval" if i % EVAL_EVERY == 0 else "train",
-                        "facts": {"year": year, "person": surname, "region": region}})
+            out.append(
+                {
+                    "id": f"{kind}-{i:02d}",
+                    "kind": kind,
+                    "title": title,
+                    "subject": subject,
+                    "text": text,
+                    "split": "eval" if i % EVAL_EVERY == 0 else "train",
+                    "facts": {"year": year, "person": surname, "region": region},
+                }
+            )
     return tuple(out)
 
 
@@ -137,17 +277,28 @@ def make_corpus(seed: int) -> list[dict]:
 def _question(entity: dict, fact: str, phrasing: str) -> dict:
     spec, s = KINDS[entity["kind"]], entity["subject"]
     clause, stmt = spec["clause"].format(s=s), spec["stmt"].format(s=s)
-    prompt = PHRASINGS[fact][phrasing].format(s=s, S=_cap(s), verb=spec["verb"], role=spec["role"],
-                                              clause=clause, stmt=stmt, Stmt=_cap(stmt))
+    prompt = PHRASINGS[fact][phrasing].format(
+        s=s, S=_cap(s), verb=spec["verb"], role=spec["role"], clause=clause, stmt=stmt, Stmt=_cap(stmt)
+    )
     word = {"year": spec["verb"].split()[-1], "person": spec["role"], "region": "region"}[fact]
-    return {"prompt": prompt, "answer": entity["facts"][fact], "phrasing": phrasing, "doc_id": entity["id"],
-            "entity": entity["title"], "query": f"{entity['title']} {word}"}
+    return {
+        "prompt": prompt,
+        "answer": entity["facts"][fact],
+        "phrasing": phrasing,
+        "doc_id": entity["id"],
+        "entity": entity["title"],
+        "query": f"{entity['title']} {word}",
+    }
 
 
-def _rows(split: str, label: str, n: int, seed: int, corpus_seed: int, phrasings: dict[str, list[str]]
-          ) -> list[dict]:
-    pool = [(e, fact, p) for e in _entities(corpus_seed) if e["split"] == split
-            for fact in PHRASINGS for p in phrasings[fact]]
+def _rows(split: str, label: str, n: int, seed: int, corpus_seed: int, phrasings: dict[str, list[str]]) -> list[dict]:
+    pool = [
+        (e, fact, p)
+        for e in _entities(corpus_seed)
+        if e["split"] == split
+        for fact in PHRASINGS
+        for p in phrasings[fact]
+    ]
     if n > len(pool):
         raise ValueError(f"only {len(pool)} distinct {split} questions exist; asked for {n}")
     rng = random.Random(f"search:{label}:{seed}")
@@ -162,8 +313,14 @@ def make_rows(split: str, n: int, seed: int, corpus_seed: int = 0) -> list[dict]
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval', not {split!r}")
     demo = set(DEMO_PHRASING.values())
-    return _rows(split, split, n, seed, corpus_seed,
-                 {f: [p for p in ps if split == "train" or p not in demo] for f, ps in PHRASINGS.items()})
+    return _rows(
+        split,
+        split,
+        n,
+        seed,
+        corpus_seed,
+        {f: [p for p in ps if split == "train" or p not in demo] for f, ps in PHRASINGS.items()},
+    )
 
 
 def demo_rows(n: int, seed: int, corpus_seed: int = 0) -> list[dict]:
@@ -185,8 +342,9 @@ def _load(path: Path) -> list[dict]:
             doc = json.loads(line)
             docs.append({"id": str(doc["id"]), "title": str(doc["title"]), "text": str(doc["text"])})
         except (ValueError, KeyError, TypeError) as exc:
-            raise EnvironmentFailure(f"search docs {path}, line {number}: expected a JSON object with id, title "
-                                     f"and text ({exc})") from None
+            raise EnvironmentFailure(
+                f"search docs {path}, line {number}: expected a JSON object with id, title and text ({exc})"
+            ) from None
     if not docs:
         raise EnvironmentFailure(f"search docs {path} has no documents")
     return docs
@@ -201,11 +359,12 @@ def _index(docs_path: str) -> tuple[Any, list[dict]]:
     with _LOCK:
         hit = _INDEXES.get(str(path))
         if hit is None or hit[0] != mtime:
-
             docs = _load(path)
             retriever = bm25s.BM25()
-            retriever.index(bm25s.tokenize([f"{d['title']} {d['text']}" for d in docs], stopwords="en",
-                                           show_progress=False), show_progress=False)
+            retriever.index(
+                bm25s.tokenize([f"{d['title']} {d['text']}" for d in docs], stopwords="en", show_progress=False),
+                show_progress=False,
+            )
             hit = _INDEXES[str(path)] = (mtime, retriever, docs)
     return hit[1], hit[2]
 
@@ -258,6 +417,7 @@ def demonstration(row: dict, **env_kwargs: Any) -> dict:
     top = result.splitlines()[0]
     if str(row["answer"]) not in top:
         raise ValueError(f"search for {row['query']!r} does not put the answer {row['answer']!r} first: {top!r}")
-    messages = demo_messages(row["prompt"], [("search", {"query": row["query"]}, result)],
-                             f"The answer is {row['answer']}.")
+    messages = demo_messages(
+        row["prompt"], [("search", {"query": row["query"]}, result)], f"The answer is {row['answer']}."
+    )
     return {"messages": messages, "tools": tool_schemas()}

@@ -54,7 +54,20 @@ class Check:
         start = stream.start(key)
         return value is not None and start is not None and start < self.t.solved <= value
 
-    def found(self, step: int, message: str, *, severity: str | None = None, knob: str | None = None,
-              metrics: tuple[str, ...] | None = None) -> Finding:
-        return Finding(self.name, step, severity or self.severity, message, knob or self.knob,
-                       self.metrics if metrics is None else metrics)
+    def found(
+        self,
+        step: int,
+        message: str,
+        *,
+        severity: str | None = None,
+        knob: str | None = None,
+        metrics: tuple[str, ...] | None = None,
+    ) -> Finding:
+        return Finding(
+            self.name,
+            step,
+            severity or self.severity,
+            message,
+            knob or self.knob,
+            self.metrics if metrics is None else metrics,
+        )

@@ -17,8 +17,11 @@ class ToolErrors(Check):
         rate = stream.recent("tool/error_rate")
         if not stream.window_ready() or rate is None or rate < self.t.tool_error_rate:
             return None
-        return self.found(step, f"{rate:.0%} of tool calls failed (last {self.t.window} steps): episodes are "
-                          f"rewarded for what broken tools returned; check samples.jsonl's trajectories")
+        return self.found(
+            step,
+            f"{rate:.0%} of tool calls failed (last {self.t.window} steps): episodes are "
+            f"rewarded for what broken tools returned; check samples.jsonl's trajectories",
+        )
 
 
 @register
@@ -36,10 +39,17 @@ class EnvFailures(Check):
         rate = sum(stream.recent(k) or 0.0 for k in self.metrics)
         outages = stream.recent("excluded/reward_outage") or stream.recent("machinery_failures/reward_outage") or 0.0
         if rate >= self.t.env_failure_rate:
-            return self.found(step, f"{rate:.0%} of episodes (last {self.t.window} steps) ended by a tool timeout "
-                              f"or a crashed environment, not by the policy")
+            return self.found(
+                step,
+                f"{rate:.0%} of episodes (last {self.t.window} steps) ended by a tool timeout "
+                f"or a crashed environment, not by the policy",
+            )
         if outages > 0:
-            return self.found(step, f"{outages:.1f} completions per step (last {self.t.window} steps) lost their "
-                              f"reward to an outage of the reward service", knob="reward.functions[i] (its endpoint)",
-                              metrics=("excluded/reward_outage", "machinery_failures/reward_outage"))
+            return self.found(
+                step,
+                f"{outages:.1f} completions per step (last {self.t.window} steps) lost their "
+                f"reward to an outage of the reward service",
+                knob="reward.functions[i] (its endpoint)",
+                metrics=("excluded/reward_outage", "machinery_failures/reward_outage"),
+            )
         return None

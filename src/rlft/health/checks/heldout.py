@@ -34,8 +34,10 @@ def noise_band(best: float, n_best: int | None, now: float, n_now: int | None, z
 @register
 class AccuracyFalls(Check):
     name = "accuracy_falls"
-    knob = "reward.functions (a reward the policy can satisfy without solving the task), algorithm.kl_coef; " \
-           "eval.max_samples (more eval prompts narrow the noise band)"
+    knob = (
+        "reward.functions (a reward the policy can satisfy without solving the task), algorithm.kl_coef; "
+        "eval.max_samples (more eval prompts narrow the noise band)"
+    )
     metrics = ("accuracy", "reward/mean")
 
     def __init__(self, *args, **kw):
@@ -60,7 +62,11 @@ class AccuracyFalls(Check):
         self.falls += 1
         severity = "unhealthy" if self.falls >= t.accuracy_evals else "warning"
         where = f"{num_prompts} prompts, noise band ±{band:.1%}" if band else "eval size unknown"
-        return self.found(step, f"held-out accuracy fell to {accuracy:.1%} (best {best.accuracy:.1%} at step "
-                          f"{best.step}; {where}) in {self.falls} evaluation(s) in a row while the training reward "
-                          f"rose from {reward_then:.3f} to {reward:.3f}: the policy may be learning to please the "
-                          f"reward, not the task (reward hacking)", severity=severity)
+        return self.found(
+            step,
+            f"held-out accuracy fell to {accuracy:.1%} (best {best.accuracy:.1%} at step "
+            f"{best.step}; {where}) in {self.falls} evaluation(s) in a row while the training reward "
+            f"rose from {reward_then:.3f} to {reward:.3f}: the policy may be learning to please the "
+            f"reward, not the task (reward hacking)",
+            severity=severity,
+        )

@@ -19,8 +19,10 @@ class NoSignal(Check):
     last ``signal_window`` (a stuck run has the odd step with a signal, and is stuck all the same)."""
 
     name = "no_signal"
-    knob = ("algorithm.temperature, algorithm.num_generations (or a reward that can tell completions apart), "
-            "algorithm.tied_group_weight (grpo, dr_grpo: tied groups compared with the batch)")
+    knob = (
+        "algorithm.temperature, algorithm.num_generations (or a reward that can tell completions apart), "
+        "algorithm.tied_group_weight (grpo, dr_grpo: tied groups compared with the batch)"
+    )
     metrics = ("advantage/abs_mean", "reward/std", "groups_zero_std")
 
     def __init__(self, *args, **kw):
@@ -39,11 +41,18 @@ class NoSignal(Check):
         if self.streak < self.t.no_signal_patience and not (stuck and flat):
             return None
         reward = finite(metrics.get("reward/mean"))
-        when = (f"on {share:.0%} of the last {window} steps ({self.streak} in a row now)" if stuck
-                else f"for {self.streak} steps in a row")
-        return self.found(step, f"no learning signal {when}: every prompt's completions got the same reward (mean "
-                          f"{reward if reward is not None else float('nan'):.3f}), so every advantage is 0 and the "
-                          f"update changes nothing", severity="unhealthy" if stuck else "warning")
+        when = (
+            f"on {share:.0%} of the last {window} steps ({self.streak} in a row now)"
+            if stuck
+            else f"for {self.streak} steps in a row"
+        )
+        return self.found(
+            step,
+            f"no learning signal {when}: every prompt's completions got the same reward (mean "
+            f"{reward if reward is not None else float('nan'):.3f}), so every advantage is 0 and the "
+            f"update changes nothing",
+            severity="unhealthy" if stuck else "warning",
+        )
 
 
 @register
@@ -60,8 +69,11 @@ class ZeroStdGroups(Check):
             return None
         if self.solved(stream, self.t.signal_window):
             return None
-        return self.found(step, f"{share:.0%} of the groups (mean of the last {self.t.signal_window} steps) had every "
-                          f"completion rewarded the same: only the other groups teach the policy anything")
+        return self.found(
+            step,
+            f"{share:.0%} of the groups (mean of the last {self.t.signal_window} steps) had every "
+            f"completion rewarded the same: only the other groups teach the policy anything",
+        )
 
 
 @register
@@ -77,9 +89,12 @@ class EntropyCollapse(Check):
         if first is None or last is None or first <= 0:
             return None
         if last < first * self.t.entropy_collapse and last < self.t.entropy_floor:
-            return self.found(step, f"the policy's entropy fell from {first:.3f} to {last:.3f} nats per token: "
-                              f"it samples nearly the same completion every time, so groups tie and exploration "
-                              f"stops")
+            return self.found(
+                step,
+                f"the policy's entropy fell from {first:.3f} to {last:.3f} nats per token: "
+                f"it samples nearly the same completion every time, so groups tie and exploration "
+                f"stops",
+            )
         return None
 
 
@@ -96,9 +111,12 @@ class LengthRunaway(Check):
         # 2 tokens at least: a 2 -> 3 token change is not a runaway
         if first is None or last is None or not (last > first * (1 + self.t.length_growth) and last - first >= 2):
             return None
-        return self.found(step, f"mean completion length grew from {first:.1f} tokens (first {self.t.window} "
-                          f"steps) to {last:.1f} (last {self.t.window}): a reward may be paying for length; "
-                          f"check samples.jsonl for padding or loops")
+        return self.found(
+            step,
+            f"mean completion length grew from {first:.1f} tokens (first {self.t.window} "
+            f"steps) to {last:.1f} (last {self.t.window}): a reward may be paying for length; "
+            f"check samples.jsonl for padding or loops",
+        )
 
 
 @register
@@ -114,8 +132,11 @@ class LengthCollapse(Check):
         if first is None or last is None:
             return None
         if last < first * (1 - self.t.length_collapse) and last < self.t.length_floor:
-            return self.found(step, f"mean completion length collapsed from {first:.1f} to {last:.1f} tokens: "
-                              f"the policy stopped writing anything the task could reward")
+            return self.found(
+                step,
+                f"mean completion length collapsed from {first:.1f} to {last:.1f} tokens: "
+                f"the policy stopped writing anything the task could reward",
+            )
         return None
 
 
@@ -129,8 +150,11 @@ class Truncation(Check):
         rate = stream.recent("truncation_rate", self.t.signal_window)
         if not stream.window_ready(self.t.signal_window) or rate is None or rate < self.t.truncation_rate:
             return None
-        return self.found(step, f"{rate:.0%} of completions (last {self.t.signal_window} steps) hit max_new_tokens: "
-                          f"the rewards judge cut-off text")
+        return self.found(
+            step,
+            f"{rate:.0%} of completions (last {self.t.signal_window} steps) hit max_new_tokens: "
+            f"the rewards judge cut-off text",
+        )
 
 
 @register
@@ -145,8 +169,9 @@ class RepetitionGrowth(Check):
         first, last = stream.start("repetition/mean"), stream.recent("repetition/mean")
         if first is None or last is None or last - first <= self.t.repetition_growth:
             return None
-        return self.found(step, f"the repetition score grew from {first:.2f} to {last:.2f}: completions loop; "
-                          f"check samples.jsonl")
+        return self.found(
+            step, f"the repetition score grew from {first:.2f} to {last:.2f}: completions loop; check samples.jsonl"
+        )
 
 
 @register
@@ -165,14 +190,21 @@ class RewardDominance(Check):
     def on_step(self, step, metrics, span, stream) -> Finding | None:
         if self.task_reward is None:  # which reward is the task is unknown (a run dir without its config)
             return None
-        shares = {k.removeprefix("reward_share/"): v for k, v in metrics.items()
-                  if k.startswith("reward_share/") and finite(v) is not None}
+        shares = {
+            k.removeprefix("reward_share/"): v
+            for k, v in metrics.items()
+            if k.startswith("reward_share/") and finite(v) is not None
+        }
         top = max(shares.items(), key=lambda kv: kv[1], default=None)
         dominant = len(shares) > 1 and top[0] != self.task_reward and top[1] >= self.t.dominance
         self.streak = self.streak + span if dominant else 0
         if self.streak < self.t.patience:
             return None
-        return self.found(step, f"reward '{top[0]}' carried {top[1]:.0%} of the reward variation for {self.streak} "
-                          f"steps, more than the task reward '{self.task_reward}': the update follows it, not the "
-                          f"task", knob=f"reward.functions[i].weight of '{top[0]}' (lower it)",
-                          metrics=tuple(f"reward_share/{n}" for n in sorted(shares)))
+        return self.found(
+            step,
+            f"reward '{top[0]}' carried {top[1]:.0%} of the reward variation for {self.streak} "
+            f"steps, more than the task reward '{self.task_reward}': the update follows it, not the "
+            f"task",
+            knob=f"reward.functions[i].weight of '{top[0]}' (lower it)",
+            metrics=tuple(f"reward_share/{n}" for n in sorted(shares)),
+        )

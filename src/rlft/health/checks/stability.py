@@ -21,13 +21,19 @@ class NonFinite(Check):
     knob = "algorithm.learning_rate (lower), algorithm.max_grad_norm, model.dtype"
 
     def on_step(self, step, metrics, span, stream) -> Finding | None:
-        bad = sorted(k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)
-                     and not k.startswith(_IGNORED_PREFIXES))
+        bad = sorted(
+            k
+            for k, v in metrics.items()
+            if isinstance(v, float) and not math.isfinite(v) and not k.startswith(_IGNORED_PREFIXES)
+        )
         if not bad:
             return None
-        return self.found(step, f"non-finite metrics {', '.join(bad[:8])}{' ...' if len(bad) > 8 else ''}: the "
-                          f"update produced NaN or inf, and the weights may be broken from here on",
-                          metrics=tuple(bad[:4]))
+        return self.found(
+            step,
+            f"non-finite metrics {', '.join(bad[:8])}{' ...' if len(bad) > 8 else ''}: the "
+            f"update produced NaN or inf, and the weights may be broken from here on",
+            metrics=tuple(bad[:4]),
+        )
 
 
 @register
@@ -41,8 +47,11 @@ class KLBlowUp(Check):
         kl = finite(metrics.get("kl"))
         if kl is None or kl <= self.t.kl_max:
             return None
-        return self.found(step, f"KL to the reference reached {kl:.3f} per token (limit {self.t.kl_max:g}): the "
-                          f"policy has moved far from the model it started from, faster than the reward explains")
+        return self.found(
+            step,
+            f"KL to the reference reached {kl:.3f} per token (limit {self.t.kl_max:g}): the "
+            f"policy has moved far from the model it started from, faster than the reward explains",
+        )
 
 
 @register
@@ -55,8 +64,11 @@ class RatioDrift(Check):
         ratio = stream.recent("ratio/mean")
         if not stream.window_ready() or ratio is None or abs(ratio - 1.0) <= self.t.ratio_drift:
             return None
-        return self.found(step, f"the mean importance ratio is {ratio:.3f} (last {self.t.window} steps): each "
-                          f"update moves the policy far from the one that sampled the batch")
+        return self.found(
+            step,
+            f"the mean importance ratio is {ratio:.3f} (last {self.t.window} steps): each "
+            f"update moves the policy far from the one that sampled the batch",
+        )
 
 
 @register
@@ -69,8 +81,11 @@ class ClipFraction(Check):
         clipped = stream.recent("clip_frac")
         if not stream.window_ready() or clipped is None or clipped <= self.t.clip_frac_max:
             return None
-        return self.found(step, f"{clipped:.0%} of tokens were clipped (last {self.t.window} steps): the update "
-                          f"wants to go further than the trust region lets it; most of its gradient is thrown away")
+        return self.found(
+            step,
+            f"{clipped:.0%} of tokens were clipped (last {self.t.window} steps): the update "
+            f"wants to go further than the trust region lets it; most of its gradient is thrown away",
+        )
 
 
 @register
@@ -96,8 +111,11 @@ class GradSpike(Check):
         bisect.insort(self.earlier, norm)
         if not enough or median <= 0 or norm <= self.t.grad_spike * median:
             return None
-        return self.found(step, f"gradient norm {norm:.3g} is {norm / median:.0f}x its running median "
-                          f"({median:.3g}): one update may undo much of the learning so far")
+        return self.found(
+            step,
+            f"gradient norm {norm:.3g} is {norm / median:.0f}x its running median "
+            f"({median:.3g}): one update may undo much of the learning so far",
+        )
 
 
 @register
@@ -110,9 +128,12 @@ class LogprobMismatch(Check):
         gap = stream.recent("rollout/logprob_mismatch", self.t.signal_window)
         if not stream.window_ready(self.t.signal_window) or gap is None or gap <= self.t.logprob_mismatch:
             return None
-        return self.found(step, f"the rollout engine's and the trainer's log-probs of the sampled tokens differ by "
-                          f"{gap:.3f} per token (last {self.t.signal_window} steps): the update treats off-policy samples "
-                          f"as on-policy")
+        return self.found(
+            step,
+            f"the rollout engine's and the trainer's log-probs of the sampled tokens differ by "
+            f"{gap:.3f} per token (last {self.t.signal_window} steps): the update treats off-policy samples "
+            f"as on-policy",
+        )
 
 
 def _sorted_median(values: list[float]) -> float:

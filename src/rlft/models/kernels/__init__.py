@@ -55,8 +55,10 @@ class CpuKernels:
         weights = [weights] if isinstance(weights, torch.Tensor) else weights
         N, K = sum(w.shape[0] for w in weights), weights[0].shape[1]
         if not _thin_shape(N, K) or any(w.dim() != 2 or w.shape[1] != K for w in weights):
-            raise ValueError(f"pack_bf16: weights {[tuple(w.shape) for w in weights]} need {K} columns each "
-                             "(even) and rows adding up to a multiple of 16")
+            raise ValueError(
+                f"pack_bf16: weights {[tuple(w.shape) for w in weights]} need {K} columns each "
+                "(even) and rows adding up to a multiple of 16"
+            )
         shape = (N // 16, K // 2, 16, 2)
         if out is None:
             out = torch.empty(shape, dtype=torch.bfloat16)
@@ -70,8 +72,9 @@ class CpuKernels:
                 w = w.to(torch.bfloat16)
             w = w.contiguous()
             _check(w, None)
-            self._lib.rlft_pack_bf16(w.data_ptr(), int(w.dtype == torch.bfloat16), w.shape[0], K, row0,
-                                     out.data_ptr(), self._threads())
+            self._lib.rlft_pack_bf16(
+                w.data_ptr(), int(w.dtype == torch.bfloat16), w.shape[0], K, row0, out.data_ptr(), self._threads()
+            )
             row0 += w.shape[0]
         return out
 
@@ -92,17 +95,35 @@ class CpuKernels:
         """out [rows, dim] = RMSNorm(x [rows, dim] fp32) * weight [dim] fp32, in out's dtype."""
         _check(x, torch.float32, weight, torch.float32, out, None)
         _check_rows(x, weight, out)
-        self._lib.rlft_rms_norm(x.data_ptr(), weight.data_ptr(), eps, x.shape[0], x.shape[1], out.data_ptr(),
-                                _DTYPES[out.dtype], self._threads())
+        self._lib.rlft_rms_norm(
+            x.data_ptr(),
+            weight.data_ptr(),
+            eps,
+            x.shape[0],
+            x.shape[1],
+            out.data_ptr(),
+            _DTYPES[out.dtype],
+            self._threads(),
+        )
         return out
 
-    def add_rms_norm(self, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float,
-                     out: torch.Tensor) -> torch.Tensor:
+    def add_rms_norm(
+        self, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor
+    ) -> torch.Tensor:
         """x += y (x the fp32 residual [rows, dim], y in out's dtype), then out = RMSNorm(x) * weight."""
         _check(x, torch.float32, weight, torch.float32, out, None, y, out.dtype)
         _check_rows(x, weight, out, y)
-        self._lib.rlft_add_rms_norm(x.data_ptr(), y.data_ptr(), weight.data_ptr(), eps, x.shape[0], x.shape[1],
-                                    out.data_ptr(), _DTYPES[out.dtype], self._threads())
+        self._lib.rlft_add_rms_norm(
+            x.data_ptr(),
+            y.data_ptr(),
+            weight.data_ptr(),
+            eps,
+            x.shape[0],
+            x.shape[1],
+            out.data_ptr(),
+            _DTYPES[out.dtype],
+            self._threads(),
+        )
         return out
 
     def silu_mul(self, gate_up: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -110,12 +131,23 @@ class CpuKernels:
         _check(gate_up, out.dtype, out, None)
         if gate_up.shape != (out.shape[0], 2 * out.shape[1]):
             raise ValueError(f"silu_mul: gate_up {tuple(gate_up.shape)} does not fit out {tuple(out.shape)}")
-        self._lib.rlft_silu_mul(gate_up.data_ptr(), out.shape[0], out.shape[1], out.data_ptr(), _DTYPES[out.dtype],
-                                self._threads())
+        self._lib.rlft_silu_mul(
+            gate_up.data_ptr(), out.shape[0], out.shape[1], out.data_ptr(), _DTYPES[out.dtype], self._threads()
+        )
         return out
 
-    def decode_attention(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor,
-                         values: torch.Tensor, valid: torch.Tensor, col: int, heads: int, out: torch.Tensor) -> torch.Tensor:
+    def decode_attention(
+        self,
+        qkv: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        valid: torch.Tensor,
+        col: int,
+        heads: int,
+        out: torch.Tensor,
+    ) -> torch.Tensor:
         """One new token per row: rotate its query and key heads, write its key and value at column
         ``col`` of the cache, attend over the row's valid columns.
 
@@ -123,24 +155,60 @@ class CpuKernels:
         sign folded into sin, 1/sqrt(D) into the query heads' rows), keys/values [B, KVH, A, D],
         valid [B, A] bool (col included); out [B, H D]."""
         dtype = out.dtype
-        _check(qkv, dtype, cos, torch.float32, sin, torch.float32, keys, dtype, values, dtype, valid, torch.bool, out,
-               None)
+        _check(
+            qkv, dtype, cos, torch.float32, sin, torch.float32, keys, dtype, values, dtype, valid, torch.bool, out, None
+        )
         B, kv_heads, A, D = keys.shape
-        if (values.shape != keys.shape or qkv.shape != (B, (heads + 2 * kv_heads) * D) or valid.shape != (B, A)
-                or cos.shape != (B, heads + kv_heads, D) or sin.shape != cos.shape or out.shape != (B, heads * D)
-                or heads % kv_heads or D % 2 or not 0 <= col < A):
-            raise ValueError("decode_attention: shapes do not agree: "
-                             f"qkv {tuple(qkv.shape)}, cos {tuple(cos.shape)}, keys {tuple(keys.shape)}, "
-                             f"valid {tuple(valid.shape)}, out {tuple(out.shape)}, heads {heads}, col {col}")
+        if (
+            values.shape != keys.shape
+            or qkv.shape != (B, (heads + 2 * kv_heads) * D)
+            or valid.shape != (B, A)
+            or cos.shape != (B, heads + kv_heads, D)
+            or sin.shape != cos.shape
+            or out.shape != (B, heads * D)
+            or heads % kv_heads
+            or D % 2
+            or not 0 <= col < A
+        ):
+            raise ValueError(
+                "decode_attention: shapes do not agree: "
+                f"qkv {tuple(qkv.shape)}, cos {tuple(cos.shape)}, keys {tuple(keys.shape)}, "
+                f"valid {tuple(valid.shape)}, out {tuple(out.shape)}, heads {heads}, col {col}"
+            )
         threads = self._threads()
-        self._lib.rlft_decode_attention(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), keys.data_ptr(),
-                                        values.data_ptr(), valid.data_ptr(), B, heads, kv_heads, D, A, col,
-                                        out.data_ptr(), _DTYPES[dtype], threads)
+        self._lib.rlft_decode_attention(
+            qkv.data_ptr(),
+            cos.data_ptr(),
+            sin.data_ptr(),
+            keys.data_ptr(),
+            values.data_ptr(),
+            valid.data_ptr(),
+            B,
+            heads,
+            kv_heads,
+            D,
+            A,
+            col,
+            out.data_ptr(),
+            _DTYPES[dtype],
+            threads,
+        )
         return out
 
-    def decode_layers_bf16(self, x: torch.Tensor, weights: LayerWeights, final_norm: torch.Tensor, eps: float,
-                           cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                           valid: torch.Tensor, col: int, out: torch.Tensor) -> torch.Tensor:
+    def decode_layers_bf16(
+        self,
+        x: torch.Tensor,
+        weights: LayerWeights,
+        final_norm: torch.Tensor,
+        eps: float,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        valid: torch.Tensor,
+        col: int,
+        out: torch.Tensor,
+    ) -> torch.Tensor:
         """One new token per row through every layer (decode.c): the calls of the per-layer path, made from C.
 
         x [B, hidden] fp32, the residual stream, updated in place; keys/values [layers, B, KVH, A, D] bf16;
@@ -148,23 +216,69 @@ class CpuKernels:
         norm's output. ``weights`` from :meth:`LayerWeights.of`."""
         hidden, H, KVH, D, inter = weights.dims
         B = x.shape[0]
-        _check(x, torch.float32, final_norm, torch.float32, cos, torch.float32, sin, torch.float32, keys,
-               torch.bfloat16, values, torch.bfloat16, valid, torch.bool, out, torch.bfloat16)
+        _check(
+            x,
+            torch.float32,
+            final_norm,
+            torch.float32,
+            cos,
+            torch.float32,
+            sin,
+            torch.float32,
+            keys,
+            torch.bfloat16,
+            values,
+            torch.bfloat16,
+            valid,
+            torch.bool,
+            out,
+            torch.bfloat16,
+        )
         L, A = len(weights.tensors[0]), keys.shape[3]
-        if (x.shape != (B, hidden) or out.shape != x.shape or final_norm.shape != (hidden,)
-                or keys.shape != (L, B, KVH, A, D) or values.shape != keys.shape or valid.shape != (B, A)
-                or cos.shape != (B, H + KVH, D) or sin.shape != cos.shape or not 0 <= col < A):
-            raise ValueError(f"decode_layers: shapes do not agree: x {tuple(x.shape)}, keys {tuple(keys.shape)}, "
-                             f"cos {tuple(cos.shape)}, valid {tuple(valid.shape)}, out {tuple(out.shape)}, col {col}")
+        if (
+            x.shape != (B, hidden)
+            or out.shape != x.shape
+            or final_norm.shape != (hidden,)
+            or keys.shape != (L, B, KVH, A, D)
+            or values.shape != keys.shape
+            or valid.shape != (B, A)
+            or cos.shape != (B, H + KVH, D)
+            or sin.shape != cos.shape
+            or not 0 <= col < A
+        ):
+            raise ValueError(
+                f"decode_layers: shapes do not agree: x {tuple(x.shape)}, keys {tuple(keys.shape)}, "
+                f"cos {tuple(cos.shape)}, valid {tuple(valid.shape)}, out {tuple(out.shape)}, col {col}"
+            )
         scratch = torch.empty(self._lib.rlft_decode_scratch_elements(B, hidden, H, KVH, D, inter), dtype=torch.bfloat16)
-        self._lib.rlft_decode_layers_bf16(x.data_ptr(), B, hidden, L, *weights.pointers, final_norm.data_ptr(), eps,
-                                          cos.data_ptr(), sin.data_ptr(), keys.data_ptr(), values.data_ptr(),
-                                          valid.data_ptr(), H, KVH, D, A, col, inter, scratch.data_ptr(),
-                                          out.data_ptr(), self._threads())
+        self._lib.rlft_decode_layers_bf16(
+            x.data_ptr(),
+            B,
+            hidden,
+            L,
+            *weights.pointers,
+            final_norm.data_ptr(),
+            eps,
+            cos.data_ptr(),
+            sin.data_ptr(),
+            keys.data_ptr(),
+            values.data_ptr(),
+            valid.data_ptr(),
+            H,
+            KVH,
+            D,
+            A,
+            col,
+            inter,
+            scratch.data_ptr(),
+            out.data_ptr(),
+            self._threads(),
+        )
         return out
 
-    def sample(self, logits: torch.Tensor, temperature: float, u: torch.Tensor,
-               suppress: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample(
+        self, logits: torch.Tensor, temperature: float, u: torch.Tensor, suppress: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """One token per row of ``logits`` [N, V] fp32 from softmax(logits / temperature), drawn by
         inverting the distribution at ``u`` [N] in [0, 1); ``suppress``: token ids never drawn. Returns
         tokens [N] int64 and their log-probs [N] fp32 before suppression (as
@@ -174,33 +288,78 @@ class CpuKernels:
         rows, vocab = logits.shape
         if u.shape != (rows,) or temperature <= 0:
             raise ValueError(f"sample: u {tuple(u.shape)} for {rows} rows, temperature {temperature}")
-        banned = (torch.empty(0, dtype=torch.int64) if suppress is None
-                  else torch.unique(suppress.to(torch.int64).cpu()))  # sorted, distinct
+        banned = (
+            torch.empty(0, dtype=torch.int64) if suppress is None else torch.unique(suppress.to(torch.int64).cpu())
+        )  # sorted, distinct
         tokens, logprobs = torch.empty(rows, dtype=torch.int64), torch.empty(rows, dtype=torch.float32)
         threads = self._threads()
-        self._lib.rlft_sample(logits.data_ptr(), rows, vocab, temperature, banned.data_ptr(), banned.numel(),
-                              u.data_ptr(), tokens.data_ptr(), logprobs.data_ptr(), threads)
+        self._lib.rlft_sample(
+            logits.data_ptr(),
+            rows,
+            vocab,
+            temperature,
+            banned.data_ptr(),
+            banned.numel(),
+            u.data_ptr(),
+            tokens.data_ptr(),
+            logprobs.data_ptr(),
+            threads,
+        )
         return tokens, logprobs
 
-
-    def head_softmax(self, logits: torch.Tensor, targets: torch.Tensor, temperature: float, logprob: torch.Tensor,
-                     lse: torch.Tensor, entropy: torch.Tensor | None, keep: bool) -> None:
+    def head_softmax(
+        self,
+        logits: torch.Tensor,
+        targets: torch.Tensor,
+        temperature: float,
+        logprob: torch.Tensor,
+        lse: torch.Tensor,
+        entropy: torch.Tensor | None,
+        keep: bool,
+    ) -> None:
         """The LM head's softmax over logits [n, V] (bf16 or fp32, the head matmul's output) at
         ``temperature``: fills logprob [n] of ``targets`` [n], lse [n] and (if given) entropy [n], all
         fp32; with ``keep`` the probabilities are written over the logits."""
         n, vocab = logits.shape
-        _check(logits, None, targets, torch.int64, logprob, torch.float32, lse, torch.float32,
-               *((entropy, torch.float32) if entropy is not None else ()))
+        _check(
+            logits,
+            None,
+            targets,
+            torch.int64,
+            logprob,
+            torch.float32,
+            lse,
+            torch.float32,
+            *((entropy, torch.float32) if entropy is not None else ()),
+        )
         if not (targets.shape == logprob.shape == lse.shape == (n,)) or (entropy is not None and entropy.shape != (n,)):
             raise ValueError(f"head_softmax: {n} rows of logits, targets {tuple(targets.shape)}")
-        self._lib.rlft_head_softmax(logits.data_ptr(), n, vocab, _DTYPES[logits.dtype], temperature, targets.data_ptr(),
-                                    logprob.data_ptr(), lse.data_ptr(), 0 if entropy is None else entropy.data_ptr(),
-                                    int(keep), self._threads())
+        self._lib.rlft_head_softmax(
+            logits.data_ptr(),
+            n,
+            vocab,
+            _DTYPES[logits.dtype],
+            temperature,
+            targets.data_ptr(),
+            logprob.data_ptr(),
+            lse.data_ptr(),
+            0 if entropy is None else entropy.data_ptr(),
+            int(keep),
+            self._threads(),
+        )
         if keep:
             increment_version(logits)
 
-    def head_grad(self, buf: torch.Tensor, targets: torch.Tensor, temperature: float, logprob: torch.Tensor,
-                  lse: torch.Tensor, grad: torch.Tensor, from_logits: bool) -> torch.Tensor:
+    def head_grad(
+        self,
+        buf: torch.Tensor,
+        targets: torch.Tensor,
+        temperature: float,
+        logprob: torch.Tensor,
+        lse: torch.Tensor,
+        grad: torch.Tensor,
+        from_logits: bool,
+    ) -> torch.Tensor:
         """The gradient of sum(grad * logprob) with respect to the logits, written over ``buf`` [n, V]:
         (grad / temperature) (onehot(targets) - p), where buf holds the probabilities p or, with
         ``from_logits``, the logits (p = exp(logits / temperature - lse)). Returns buf."""
@@ -208,14 +367,26 @@ class CpuKernels:
         _check(buf, None, targets, torch.int64, logprob, torch.float32, lse, torch.float32, grad, torch.float32)
         if not (targets.shape == logprob.shape == lse.shape == grad.shape == (n,)):
             raise ValueError(f"head_grad: {n} rows, targets {tuple(targets.shape)}, grad {tuple(grad.shape)}")
-        self._lib.rlft_head_grad(buf.data_ptr(), n, vocab, _DTYPES[buf.dtype], temperature, targets.data_ptr(),
-                                 logprob.data_ptr(), lse.data_ptr(), grad.data_ptr(), int(from_logits), self._threads())
+        self._lib.rlft_head_grad(
+            buf.data_ptr(),
+            n,
+            vocab,
+            _DTYPES[buf.dtype],
+            temperature,
+            targets.data_ptr(),
+            logprob.data_ptr(),
+            lse.data_ptr(),
+            grad.data_ptr(),
+            int(from_logits),
+            self._threads(),
+        )
         # written in place behind autograd's back: a saved tensor overwritten here must fail a second backward
         increment_version(buf)
         return buf
 
-    def attention_softmax(self, scores: torch.Tensor, mask: torch.Tensor | None, queries: int, scale: float,
-                          lse: torch.Tensor) -> None:
+    def attention_softmax(
+        self, scores: torch.Tensor, mask: torch.Tensor | None, queries: int, scale: float, lse: torch.Tensor
+    ) -> None:
         """Grouped-query attention's softmax, in place: scores [B, KVH, G * L, S] (q k^T in the compute
         dtype, G query heads of L queries a kv head) become softmax(scale * scores) over the keys
         ``mask`` [B, L, S] (bool) lets each query see (None: causal, key j <= query i, and every key for
@@ -223,13 +394,31 @@ class CpuKernels:
         [B, KVH, G * L] fp32 gets the log-sum-exp for :meth:`attention_softmax_backward`."""
         B, kv_heads, rows, S = scores.shape
         self._check_attention(scores, mask, queries, lse)
-        self._lib.rlft_attention_softmax(scores.data_ptr(), 0 if mask is None else mask.data_ptr(), B, kv_heads,
-                                         rows // queries, queries, S, scale, lse.data_ptr(), _DTYPES[scores.dtype],
-                                         self._threads())
+        self._lib.rlft_attention_softmax(
+            scores.data_ptr(),
+            0 if mask is None else mask.data_ptr(),
+            B,
+            kv_heads,
+            rows // queries,
+            queries,
+            S,
+            scale,
+            lse.data_ptr(),
+            _DTYPES[scores.dtype],
+            self._threads(),
+        )
         increment_version(scores)
 
-    def attention_softmax_backward(self, scores: torch.Tensor, dp: torch.Tensor, lse: torch.Tensor,
-                                   delta: torch.Tensor, mask: torch.Tensor | None, queries: int, scale: float) -> None:
+    def attention_softmax_backward(
+        self,
+        scores: torch.Tensor,
+        dp: torch.Tensor,
+        lse: torch.Tensor,
+        delta: torch.Tensor,
+        mask: torch.Tensor | None,
+        queries: int,
+        scale: float,
+    ) -> None:
         """The backward of :meth:`attention_softmax` from the recomputed scores and dp = dO v^T (both
         [B, KVH, G * L, S], compute dtype) and delta = rowsum(dO * O) [B, KVH, G * L] fp32: dp becomes the
         scores' gradient, the scores become the probabilities (for dV)."""
@@ -238,9 +427,21 @@ class CpuKernels:
         if dp.shape != scores.shape or delta.shape != lse.shape:
             raise ValueError(f"attention_softmax_backward: dp {tuple(dp.shape)}, delta {tuple(delta.shape)}")
         B, kv_heads, rows, S = scores.shape
-        self._lib.rlft_attention_softmax_backward(scores.data_ptr(), dp.data_ptr(), lse.data_ptr(), delta.data_ptr(),
-                                                  0 if mask is None else mask.data_ptr(), B, kv_heads, rows // queries,
-                                                  queries, S, scale, _DTYPES[scores.dtype], self._threads())
+        self._lib.rlft_attention_softmax_backward(
+            scores.data_ptr(),
+            dp.data_ptr(),
+            lse.data_ptr(),
+            delta.data_ptr(),
+            0 if mask is None else mask.data_ptr(),
+            B,
+            kv_heads,
+            rows // queries,
+            queries,
+            S,
+            scale,
+            _DTYPES[scores.dtype],
+            self._threads(),
+        )
         increment_version(scores)
         increment_version(dp)
 
@@ -248,10 +449,11 @@ class CpuKernels:
     def _check_attention(scores, mask, queries, lse) -> None:
         _check(scores, None, lse, torch.float32, *((mask, torch.bool) if mask is not None else ()))
         B, kv_heads, rows, S = scores.shape
-        if (rows % queries or lse.shape != (B, kv_heads, rows)
-                or (mask is not None and mask.shape != (B, queries, S))):
-            raise ValueError(f"attention softmax: scores {tuple(scores.shape)} for {queries} queries, lse "
-                             f"{tuple(lse.shape)}, mask {None if mask is None else tuple(mask.shape)}")
+        if rows % queries or lse.shape != (B, kv_heads, rows) or (mask is not None and mask.shape != (B, queries, S)):
+            raise ValueError(
+                f"attention softmax: scores {tuple(scores.shape)} for {queries} queries, lse "
+                f"{tuple(lse.shape)}, mask {None if mask is None else tuple(mask.shape)}"
+            )
 
     def _threads(self) -> int:
         return torch.get_num_threads() if self.threads_shared else 1
@@ -274,8 +476,12 @@ class LayerWeights:
     def of(cls, qkv, o, gate_up, down, ln1, ln2, heads: int, kv_heads: int, head_dim: int) -> LayerWeights:
         hidden, inter = ln1[0].shape[0], gate_up[0].shape[0] * 8  # packed rows are 16 outputs: 2I = 16 * rows
         H, KVH, D = heads, kv_heads, head_dim
-        packed = {"qkv": (qkv, (H + 2 * KVH) * D, hidden), "o": (o, hidden, H * D),
-                  "gate_up": (gate_up, 2 * inter, hidden), "down": (down, hidden, inter)}
+        packed = {
+            "qkv": (qkv, (H + 2 * KVH) * D, hidden),
+            "o": (o, hidden, H * D),
+            "gate_up": (gate_up, 2 * inter, hidden),
+            "down": (down, hidden, inter),
+        }
         for name, (ts, n, k) in packed.items():
             for t in ts:
                 _check(t, torch.bfloat16)
@@ -299,8 +505,9 @@ def _thin_shape(rows: int, cols: int) -> bool:
 def _check_rows(x: torch.Tensor, weight: torch.Tensor, *like_x: torch.Tensor) -> None:
     """x [rows, dim], weight [dim], and every other tensor x's shape."""
     if x.dim() != 2 or weight.shape != (x.shape[1],) or any(t.shape != x.shape for t in like_x):
-        raise ValueError(f"norm: x {tuple(x.shape)}, weight {tuple(weight.shape)}, "
-                         f"others {[tuple(t.shape) for t in like_x]}")
+        raise ValueError(
+            f"norm: x {tuple(x.shape)}, weight {tuple(weight.shape)}, others {[tuple(t.shape) for t in like_x]}"
+        )
 
 
 def _check(*pairs) -> None:
@@ -361,8 +568,9 @@ def _load() -> tuple[CpuKernels | None, str | None]:
         return None, str(e)
     except OSError as e:  # a cache directory that cannot be written, a full disk
         return None, f"could not build in {cache_root() / 'kernels'}: {e}"
-    return CpuKernels(lib, flags, threads_shared=len(openmp_runtimes()) <= max(len(before), 1),
-                      amx=cpu_has("amx_bf16")), None
+    return CpuKernels(
+        lib, flags, threads_shared=len(openmp_runtimes()) <= max(len(before), 1), amx=cpu_has("amx_bf16")
+    ), None
 
 
 def supports(heads: int, kv_heads: int, head_dim: int) -> bool:

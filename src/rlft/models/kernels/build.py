@@ -74,8 +74,12 @@ def build(cache_dir: Path) -> tuple[Path, list[str]]:
     errors = []
     for extra in OPTIONAL_FLAGS:
         flags = BASE_FLAGS + extra
-        key = hashlib.sha256(b"\0".join(x.encode() if isinstance(x, str) else x for x in
-                                        (source, " ".join(flags), version, platform.machine(), _cpu_flags()))).hexdigest()
+        key = hashlib.sha256(
+            b"\0".join(
+                x.encode() if isinstance(x, str) else x
+                for x in (source, " ".join(flags), version, platform.machine(), _cpu_flags())
+            )
+        ).hexdigest()
         target = cache_dir / f"cpu-{key[:20]}.so"
         if target.is_file():
             return target, extra
@@ -83,8 +87,9 @@ def build(cache_dir: Path) -> tuple[Path, list[str]]:
         fd, tmp = tempfile.mkstemp(prefix=".cpu-", suffix=".so", dir=cache_dir)
         os.close(fd)
         try:
-            proc = subprocess.run([cc, *flags, "-o", tmp, *map(str, SOURCES), "-lm"], capture_output=True, text=True,
-                                  timeout=300)
+            proc = subprocess.run(
+                [cc, *flags, "-o", tmp, *map(str, SOURCES), "-lm"], capture_output=True, text=True, timeout=300
+            )
             if proc.returncode == 0:
                 os.replace(tmp, target)
                 return target, extra
