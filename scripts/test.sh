@@ -1,8 +1,18 @@
 #!/usr/bin/env bash
 # Run the test suite in the project venv (set up on first use).  Extra arguments go to pytest, e.g.
 #   bash scripts/test.sh -x -q -k "not real_model"
+# The suite runs on RLFT_TEST_WORKERS pytest-xdist workers (default: one per CPU, at most 4; 0 runs
+# it in this one process, e.g. for --pdb). A test file stays on one worker (--dist loadfile), so a
+# module's fixtures are built once; each worker gets CPUs / workers compute threads, because matmul
+# threads beyond the cores slow every process down instead of speeding any up.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 bash scripts/setup_env.sh test
-exec .venv/bin/python -m pytest -q "$@"
+cpus="$(nproc)"
+workers="${RLFT_TEST_WORKERS:-$((cpus < 4 ? cpus : 4))}"
+if ((workers <= 1)); then
+    exec .venv/bin/python -m pytest -q "$@"
+fi
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$((cpus / workers > 0 ? cpus / workers : 1))}"
+exec .venv/bin/python -m pytest -q -n "$workers" --dist loadfile "$@"

@@ -64,7 +64,7 @@ def policy_objective(
     """
     mask = mask.to(logprobs.dtype)
     terms = policy_loss(loss_name, logprobs, old_logprobs, advantages, mask, **loss_params)
-    counts = dict(num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len)
+    counts: dict[str, Any] = dict(num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len)
     token_share = 1.0 / max(num_tokens if num_computed_tokens is None else num_computed_tokens, 1.0)
     per_token, stats = _importance_weighted(
         terms.per_token_loss, old_logprobs, rollout_logprobs, mask, loss_params.get("tis_cap"), token_share

@@ -13,6 +13,7 @@ import re
 from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 from rlft.config.schema import JOB_KINDS, SECTION_ORDER, RunConfig
 
@@ -118,7 +119,7 @@ def _keys(model: type[BaseModel]) -> dict[str, str]:
     return {f.alias or name: name for name, f in model.model_fields.items()}
 
 
-def _explain(err: dict, path: list, cands: list[type[BaseModel]], root: type[RunConfig]) -> str:
+def _explain(err: ErrorDetails, path: list, cands: list[type[BaseModel]], root: type[RunConfig]) -> str:
     """Translate one pydantic error into short human text (without the path)."""
     kind, ctx, got = err["type"], err.get("ctx") or {}, err.get("input")
     if kind == "missing":

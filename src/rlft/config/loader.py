@@ -69,7 +69,10 @@ def load_config(
         raise ConfigError(problems, source)
     for dotted, value in fixes.items():
         _set(raw, dotted, value)
-    return root.model_validate(raw) if fixes else cfg
+    if fixes:
+        return root.model_validate(raw)
+    assert cfg is not None  # validate() returns None only with problems, which raised above
+    return cfg
 
 
 def _kind(raw: dict, wanted: str | None, source: str | None) -> tuple[str, list[str]]:

@@ -54,7 +54,7 @@ class _Loader(yaml.SafeLoader):
     """SafeLoader with YAML 1.2 booleans and floats, no timestamps, duplicate keys rejected, and the
     size and depth of a document bounded while it is composed (before any value is built)."""
 
-    def __init__(self, stream):
+    def __init__(self, stream) -> None:
         super().__init__(stream)
         self._sizes: dict[int, int] = {}  # id(node) -> its node count with aliases written out
         self._alias_nodes = 0  # nodes the aliases so far add

@@ -133,8 +133,9 @@ def is_checkpointing(model: torch.nn.Module) -> bool:
     return any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
 
 
-def enable_gradient_checkpointing(model: PreTrainedModel) -> None:
-    """Recompute activations in backward (non-reentrant).
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute activations in backward (non-reentrant); ``model`` is a transformers model or a PEFT
+    wrapper of one.
 
     ``config.use_cache`` is switched off so that training forwards do not build a
     KV cache (which checkpointing would refuse anyway); ``generation_config.use_cache``

@@ -29,6 +29,7 @@ class AdvantageStage:
         stats: dict[str, float] = {}
         token_rewards = None
         if self.kl_in_reward and batch.ref_logprobs is not None:
+            assert batch.old_logprobs is not None, "a reference forward comes with the policy's own log-probs"
             kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, self.kl_estimator) * batch.loss_mask
             token_rewards = -kl_coef * kl
             stats["kl"] = self._batch_mean(kl, batch.loss_mask)

@@ -113,9 +113,9 @@ class UpdateBatch:
             return list(idx.split(rows))
         from rlft.models.memory import pass_tokens, rows_for
 
-        lengths = self.completion_mask[idx].sum(-1)
-        order = lengths.argsort(descending=True, stable=True)
-        idx, lengths = idx[order], lengths[order].tolist()
+        counts = self.completion_mask[idx].sum(-1)
+        order = counts.argsort(descending=True, stable=True)
+        idx, lengths = idx[order], counts[order].tolist()
         prompt = int(self.prompt_mask.any(0).sum())
         if full_speed is not None:
             computed = int(self.prompt_mask[torch.unique(self.row_prompt[idx])].sum()) + int(sum(lengths))

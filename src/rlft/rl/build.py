@@ -36,7 +36,7 @@ def build_updater(cfg: RLConfig, parts: ModelParts, total_steps: int, dist=None)
         parts.model.parameters(),
         lr=alg.learning_rate,
         weight_decay=alg.weight_decay,
-        betas=tuple(alg.adam_betas),
+        betas=(alg.adam_betas[0], alg.adam_betas[1]),
         eps=alg.adam_eps,
     )
     scheduler = build_scheduler(
@@ -173,7 +173,11 @@ def build_critic(cfg: RLConfig, parts: ModelParts, dist=None):
     model_dir = resolve_model_dir(ccfg.model_path) if ccfg.model_path else parts.model_dir
     model = build_value_model(ccfg.type, parts.model, model_dir, gradient_checkpointing=is_checkpointing(parts.model))
     optimizer = build_optimizer(
-        model.parameters(), lr=ccfg.learning_rate, weight_decay=0.0, betas=tuple(alg.adam_betas), eps=alg.adam_eps
+        model.parameters(),
+        lr=ccfg.learning_rate,
+        weight_decay=0.0,
+        betas=(alg.adam_betas[0], alg.adam_betas[1]),
+        eps=alg.adam_eps,
     )
     micro, micro_tokens, full_speed = micro_batching(cfg, parts, log=False)
     params = CriticParams(

@@ -42,7 +42,9 @@ class Collected:
     @staticmethod
     def concat(parts: list[Collected]) -> Collected:
         first = parts[0].scored
-        failed = None if first.failed is None else torch.cat([p.scored.failed for p in parts])
+        failed = (
+            None if first.failed is None else torch.cat([p.scored.failed for p in parts if p.scored.failed is not None])
+        )
         scored = RewardResult(
             torch.cat([p.scored.total for p in parts]),
             {k: torch.cat([p.scored.per_reward[k] for p in parts]) for k in first.per_reward},
@@ -127,7 +129,7 @@ class RolloutCollector:
         ``kept``: this process's kept groups of each round (None: none that round)."""
         group = self.p.sampling.n
         by_rank = self.dist.gather_objects(kept) if self.dist.enabled else [kept]
-        parts = [ranks[r] for r in range(len(kept)) for ranks in by_rank if ranks[r] is not None]
+        parts = [part for r in range(len(kept)) for ranks in by_rank if (part := ranks[r]) is not None]
         out = Collected.concat(parts)
         n = min(n_kept, self.p.batch_prompts)
         share = -(-n // self.dist.world_size)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -55,6 +56,7 @@ class CriticUpdater:
 
         explained_variance compares the values the critic had at sampling time with the returns they
         were meant to predict (before this update moved it)."""
+        assert batch.old_values is not None and batch.returns is not None, "values() and the estimator set them"
         mask = batch.loss_mask.double()
         reduce = self.dist.all_reduce if self.dist.enabled else None
         values_sum, returns_sum, count = self.dist.sum_floats(
@@ -71,7 +73,7 @@ class CriticUpdater:
 
     def _optimizer_step(self, batch: UpdateBatch, rows: torch.Tensor) -> dict[str, float]:
         num_tokens, num_seqs = self.dist.sum_floats(float(batch.loss_mask[rows].sum().item()), float(rows.numel()))
-        counts = dict(num_tokens=num_tokens, num_seqs=num_seqs, max_len=1)
+        counts: dict[str, Any] = dict(num_tokens=num_tokens, num_seqs=num_seqs, max_len=1)
         total = 0.0
         self.optimizer.zero_grad(set_to_none=True)
         for chunk in batch.micro_batches(

@@ -25,9 +25,10 @@ def reward_manager(cfg: RLConfig) -> RewardManager:
     from rlft.rewards.manager import named_rewards
 
     rewards = named_rewards(cfg.reward.functions)
-    spec = environment_spec(cfg.environment)
-    if spec is not None and spec.has_reward:
-        rewards.append(NamedReward(ENV_REWARD, _environment_reward, cfg.environment.reward_weight))
+    env = cfg.environment
+    spec = environment_spec(env)
+    if env is not None and spec is not None and spec.has_reward:
+        rewards.append(NamedReward(ENV_REWARD, _environment_reward, env.reward_weight))
     return RewardManager(rewards)
 
 

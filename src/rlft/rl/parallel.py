@@ -49,6 +49,7 @@ def refresh_replica(replica: torch.nn.Module | None, model: torch.nn.Module, dis
     if replica is None:
         return
     state = full_state_for_rollout(model, dist)
+    assert state is not None, "a replica exists only under fsdp2, which gathers the full state"
     replica.load_state_dict(state, strict=False)
 
 

@@ -128,6 +128,7 @@ class PolicyUpdater:
         of the step, :mod:`rlft.rl.exclusion`) contributes nothing either way."""
         if batch.ref_logprobs is not None and self.p.kl_in_loss and kl_coef > 0:
             return rows[batch.loss_mask[rows].any(dim=-1)]
+        assert batch.advantages is not None, "score() sets the advantages before update()"
         return rows[(batch.advantages[rows] != 0).any(dim=-1)]
 
     def _optimizer_step(self, batch: UpdateBatch, rows: torch.Tensor, kl_coef: float) -> dict[str, float]:
@@ -144,7 +145,7 @@ class PolicyUpdater:
             float(batch.loss_mask[active].sum().item()),
             float(active.numel()),
         )
-        counts = dict(num_tokens=num_tokens, num_seqs=num_seqs, max_len=self.p.max_len)
+        counts: dict[str, Any] = dict(num_tokens=num_tokens, num_seqs=num_seqs, max_len=self.p.max_len)
         active_tokens = max(active_tokens, 1.0)
         # With no row to compute, every loss term is exactly 0 (all advantages 0, no KL in the loss).
         stats: dict[str, float] = {"loss": 0.0, "pg_loss": 0.0, "clip_frac": 0.0}
@@ -165,6 +166,7 @@ class PolicyUpdater:
                 with autocast(self.autocast_dtype, mb.loss_mask.device):
                     lp, ent = mb.logprobs(self.model, self.p.temperature, with_entropy=True)
                 old = lp.detach() if mb.old_logprobs is None else mb.old_logprobs
+                assert mb.advantages is not None
                 out = policy_objective(
                     lp,
                     old,

@@ -23,7 +23,7 @@ class MetricWindow:
     Each metric is averaged over the steps that reported it (e.g. entropy is absent from a step
     whose update had no row to compute)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._sums: dict[str, float] = {}
         self._counts: dict[str, int] = {}
 

@@ -18,11 +18,10 @@ def build_optimizer(
     params = [p for p in params if p.requires_grad]
     if not params:
         raise ValueError("the model has no trainable parameters")
-    kwargs = dict(lr=lr, weight_decay=weight_decay, betas=betas, eps=eps)
     try:
-        return torch.optim.AdamW(params, fused=True, **kwargs)
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas, eps=eps, fused=True)
     except (RuntimeError, ValueError):  # a device or dtype without a fused kernel
-        return torch.optim.AdamW(params, foreach=True, **kwargs)
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas, eps=eps, foreach=True)
 
 
 def lr_multiplier(step: int, *, total_steps: int, warmup_steps: int, schedule: str, min_ratio: float) -> float:

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from rlft.config.schema import ModelConfig
 from rlft.logging.console import get_logger
+
+if TYPE_CHECKING:
+    from rlft.models.reference import ReferencePolicy
 
 
 def seed_everything(seed: int) -> None:
@@ -26,7 +30,7 @@ class ModelParts:
 
     model: torch.nn.Module
     tokenizer: object
-    reference: object | None
+    reference: ReferencePolicy | None
     device: torch.device
     autocast_dtype: torch.dtype | None
     model_dir: str

@@ -11,6 +11,7 @@ import statistics
 import threading
 import time
 from collections import deque
+from typing import Any
 
 from rlft.errors import RlftError
 from rlft.logging.run_dir import RunDirectory
@@ -26,13 +27,18 @@ class StopRequest:
     Signal handlers can only be set from the main thread; elsewhere (a Trainer run in a worker
     thread) this does nothing and the host program owns its signals."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.signal: int | None = None
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, Any] = {}
 
     @property
     def requested(self) -> bool:
         return self.signal is not None
+
+    @property
+    def signal_name(self) -> str:
+        """The signal's name (``SIGTERM``), or "" when none came."""
+        return signal.Signals(self.signal).name if self.signal is not None else ""
 
     @property
     def exit_code(self) -> int:

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rlft.config.loader import config_to_dict
 from rlft.distributed.context import Dist
 from rlft.errors import UsageError
 from rlft.logging.run_dir import RunDirectory
+
+if TYPE_CHECKING:
+    from rlft.checkpoint.resume import ResumePoint
 
 
 @dataclass
@@ -24,7 +28,7 @@ class ResumePlan:
     ``changes``: the harmless config changes, one ``path: old -> new`` each; ``restart_root``: a run
     ``--resume auto`` found that stopped before its first save, to start afresh in place."""
 
-    point: object | None = None
+    point: ResumePoint | None = None
     changes: list[str] = field(default_factory=list)
     restart_root: Path | None = None
 
@@ -54,6 +58,7 @@ def plan_resume(
             return ResumePlan(restart_root=root if held else None)
     else:
         point = find_checkpoint(resume_from, None)
+        assert point is not None  # an explicit checkpoint that is not there is refused, never None
         if run_dir_path is not None and point.run_root != run_dir_path:
             raise UsageError(
                 f"--resume {point.checkpoint} belongs to the run {point.run_root}, not to --run-dir {run_dir_path}"

@@ -114,9 +114,9 @@ class Trainer:
         self.log = setup_console_logging(rank=self.dist.rank if self.dist.enabled else None)
         self._file_log = attach_file_log(self.run_dir.log if self.dist.is_main else None)
         self.resources = ResourceMonitor(
-            self.run_dir.root / "resources.jsonl" if self.dist.is_main else os.devnull,
+            self.run_dir.root / "resources.jsonl" if self.dist.is_main else Path(os.devnull),
             cuda=_on_cuda(cfg.model.device),
-            first_knob=(memory.if_out_of_memory or [None])[0] if memory else None,
+            first_knob=memory.if_out_of_memory[0] if memory and memory.if_out_of_memory else None,
             log=get_logger(),
         ).__enter__()
         if self.dist.is_main:
@@ -166,6 +166,7 @@ class Trainer:
         if self._plan.point is not None:
             root = self._plan.point.run_root
             return RunDirectory(root) if self.dist.is_main else FollowerRunDirectory(root)
+        run_dir: RunDirectory | None
         if not self.dist.is_main:
             run_dir = None
         elif self._plan.restart_root is not None:
@@ -177,9 +178,10 @@ class Trainer:
         else:
             run_dir = RunDirectory.create(cfg.train.output_dir, cfg.train.run_name, cfg.run_label())
         if not self.dist.enabled:
+            assert run_dir is not None  # one process is rank 0
             return run_dir
-        root = self.dist.broadcast_object(str(run_dir.root) if self.dist.is_main else None)
-        return run_dir if self.dist.is_main else FollowerRunDirectory(Path(root))
+        root = self.dist.broadcast_object(str(run_dir.root) if run_dir is not None else None)
+        return run_dir if run_dir is not None else FollowerRunDirectory(Path(root))
 
     def _build(self) -> None:
         if not ProgressBar.enabled_for(self.cfg.train.progress_bar):
@@ -193,7 +195,7 @@ class Trainer:
         if point is not None:
             from rlft.checkpoint.resume import restore_training_state
 
-            state, settings = self.job.state(), []
+            state, settings = self.job.state(), list[str]()
             self.step = restore_training_state(
                 point,
                 model=state.model,
@@ -273,11 +275,8 @@ class Trainer:
                 result.final_checkpoint = self.save_checkpoint()
             elif self.run_dir.checkpoint(self.step).exists():
                 result.final_checkpoint = self.run_dir.checkpoint(self.step)
-            self.log.info(
-                f"stopped by {signal.Signals(stop.signal).name} at step {self.step}; "
-                f"{stop_note(result.final_checkpoint)}"
-            )
-            self._close(status="cancelled", step=self.step, signal=signal.Signals(stop.signal).name)
+            self.log.info(f"stopped by {stop.signal_name} at step {self.step}; {stop_note(result.final_checkpoint)}")
+            self._close(status="cancelled", step=self.step, signal=stop.signal_name)
             result.stopped_by = stop.signal
             return result
         result.final_checkpoint = self.save_checkpoint()
@@ -432,7 +431,7 @@ class Trainer:
         if isinstance(exc, KeyboardInterrupt):
             return {"status": "cancelled", "signal": "SIGINT"}
         kind = error_type(exc)
-        out = {"status": "failed", "error": f"{type(exc).__name__}: {exc}", "error_type": kind}
+        out: dict[str, Any] = {"status": "failed", "error": f"{type(exc).__name__}: {exc}", "error_type": kind}
         if kind == "oom":
             advice = self._memory.if_out_of_memory if self._memory is not None else []
             out["oom"] = {
