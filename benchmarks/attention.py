@@ -5,7 +5,7 @@
 
 A completion's causal row attends to a prefix that grows with the query; rlft's native attention
 computes rows of 2 x QUERY_BLOCK queries or more a block at a time over the keys each block reaches
-(rlft.models.attention._query_blocks). This times that against the same call made as one block
+(rlft.speed.attention._query_blocks). This times that against the same call made as one block
 (which goes to SDPA when it is over the native path's 2^24 scores), the two in turns in one
 process, in bf16 (SmolLM2-135M's head layout by default).
 """
@@ -29,8 +29,8 @@ def main() -> None:
     a = ap.parse_args()
     import torch
 
-    import rlft.models.attention as attention
-    from rlft.models.kernels import cpu_kernels, unavailable_reason
+    import rlft.speed.attention as attention
+    from rlft.speed.kernels import cpu_kernels, unavailable_reason
 
     if cpu_kernels() is None:
         raise SystemExit(f"the native kernels are unavailable here: {unavailable_reason()}")

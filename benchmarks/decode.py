@@ -56,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     from grpo_step import _resolve_model
 
     from rlft.models.loading import load_tokenizer
-    from rlft.phases import CLOCK
     from rlft.rollout import NativeEngine, SamplingParams
+    from rlft.speed.clock import CLOCK
 
     model_dir = _resolve_model(a.model)
     tok = load_tokenizer(model_dir)

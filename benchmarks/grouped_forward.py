@@ -35,9 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=6)
     a = ap.parse_args(argv)
     import rlft.models.logprobs as logprobs
-    from rlft.allocator import keep_freed_memory
     from rlft.config.schema import ModelConfig
     from rlft.models.loading import load_policy
+    from rlft.speed.allocator import keep_freed_memory
 
     keep_freed_memory()  # as the trainer does
     path = _resolve_model(a.model)

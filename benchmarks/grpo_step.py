@@ -138,7 +138,7 @@ def _trl_worker(conn, opts: dict) -> None:
 
     torch.set_num_threads(opts["threads"])
     if opts.get("trl_keep_memory"):  # the allocator setting rlft's trainer applies, for TRL too
-        from rlft.allocator import keep_freed_memory
+        from rlft.speed.allocator import keep_freed_memory
 
         keep_freed_memory()
     from datasets import Dataset

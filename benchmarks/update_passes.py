@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     from transformers import AutoModelForCausalLM
 
-    from rlft.allocator import keep_freed_memory
+    from rlft.speed.allocator import keep_freed_memory
 
     keep_freed_memory()  # as the trainer does: freed tensors are reused warm
     model = AutoModelForCausalLM.from_pretrained(_resolve_model(a.model), dtype=torch.float32).train()

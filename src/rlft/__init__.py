@@ -17,7 +17,7 @@ def __getattr__(name: str):
 
         return Trainer
     if name == "check_env":
-        from rlft.env import check_env
+        from rlft.doctor.check_env import check_env
 
         return check_env
     if name == "load_config":

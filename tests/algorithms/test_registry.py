@@ -8,6 +8,7 @@ import torch
 from rlft.algorithms import (
     ADVANTAGES,
     AGGREGATIONS,
+    DPO_LOSSES,
     KL_ESTIMATORS,
     POLICY_LOSSES,
     VALUE_LOSSES,
@@ -16,6 +17,7 @@ from rlft.algorithms import (
     policy_loss,
 )
 from rlft.algorithms.registry import Registry
+from rlft.config.preference import DPOSection
 from rlft.config.schema import AdvantageName, AggregationName, AlgorithmConfig, CriticConfig, PolicyLossName
 
 
@@ -145,8 +147,9 @@ def test_aggregations_declare_the_global_counts():
         (AggregationName, AGGREGATIONS),
         (AlgorithmConfig.model_fields["kl_estimator"].annotation, KL_ESTIMATORS),
         (CriticConfig.model_fields["value_loss"].annotation, VALUE_LOSSES),
+        (DPOSection.model_fields["loss"].annotation, DPO_LOSSES),
     ],
-    ids=["advantage", "policy_loss", "aggregation", "kl_estimator", "value_loss"],
+    ids=["advantage", "policy_loss", "aggregation", "kl_estimator", "value_loss", "dpo_loss"],
 )
 def test_schema_literal_matches_registry(literal, registry):
     assert sorted(get_args(literal)) == registry.names()

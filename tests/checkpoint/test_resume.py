@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from rlft import Trainer
 from rlft.errors import UsageError
-from rlft.phases import is_timing
+from rlft.speed.clock import is_timing
 from tests.conftest import read_jsonl
 
 

@@ -289,7 +289,7 @@ def test_check_env(tmp_path):
     assert_ok(proc)
     assert "CUDA available" in proc.stdout and "torch" in proc.stdout, proc.stdout
     assert "required packages: all present" in proc.stdout, proc.stdout
-    from rlft.models.kernels.build import compiler
+    from rlft.speed.kernels.build import compiler
 
     # the C kernels build on a machine with a compiler; check-env says so, or why not
     assert ("CPU kernels: native CPU kernels (" in proc.stdout) == (compiler() is not None), proc.stdout
@@ -299,7 +299,7 @@ def test_check_env_warns_about_oversubscribed_threads():
     import torch
 
     from rlft import check_env
-    from rlft.threads import physical_cores
+    from rlft.speed.threads import physical_cores
 
     before = torch.get_num_threads()
     usable = physical_cores()

@@ -33,7 +33,7 @@ def test_tokenizer_without_pad_gets_eos(tiny_dir, tmp_path):
 def test_load_policy_fp32_rlft_attention_and_generates(tiny_dir):
     model = load_policy(ModelConfig(path=str(tiny_dir), dtype="bf16"), CPU)
     assert all(p.dtype == torch.float32 for p in model.parameters())  # bf16 is autocast only
-    assert model.config._attn_implementation == "rlft"  # SDPA for long blocks (tests/models/test_attention.py)
+    assert model.config._attn_implementation == "rlft"  # SDPA for long blocks (tests/speed/test_attention.py)
     assert not model.training
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     tok = load_tokenizer(tiny_dir)

@@ -25,7 +25,7 @@ def _batch():
 def grouped_path(request, monkeypatch):
     """Both forms of the grouped forward: one packed row (rlft's attention) and prompt-then-cache (any other);
     the test fails if the named form is not the one that ran."""
-    from rlft.models import attention
+    from rlft.speed import attention
 
     calls = []
     attend = attention.PromptGroups.attend
@@ -102,9 +102,9 @@ def test_grouped_gradients_are_bitwise_repeatable(tmp_path, grouped_path):
 
 def test_packed_and_cached_forms_give_a_critic_the_same_values(tiny_model_dir, monkeypatch):
     """A value model over the policy's backbone takes the packed form too (its positions picked by index)."""
-    from rlft.models.attention import packs_prompt_groups
     from rlft.models.logprobs import grouped_forward
     from rlft.models.value import build_value_model
+    from rlft.speed.attention import packs_prompt_groups
 
     policy = load_policy(ModelConfig(path=str(tiny_model_dir)), torch.device("cpu"), model_dir=tiny_model_dir)
     critic = build_value_model("separate", policy, tiny_model_dir)

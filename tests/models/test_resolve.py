@@ -7,8 +7,8 @@ import zipfile
 
 import pytest
 
+from rlft import cache
 from rlft.errors import ModelError
-from rlft.models import cache
 from rlft.models import sources as builtin
 from rlft.models.gguf import gguf_cache_dir
 from rlft.models.sources import resolve_model_dir

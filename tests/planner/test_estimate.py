@@ -215,8 +215,8 @@ def test_the_plan_splits_a_long_cpu_update_as_the_run_does_and_a_gpu_one_not(tin
 
 def test_the_planner_head_constants_are_the_ones_the_head_uses():
     # phases.py copies them so that planning needs no torch import; a change on one side must reach the other
-    import rlft.models.head_logprobs as head
     import rlft.models.logprobs as logprobs
+    import rlft.speed.head_logprobs as head
     from rlft.planner import phases
 
     assert phases.HEAD_CHUNK_ELEMENTS == head._CHUNK_ELEMENTS

@@ -30,13 +30,13 @@ def test_the_defaults_are_quiet(tiny_config):
         "train.native_kernels",
     ):
         assert phrase not in log
-    from rlft.models.kernels.build import compiler
+    from rlft.speed.kernels.build import compiler
 
     assert ("native CPU kernels (" in log) == (compiler() is not None)
 
 
 def test_native_kernels_that_do_not_build_are_named_with_the_reason(tiny_config, monkeypatch, tmp_path):
-    import rlft.models.kernels as kernels
+    import rlft.speed.kernels as kernels
 
     monkeypatch.setattr(kernels, "_STATE", {})
     monkeypatch.setenv("RLFT_CACHE_DIR", str(tmp_path / "cache"))  # nothing built there yet

@@ -290,14 +290,14 @@ def test_an_in_step_filler_pass_over_an_excluded_row_adds_nothing(tiny_model_dir
     import copy
     import dataclasses
 
-    import rlft.rl.update as update
+    from rlft.distributed.strategy import Strategy
     from tests.rl.test_update import _batch as update_batch
     from tests.rl.test_update import _model, _updater
 
     base = _model(tiny_model_dir)
     grads = []
     for extra in (0, 2):
-        monkeypatch.setattr(update, "micro_batch_rounds", lambda n, dist, extra=extra: n + extra)
+        monkeypatch.setattr(Strategy, "micro_batch_rounds", lambda self, n, dist, extra=extra: n + extra)
         batch = update_batch([0.3, 1.0, -1.0, 0.25, 0.0, 0.5])
         exclude_rows(batch, torch.tensor([False, True, True, True, True, True]))
         model = copy.deepcopy(base)
@@ -312,11 +312,11 @@ def test_an_in_step_filler_pass_over_an_excluded_row_adds_nothing(tiny_model_dir
 def test_filler_passes_over_a_share_with_every_row_excluded_give_a_zero_gradient(tiny_model_dir, monkeypatch):
     import dataclasses
 
-    import rlft.rl.update as update
+    from rlft.distributed.strategy import Strategy
     from tests.rl.test_update import _batch as update_batch
     from tests.rl.test_update import _model, _updater
 
-    monkeypatch.setattr(update, "micro_batch_rounds", lambda n, dist: n + 2)
+    monkeypatch.setattr(Strategy, "micro_batch_rounds", lambda self, n, dist: n + 2)
     batch = update_batch([0.3, 1.0, -1.0, 0.25, 0.0, 0.5])
     batch.ref_logprobs = torch.full(batch.loss_mask.shape, -200.0)  # would overflow a KL term on these tokens
     exclude_rows(batch, torch.zeros(6, dtype=torch.bool))

@@ -247,7 +247,7 @@ def test_fused_decode_runs_episodes_as_the_generic_path_does(engine, monkeypatch
     """Episodes leave for their tools, rejoin a running batch and finish at different steps: the
     fused decoder over its static cache samples the same tokens with the same log-probs as the
     model's own forward over a DynamicCache."""
-    import rlft.models.fused_decode as fd
+    import rlft.speed.fused_decode as fd
     from rlft.rollout import kv
 
     scripts = {

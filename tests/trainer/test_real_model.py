@@ -110,7 +110,7 @@ def test_resume_is_bit_exact_at_real_size(tmp_path):
     config["train"]["max_steps"] = 4
     resumed = Trainer(config=config, resume_from=first.final_checkpoint).train()
 
-    from rlft.phases import is_timing
+    from rlft.speed.clock import is_timing
 
     rows = [
         [{k: v for k, v in r.items() if not is_timing(k)} for r in read_jsonl(res.run_dir / "metrics.jsonl")]

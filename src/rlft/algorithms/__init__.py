@@ -12,7 +12,7 @@ from rlft.algorithms.importance import ImportanceWeights, logprob_mismatch, trun
 from rlft.algorithms.kl import KL_ESTIMATORS, adaptive_kl_coef, kl_penalty
 from rlft.algorithms.losses import POLICY_LOSSES, PolicyLossTerms, policy_loss
 from rlft.algorithms.objective import ObjectiveOutput, policy_objective
-from rlft.algorithms.preference import DPOStats, PairStats, bradley_terry_loss, dpo_loss
+from rlft.algorithms.preference import DPO_LOSSES, DPOStats, PairStats, bradley_terry_loss, dpo_loss
 from rlft.algorithms.sft import sft_loss
 from rlft.algorithms.shaping import groups_with_signal, overlong_penalty
 from rlft.algorithms.value import VALUE_LOSSES, explained_variance
@@ -35,6 +35,7 @@ __all__ = [
     "bradley_terry_loss",
     "compute_advantages",
     "dpo_loss",
+    "DPO_LOSSES",
     "explained_variance",
     "groups_with_signal",
     "kl_penalty",

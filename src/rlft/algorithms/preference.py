@@ -1,4 +1,4 @@
-"""Preference objectives: the Bradley-Terry loss of reward-model training."""
+"""Preference objectives: the Bradley-Terry loss of reward-model training and the DPO losses."""
 
 from __future__ import annotations
 
@@ -6,6 +6,12 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from rlft.algorithms.registry import Registry
+
+# name -> per-pair DPO loss [B] from h [B], the policy's log-ratio margin over the reference's
+# (see :func:`dpo_loss`); config.preference's ``dpo.loss`` names one.
+DPO_LOSSES: Registry = Registry("DPO loss")
 
 
 @dataclass
@@ -88,12 +94,7 @@ def dpo_loss(
     both papers define them.
     """
     h = (policy_chosen.float() - ref_chosen.float()) - (policy_rejected.float() - ref_rejected.float())
-    if loss == "sigmoid":
-        per_pair = -(1 - label_smoothing) * F.logsigmoid(beta * h) - label_smoothing * F.logsigmoid(-beta * h)
-    elif loss == "ipo":
-        per_pair = (h - 1 / (2 * beta)) ** 2
-    else:
-        raise ValueError(f"unknown DPO loss {loss!r}")
+    per_pair = DPO_LOSSES.call(loss, h, beta=beta, label_smoothing=label_smoothing)
     value = per_pair.sum() / (num_pairs if num_pairs is not None else max(h.numel(), 1))
     with torch.no_grad():
         chosen = beta * (policy_chosen.float() - ref_chosen.float())
@@ -105,3 +106,16 @@ def dpo_loss(
             margin=float((chosen - rejected).mean()),
         )
     return value, stats
+
+
+@DPO_LOSSES.register("sigmoid")
+def sigmoid_dpo(h: torch.Tensor, *, beta: float, label_smoothing: float = 0.0) -> torch.Tensor:
+    """-(1 - eps) log sigmoid(beta h) - eps log sigmoid(-beta h) per pair [B] (Rafailov et al. 2023;
+    eps is cDPO's label smoothing, 0 for plain DPO)."""
+    return -(1 - label_smoothing) * F.logsigmoid(beta * h) - label_smoothing * F.logsigmoid(-beta * h)
+
+
+@DPO_LOSSES.register("ipo")
+def ipo(h: torch.Tensor, *, beta: float) -> torch.Tensor:
+    """(h - 1 / (2 beta))^2 per pair [B] (Azar et al. 2023), on summed log-probs as the paper defines it."""
+    return (h - 1 / (2 * beta)) ** 2

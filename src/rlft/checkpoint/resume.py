@@ -174,13 +174,14 @@ def restore_training_state(
     saved ones: loading a state dict brings back the old values, and a changed learning rate that
     is logged must also be the one the steps use. ``report`` gets one line per setting that differs."""
     from rlft.distributed.checkpoint import load_optimizer, load_sharded_weights
+    from rlft.distributed.strategy import strategy_of
 
     dist = dist or Dist()
     ck = point.checkpoint
     with _reading(
         ck, "model.safetensors" if not (ck / "adapter_model.safetensors").is_file() else "adapter_model.safetensors"
     ):
-        load_sharded_weights(model, ck) if dist.strategy == "fsdp2" else load_weights(model, ck)
+        load_sharded_weights(model, ck) if strategy_of(dist).shards else load_weights(model, ck)
     for name, part in (components or {}).items():
         if not (ck / name).is_dir():
             raise UsageError(

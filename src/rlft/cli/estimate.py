@@ -45,9 +45,10 @@ def run(args) -> int:
         from rlft.errors import UsageError
 
         raise UsageError(f"--processes {args.processes}: must be 1 or more")
-    est = estimate_memory(
-        cfg, args.device, processes=args.processes, sharded=args.processes > 1 and cfg.distributed.strategy == "fsdp2"
-    )
+    from rlft.distributed.strategy import strategy_named
+
+    sharded = args.processes > 1 and strategy_named(cfg.distributed.strategy).shards
+    est = estimate_memory(cfg, args.device, processes=args.processes, sharded=sharded)
     knobs = advise(cfg, est)
     if args.json:
         out = est.as_dict()

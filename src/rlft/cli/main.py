@@ -170,7 +170,7 @@ def _cmd_validate(args) -> int:
 
 
 def _cmd_check_env(args) -> int:
-    from rlft.env import check_env
+    from rlft.doctor.check_env import check_env
 
     return 0 if check_env(verbose=True)["ok"] else 1
 

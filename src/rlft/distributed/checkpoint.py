@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from rlft.distributed.context import Dist
+from rlft.distributed.strategy import strategy_of
 
 OPTIMIZER_DIR = "optimizer"
 
@@ -39,23 +40,7 @@ def load_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, che
         set_optimizer_state_dict(model, optimizer, state["optimizer"])
         return
     full = torch.load(checkpoint / "optimizer.pt", weights_only=False)
-    if dist.strategy != "fsdp2":
-        optimizer.load_state_dict(full)  # every replica takes the whole state
-        return
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-    set_optimizer_state_dict(
-        model, optimizer, by_name(model, optimizer, full), options=StateDictOptions(full_state_dict=True)
-    )
-
-
-def by_name(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> dict:
-    """torch's optimizer state dict (parameters numbered in param-group order) keyed by parameter
-    name instead, the layout ``set_optimizer_state_dict`` takes."""
-    names = {id(p): n for n, p in model.named_parameters()}
-    order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
-    groups = [{**g, "params": [order[i] for i in g["params"]]} for g in state["param_groups"]]
-    return {"state": {order[i]: s for i, s in state["state"].items()}, "param_groups": groups}
+    strategy_of(dist).load_full_optimizer(model, optimizer, full)
 
 
 def load_sharded_weights(model: torch.nn.Module, checkpoint: Path) -> None:

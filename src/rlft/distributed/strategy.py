@@ -38,82 +38,139 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(max(lists, key=len)) if lists else []
 
 
-def shard_model(model: torch.nn.Module, dist: Dist) -> torch.nn.Module:
-    """Apply the run's strategy to ``model`` in place; returns it.
+class Strategy:
+    """One process: the model whole, nothing to sum or gather. The data-parallel strategies below
+    override what they do differently; code that runs the same under all of them calls the method
+    and never compares strategy names."""
 
-    ddp: the weights are made identical on every process (rank 0's, broadcast: a LoRA adapter's
-    random init or a nondeterministic load cannot drift apart). fsdp2: fully_shard per decoder
-    layer, then the root; gradients are summed, not averaged (see the module docstring)."""
-    if not dist.enabled:
+    name = "none"
+    shards = False  # parameters, gradients and AdamW moments split over the processes
+
+    def shard_model(self, model: torch.nn.Module, dist: Dist) -> torch.nn.Module:
+        """Apply the strategy to the trained ``model`` in place; returns it."""
         return model
-    if dist.strategy == "fsdp2":
-        from torch.distributed.fsdp import fully_shard
 
-        for layer in decoder_layers(model):
-            fully_shard(layer)
-        fully_shard(model)
+    def shard_frozen(self, module: torch.nn.Module, dist: Dist) -> torch.nn.Module:
+        """A frozen model used for forwards only (the KL reference), placed like the policy."""
+        return module
+
+    def sum_gradients(self, params: Iterable[torch.nn.Parameter], dist: Dist) -> None:
+        """Make each gradient the sum over the processes, before the optimizer step."""
+
+    def micro_batch_rounds(self, local: int, dist: Dist) -> int:
+        """How many forward/backward passes this process runs this optimizer step (``local``: its own)."""
+        return local
+
+    def full_state_for_rollout(self, model: torch.nn.Module, dist: Dist) -> dict[str, torch.Tensor] | None:
+        """The full parameters by name the rollout's copy is refreshed from, or None when the rollout
+        reads the module itself."""
+        return None
+
+    def load_full_optimizer(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+        """Load torch's whole optimizer state dict (``optimizer.pt``) into this process's optimizer."""
+        optimizer.load_state_dict(state)
+
+
+class DataParallel(Strategy):
+    """``ddp``: every process holds the whole model; gradients are summed once per optimizer step."""
+
+    name = "ddp"
+
+    def shard_model(self, model: torch.nn.Module, dist: Dist) -> torch.nn.Module:
+        """The weights are made identical on every process (rank 0's, broadcast: a LoRA adapter's
+        random init or a nondeterministic load cannot drift apart)."""
+        with torch.no_grad():
+            for tensor in list(model.parameters()) + list(model.buffers()):
+                dist.broadcast(tensor.data)
+        return model
+
+    def sum_gradients(self, params: Iterable[torch.nn.Parameter], dist: Dist) -> None:
+        """One flat buffer per dtype and device, so a run of many small LoRA tensors costs one
+        all-reduce, not one per tensor. Missing gradients count as zeros on that rank."""
+        params = [p for p in params if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        buckets: dict[tuple, list[torch.nn.Parameter]] = {}
+        for p in params:
+            buckets.setdefault((p.grad.dtype, p.grad.device), []).append(p)
+        for group in buckets.values():
+            flat = torch.cat([p.grad.reshape(-1) for p in group])
+            dist.all_reduce(flat)
+            offset = 0
+            for p in group:
+                n = p.grad.numel()
+                p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
+                offset += n
+
+
+class FullyShardedDataParallel(Strategy):
+    """``fsdp2``: fully_shard per decoder layer, then the root; gradients are summed in the backward's
+    reduce-scatter (the divide factor is 1, see the module docstring)."""
+
+    name = "fsdp2"
+    shards = True
+
+    def shard_model(self, model: torch.nn.Module, dist: Dist) -> torch.nn.Module:
+        _fully_shard(model)
         for unit in model.modules():  # each sharded unit reduces its own gradients
             if hasattr(unit, "set_gradient_divide_factor"):
                 unit.set_force_sum_reduction_for_comms(True)  # gloo has no pre-multiplied sum
                 unit.set_gradient_divide_factor(1.0)
         return model
-    with torch.no_grad():
-        for tensor in list(model.parameters()) + list(model.buffers()):
-            dist.broadcast(tensor.data)
-    return model
+
+    def shard_frozen(self, module: torch.nn.Module, dist: Dist) -> torch.nn.Module:
+        """Each rank keeps 1/world of the frozen reference."""
+        return _fully_shard(module)
+
+    def micro_batch_rounds(self, local: int, dist: Dist) -> int:
+        """The largest count over the processes: each pass all-gathers and reduce-scatters, so all
+        must take part; a rank with fewer runs empty passes whose loss is zero."""
+        return int(dist.all_reduce(torch.tensor([local], dtype=torch.long), op="max").item())
+
+    def full_state_for_rollout(self, model: torch.nn.Module, dist: Dist) -> dict[str, torch.Tensor] | None:
+        """The full parameters, gathered once per optimizer step: the rollout never reads the
+        sharded module (decoding from it would all-gather every layer at every token)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=False)
+        return get_model_state_dict(model, options=options)
+
+    def load_full_optimizer(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+        """Each process takes its shard of the whole state, matched to the parameters by name."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(
+            model, optimizer, by_name(model, optimizer, state), options=StateDictOptions(full_state_dict=True)
+        )
 
 
-def shard_frozen(module: torch.nn.Module, dist: Dist) -> torch.nn.Module:
-    """A frozen model used for forwards only (the KL reference): sharded like the policy under
-    fsdp2 (each rank keeps 1/world of it), left whole under ddp."""
-    if dist.enabled and dist.strategy == "fsdp2":
-        from torch.distributed.fsdp import fully_shard
+def by_name(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> dict:
+    """torch's optimizer state dict (parameters numbered in param-group order) keyed by parameter
+    name instead, the layout ``set_optimizer_state_dict`` takes."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    groups = [{**g, "params": [order[i] for i in g["params"]]} for g in state["param_groups"]]
+    return {"state": {order[i]: s for i, s in state["state"].items()}, "param_groups": groups}
 
-        for layer in decoder_layers(module):
-            fully_shard(layer)
-        fully_shard(module)
+
+STRATEGIES: dict[str, Strategy] = {s.name: s for s in (Strategy(), DataParallel(), FullyShardedDataParallel())}
+
+
+def strategy_of(dist: Dist) -> Strategy:
+    """The strategy a run's processes follow (one process: the plain :class:`Strategy`)."""
+    return STRATEGIES[dist.strategy] if dist.enabled else STRATEGIES["none"]
+
+
+def strategy_named(name: str) -> Strategy:
+    """The strategy of the config's ``distributed.strategy`` for a run of several processes (``auto``: ddp)."""
+    return STRATEGIES["ddp" if name == "auto" else name]
+
+
+def _fully_shard(module: torch.nn.Module) -> torch.nn.Module:
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in decoder_layers(module):
+        fully_shard(layer)
+    fully_shard(module)
     return module
-
-
-def sum_gradients(params: Iterable[torch.nn.Parameter], dist: Dist) -> None:
-    """Sum the gradients of ``params`` over the processes (ddp; under fsdp2 the backward did it).
-
-    One flat buffer per dtype and device, so a run of many small LoRA tensors costs one
-    all-reduce, not one per tensor. Missing gradients count as zeros on that rank."""
-    if not dist.enabled or dist.strategy == "fsdp2":
-        return
-    params = [p for p in params if p.requires_grad]
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-    buckets: dict[tuple, list[torch.nn.Parameter]] = {}
-    for p in params:
-        buckets.setdefault((p.grad.dtype, p.grad.device), []).append(p)
-    for group in buckets.values():
-        flat = torch.cat([p.grad.reshape(-1) for p in group])
-        dist.all_reduce(flat)
-        offset = 0
-        for p in group:
-            n = p.grad.numel()
-            p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
-            offset += n
-
-
-def micro_batch_rounds(local: int, dist: Dist) -> int:
-    """How many forward/backward passes every process runs this optimizer step: its own count under
-    ddp; under fsdp2 the largest over the processes (each pass all-gathers and reduce-scatters, so
-    all must take part; a rank with fewer runs empty passes whose loss is zero)."""
-    if not dist.enabled or dist.strategy != "fsdp2":
-        return local
-    return int(dist.all_reduce(torch.tensor([local], dtype=torch.long), op="max").item())
-
-
-def full_state_for_rollout(model: torch.nn.Module, dist: Dist) -> dict[str, torch.Tensor] | None:
-    """Under fsdp2, the full (unsharded) parameters by name, gathered once: what the rollout's copy
-    of the weights is refreshed from after each optimizer step. None otherwise (the rollout reads
-    the module itself)."""
-    if not dist.enabled or dist.strategy != "fsdp2":
-        return None
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=False))

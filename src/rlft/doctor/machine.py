@@ -116,10 +116,10 @@ def cpu_model() -> str:
 def check_cpu() -> list[Check]:
     import psutil
 
-    from rlft.models.kernels.build import cpu_has
     from rlft.models.precision import BF16_PAYS, bf16_matmul_speedup
     from rlft.planner.devices import cpu_memory_limit
-    from rlft.threads import physical_cores
+    from rlft.speed.kernels.build import cpu_has
+    from rlft.speed.threads import physical_cores
 
     speedup = bf16_matmul_speedup()
     flags = [f for f in ("amx_bf16", "avx512_bf16") if cpu_has(f)]

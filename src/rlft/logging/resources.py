@@ -25,8 +25,6 @@ from pathlib import Path
 
 import psutil
 
-from rlft.planner.devices import cpu_memory_limit
-
 SECONDS = float(os.environ.get("RLFT_RESOURCE_SECONDS", "5"))
 MB = 2**20
 MAX_FAILURES = 3
@@ -44,6 +42,7 @@ class ResourceMonitor:
         warn_below: float = 0.1,
         first_knob: str | None = None,
         cuda: bool = False,
+        memory_limit: int | None = None,
         log: logging.Logger | None = None,
     ):
         self.path, self.warn_below = Path(path), warn_below
@@ -55,7 +54,8 @@ class ResourceMonitor:
         self.last: dict = {}
         self.failures = 0
         self._process = psutil.Process()
-        self._limit = cpu_memory_limit()
+        # the caller's limit (the trainer passes the cgroup's, which the OOM killer acts on); else the RAM
+        self._limit = memory_limit if memory_limit is not None else psutil.virtual_memory().total
         self._warned = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

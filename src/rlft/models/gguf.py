@@ -15,8 +15,8 @@ import logging
 import re
 from pathlib import Path
 
+from rlft.cache import build_once, models_cache_dir
 from rlft.errors import ModelError
-from rlft.models.cache import build_once, models_cache_dir
 
 logger = logging.getLogger("rlft")
 

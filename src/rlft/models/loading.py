@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from rlft.errors import ModelError
-from rlft.models.attention import use_rlft_attention
 from rlft.models.sources import resolve_model_dir
+from rlft.speed.attention import use_rlft_attention
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase

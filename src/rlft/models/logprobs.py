@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from rlft.models.attention import GROUPS_KWARG, PromptGroups, packs_prompt_groups
+from rlft.speed.attention import GROUPS_KWARG, PromptGroups, packs_prompt_groups
 
 
 @functools.cache
@@ -198,7 +198,7 @@ def grouped_forward(
 def _packed_forward(model, prompt_ids, prompt_mask, row_prompt, completion_ids, full_mask, reduce, output: str):
     """:func:`grouped_forward` as one forward of a single packed row: the U prompts [U, P], then every
     completion's inputs [B, T - 1] (its last token predicts nothing), with rlft's attention told the
-    layout (:class:`rlft.models.attention.PromptGroups`).
+    layout (:class:`rlft.speed.attention.PromptGroups`).
 
     The same numbers as the prompt-then-cache form, but each linear layer multiplies all U * P + B * (T - 1)
     tokens in one matmul instead of a thin one for the prompts and another for the completions (whose
@@ -293,7 +293,7 @@ def head_token_logprobs(
     head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs [n] (float32) of ``targets`` [n] after ``head`` on ``hidden`` [n, D], and the detached entropy."""
-    from rlft.models.head_logprobs import compute_dtype, head_logprobs
+    from rlft.speed.head_logprobs import compute_dtype, head_logprobs
 
     plain_linear = (
         type(head) is torch.nn.Linear and head.bias is None and not (head._forward_hooks or head._forward_pre_hooks)

@@ -15,7 +15,7 @@ import logging
 import re
 from pathlib import Path
 
-from rlft.models.cache import build_once, models_cache_dir
+from rlft.cache import build_once, models_cache_dir
 
 logger = logging.getLogger("rlft")
 

@@ -25,7 +25,7 @@ _BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 @functools.cache
 def cpu_has_native_bf16() -> bool:
     """True if /proc/cpuinfo lists a bf16 matmul extension (Linux x86); False elsewhere."""
-    from rlft.models.kernels.build import cpu_has
+    from rlft.speed.kernels.build import cpu_has
 
     return any(cpu_has(flag) for flag in _BF16_CPU_FLAGS)
 

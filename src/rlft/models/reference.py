@@ -37,7 +37,7 @@ class ReferencePolicy:
     """A frozen reference for ``policy``; run it via :meth:`context`."""
 
     def __init__(self, policy: nn.Module, linear_dtype: torch.dtype | None = None):
-        from rlft.models.decode_weights import frozen_copy
+        from rlft.speed.decode_weights import frozen_copy
 
         self.shares_weights = is_peft_model(policy)
         self.module = policy if self.shares_weights else frozen_copy(policy, linear_dtype)

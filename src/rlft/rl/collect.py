@@ -10,11 +10,11 @@ from rlft.algorithms import groups_with_signal, overlong_penalty
 from rlft.distributed.context import Dist
 from rlft.evaluation import columns_of
 from rlft.logging.console import get_logger
-from rlft.phases import phase
 from rlft.rewards.manager import RewardResult
 from rlft.rl.exclusion import machinery_failures
 from rlft.rollout import RolloutBatch, SamplingParams
 from rlft.rollout.sampling import batch_seed
+from rlft.speed.clock import phase
 
 OVERLONG = "overlong_penalty"
 

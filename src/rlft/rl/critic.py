@@ -10,7 +10,7 @@ import torch
 
 from rlft.algorithms import VALUE_LOSSES, aggregate, explained_variance
 from rlft.distributed.context import Dist
-from rlft.distributed.strategy import sum_gradients
+from rlft.distributed.strategy import strategy_of
 from rlft.rl.batch import UpdateBatch, autocast, per_row_no_grad, run_epochs
 from rlft.trainer.optim import clipped_step
 
@@ -88,7 +88,7 @@ class CriticUpdater:
             loss = aggregate(per_token, mb.loss_mask.float(), "token_mean", **counts)
             loss.backward()
             total += float(loss.detach())
-        sum_gradients(self.model.trainable_parameters(), self.dist)
+        strategy_of(self.dist).sum_gradients(self.model.trainable_parameters(), self.dist)
         (total,) = self.dist.sum_floats(total)
         step = clipped_step(self.optimizer, None, self.model.trainable_parameters(), self.p.max_grad_norm)
         return {"critic/value_loss": total, **{f"critic/{k}": v for k, v in step.items()}}

@@ -18,7 +18,6 @@ from rlft.distributed import current
 from rlft.health import HealthMonitor
 from rlft.logging.console import get_logger
 from rlft.logging.run_dir import RunDirectory, append_jsonl
-from rlft.phases import CLOCK, phase
 from rlft.rewards.manager import RewardManager
 from rlft.rl.batch import UpdateBatch
 from rlft.rl.build import (
@@ -33,6 +32,7 @@ from rlft.rl.episodes import env_tools, episode_runner, reward_manager
 from rlft.rl.exclusion import ExclusionPolicy, exclude_rows
 from rlft.rl.metrics import episode_metrics, format_step_line
 from rlft.rl.parallel import global_rollout_metrics, mean_over_processes, refresh_replica, spread_over_processes
+from rlft.speed.clock import CLOCK, phase
 from rlft.trainer.generation import GenerationSettings, evaluate_generations
 from rlft.trainer.job import EvalRecord, TrainedState, total_steps
 from rlft.trainer.metrics import peak_memory_mb

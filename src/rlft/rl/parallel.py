@@ -14,7 +14,7 @@ import copy
 import torch
 
 from rlft.distributed.context import Dist
-from rlft.distributed.strategy import full_state_for_rollout, shard_frozen, shard_model
+from rlft.distributed.strategy import strategy_of
 from rlft.errors import UsageError
 from rlft.rl.metrics import rollout_metrics
 from rlft.trainer.parts import ModelParts
@@ -28,8 +28,8 @@ def spread_over_processes(parts: ModelParts, dist: Dist) -> torch.nn.Module | No
     layer at every decoded token). None otherwise: the rollout reads the policy itself."""
     if not dist.enabled:
         return None
-    replica = None
-    if dist.strategy == "fsdp2":
+    strategy, replica = strategy_of(dist), None
+    if strategy.shards:
         if hasattr(parts.model, "peft_config"):
             raise UsageError(
                 "distributed.strategy: fsdp2 with model.lora: a LoRA run's trained state is small; "
@@ -38,8 +38,8 @@ def spread_over_processes(parts: ModelParts, dist: Dist) -> torch.nn.Module | No
             )
         replica = copy.deepcopy(parts.model).requires_grad_(False).eval()
         if parts.reference is not None and not parts.reference.shares_weights:
-            shard_frozen(parts.reference.module, dist)
-    shard_model(parts.model, dist)
+            strategy.shard_frozen(parts.reference.module, dist)
+    strategy.shard_model(parts.model, dist)
     return replica
 
 
@@ -48,7 +48,7 @@ def refresh_replica(replica: torch.nn.Module | None, model: torch.nn.Module, dis
     """Copy the policy's updated weights into the rollout's replica: one all-gather per optimizer step."""
     if replica is None:
         return
-    state = full_state_for_rollout(model, dist)
+    state = strategy_of(dist).full_state_for_rollout(model, dist)
     assert state is not None, "a replica exists only under fsdp2, which gathers the full state"
     replica.load_state_dict(state, strict=False)
 

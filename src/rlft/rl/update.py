@@ -10,10 +10,10 @@ import torch
 
 from rlft.algorithms import policy_objective
 from rlft.distributed.context import Dist
-from rlft.distributed.strategy import micro_batch_rounds, sum_gradients
+from rlft.distributed.strategy import strategy_of
 from rlft.logging.console import get_logger
-from rlft.phases import count, phase
 from rlft.rl.batch import UpdateBatch, autocast, per_row_no_grad, run_epochs
+from rlft.speed.clock import count, phase
 from rlft.trainer.optim import clipped_step
 
 
@@ -91,7 +91,7 @@ class PolicyUpdater:
             chunks,
             self.autocast_dtype,
             lambda mb: mb.logprobs(module, self.p.temperature)[0],
-            rounds=micro_batch_rounds(len(chunks), self.dist),
+            rounds=strategy_of(self.dist).micro_batch_rounds(len(chunks), self.dist),
         )
 
     def _old_logprobs(self, batch: UpdateBatch) -> torch.Tensor:
@@ -157,7 +157,7 @@ class PolicyUpdater:
             if active.numel()
             else []
         )
-        rounds = micro_batch_rounds(len(chunks), self.dist)
+        rounds = strategy_of(self.dist).micro_batch_rounds(len(chunks), self.dist)
         for i in range(rounds):
             # A pass past this rank's own rows keeps an fsdp2 rank in step with the others: one row,
             # its loss multiplied by 0 (the gradient it adds is exactly zero).
@@ -194,7 +194,7 @@ class PolicyUpdater:
         stats["rows_in_update"] = active_rows / max(num_seqs, 1.0)
         params = [p for p in self.model.parameters() if p.requires_grad]
         with phase("optimizer"):
-            sum_gradients(params, self.dist)
+            strategy_of(self.dist).sum_gradients(params, self.dist)
             stats.update(clipped_step(self.optimizer, self.scheduler, params, self.p.max_grad_norm))
         if "skipped_updates" in stats:
             get_logger().warning(f"non-finite gradient norm ({stats['grad_norm']}); optimizer step skipped")

@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from rlft.models.logprobs import token_logprobs
-from rlft.phases import count, phase
 from rlft.rollout.base import RolloutBatch, SamplingParams
+from rlft.speed.clock import count, phase
 
 if TYPE_CHECKING:
-    from rlft.models.decode_weights import DecodeWeights
+    from rlft.speed.decode_weights import DecodeWeights
 
 
 def eos_token_ids(tokenizer, model) -> list[int]:
@@ -60,7 +60,7 @@ class HFGenerateEngine:
 
     The policy module is shared with the trainer, so every rollout sees the latest weights. With
     ``decode_copy`` and a reduced-precision ``autocast_dtype``, generation runs on a copy of the
-    weights in that dtype, refreshed after each optimizer step (:mod:`rlft.models.decode_weights`).
+    weights in that dtype, refreshed after each optimizer step (:mod:`rlft.speed.decode_weights`).
     """
 
     def __init__(
@@ -90,7 +90,7 @@ class HFGenerateEngine:
         if not self.decode_copy:
             return self.model
         if self._copy is None:
-            from rlft.models.decode_weights import DecodeWeights
+            from rlft.speed.decode_weights import DecodeWeights
 
             self._copy = DecodeWeights(self.model, self.autocast_dtype)
         with phase("weight_sync"):

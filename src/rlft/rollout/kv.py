@@ -7,7 +7,7 @@ the real positions, and position ids are counted per row, so a gap of padding an
 changes nothing the model computes.
 
 Two kinds with one interface: :class:`FusedKVBatch` decodes with
-:class:`rlft.models.fused_decode.FusedDecoder` over its preallocated cache (the fast path the
+:class:`rlft.speed.fused_decode.FusedDecoder` over its preallocated cache (the fast path the
 single-turn engine takes), :class:`KVBatch` through the model's own forward and a Hugging Face
 ``DynamicCache`` (any other model). ``start_batch(...)`` returns the function that makes either.
 """
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from rlft.models.logprobs import cache_kwargs
-from rlft.phases import count, phase
+from rlft.speed.clock import count, phase
 
 
 @dataclass
@@ -110,7 +110,7 @@ class FusedKVBatch:
 
     def join(self, other: FusedKVBatch) -> FusedKVBatch:
         """This batch's rows followed by ``other``'s."""
-        from rlft.models.static_kv import StaticKV
+        from rlft.speed.static_kv import StaticKV
 
         return FusedKVBatch(self.fused, StaticKV.join(self.kv, other.kv), torch.cat([self.positions, other.positions]))
 

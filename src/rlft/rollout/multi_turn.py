@@ -23,11 +23,11 @@ from rlft.chat.deltas import TurnDeltas
 from rlft.envs.spec import EnvironmentSpec
 from rlft.envs.worker import WORKERS
 from rlft.errors import EnvironmentFailure
-from rlft.phases import phase
 from rlft.rollout.base import RolloutBatch, SamplingParams
 from rlft.rollout.episode import DONE, READY, RUNNING, WAITING, Episode, EpisodeLimits
 from rlft.rollout.kv import FusedKVBatch, KVBatch, start_batch
 from rlft.rollout.sampling import row_uniforms, sample_next
+from rlft.speed.clock import phase
 
 RESPONSE_OPEN = "<tool_response>"
 ADMIT_EVERY = 8

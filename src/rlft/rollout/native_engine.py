@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import torch
 
-from rlft.models.fast_linear import weight_first_linears
 from rlft.models.logprobs import cache_kwargs, position_ids_from_mask
-from rlft.phases import count, phase
 from rlft.rollout.base import RolloutBatch, SamplingParams
-from rlft.rollout.graphed_rows import GraphedRows, graphs_apply
 from rlft.rollout.hf_engine import HFGenerateEngine
 from rlft.rollout.sampling import row_uniforms, sample_next
+from rlft.speed.clock import count, phase
+from rlft.speed.fast_linear import weight_first_linears
+from rlft.speed.graphed_rows import GraphedRows, graphs_apply
 
 
 class NativeEngine(HFGenerateEngine):
@@ -103,7 +103,7 @@ class NativeEngine(HFGenerateEngine):
         bf16 copies made straight from the policy's weights (no module copy). Otherwise the decode
         copy (a merged LoRA policy, or no packing here). bf16 autocast over fp32 weights (no
         decode copy) takes the generic path, which casts them."""
-        from rlft.models.fused_decode import FusedDecoder, can_pack, unsupported_reason
+        from rlft.speed.fused_decode import FusedDecoder, can_pack, unsupported_reason
 
         if not self.fused_decode or (self.autocast_dtype is not None and not self.decode_copy):
             return None
@@ -130,7 +130,7 @@ class NativeEngine(HFGenerateEngine):
         """rlft's native CPU kernels for the fused decode, or None (off, not a CPU, or they do not build here)."""
         if not self.native_kernels or self.device.type != "cpu":
             return None
-        from rlft.models.kernels import cpu_kernels
+        from rlft.speed.kernels import cpu_kernels
 
         return cpu_kernels()
 

@@ -99,7 +99,7 @@ def sample_next(
 
     suppress: optional token ids [K] that may not be picked (end-of-sequence before ``min_new_tokens``).
     u: optional uniforms [N] (counter-based, see :class:`SamplingParams.seed`).
-    kernels: rlft's native CPU kernels (:mod:`rlft.models.kernels`), which draw plain tempered samples
+    kernels: rlft's native CPU kernels (:mod:`rlft.speed.kernels`), which draw plain tempered samples
     in one pass over the logits (top-k, top-p and greedy stay here); the same draw up to float rounding.
     """
     logits = logits.float()

@@ -5,7 +5,7 @@ weights. The policy's weights are pushed into that copy in memory, never through
 disk: ``LLM.apply_model`` runs the model's own ``load_weights`` on ``(name, tensor)`` pairs read
 straight from the trainer's parameters (cast to bf16 as they are copied). A push happens only when an
 optimizer step (or any in-place write) changed the policy since the last one, which a
-:class:`~rlft.models.change_watch.ChangeWatch` tells at the cost of reading the parameters' version
+:class:`~rlft.speed.change_watch.ChangeWatch` tells at the cost of reading the parameters' version
 counters, so evaluation batches and dynamic-sampling rounds between two steps push nothing. A LoRA
 policy is pushed with every adapter merged into its layer's weight (W + scale * B @ A), so vLLM
 serves one plain model and needs no LoRA support of its own.
@@ -33,11 +33,11 @@ from pathlib import Path
 import torch
 
 from rlft.errors import UsageError
-from rlft.models.change_watch import ChangeWatch
 from rlft.models.weight_stream import checkpoint_weights
-from rlft.phases import count, phase
 from rlft.rollout.base import RolloutBatch, SamplingParams
 from rlft.rollout.hf_engine import eos_token_ids, left_padded
+from rlft.speed.change_watch import ChangeWatch
+from rlft.speed.clock import count, phase
 
 INSTALL_HINT = "pip install 'rlft[vllm]'"
 _SEED_MOD = 2**31 - 1

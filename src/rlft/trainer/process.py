@@ -160,10 +160,10 @@ def configure_compute(cfg, log) -> None:
     """The process-level settings a run's config asks for, applied once at setup, each with its log line:
     freed memory kept mapped, the compute thread count (``train.num_threads``) and rlft's native
     kernels (``train.native_kernels``; on a CPU the log says whether they built, and if not, why)."""
-    from rlft.allocator import keep_freed_memory
-    from rlft.models.kernels import cpu_kernels, set_enabled, unavailable_reason
     from rlft.models.loading import resolve_device
-    from rlft.threads import configure_threads
+    from rlft.speed.allocator import keep_freed_memory
+    from rlft.speed.kernels import cpu_kernels, set_enabled, unavailable_reason
+    from rlft.speed.threads import configure_threads
 
     keep_freed_memory()  # large tensors are reused warm, not faulted in again every step
     threads, warning = configure_threads(cfg.train.num_threads)

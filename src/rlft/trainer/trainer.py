@@ -105,10 +105,12 @@ class Trainer:
         self._plan = plan_resume(
             self.resume_from, cfg, self.job.CONTINUITY, self.run_dir_path, self.config_source, self.dist
         )
+        from rlft.distributed.strategy import strategy_of
         from rlft.planner.check import check_memory
+        from rlft.planner.devices import cpu_memory_limit
 
         # refused before anything is written if it won't fit (one process's share, in a data-parallel run)
-        self._memory = memory = check_memory(cfg, get_logger(), self.dist.world_size, self.dist.strategy == "fsdp2")
+        self._memory = memory = check_memory(cfg, get_logger(), self.dist.world_size, strategy_of(self.dist).shards)
         self.run_dir = self._open_run_directory()
         self._heartbeat = Heartbeat(self.run_dir).__enter__()
         self.log = setup_console_logging(rank=self.dist.rank if self.dist.enabled else None)
@@ -116,6 +118,7 @@ class Trainer:
         self.resources = ResourceMonitor(
             self.run_dir.root / "resources.jsonl" if self.dist.is_main else Path(os.devnull),
             cuda=_on_cuda(cfg.model.device),
+            memory_limit=cpu_memory_limit(),
             first_knob=memory.if_out_of_memory[0] if memory and memory.if_out_of_memory else None,
             log=get_logger(),
         ).__enter__()

@@ -9,10 +9,10 @@ import torch
 import rlft.rollout.native_engine as native_engine
 from rlft.config.algorithm import RolloutConfig
 from rlft.config.schema import ModelConfig
-from rlft.models.fused_decode import FusedDecoder
 from rlft.models.loading import load_policy, load_tokenizer
 from rlft.rollout import NativeEngine, SamplingParams
-from rlft.rollout.graphed_rows import GraphedRows
+from rlft.speed.fused_decode import FusedDecoder
+from rlft.speed.graphed_rows import GraphedRows
 
 from .test_fused_decode import PROMPTS, _forward_logprobs, _policy, _scripted_eos
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-import rlft.models.head_logprobs as head_module
-import rlft.models.kernels as kernels_module
 import rlft.models.logprobs as logprobs
-from rlft.models.head_logprobs import head_logprobs
+import rlft.speed.head_logprobs as head_module
+import rlft.speed.kernels as kernels_module
 from rlft.models.logprobs import grouped_completion_logprobs, token_logprobs
 from rlft.models.precision import cpu_has_native_bf16
+from rlft.speed.head_logprobs import head_logprobs
 
 
 def _both(n=37, V=101, D=16, temperature=0.7, autocast=False, seed=0, keep_probs=False):

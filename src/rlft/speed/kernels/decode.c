@@ -1,6 +1,6 @@
 /* A decode token through every layer of a Llama-family model in one call, on rlft's thin bf16 matmul.
  *
- * The fused decode step (rlft.models.fused_decode) runs eight native calls a layer: four matmuls and
+ * The fused decode step (rlft.speed.fused_decode) runs eight native calls a layer: four matmuls and
  * the attention, norm and activation kernels between them. Made from Python, each call costs
  * argument checks and a ctypes crossing, ~3 ms a token over SmolLM2's 30 layers at 16 rows (a seventh
  * of the step). This loop makes the same calls, in the same order on the same buffers, from C: the

@@ -10,7 +10,7 @@ The grouped form never expands the keys: the H query heads are viewed as KVH gro
 H / KVH heads, as Hugging Face's ``repeat_kv`` lays them out (query head h reads kv head
 h // (H / KVH)). Scores and softmax are fp32, as in the models' eager attention.
 
-On a CPU with rlft's native kernels (:mod:`rlft.models.kernels`), blocks up to 2^24 score elements
+On a CPU with rlft's native kernels (:mod:`rlft.speed.kernels`), blocks up to 2^24 score elements
 take the same two grouped matmuls with the softmax (and in the backward, its gradient) done by one
 kernel call instead of a dozen fp32 ops, and the backward recomputes the scores from q and k as
 flash attention does, keeping only a log-sum-exp a query: forward + backward of 8 rows x 9 heads of
@@ -170,7 +170,7 @@ def packs_prompt_groups(model: torch.nn.Module) -> bool:
 def _native(query: torch.Tensor, *others: torch.Tensor):
     """(rlft's native kernels, the compute dtype) where they run this attention (CPU, bf16 or fp32),
     else (None, None)."""
-    from rlft.models.kernels import kernels_for
+    from rlft.speed.kernels import kernels_for
 
     autocast = query.device.type == "cpu" and torch.is_autocast_enabled("cpu")
     dtype = torch.get_autocast_dtype("cpu") if autocast else query.dtype

@@ -6,11 +6,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import rlft.models.attention as attention
-import rlft.models.kernels as kernels_module
-from rlft.models.attention import attention_forward, use_rlft_attention
+import rlft.speed.attention as attention
+import rlft.speed.kernels as kernels_module
 from rlft.models.logprobs import grouped_completion_logprobs
 from rlft.models.precision import cpu_has_native_bf16
+from rlft.speed.attention import attention_forward, use_rlft_attention
 
 
 class _Module(torch.nn.Module):

@@ -6,7 +6,7 @@ import platform
 
 import pytest
 
-from rlft.allocator import keep_freed_memory
+from rlft.speed.allocator import keep_freed_memory
 
 
 def test_it_can_be_turned_off(monkeypatch):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlft.phases import PhaseClock, is_timing
+from rlft.speed.clock import PhaseClock, is_timing
 
 
 class FakeTime:
@@ -21,10 +21,10 @@ class FakeTime:
 
 
 def test_phases_add_up_to_the_step_and_inner_phases_count_to_the_outer_one(monkeypatch):
-    import rlft.phases
+    import rlft.speed.clock
 
     fake = FakeTime()
-    monkeypatch.setattr(rlft.phases, "time", fake)
+    monkeypatch.setattr(rlft.speed.clock, "time", fake)
     clock = PhaseClock()
     t0 = fake.perf_counter()
     with clock.phase("decode"):

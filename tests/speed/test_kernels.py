@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-import rlft.models.kernels as kernels_module
-from rlft.models.kernels import build as kbuild
+import rlft.speed.kernels as kernels_module
+from rlft.speed.kernels import build as kbuild
 
 if kbuild.compiler() is None:
     pytest.skip("no C compiler on this machine: the native kernels cannot be built", allow_module_level=True)

@@ -27,9 +27,9 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from rlft.models.change_watch import ChangeWatch
-from rlft.models.fast_linear import matmul_weight_t  # CPU GEMMs stream cold weights faster as W @ x.T
-from rlft.models.static_kv import StaticKV
+from rlft.speed.change_watch import ChangeWatch
+from rlft.speed.fast_linear import matmul_weight_t  # CPU GEMMs stream cold weights faster as W @ x.T
+from rlft.speed.static_kv import StaticKV
 
 SUPPORTED = ("llama", "mistral", "qwen2")
 
@@ -189,8 +189,8 @@ class FusedDecoder:
         self._loop = None  # the layer weights for the one-call layer loop, made after a refresh
 
     def _kernels_apply(self) -> bool:
-        """Whether the native kernels (:mod:`rlft.models.kernels`) can run this model's decode step."""
-        from rlft.models.kernels import supports
+        """Whether the native kernels (:mod:`rlft.speed.kernels`) can run this model's decode step."""
+        from rlft.speed.kernels import supports
 
         norms = [self.norm] + [w for la in self.layers for w in (la.ln1, la.ln2)]
         return (
@@ -224,7 +224,7 @@ class FusedDecoder:
     def _layer_loop(self):
         """The layer weights for :meth:`CpuKernels.decode_layers_bf16`, or None where a layer's matmul is not
         the thin bf16 kernel or a projection has a bias (those take the per-layer calls)."""
-        from rlft.models.kernels import LayerWeights
+        from rlft.speed.kernels import LayerWeights
 
         if self._loop is None:  # decided once per refresh (False: the per-layer calls), not once per token
             ls = self.layers
@@ -343,7 +343,7 @@ class FusedDecoder:
     ) -> torch.Tensor:
         """:meth:`step` at the cache column held in ``column`` (a [1] long tensor on the device) rather
         than ``kv.length``, with PyTorch ops only and no value read back to the host: every shape and
-        address is fixed, so a CUDA graph can capture it (:mod:`rlft.rollout.graphed_rows`). ``kv`` must
+        address is fixed, so a CUDA graph can capture it (:mod:`rlft.speed.graphed_rows`). ``kv`` must
         be allocated to its capacity (attention reads every column, masked by ``kv.valid``); advancing
         ``column`` and ``kv.length`` is the caller's."""
         kv.valid.index_fill_(1, column, True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from rlft.models.fast_linear import MAX_ROWS, weight_first_linears
+from rlft.speed.fast_linear import MAX_ROWS, weight_first_linears
 
 
 def test_same_outputs_hooks_run_and_forward_restored():

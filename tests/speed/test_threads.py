@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlft.threads import configure_threads, physical_cores
+from rlft.speed.threads import configure_threads, physical_cores
 
 
 def _topology(root, cpus: dict[int, tuple[int, int]]):
@@ -44,7 +44,7 @@ def restore_threads():
 
 
 def test_unset_means_physical_cores_and_too_many_is_warned(monkeypatch, restore_threads):
-    monkeypatch.setattr("rlft.threads.physical_cores", lambda: 1)
+    monkeypatch.setattr("rlft.speed.threads.physical_cores", lambda: 1)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert configure_threads(None) == (1, None)
     assert torch.get_num_threads() == 1

@@ -8,7 +8,7 @@ every ``nn.Linear`` weight already in bf16 (2 bytes a parameter per token) and r
 else (embeddings, norms) from the source's own tensors; run under the same autocast, it computes
 exactly what the policy computes, because autocast would have rounded those weights to the same
 bf16 values. (The fused decode of Llama-family models packs its own bf16 weights instead and needs
-no module copy: ``models/fused_decode.py``; this copy serves the other paths.)
+no module copy: ``speed/fused_decode.py``; this copy serves the other paths.)
 
 A tensor is copied again only when it changed: an optimizer step over it (seen through
 PyTorch's global optimizer step hook, because fused optimizer kernels write parameters without
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rlft.models.change_watch import ChangeWatch
+from rlft.speed.change_watch import ChangeWatch
 
 
 @dataclass
@@ -48,7 +48,7 @@ class DecodeWeights:
     """
 
     def __init__(self, source: nn.Module, dtype: torch.dtype):
-        from rlft.models.fused_decode import fuse_projections, unsupported_reason
+        from rlft.speed.fused_decode import fuse_projections, unsupported_reason
 
         lora = _mergeable_lora_layers(source)
         base = frozen_copy(source)

@@ -7,12 +7,12 @@ import torch
 
 import rlft.rollout.native_engine as native_engine
 from rlft.config.schema import ModelConfig
-from rlft.models.fused_decode import FusedDecoder, unsupported_reason
 from rlft.models.loading import load_policy, load_tokenizer
 from rlft.models.logprobs import completion_logprobs
 from rlft.models.precision import cpu_has_native_bf16
-from rlft.models.static_kv import StaticKV
 from rlft.rollout import NativeEngine, SamplingParams
+from rlft.speed.fused_decode import FusedDecoder, unsupported_reason
+from rlft.speed.static_kv import StaticKV
 
 PROMPTS = ["hello there", "abc", "a much longer prompt here"]
 
@@ -73,7 +73,7 @@ def test_fused_greedy_decode_matches_the_generic_path(tiny_model_dir, monkeypatc
     # 40 tokens: the cache grows past its first block of StaticKV.BLOCK columns mid-decode
     sp = SamplingParams(max_new_tokens=40, min_new_tokens=40, n=2, greedy=True)
     fused = engine.generate(PROMPTS, sp)
-    import rlft.models.fused_decode as fd
+    import rlft.speed.fused_decode as fd
 
     monkeypatch.setattr(fd, "unsupported_reason", lambda m: "forced off")  # the generic HF-forward path
     generic = engine.generate(PROMPTS, sp)
@@ -175,7 +175,7 @@ def test_the_bf16_copy_is_exactly_the_autocast_forward(tiny_model_dir):
 
 
 def test_a_lora_policy_decodes_from_a_merged_copy_that_follows_its_adapters(tiny_model_dir):
-    from rlft.models.decode_weights import DecodeWeights
+    from rlft.speed.decode_weights import DecodeWeights
 
     model = load_policy(
         ModelConfig(path=str(tiny_model_dir), dtype="fp32", lora={"r": 4, "alpha": 8, "target_modules": "all-linear"}),
@@ -242,7 +242,7 @@ def test_the_native_kernels_in_bf16_stay_as_close_to_the_forward_as_the_pytorch_
 
 
 def _thin_kernels():
-    from rlft.models.kernels import cpu_kernels
+    from rlft.speed.kernels import cpu_kernels
 
     kernels = cpu_kernels()
     return kernels if kernels is not None and kernels.thin_bf16_matmul else None

@@ -7,7 +7,7 @@ kernels do that work in four calls a layer. They are compiled with the system C 
 time a process needs them (about a second, then cached per machine: :mod:`.build`); where that is
 not possible, or with ``RLFT_NATIVE_KERNELS=0`` / ``train.native_kernels: false``, the same work
 runs as PyTorch ops and the log says why. They also draw plain samples in one pass over the
-logits, and do the LM head's softmax and its gradient a row at a time (:mod:`rlft.models.head_logprobs`).
+logits, and do the LM head's softmax and its gradient a row at a time (:mod:`rlft.speed.head_logprobs`).
 
 Every function takes CPU tensors, contiguous, in the compute dtype named (bf16 or fp32) and
 checks that, because the kernels read raw memory.
@@ -557,8 +557,8 @@ def unavailable_reason() -> str | None:
 def _load() -> tuple[CpuKernels | None, str | None]:
     if os.environ.get("RLFT_NATIVE_KERNELS", "1") == "0":
         return None, "RLFT_NATIVE_KERNELS=0"
-    from rlft.models.cache import cache_root
-    from rlft.models.kernels.build import BuildError, build, cpu_has, load, openmp_runtimes
+    from rlft.cache import cache_root
+    from rlft.speed.kernels.build import BuildError, build, cpu_has, load, openmp_runtimes
 
     try:
         path, flags = build(cache_root() / "kernels")

@@ -16,7 +16,7 @@ def check_env(verbose: bool = False) -> dict:
 
     from rlft.doctor.machine import cpu_model
     from rlft.models.precision import bf16_matmul_speedup, cpu_has_native_bf16
-    from rlft.threads import physical_cores
+    from rlft.speed.threads import physical_cores
 
     info: dict = {
         "python": platform.python_version(),
@@ -31,13 +31,13 @@ def check_env(verbose: bool = False) -> dict:
         "bf16_cpu_speedup": bf16_matmul_speedup(),  # bf16 over fp32 matmul throughput, measured; None: emulated
         "cpu_model": cpu_model(),
     }
-    from rlft.models.kernels import cpu_kernels, unavailable_reason
+    from rlft.speed.kernels import cpu_kernels, unavailable_reason
 
     kernels = cpu_kernels()  # built here on first use (about a second), then cached for the machine
     info["native_kernels"] = kernels.describe() if kernels is not None else f"unavailable: {unavailable_reason()}"
     cores = physical_cores()
     info["physical_cores"] = cores
-    # rlft's trainer sets one thread per physical core (rlft.threads); this says what torch does unset
+    # rlft's trainer sets one thread per physical core (rlft.speed.threads); this says what torch does unset
     info["thread_warning"] = (
         f"torch uses {info['cpu_threads']} threads on {cores} physical cores this process may "
         f"use; rlft train sets {cores} (train.num_threads)"

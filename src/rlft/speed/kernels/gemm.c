@@ -5,7 +5,7 @@
  * ~45 % of the machine's bf16 peak on SmolLM2's shapes; this one keeps 4 rows x 64 columns of fp32
  * sums in 16 registers and streams the weight once per 4 rows, 1.1-1.3x faster at 16 rows and up
  * to 2x at one (benchmarks in docs/performance.md). With AMX, oneDNN's tile kernels are faster and
- * rlft keeps them (:mod:`rlft.models.kernels`); without AVX512-BF16 this file builds to a stub that
+ * rlft keeps them (:mod:`rlft.speed.kernels`); without AVX512-BF16 this file builds to a stub that
  * says so.
  *
  * The weight W [N, K] is packed by the caller as [N / 16][K / 2][16][2] (16 output columns, then

@@ -12,7 +12,7 @@ chunk's logits (a third more head arithmetic) and turns them into the gradients 
 Under autocast the matmuls run in the autocast dtype as ``nn.Linear`` would (inputs and weight
 rounded, fp32 softmax), so the numbers match the plain head up to summation order.
 
-On a CPU with rlft's native kernels (:mod:`rlft.models.kernels`) the softmax and the gradient are
+On a CPU with rlft's native kernels (:mod:`rlft.speed.kernels`) the softmax and the gradient are
 done a row at a time over the matmul's own output: one read and one write of each row, where the
 PyTorch ops below make six passes over fp32 copies of the logits (at 256-token completions they
 were a third of the update's time). With the probabilities kept, that output is the kept buffer.
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from rlft.models.kernels import kernels_for
+from rlft.speed.kernels import kernels_for
 
 _CHUNK_ELEMENTS = 1 << 24  # logits computed at a time: 64 MB of fp32
 
