@@ -67,7 +67,7 @@ class DPOJob(PairJob):
         d = self.cfg.dpo
         return [
             f"dpo: {len(self.train_set.pairs)} preference pairs, {d.loss} loss, beta {d.beta}",
-            *self._parameters_line(),
+            *self._parameters_lines("pairs"),
         ]
 
     def _sequence_logprobs(self, model, batch) -> tuple[torch.Tensor, torch.Tensor]:

@@ -38,7 +38,7 @@ class RMJob(PairJob):
             f"reward model: {len(self.train_set.pairs)} preference pairs, Bradley-Terry loss"
             + (f", margin {r.margin}" if r.margin else "")
             + (f", margin column '{data.margin_field}'" if data.margin_field else ""),
-            *self._parameters_line(),
+            *self._parameters_lines("pairs"),
         ]
 
     def _scores(self, pairs: list[PreferencePair]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,26 +11,22 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from rlft.algorithms import sft_loss
 from rlft.config.schema import JOB_KINDS, SFTConfig
 from rlft.data.prompts import log_loaded
-from rlft.data.sampler import PromptSampler
 from rlft.evaluation import EvalResult
-from rlft.logging.console import get_logger
 from rlft.logging.run_dir import RunDirectory
 from rlft.models.logprobs import marked_token_logprobs
 from rlft.models.precision import autocast
 from rlft.sft.batch import collate
 from rlft.sft.data import SFTSet, TrainingRow, load_sft, training_rows
-from rlft.trainer.generation import GenerationSettings, evaluate_generations
-from rlft.trainer.job import EvalRecord, TrainedState, total_steps
-from rlft.trainer.metrics import peak_memory_mb
-from rlft.trainer.optim import build_optimizer, build_scheduler, clipped_step
+from rlft.trainer.generation import evaluate_generations
+from rlft.trainer.job import EvalRecord
 from rlft.trainer.parts import build_model
+from rlft.trainer.supervised import SupervisedJob
 
 
 @dataclass
@@ -67,60 +63,47 @@ class SFTEvalResult:
         return {**out, **self.generation.summary()} if self.generation is not None else out
 
 
-class SFTJob:
-    """One supervised fine-tuning job (``kind: sft``)."""
+class SFTJob(SupervisedJob):
+    """One supervised fine-tuning job (``kind: sft``): its items are training rows (conversations,
+    packed or one a row) and its loss the cross-entropy of their trained tokens."""
 
     CONTINUITY = JOB_KINDS["sft"].continuity
+    SECTION = "sft"
 
     def __init__(self, cfg: SFTConfig):
-        self.cfg = cfg
+        super().__init__(cfg)
         self._last_loss = float("nan")
 
-    def build(self, run_dir: RunDirectory) -> None:
+    def _build_model(self):
+        return build_model(self.cfg.model)
+
+    def _load(self, tokenizer) -> tuple[list, list | None]:
         cfg, s = self.cfg, self.cfg.sft
-        self.log = get_logger()
-        self.parts = build_model(cfg.model)
-        self.device, self.model_dir = self.parts.device, self.parts.model_dir
-        tok = self.parts.tokenizer
-        self.train_set = load_sft(cfg.data, tok, "train", cfg.train.seed, s.train_on)
-        self.eval_set = load_sft(cfg.data, tok, "eval", cfg.train.seed, s.train_on)
+        self.train_set = load_sft(cfg.data, tokenizer, "train", cfg.train.seed, s.train_on)
+        self.eval_set = load_sft(cfg.data, tokenizer, "eval", cfg.train.seed, s.train_on)
         log_loaded(self.log, self.train_set, self.eval_set, "conversations")
-        self.rows = training_rows(self.train_set.examples, cfg.data.max_length, s.packing)
-        self.eval_rows = training_rows(self.eval_set.examples, cfg.data.max_length, s.packing) if self.eval_set else []
-        self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        self.sampler = PromptSampler(len(self.rows), s.batch_size, seed=cfg.train.seed, shuffle=cfg.data.shuffle)
-        self.steps_per_epoch = self.sampler.steps_per_epoch
-        self.total_steps = total_steps(cfg.train, self.steps_per_epoch)
-        self.optimizer = build_optimizer(
-            self.parts.model.parameters(),
-            lr=s.learning_rate,
-            weight_decay=s.weight_decay,
-            betas=tuple(s.adam_betas),
-            eps=s.adam_eps,
-        )
-        self.scheduler = build_scheduler(
-            self.optimizer,
-            total_steps=self.total_steps,
-            warmup_steps=s.warmup_steps,
-            schedule=s.lr_scheduler,
-            min_ratio=s.min_lr_ratio,
-        )
-        self.rewards = self.engine = None
+        rows = training_rows(self.train_set.examples, cfg.data.max_length, s.packing)
+        eval_rows = training_rows(self.eval_set.examples, cfg.data.max_length, s.packing) if self.eval_set else None
+        return rows, eval_rows
+
+    def build(self, run_dir: RunDirectory) -> None:
+        super().build(run_dir)
+        cfg, self.rewards, self.engine = self.cfg, None, None
         if cfg.reward is not None and self.eval_set is not None:
             self.rewards = self.reward_manager(cfg)
-            self.engine = self.generation(cfg).make_engine(self.parts.model, tok, self.parts.autocast_dtype)
+            self.engine = self.generation(cfg).make_engine(
+                self.parts.model, self.parts.tokenizer, self.parts.autocast_dtype
+            )
 
     def describe(self) -> list[str]:
         s = self.cfg.sft
-        tokens = sum(len(r.input_ids) for r in self.rows)
-        trained = sum(int(r.loss_mask.sum()) for r in self.rows)
-        packed = f", packed into {len(self.rows)} rows of up to {self.cfg.data.max_length} tokens" if s.packing else ""
+        tokens = sum(len(r.input_ids) for r in self.items)
+        trained = sum(int(r.loss_mask.sum()) for r in self.items)
+        packed = f", packed into {len(self.items)} rows of up to {self.cfg.data.max_length} tokens" if s.packing else ""
         lines = [
             f"sft: {len(self.train_set.examples)} examples{packed}; {tokens} tokens, {trained} trained on "
             f"({s.train_on} turns)",
-            "sft parameters in effect: " + ", ".join(f"{k}={v}" for k, v in s.model_dump().items()),
-            f"training for {self.total_steps} steps: {s.batch_size} rows per step ({s.micro_batch_size} per "
-            f"forward/backward), {self.steps_per_epoch} steps per epoch",
+            *self._parameters_lines("rows"),
         ]
         if self.rewards is not None:
             lines.append(
@@ -130,42 +113,29 @@ class SFTJob:
 
     # ------------------------------------------------------------------ one step
 
-    def train_step(self, step: int) -> dict[str, float]:
-        t0 = time.perf_counter()
-        rows = [self.rows[i] for i in self.sampler.next_batch()]
-        model = self.parts.model
-        model.train()
-        num_tokens = float(sum(int(r.loss_mask[1:].sum()) for r in rows))
-        lr = self.optimizer.param_groups[0]["lr"]
-        self.optimizer.zero_grad(set_to_none=True)
-        loss_sum = 0.0
-        for i in range(0, len(rows), self.cfg.sft.micro_batch_size):
-            batch = collate(rows[i : i + self.cfg.sft.micro_batch_size], self.pad_id).to(self.device)
-            with autocast(self.parts.autocast_dtype, self.device):
-                lp = marked_token_logprobs(
-                    model, batch.input_ids, batch.attention_mask, batch.position_ids, batch.loss_mask
-                )
-            loss = sft_loss(lp, num_tokens=num_tokens)
-            loss.backward()
-            loss_sum += float(loss.detach())
-        params = [p for p in model.parameters() if p.requires_grad]
-        stats = clipped_step(self.optimizer, self.scheduler, params, self.cfg.sft.max_grad_norm)
-        if "skipped_updates" in stats:
-            self.log.warning(f"step {step}: non-finite gradient norm ({stats['grad_norm']}); optimizer step skipped")
-        seconds = time.perf_counter() - t0
-        all_tokens = sum(len(r.input_ids) for r in rows)
-        self._last_loss = loss_sum
+    def _normaliser(self, items: list[TrainingRow]) -> float:
+        return float(sum(int(r.loss_mask[1:].sum()) for r in items))  # trained tokens: a token mean
+
+    def _token_logprobs(self, rows: list[TrainingRow]) -> torch.Tensor:
+        """Log-probs [n] of the trained tokens of ``rows``, in one forward."""
+        batch = collate(rows, self.pad_id).to(self.device)
+        with autocast(self.parts.autocast_dtype, self.device):
+            return marked_token_logprobs(
+                self.parts.model, batch.input_ids, batch.attention_mask, batch.position_ids, batch.loss_mask
+            )
+
+    def _loss(self, items: list[TrainingRow], normaliser: float) -> tuple[torch.Tensor, None]:
+        return sft_loss(self._token_logprobs(items), num_tokens=normaliser), None
+
+    def _metrics(self, items: list[TrainingRow], loss: float, stats, seconds: float) -> dict[str, float]:
+        self._last_loss = loss
+        all_tokens = sum(len(r.input_ids) for r in items)
         return {
-            "loss": loss_sum,
-            "perplexity": math.exp(min(loss_sum, 50.0)),
-            **stats,
-            "lr": lr,
-            "trained_tokens": num_tokens,
+            "perplexity": math.exp(min(loss, 50.0)),
+            "trained_tokens": self._normaliser(items),
             "tokens": float(all_tokens),
-            "examples": float(sum(r.num_examples for r in rows)),
-            "step_seconds": seconds,
+            "examples": float(sum(r.num_examples for r in items)),
             "tokens_per_s": all_tokens / seconds,
-            "peak_mem_mb": peak_memory_mb(self.device),
         }
 
     def step_line(self, step: int, m: dict[str, float]) -> str:
@@ -177,32 +147,22 @@ class SFTJob:
     def progress_info(self) -> str:
         return f"loss {self._last_loss:.3f}"
 
-    # ------------------------------------------------------------------ eval / state
+    # ------------------------------------------------------------------ eval
 
-    @torch.no_grad()
     def eval_loss(self, rows: list[TrainingRow]) -> tuple[float, int]:
         """Mean negative log-likelihood per trained token over ``rows``, and the number of tokens."""
-        model = self.parts.model
-        was_training = model.training
-        model.eval()
         total, count = 0.0, 0
-        try:
+        with self._evaluating():
             for i in range(0, len(rows), self.cfg.sft.micro_batch_size):
-                batch = collate(rows[i : i + self.cfg.sft.micro_batch_size], self.pad_id).to(self.device)
-                with autocast(self.parts.autocast_dtype, self.device):
-                    lp = marked_token_logprobs(
-                        model, batch.input_ids, batch.attention_mask, batch.position_ids, batch.loss_mask
-                    )
+                lp = self._token_logprobs(rows[i : i + self.cfg.sft.micro_batch_size])
                 total, count = total - float(lp.sum()), count + lp.numel()
-        finally:
-            model.train(was_training)
         return total / max(count, 1), count
 
     def evaluate(self, step: int, tag: str) -> EvalRecord | None:
         if self.eval_set is None:
             return None
         start = time.perf_counter()
-        loss, count = self.eval_loss(self.eval_rows)
+        loss, count = self.eval_loss(self.eval_items or [])
         result = SFTEvalResult(loss, len(self.eval_set.examples), count, 0.0, self._generation_eval(self.eval_set))
         result.seconds = time.perf_counter() - start
         payload = {**result.summary(), "samples": result.generation.samples if result.generation else []}
@@ -232,19 +192,6 @@ class SFTJob:
         from rlft.rewards.manager import RewardManager
 
         return RewardManager.from_specs(cfg.reward.functions) if cfg.reward is not None else None
-
-    @staticmethod
-    def generation(cfg: SFTConfig) -> GenerationSettings:
-        # The chat template has already put the special tokens into every prompt.
-        return GenerationSettings(
-            "native", cfg.data.max_length, cfg.eval.max_new_tokens or 256, add_special_tokens=False
-        )
-
-    def state(self) -> TrainedState:
-        return TrainedState(self.parts.model, self.parts.tokenizer, self.optimizer, self.scheduler, self.sampler)
-
-    def restore(self, extra: dict[str, Any]) -> None:
-        pass  # the optimizer, scheduler, data position and RNG are all the state SFT has
 
     def report(self, before: EvalRecord | None, after: EvalRecord | None) -> list[str]:
         if before is None or after is None:

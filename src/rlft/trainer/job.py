@@ -51,7 +51,8 @@ class TrainedState:
 
 class Job(Protocol):
     """One kind of training, run by the lifecycle in this order: ``build()``, then ``train_step()``
-    until ``total_steps``, with ``evaluate()`` and ``state()`` at the configured cadence."""
+    until ``total_steps``, with ``evaluate()`` and ``state()`` at the configured cadence. These are
+    all the lifecycle uses; what ``rlft eval`` asks of a job class is :class:`GeneratingKind`."""
 
     #: Config paths (a prefix covers everything below it) whose change breaks a resume, and why;
     #: added to the rules every kind shares (rlft.checkpoint.continuity.COMMON_RULES).
@@ -89,7 +90,11 @@ class Job(Protocol):
     def report(self, before: EvalRecord | None, after: EvalRecord | None) -> list[str]:
         """Closing log lines comparing the evaluations before and after training."""
 
-    # Used without a built job too (``rlft eval`` compares checkpoints on a config's eval prompts):
+
+class GeneratingKind(Protocol):
+    """What ``rlft eval`` and ``rlft rollout`` ask of a job class without building a job: the
+    held-out prompts a generation evaluation answers, how it generates, and what scores it. The
+    lifecycle never calls these; every job class has them (None where a kind does not generate)."""
 
     @staticmethod
     def eval_prompts(cfg: RunConfig, tokenizer) -> list | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -29,7 +29,7 @@ class ModelParts:
     the weights came from."""
 
     model: torch.nn.Module
-    tokenizer: object
+    tokenizer: Any  # a transformers tokenizer
     reference: ReferencePolicy | None
     device: torch.device
     autocast_dtype: torch.dtype | None
