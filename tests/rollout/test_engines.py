@@ -98,3 +98,17 @@ def test_sample_categorical_follows_the_distribution():
     freq = torch.stack([(draws[:, 0] == k).float().mean() for k in range(4)])
     torch.testing.assert_close(freq, probs[0], atol=0.015, rtol=0)  # ~4 standard errors
     assert (draws[:, 0] != 1).all() and (draws[:, 1] == 3).all()  # zero mass is never drawn
+
+
+def test_every_engine_has_its_options_declared_and_takes_them():
+    import inspect
+    from typing import get_args
+
+    from rlft.config.algorithm import ENGINE_OPTIONS, RolloutConfig
+    from rlft.rollout import ENGINES
+
+    assert set(ENGINE_OPTIONS) == set(ENGINES) == set(get_args(RolloutConfig.model_fields["engine"].annotation))
+    for name, options in ENGINE_OPTIONS.items():
+        takes = inspect.signature(ENGINES[name].__init__).parameters
+        assert set(options) <= set(takes), (name, set(options) - set(takes))
+        assert set(options.values()) <= set(RolloutConfig.model_fields), name

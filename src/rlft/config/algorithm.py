@@ -14,6 +14,17 @@ from rlft.config.sections import ModelPath, Section
 # validation never imports torch (tests/algorithms/test_registry.py checks the two agree).
 GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
 
+# Each rollout engine's own keyword arguments -> the rollout: field that sets it (the engines are
+# rlft.rollout.ENGINES; a test keeps the two lists of names the same).
+ENGINE_OPTIONS: dict[str, dict[str, str]] = {
+    "native": {"cuda_graphs": "cuda_graphs"},
+    "hf": {},
+    "vllm": {
+        "gpu_memory_utilization": "vllm_gpu_memory_utilization",
+        "sleep_between_steps": "vllm_sleep_between_steps",
+    },
+}
+
 AlgorithmName = Literal["grpo", "dr_grpo", "dapo", "gspo", "rloo", "reinforce_pp", "ppo"]
 AdvantageName = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "gae"]
 PolicyLossName = Literal["ppo_clip", "dual_clip", "gspo", "reinforce"]
@@ -171,14 +182,7 @@ class RolloutConfig(Section):
 
     def engine_options(self) -> dict[str, Any]:
         """Keyword arguments of the chosen engine beyond the common ones (none for hf)."""
-        if self.engine == "native":
-            return {"cuda_graphs": self.cuda_graphs}
-        if self.engine != "vllm":
-            return {}
-        return {
-            "gpu_memory_utilization": self.vllm_gpu_memory_utilization,
-            "sleep_between_steps": self.vllm_sleep_between_steps,
-        }
+        return {kwarg: getattr(self, field) for kwarg, field in ENGINE_OPTIONS[self.engine].items()}
 
 
 def vllm_problems(model: Any) -> list[str]:
