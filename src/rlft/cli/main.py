@@ -143,7 +143,7 @@ def _cmd_train(args) -> int:
     )
     result = trainer.train()
     if result.stopped_by is not None:
-        from rlft.trainer.trainer import stop_note
+        from rlft.trainer.process import stop_note
 
         print(
             f"stopped at step {result.steps} by signal {result.stopped_by}; {stop_note(result.final_checkpoint)}",

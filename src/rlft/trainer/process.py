@@ -11,9 +11,10 @@ import statistics
 import threading
 import time
 from collections import deque
+from pathlib import Path
 from typing import Any
 
-from rlft.errors import RlftError
+from rlft.errors import RlftError, error_type
 from rlft.logging.run_dir import RunDirectory
 
 HEARTBEAT_SECONDS = float(os.environ.get("RLFT_HEARTBEAT_SECONDS", "5"))
@@ -182,3 +183,42 @@ def configure_compute(cfg, log) -> None:
         )
     else:
         log.info(f"{kernels.describe()}: decode step, sampling, LM head and attention softmax")
+
+
+def ended_by(exc: BaseException, step: int, memory, peak_mb: float | None) -> dict:
+    """run.json's record of a run ended by ``exc``: a second Ctrl-C is a cancellation, anything else a
+    failure with its kind (:func:`rlft.errors.error_type`); out of memory adds the peak the resource
+    monitor saw (``peak_mb``) and the memory plan's advice (``memory``: the plan, or None)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return {"status": "cancelled", "signal": "SIGINT"}
+    kind = error_type(exc)
+    out: dict[str, Any] = {"status": "failed", "error": f"{type(exc).__name__}: {exc}", "error_type": kind}
+    if kind == "oom":
+        advice = memory.if_out_of_memory if memory is not None else []
+        out["oom"] = {
+            "kind": "cuda" if "cuda" in str(exc).lower() else "cpu",
+            "step": step,
+            "peak_mb": peak_mb,
+            "advice": advice,
+        }
+        if advice:
+            out["error"] += f" | try --set {advice[0]} (rlft estimate --config ... for the whole list)"
+    return out
+
+
+def stop_note(checkpoint: Path | None) -> str:
+    """What a stopped run kept, truthfully: its checkpoint, or none because no step had completed."""
+    if checkpoint is not None:
+        return f"checkpoint kept: {checkpoint}; continue with --resume auto"
+    return (
+        "no checkpoint was written, as no step had completed; --resume auto starts the run afresh in the same directory"
+    )
+
+
+def on_cuda(device: str) -> bool:
+    """Whether a run on ``device`` (the config's model.device) runs on a CUDA GPU."""
+    if device == "cpu":
+        return False
+    import torch
+
+    return torch.cuda.is_available()

@@ -19,7 +19,6 @@ from rlft.checkpoint.continuity import file_fingerprint
 from rlft.config.loader import config_to_dict, config_to_yaml, load_config
 from rlft.config.schema import RunConfig
 from rlft.distributed.context import Dist
-from rlft.errors import error_type
 from rlft.logging.console import (
     ProgressBar,
     attach_file_log,
@@ -30,10 +29,20 @@ from rlft.logging.console import (
 from rlft.logging.resources import ResourceMonitor
 from rlft.logging.run_dir import FollowerRunDirectory, RunDirectory, append_jsonl
 from rlft.logging.trackers import Trackers, open_trackers
+from rlft.planner.devices import cpu_memory_limit
 from rlft.trainer.job import EvalRecord, Job, job_class
 from rlft.trainer.metrics import MetricWindow
 from rlft.trainer.parts import seed_everything
-from rlft.trainer.process import Heartbeat, StopRequest, configure_compute, join_process_group, leave_process_group
+from rlft.trainer.process import (
+    Heartbeat,
+    StopRequest,
+    configure_compute,
+    ended_by,
+    join_process_group,
+    leave_process_group,
+    on_cuda,
+    stop_note,
+)
 from rlft.trainer.resuming import ResumePlan, log_plan, plan_resume, set_aside_later_than
 
 
@@ -107,37 +116,11 @@ class Trainer:
         )
         from rlft.distributed.strategy import strategy_of
         from rlft.planner.check import check_memory
-        from rlft.planner.devices import cpu_memory_limit
 
         # refused before anything is written if it won't fit (one process's share, in a data-parallel run)
         self._memory = memory = check_memory(cfg, get_logger(), self.dist.world_size, strategy_of(self.dist).shards)
         self.run_dir = self._open_run_directory()
-        self._heartbeat = Heartbeat(self.run_dir).__enter__()
-        self.log = setup_console_logging(rank=self.dist.rank if self.dist.enabled else None)
-        self._file_log = attach_file_log(self.run_dir.log if self.dist.is_main else None)
-        self.resources = ResourceMonitor(
-            self.run_dir.root / "resources.jsonl" if self.dist.is_main else Path(os.devnull),
-            cuda=_on_cuda(cfg.model.device),
-            memory_limit=cpu_memory_limit(),
-            first_knob=memory.if_out_of_memory[0] if memory and memory.if_out_of_memory else None,
-            log=get_logger(),
-        ).__enter__()
-        if self.dist.is_main:
-            self.run_dir.write_config(config_to_yaml(cfg))  # the config in effect; each checkpoint keeps its own
-        self.trackers = (
-            Trackers()
-            if not self.dist.is_main
-            else open_trackers(
-                cfg.train.report_to,
-                self.run_dir.root,
-                config_to_dict(cfg),
-                self.run_dir.root.name,
-                self.run_dir.read_run_info().get("trackers"),
-                self._plan.step,
-            )
-        )  # a resume continues run.json's trackers
-        if self.trackers.ids:
-            self.run_dir.write_run_info(trackers=self.trackers.ids)
+        self._open_observers(memory)
         self.run_dir.write_run_info(
             status="starting",
             kind=cfg.kind,
@@ -161,6 +144,36 @@ class Trainer:
             self._close(**self._ended_by(exc))
             raise
         self._ready = True
+
+    def _open_observers(self, memory) -> None:
+        """What watches the run from beside it: the heartbeat, the logs, the resource monitor and the
+        experiment trackers (a resume continues run.json's trackers); the config in effect is written."""
+        cfg = self.cfg
+        self._heartbeat = Heartbeat(self.run_dir).__enter__()
+        self.log = setup_console_logging(rank=self.dist.rank if self.dist.enabled else None)
+        self._file_log = attach_file_log(self.run_dir.log if self.dist.is_main else None)
+        self.resources = ResourceMonitor(
+            self.run_dir.root / "resources.jsonl" if self.dist.is_main else Path(os.devnull),
+            cuda=on_cuda(cfg.model.device),
+            memory_limit=cpu_memory_limit(),
+            first_knob=memory.if_out_of_memory[0] if memory and memory.if_out_of_memory else None,
+            log=get_logger(),
+        ).__enter__()
+        if self.dist.is_main:
+            self.run_dir.write_config(config_to_yaml(cfg))  # the config in effect; each checkpoint keeps its own
+        self.trackers = Trackers()
+        if self.dist.is_main:
+            info = self.run_dir.read_run_info().get("trackers")
+            self.trackers = open_trackers(
+                cfg.train.report_to,
+                self.run_dir.root,
+                config_to_dict(cfg),
+                self.run_dir.root.name,
+                info,
+                self._plan.step,
+            )
+        if self.trackers.ids:
+            self.run_dir.write_run_info(trackers=self.trackers.ids)
 
     def _open_run_directory(self) -> RunDirectory:
         """The run directory: rank 0 creates (or reopens) it and tells the other processes, which
@@ -428,38 +441,4 @@ class Trainer:
             self.log.info(line)
 
     def _ended_by(self, exc: BaseException) -> dict:
-        """run.json's record of a run ended by ``exc``: a second Ctrl-C is a cancellation, anything else a
-        failure with its kind (:func:`rlft.errors.error_type`); out of memory adds the peak the resource
-        monitor saw and the memory plan's advice."""
-        if isinstance(exc, KeyboardInterrupt):
-            return {"status": "cancelled", "signal": "SIGINT"}
-        kind = error_type(exc)
-        out: dict[str, Any] = {"status": "failed", "error": f"{type(exc).__name__}: {exc}", "error_type": kind}
-        if kind == "oom":
-            advice = self._memory.if_out_of_memory if self._memory is not None else []
-            out["oom"] = {
-                "kind": "cuda" if "cuda" in str(exc).lower() else "cpu",
-                "step": self.step,
-                "peak_mb": self.resources.peak_mb(),
-                "advice": advice,
-            }
-            if advice:
-                out["error"] += f" | try --set {advice[0]} (rlft estimate --config ... for the whole list)"
-        return out
-
-
-def stop_note(checkpoint: Path | None) -> str:
-    """What a stopped run kept, truthfully: its checkpoint, or none because no step had completed."""
-    if checkpoint is not None:
-        return f"checkpoint kept: {checkpoint}; continue with --resume auto"
-    return (
-        "no checkpoint was written, as no step had completed; --resume auto starts the run afresh in the same directory"
-    )
-
-
-def _on_cuda(device: str) -> bool:
-    if device == "cpu":
-        return False
-    import torch
-
-    return torch.cuda.is_available()
+        return ended_by(exc, self.step, self._memory, self.resources.peak_mb() if hasattr(self, "resources") else None)
