@@ -48,12 +48,52 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+# The subcommands beside the job kinds': (name, the module whose function adds its arguments, that
+# function, help). Each module is imported when the parser is built.
+SUBCOMMANDS: list[tuple[str, str, str, str]] = [
+    ("generate", "rlft.cli.generate", "add_arguments",
+     "Generate from a checkpoint or model (one prompt or a JSONL file)."),
+    ("export", "rlft.cli.export", "add_arguments", "Write a checkpoint as a plain HF model dir (LoRA merged)."),
+    ("eval", "rlft.cli.eval", "add_arguments", "Compare checkpoints (and --base) on the eval prompts."),
+    ("rollout", "rlft.cli.agent", "add_rollout_arguments",
+     "Run a few multi-turn episodes without training; print them with the trained tokens marked."),
+    ("env", "rlft.cli.agent", "add_env_arguments", "Built-in environments: list, demos."),
+    ("doctor", "rlft.cli.doctor", "add_arguments",
+     "Check this machine (and --config's run: memory, disk) with a fix for each problem."),
+    ("estimate", "rlft.cli.estimate", "add_arguments",
+     "Predict a run's peak memory (weights, optimizer, activations, KV cache ...) before launch."),
+    ("serve", "rlft.cli.serve", "add_arguments", "The HTTP job service and dashboard (loopback by default)."),
+    ("jobs", "rlft.cli.jobs", "add_arguments", "Submit, list, watch, cancel and resume jobs of rlft serve."),
+    ("serve-reward", "rlft.cli.serve_reward", "add_arguments", "Serve rlft rewards over HTTP (for type: http)."),
+    ("plot", "rlft.cli.plot", "add_arguments", "Write a run's training curves (several runs overlaid) as PNG."),
+    ("diagnose", "rlft.cli.diagnose", "add_arguments",
+     "Check a run's health (no learning signal, collapse, blow-ups, hacking); a report with plots; "
+     "exit 3 if unhealthy."),
+    ("sweep", "rlft.cli.sweep", "add_arguments",
+     "Run a folder of configs or a grid; classify failures, retry transient ones, summarise."),
+]  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
+    import importlib
+
     parser = argparse.ArgumentParser(prog="rlft", description="Reinforcement-learning fine-tuning of open-weight LMs.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_job_commands(sub)
+    validate = sub.add_parser("validate", help="Validate a config and print the resolved YAML.")
+    _add_config_args(validate)
+    sub.add_parser("check-env", help="Report torch, devices and optional packages.")
+    sub.add_parser("algorithms", help="List the algorithms and the defaults each one selects.")
+    for name, module, adder, help_text in SUBCOMMANDS:
+        getattr(importlib.import_module(module), adder)(sub.add_parser(name, help=help_text))
+    return parser
+
+
+def _add_job_commands(sub) -> None:
+    """One subcommand per job kind, as the kind declares it in JOB_KINDS."""
     from rlft.config.schema import JOB_KINDS
 
-    for kind in JOB_KINDS.values():  # one subcommand per job kind, as the kind declares it
+    for kind in JOB_KINDS.values():
         job = sub.add_parser(job_command(kind.name), help=f"Run {kind.summary} from a config (kind: {kind.name}).")
         _add_config_args(job)
         job.add_argument("--output-dir", "--output_dir", default=None, help="Override train.output_dir.")
@@ -71,62 +111,6 @@ def build_parser() -> argparse.ArgumentParser:
             help="Write the run exactly here instead of <output_dir>/<run_name> (used by rlft serve).",
         )
         job.set_defaults(kind=kind.name)
-    validate = sub.add_parser("validate", help="Validate a config and print the resolved YAML.")
-    _add_config_args(validate)
-    sub.add_parser("check-env", help="Report torch, devices and optional packages.")
-    sub.add_parser("algorithms", help="List the algorithms and the defaults each one selects.")
-    from rlft.cli.generate import add_arguments
-
-    add_arguments(sub.add_parser("generate", help="Generate from a checkpoint or model (one prompt or a JSONL file)."))
-    from rlft.cli.export import add_arguments as add_export_arguments
-
-    add_export_arguments(sub.add_parser("export", help="Write a checkpoint as a plain HF model dir (LoRA merged)."))
-    from rlft.cli import eval as eval_cli
-
-    eval_cli.add_arguments(sub.add_parser("eval", help="Compare checkpoints (and --base) on the eval prompts."))
-    from rlft.cli import agent
-
-    agent.add_rollout_arguments(
-        sub.add_parser(
-            "rollout", help="Run a few multi-turn episodes without training; print them with the trained tokens marked."
-        )
-    )
-    agent.add_env_arguments(sub.add_parser("env", help="Built-in environments: list, demos."))
-    from rlft.cli import doctor, estimate, jobs, plot, serve, serve_reward
-
-    doctor.add_arguments(
-        sub.add_parser(
-            "doctor", help="Check this machine (and --config's run: memory, disk) with a fix for each problem."
-        )
-    )
-    estimate.add_arguments(
-        sub.add_parser(
-            "estimate",
-            help="Predict a run's peak memory (weights, optimizer, activations, KV cache ...) before launch.",
-        )
-    )
-
-    serve.add_arguments(sub.add_parser("serve", help="The HTTP job service and dashboard (loopback by default)."))
-    jobs.add_arguments(sub.add_parser("jobs", help="Submit, list, watch, cancel and resume jobs of rlft serve."))
-    serve_reward.add_arguments(sub.add_parser("serve-reward", help="Serve rlft rewards over HTTP (for type: http)."))
-    plot.add_arguments(sub.add_parser("plot", help="Write a run's training curves (several runs overlaid) as PNG."))
-    from rlft.cli import diagnose
-
-    diagnose.add_arguments(
-        sub.add_parser(
-            "diagnose",
-            help="Check a run's health (no learning signal, collapse, blow-ups, hacking); a report with "
-            "plots; exit 3 if unhealthy.",
-        )
-    )
-    from rlft.cli import sweep
-
-    sweep.add_arguments(
-        sub.add_parser(
-            "sweep", help="Run a folder of configs or a grid; classify failures, retry transient ones, summarise."
-        )
-    )
-    return parser
 
 
 def _cmd_train(args) -> int:

@@ -195,6 +195,26 @@ def _add_sampled(
     result.sampled_rewards = {name: _applied_mean(r["rewards"][name] for r in sampled_rows) for name in names}
 
 
+def _greedy_result(
+    samples: list[dict], names: list[str], num_samples: int, accuracy_reward: str, success_threshold: float
+) -> EvalResult:
+    """The evaluation's figures over its greedy (one a prompt) samples."""
+    return EvalResult(
+        accuracy=rate(s["correct"] for s in samples),
+        reward_mean=mean(s["reward"] for s in samples),
+        rewards={name: _applied_mean(s["rewards"][name] for s in samples) for name in names},
+        num_prompts=len(samples),
+        completion_length_mean=mean(s["length"] for s in samples),
+        truncation_rate=rate(s["finish_reason"] == "length" for s in samples),
+        seconds=0.0,
+        samples=samples,
+        repetition_mean=mean(s["repetition"] for s in samples),
+        num_samples=num_samples,
+        accuracy_reward=accuracy_reward,
+        success_threshold=success_threshold,
+    )
+
+
 def evaluate(
     engine: RolloutEngine,
     examples,
@@ -255,20 +275,7 @@ def evaluate(
                 engine, examples, reward_manager, params, per_batch
             ):
                 sampled[idx].append(judged(text, finish, length, rewards, total))
-    result = EvalResult(
-        accuracy=rate(s["correct"] for s in samples),
-        reward_mean=mean(s["reward"] for s in samples),
-        rewards={name: _applied_mean(s["rewards"][name] for s in samples) for name in names},
-        num_prompts=len(samples),
-        completion_length_mean=mean(s["length"] for s in samples),
-        truncation_rate=rate(s["finish_reason"] == "length" for s in samples),
-        seconds=0.0,
-        samples=samples,
-        repetition_mean=mean(s["repetition"] for s in samples),
-        num_samples=num_samples,
-        accuracy_reward=accuracy_reward,
-        success_threshold=success_threshold,
-    )
+    result = _greedy_result(samples, names, num_samples, accuracy_reward, success_threshold)
     if num_samples > 0:
         _add_sampled(result, sampled, temperature, ks, names)
     if samples and "episode" in samples[0]:
