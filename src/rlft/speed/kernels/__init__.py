@@ -19,7 +19,7 @@ import os
 
 import torch
 
-from rlft.speed.kernels.checks import DTYPES, check, check_rows, thin_shape
+from rlft.speed.kernels.base import DTYPES, check, check_rows, thin_shape
 from rlft.speed.kernels.layers import DecodeKernels, LayerWeights
 from rlft.speed.kernels.update import UpdateKernels
 
@@ -168,9 +168,6 @@ class CpuKernels(DecodeKernels, UpdateKernels):
             threads,
         )
         return tokens, logprobs
-
-    def _threads(self) -> int:
-        return torch.get_num_threads() if self.threads_shared else 1
 
 
 _STATE: dict[str, object] = {}

@@ -8,17 +8,11 @@ from dataclasses import dataclass
 
 import torch
 
-from rlft.speed.kernels.checks import DTYPES, check
+from rlft.speed.kernels.base import DTYPES, NativeLibrary, check
 
 
-class DecodeKernels:
-    """Mixed into :class:`rlft.speed.kernels.CpuKernels`, which holds the library (``_lib``) and the
-    thread count (``_threads``)."""
-
-    _lib: ctypes.CDLL
-
-    def _threads(self) -> int:
-        raise NotImplementedError
+class DecodeKernels(NativeLibrary):
+    """Combined with the other kernel families in :class:`rlft.speed.kernels.CpuKernels`."""
 
     def decode_attention(
         self,

@@ -3,22 +3,14 @@
 
 from __future__ import annotations
 
-import ctypes
-
 import torch
 from torch.autograd.graph import increment_version
 
-from rlft.speed.kernels.checks import DTYPES, check
+from rlft.speed.kernels.base import DTYPES, NativeLibrary, check
 
 
-class UpdateKernels:
-    """Mixed into :class:`rlft.speed.kernels.CpuKernels`, which holds the library (``_lib``) and the
-    thread count (``_threads``)."""
-
-    _lib: ctypes.CDLL
-
-    def _threads(self) -> int:
-        raise NotImplementedError
+class UpdateKernels(NativeLibrary):
+    """Combined with the other kernel families in :class:`rlft.speed.kernels.CpuKernels`."""
 
     def head_softmax(
         self,

@@ -1,6 +1,9 @@
-"""The checks every kernel call makes before it hands raw memory to C."""
+"""What every kernel family shares: the loaded library, the threads its calls run on, and the checks
+every call makes before it hands raw memory to C."""
 
 from __future__ import annotations
+
+import ctypes
 
 import torch
 
@@ -26,3 +29,15 @@ def check(*pairs) -> None:
             raise ValueError(f"native kernels take contiguous CPU tensors, got {t.device} {tuple(t.stride())}")
         if t.dtype != (dtype or t.dtype) or (dtype is None and t.dtype not in DTYPES):
             raise ValueError(f"native kernels: expected {dtype or 'bf16 or fp32'}, got {t.dtype}")
+
+
+class NativeLibrary:
+    """The loaded C library (``_lib``) and the threads its calls run on; the kernel families
+    (:class:`~rlft.speed.kernels.layers.DecodeKernels`, :class:`~rlft.speed.kernels.update.UpdateKernels`)
+    add their methods, and :class:`~rlft.speed.kernels.CpuKernels` loads it."""
+
+    _lib: ctypes.CDLL
+    threads_shared: bool  # one OpenMP runtime in the process: the kernels take PyTorch's thread count
+
+    def _threads(self) -> int:
+        return torch.get_num_threads() if self.threads_shared else 1
