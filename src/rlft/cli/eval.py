@@ -200,6 +200,17 @@ def _write_outputs(out: Path, models, columns, cfg, args, settings: dict, paths:
     )
 
 
+def _models_to_evaluate(args, cfg) -> tuple[list[str], list[str], list[str]]:
+    """(labels, paths, kinds) of the models to compare: --base first, then each --checkpoint."""
+    kinds = [check_model_path(p) for p in args.checkpoints]
+    paths = [
+        p if kind == "built-in" else str(Path(p).expanduser().resolve()) for p, kind in zip(args.checkpoints, kinds)
+    ]
+    if args.base:  # load_config already checked it and made a local path absolute
+        paths, kinds = [cfg.model.path, *paths], ["base model", *kinds]
+    return model_labels(list(args.checkpoints), args.base), paths, kinds
+
+
 def run(args) -> int:
     from rlft.config.loader import load_config
     from rlft.evaluation.report import ModelResult
@@ -215,13 +226,7 @@ def run(args) -> int:
     cfg = load_config(args.config, overrides=args.overrides)
     if cfg.data.eval_file is None and cfg.data.eval_split == 0:
         raise UsageError(f"{args.config} has no eval prompts: set data.eval_file or data.eval_split")
-    kinds = [check_model_path(p) for p in args.checkpoints]
-    paths = [
-        p if kind == "built-in" else str(Path(p).expanduser().resolve()) for p, kind in zip(args.checkpoints, kinds)
-    ]
-    if args.base:  # load_config already checked it and made a local path absolute
-        paths, kinds = [cfg.model.path, *paths], ["base model", *kinds]
-    labels = model_labels(list(args.checkpoints), args.base)
+    labels, paths, kinds = _models_to_evaluate(args, cfg)
     out = check_writable(_out_dir(args.out, cfg.train.output_dir), "--out")  # before any model is loaded
 
     if not sys.stderr.isatty():
@@ -253,17 +258,8 @@ def run(args) -> int:
         result, examples = _evaluate_one(cfg, path, rewards, device, autocast)
         columns = columns if columns is not None else [dict(ex.columns) for ex in examples]
         models.append(ModelResult(label=label, path=str(path), result=result, kind=kind))
-        _write_json(
-            out / f"{label}.json",
-            {
-                "label": label,
-                "model": str(path),
-                "kind": kind,
-                **settings,
-                **result.summary(),
-                "samples": result.samples,
-            },
-        )
+        summary = {"label": label, "model": str(path), "kind": kind, **settings, **result.summary()}
+        _write_json(out / f"{label}.json", {**summary, "samples": result.samples})
         print(
             f"[{i}/{len(paths)}] {label}: {result.metrics_line()} ({result.seconds:.0f}s)", file=sys.stderr, flush=True
         )

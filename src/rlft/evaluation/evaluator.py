@@ -258,15 +258,9 @@ def evaluate(
         for _, ex, text, finish, length, rewards, total, episode in _generate_scored(
             engine, examples, reward_manager, greedy_params, batch_size
         ):
-            samples.append(
-                {
-                    "source": ex.source,
-                    "prompt": ex.prompt,
-                    **judged(text, finish, length, rewards, total),
-                    "repetition": repetition_score(text),
-                    **episode,
-                }
-            )
+            verdict = judged(text, finish, length, rewards, total)
+            samples.append({"source": ex.source, "prompt": ex.prompt, **verdict, "repetition": repetition_score(text)})
+            samples[-1].update(episode)
         sampled: list[list[dict]] = [[] for _ in samples]
         if num_samples > 0:
             params = SamplingParams(max_new_tokens=max_new_tokens, n=num_samples, temperature=temperature)

@@ -129,13 +129,8 @@ class RLJob:
         self.kl.observe(stats.get("kl"), len(batch))
         seconds = time.perf_counter() - t0
         rollout, scored = collected.rollout, collected.scored
-        metrics = {}
-        if rollout.episodes is not None:
-            metrics.update(episode_metrics(rollout.episodes))
-        metrics.update(scored.extra)
-        metrics.update(collected.stats)
-        metrics.update(excluded.metrics)
-        metrics.update(stats)
+        episodes = episode_metrics(rollout.episodes) if rollout.episodes is not None else {}
+        metrics = {**episodes, **scored.extra, **collected.stats, **excluded.metrics, **stats}
         metrics.update(
             {
                 "lr": lr,

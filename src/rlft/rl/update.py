@@ -131,6 +131,29 @@ class PolicyUpdater:
         assert batch.advantages is not None, "score() sets the advantages before update()"
         return rows[(batch.advantages[rows] != 0).any(dim=-1)]
 
+    def _objective(self, mb: UpdateBatch, kl_coef: float, counts: dict[str, Any], active_tokens: float):
+        """The policy objective of micro-batch ``mb`` (with the gradient), and its entropies [b, T]."""
+        with autocast(self.autocast_dtype, mb.loss_mask.device):
+            lp, ent = mb.logprobs(self.model, self.p.temperature, with_entropy=True)
+        old = lp.detach() if mb.old_logprobs is None else mb.old_logprobs
+        assert mb.advantages is not None
+        out = policy_objective(
+            lp,
+            old,
+            mb.advantages,
+            mb.loss_mask,
+            self._kl_ref(mb),
+            loss_name=self.p.loss_name,
+            loss_params=self.p.loss_params,
+            kl_coef=kl_coef,
+            kl_estimator=self.p.kl_estimator,
+            aggregation=self.p.aggregation,
+            num_computed_tokens=active_tokens,
+            rollout_logprobs=mb.rollout_logprobs,
+            **counts,
+        )
+        return out, ent
+
     def _optimizer_step(self, batch: UpdateBatch, rows: torch.Tensor, kl_coef: float) -> dict[str, float]:
         """Accumulate gradients over micro-batches of ``rows`` and take one optimizer step.
 
@@ -163,25 +186,7 @@ class PolicyUpdater:
             # its loss multiplied by 0 (the gradient it adds is exactly zero).
             mb = batch.rows(chunks[i]) if i < len(chunks) else _filler(batch, rows)
             with phase("policy"):
-                with autocast(self.autocast_dtype, mb.loss_mask.device):
-                    lp, ent = mb.logprobs(self.model, self.p.temperature, with_entropy=True)
-                old = lp.detach() if mb.old_logprobs is None else mb.old_logprobs
-                assert mb.advantages is not None
-                out = policy_objective(
-                    lp,
-                    old,
-                    mb.advantages,
-                    mb.loss_mask,
-                    self._kl_ref(mb),
-                    loss_name=self.p.loss_name,
-                    loss_params=self.p.loss_params,
-                    kl_coef=kl_coef,
-                    kl_estimator=self.p.kl_estimator,
-                    aggregation=self.p.aggregation,
-                    num_computed_tokens=active_tokens,
-                    rollout_logprobs=mb.rollout_logprobs,
-                    **counts,
-                )
+                out, ent = self._objective(mb, kl_coef, counts, active_tokens)
                 if i >= len(chunks):
                     (out.loss * 0.0).backward()
                     continue
