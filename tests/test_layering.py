@@ -171,31 +171,35 @@ def test_the_cycle_finder_finds_cycles():
     assert _cycles({"a": {"b"}, "b": set()}) == []
 
 
-def test_the_service_and_the_client_never_import_torch():
+def _run_fresh(code: str):
+    """Run ``code`` in a fresh interpreter on this source tree; it must succeed."""
+    import os
     import subprocess
     import sys
 
-    code = (
-        "import sys; import rlft.service.app, rlft.cli.serve, rlft.cli.jobs, rlft.client; "
-        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
-    )
     out = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
         text=True,
         timeout=120,
-        env={**__import__("os").environ, "PYTHONPATH": str(SRC)},
+        env={**os.environ, "PYTHONPATH": str(SRC)},
     )
     assert out.returncode == 0, out.stderr
+    return out
+
+
+def test_the_service_and_the_client_never_import_torch():
+    code = (
+        "import sys; import rlft.service.app, rlft.cli.serve, rlft.cli.jobs, rlft.client; "
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    out = _run_fresh(code)
     assert out.stdout.strip() == "[]"
 
 
 def test_ray_is_imported_only_inside_the_ray_placement_and_only_lazily():
     """Ray is an optional extra: only rlft.service.ray_placement imports it, inside a function, and the
     runner, the service, the sweep and their commands load without it."""
-    import subprocess
-    import sys
-
     found = []
     for path in SRC.rglob("*.py"):
         tree = ast.parse(path.read_text())
@@ -213,12 +217,5 @@ def test_ray_is_imported_only_inside_the_ray_placement_and_only_lazily():
         "import sys; import rlft.service.app, rlft.service.backends, rlft.service.ray_placement, rlft.sweep.execute, "
         "rlft.cli.sweep, rlft.cli.serve; print('ray' in sys.modules)"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**__import__("os").environ, "PYTHONPATH": str(SRC)},
-    )
-    assert out.returncode == 0, out.stderr
+    out = _run_fresh(code)
     assert out.stdout.strip() == "False"

@@ -70,7 +70,9 @@ class PairJob(SupervisedJob):
         log_loaded(self.log, self.train_set, self.eval_set, "pairs")
         return self.train_set.pairs, self.eval_set.pairs if self.eval_set is not None else None
 
-    def _metrics(self, items: list, loss: float, stats: list[tuple[int, Any]], seconds: float) -> dict[str, float]:
+    def _metrics(
+        self, items: list, normaliser: float, loss: float, stats: list[tuple[int, Any]], seconds: float
+    ) -> dict[str, float]:
         n = sum(k for k, _ in stats)
         means = {name: sum(k * getattr(st, field) for k, st in stats) / n for field, name in self.STATS.items()}
         self._last = means[self.STATS["accuracy"]]

@@ -36,7 +36,7 @@ def build_updater(cfg: RLConfig, parts: ModelParts, total_steps: int, dist=None)
         parts.model.parameters(),
         lr=alg.learning_rate,
         weight_decay=alg.weight_decay,
-        betas=(alg.adam_betas[0], alg.adam_betas[1]),
+        betas=alg.adam_betas,
         eps=alg.adam_eps,
     )
     scheduler = build_scheduler(
@@ -176,7 +176,7 @@ def build_critic(cfg: RLConfig, parts: ModelParts, dist=None):
         model.parameters(),
         lr=ccfg.learning_rate,
         weight_decay=0.0,
-        betas=(alg.adam_betas[0], alg.adam_betas[1]),
+        betas=alg.adam_betas,
         eps=alg.adam_eps,
     )
     micro, micro_tokens, full_speed = micro_batching(cfg, parts, log=False)

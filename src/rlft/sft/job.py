@@ -127,12 +127,14 @@ class SFTJob(SupervisedJob):
     def _loss(self, items: list[TrainingRow], normaliser: float) -> tuple[torch.Tensor, None]:
         return sft_loss(self._token_logprobs(items), num_tokens=normaliser), None
 
-    def _metrics(self, items: list[TrainingRow], loss: float, stats, seconds: float) -> dict[str, float]:
+    def _metrics(
+        self, items: list[TrainingRow], normaliser: float, loss: float, stats, seconds: float
+    ) -> dict[str, float]:
         self._last_loss = loss
         all_tokens = sum(len(r.input_ids) for r in items)
         return {
             "perplexity": math.exp(min(loss, 50.0)),
-            "trained_tokens": self._normaliser(items),
+            "trained_tokens": normaliser,
             "tokens": float(all_tokens),
             "examples": float(sum(r.num_examples for r in items)),
             "tokens_per_s": all_tokens / seconds,

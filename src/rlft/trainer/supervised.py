@@ -60,7 +60,9 @@ class SupervisedJob:
         """(the loss of ``items`` summed and divided by ``normaliser``, the kind's statistics of them)."""
         raise NotImplementedError
 
-    def _metrics(self, items: list, loss: float, stats: list[tuple[int, Any]], seconds: float) -> dict[str, float]:
+    def _metrics(
+        self, items: list, normaliser: float, loss: float, stats: list[tuple[int, Any]], seconds: float
+    ) -> dict[str, float]:
         """The kind's own metrics of a step; ``stats``: (items, statistics) of each micro-batch."""
         return {}
 
@@ -82,7 +84,7 @@ class SupervisedJob:
             params,
             lr=s.learning_rate,
             weight_decay=s.weight_decay,
-            betas=(s.adam_betas[0], s.adam_betas[1]),
+            betas=s.adam_betas,
             eps=s.adam_eps,
         )
         self.scheduler = build_scheduler(
@@ -124,7 +126,7 @@ class SupervisedJob:
         seconds = time.perf_counter() - t0
         return {
             "loss": loss_sum,
-            **self._metrics(items, loss_sum, stats, seconds),
+            **self._metrics(items, normaliser, loss_sum, stats, seconds),
             **grad,
             "lr": lr,
             "step_seconds": seconds,

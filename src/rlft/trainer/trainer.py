@@ -441,4 +441,4 @@ class Trainer:
             self.log.info(line)
 
     def _ended_by(self, exc: BaseException) -> dict:
-        return ended_by(exc, self.step, self._memory, self.resources.peak_mb() if hasattr(self, "resources") else None)
+        return ended_by(exc, self.step, self._memory, self.resources.peak_mb())
