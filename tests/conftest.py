@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import socket
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,26 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     from rlft.models.tiny import build_tiny_model_dir
 
     return build_tiny_model_dir(tmp_path_factory.mktemp("tiny-model") / "model")
+
+
+def free_port() -> int:
+    """A free port for a subprocess to listen on, below the kernel's ephemeral range. A port the kernel
+    hands out (bind to 0) can go to another process (a server in a test on another pytest-xdist worker)
+    between this check and the subprocess's bind: a server then fails to start, and a second torchrun
+    node joins that process instead. The kernel never hands out ports below the range."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(100):
+        port = random.SystemRandom().randrange(max(1024, low - 12000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:

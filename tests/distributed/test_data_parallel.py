@@ -10,7 +10,6 @@ import copy
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from tests.conftest import read_jsonl, write_jsonl
+from tests.conftest import free_port, read_jsonl, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 3
@@ -32,12 +31,6 @@ VARYING = ("seconds", "tokens_per_s", "peak_mem", "resources/", "phase/", "time"
 # lr 3e-3 by up to ~2e-6 on an AMD EPYC with AVX-512 (1.4e-6 for micro-batches of 2 against 4 in one
 # process), while one step moves them by ~3e-3 (test_rewards_vary_so_the_comparison_means_something).
 SAME_WEIGHTS_ATOL = 1e-5
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -248,7 +241,7 @@ def test_resume_at_another_world_size(runs, workdir):
 
 def test_two_nodes_on_loopback(runs, workdir):
     """Two torchrun invocations, one process each, joined over 127.0.0.1 as two nodes would be."""
-    port = _free_port()
+    port = free_port()
     config = workdir / "grpo-1.yaml"
     procs = [
         subprocess.Popen(
@@ -275,7 +268,13 @@ def test_two_nodes_on_loopback(runs, workdir):
         )
         for rank in (0, 1)
     ]
-    outputs = [p.communicate(timeout=240)[0] for p in procs]
+    try:
+        outputs = [p.communicate(timeout=240)[0] for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        outputs = [p.communicate()[0] for p in procs]
+        pytest.fail("the two nodes did not finish in 240 s:\n" + "\n".join(o[-3000:] for o in outputs))
     assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outputs)
     _assert_same_trajectory(runs["grpo-1"], workdir / "out" / "nodes")
     _assert_same_weights(runs["grpo-1"], workdir / "out" / "nodes", SAME_WEIGHTS_ATOL)

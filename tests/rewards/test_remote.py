@@ -20,7 +20,7 @@ from rlft.errors import ConfigError, RewardError
 from rlft.rewards.manager import RewardManager
 from rlft.rewards.remote import HttpReward
 from tests.cli.test_cli import _env
-from tests.service.conftest import free_port
+from tests.conftest import free_port
 
 RULES = {
     "functions": [

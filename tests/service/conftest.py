@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ import pytest
 import yaml
 
 from tests.cli.test_cli import _env
-from tests.conftest import write_jsonl
+from tests.conftest import free_port, write_jsonl
 
 PROMPTS = [{"prompt": p, "answer": "a"} for p in ["hello", "abc", "dog", "cat", "sun", "moon", "tree", "sea"]]
 
@@ -65,12 +64,6 @@ def workspace(tmp_path, tiny_model_dir) -> Path:
     write_jsonl(ws / "data" / "eval.jsonl", PROMPTS[:4])
     write_config(ws, "tiny.yaml", job_config())
     return ws
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from rlft.service.workspace import PathRefused, Workspace
 from tests.cli.test_cli import _env
-from tests.conftest import write_jsonl
-from tests.service.conftest import PROMPTS, Server, free_port, job_config, write_config
+from tests.conftest import free_port, write_jsonl
+from tests.service.conftest import PROMPTS, Server, job_config, write_config
 
 
 def _create_token(ws: Path, name: str) -> str:
