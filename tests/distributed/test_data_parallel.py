@@ -89,7 +89,8 @@ def _torchrun(config: Path, *args: str, nproc: int = 2) -> subprocess.CompletedP
         str(config),
         *args,
     ]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # faulthandler: a process that aborts (SIGABRT at exit) prints every thread's Python stack
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1"}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT, env=env)
 
 

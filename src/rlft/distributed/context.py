@@ -172,12 +172,20 @@ def init_distributed(strategy: str, backend: str, device: str, timeout_minutes: 
     return _CURRENT
 
 
-def shutdown_distributed() -> None:
-    """Leave the process group (the end of a run); the single-process context again."""
+def shutdown_distributed(together: bool = False) -> None:
+    """Leave the process group (the end of a run); the single-process context again.
+
+    together: every process ended the run the same way (it finished or was stopped), so all of them
+    meet at a barrier first and none closes its connections while a peer still uses them: a gloo
+    process whose peer tore down first can abort at exit (SIGABRT, "terminate called without an
+    active exception") after a run that finished well. A run that failed leaves without the barrier,
+    since a peer may be stuck in another collective and would hold it until the timeout."""
     global _CURRENT
     if _CURRENT.enabled:
         import torch.distributed as dist
 
         if dist.is_initialized():
+            if together:
+                dist.barrier()
             dist.destroy_process_group()
     _CURRENT = Dist()

@@ -151,10 +151,12 @@ def join_process_group(cfg):
     return dist
 
 
-def leave_process_group() -> None:
+def leave_process_group(together: bool) -> None:
+    """Leave the process group; ``together`` when every process ended the run the same way (see
+    :func:`rlft.distributed.shutdown_distributed`)."""
     from rlft.distributed import shutdown_distributed
 
-    shutdown_distributed()
+    shutdown_distributed(together)
 
 
 def configure_compute(cfg, log) -> None:

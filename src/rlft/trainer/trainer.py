@@ -231,9 +231,10 @@ class Trainer:
             if self.dist.is_main:  # only now that it loaded: a resume that fails leaves the run directory as it was
                 set_aside_later_than(self.run_dir.root, self.step, point.damaged, self.log)
 
-    def _close(self, **run_info) -> None:
+    def _close(self, together: bool = False, **run_info) -> None:
         """Record the final status, stop the heartbeat and detach this run's log file (API users may
-        start another run)."""
+        start another run). ``together``: every process reached this same point of the loop (the run
+        finished, or all of them agreed to stop), not an exception that may have hit one alone."""
         if self._ready and "health" not in run_info:  # what the health checks saw, however the run ended
             summary = getattr(self.job, "health_summary", lambda: None)()
             if summary is not None:
@@ -247,7 +248,7 @@ class Trainer:
             if self._file_log is not None:
                 get_logger().removeHandler(self._file_log)
                 self._file_log.close()
-            leave_process_group()
+            leave_process_group(together)
 
     @property
     def total_steps(self) -> int:
@@ -292,7 +293,7 @@ class Trainer:
             elif self.run_dir.checkpoint(self.step).exists():
                 result.final_checkpoint = self.run_dir.checkpoint(self.step)
             self.log.info(f"stopped by {stop.signal_name} at step {self.step}; {stop_note(result.final_checkpoint)}")
-            self._close(status="cancelled", step=self.step, signal=stop.signal_name)
+            self._close(together=True, status="cancelled", step=self.step, signal=stop.signal_name)
             result.stopped_by = stop.signal
             return result
         result.final_checkpoint = self.save_checkpoint()
@@ -303,6 +304,7 @@ class Trainer:
         result.eval_after = after.result if after else None
         result.health = self._conclude_health()
         self._close(
+            together=True,
             status="completed",
             step=self.step,
             **({"health": result.health} if result.health else {}),
