@@ -53,7 +53,7 @@ def test_cross_checks_name_their_fields(project):
     probs = problems_of(excinfo)
     assert any(p.startswith("rollout.engine: multi-turn episodes (environment:) need the native engine") for p in probs)
     assert any(p.startswith("algorithm.max_new_tokens (400, the budget of one turn) is larger") for p in probs)
-    with pytest.raises(ConfigError, match="environment: give a class, tools, or both"):
+    with pytest.raises(ConfigError, match="environment: give a class, tools, MCP servers, or a mix"):
         load_text(project, BASE + "environment: {max_turns: 2}\n")
     with pytest.raises(ConfigError, match="reward.functions: give at least one reward function"):
         load_text(project, BASE.replace('[{type: contains, keyword: "42"}]', "[]"))

@@ -46,6 +46,11 @@ PLAIN_TEXT = {
     "reward.functions.headers",
     "reward.functions.kwargs",
     "environment.kwargs",
+    # an MCP server's tool names, HTTP headers and its program's environment variables (the job service
+    # starts only Python servers from its workspace: the program is the reference that is policed)
+    "environment.mcp_servers.tools",
+    "environment.mcp_servers.headers",
+    "environment.mcp_servers.env",
 }
 
 
@@ -94,6 +99,9 @@ def test_every_string_field_is_a_reference_or_known_plain_text():
         "reward.functions.model": "model",
         "environment.class": "code",
         "environment.tools": "code",
+        "environment.mcp_servers.command": "command",
+        "environment.mcp_servers.cwd": "dir",
+        "environment.mcp_servers.url": "url",
     }
 
 
@@ -131,7 +139,12 @@ def test_references_walks_lists_unions_and_builtin_arguments_and_skips_builtin_n
                     {"type": "http", "url": "http://127.0.0.1:1/score"},
                 ]
             },
-            environment={"class": "search", "tools": ["t.py:a", "t.py:b"], "kwargs": {"docs": "c.jsonl", "k": "x"}},
+            environment={
+                "class": "search",
+                "tools": ["t.py:a", "t.py:b"],
+                "kwargs": {"docs": "c.jsonl", "k": "x"},
+                "mcp_servers": [{"command": ["python", "my server.py"], "cwd": "srv"}, {"url": "http://h:9/mcp"}],
+            },
             train={"run_name": "exp/1", "tracking": {"mlflow_tracking_uri": "sqlite:///m.db"}},
         ),
         check_files=False,
@@ -148,6 +161,9 @@ def test_references_walks_lists_unions_and_builtin_arguments_and_skips_builtin_n
         "environment.tools.0": "t.py:a",
         "environment.tools.1": "t.py:b",
         "environment.kwargs.docs": "c.jsonl",
+        "environment.mcp_servers.0.command": "python 'my server.py'",  # one program, however many words
+        "environment.mcp_servers.0.cwd": "srv",
+        "environment.mcp_servers.1.url": "http://h:9/mcp",
     }
 
 

@@ -3,6 +3,10 @@ observation, a reward that reads the trajectory, the episode metrics and samples
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+
 import pytest
 
 from rlft import Trainer
@@ -37,6 +41,7 @@ def letter_in_answer(prompts, completions, trajectories, letter, **kwargs):
 '''
 
 
+ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ["hi", "go", "sun", "tree", "sky", "dog", "red", "cup"]
 
 
@@ -148,27 +153,15 @@ SHOUT_TOOLS = [
 ]
 
 
-@pytest.mark.slow
-def test_a_reward_that_needs_a_tool_call_is_earned_by_the_episodes_that_made_one(tmp_path):
+def _warm_start_then_rl(
+    tmp_path, demo: dict, environment: dict, reward: dict, sft_steps: int = 80, turn_tokens: int = 96
+) -> Path:
     """A character-level random model never writes a well-formed call, so an SFT warm start on
-    demonstrations of the call comes first (as the agentic demos do); then RL, whose only reward is
-    the environment's: 1 for an episode that called shout(), 0 otherwise."""
+    demonstrations of the call comes first (as the agentic demos do); then 3 steps of RL. The RL
+    run's directory."""
     from rlft.models.tiny import build_tiny_model_dir
 
     model = build_tiny_model_dir(tmp_path / "model", chat_format="chatml")
-    (tmp_path / "shout_env.py").write_text(SHOUT_ENV)
-    demo = {
-        "messages": [
-            {"role": "user", "content": "shout"},
-            {
-                "role": "assistant",
-                "tool_calls": [{"type": "function", "function": {"name": "shout", "arguments": {"text": "hey"}}}],
-            },
-            {"role": "tool", "content": "HEY"},
-            {"role": "assistant", "content": "HEY"},
-        ],
-        "tools": SHOUT_TOOLS,
-    }
     train = {"epochs": 1000, "logging_interval": 1, "save_interval": 1000, "output_dir": str(tmp_path / "out"),
              "seed": 0, "progress_bar": "off"}  # fmt: skip
     sft = Trainer(
@@ -177,36 +170,105 @@ def test_a_reward_that_needs_a_tool_call_is_earned_by_the_episodes_that_made_one
             "model": {"path": str(model), "dtype": "fp32"},
             "data": {"train_file": str(write_jsonl(tmp_path / "demos.jsonl", [demo] * 16)), "max_length": 2000},
             "sft": {"learning_rate": 1e-2, "batch_size": 4, "micro_batch_size": 4},
-            "train": {**train, "max_steps": 80, "run_name": "sft"},
+            "train": {**train, "max_steps": sft_steps, "run_name": "sft"},
             "eval": {"before_training": False, "after_training": False},
         }
     ).train()
-    rows = write_jsonl(tmp_path / "rows.jsonl", [{"prompt": "shout"}] * 8)
+    rows = write_jsonl(tmp_path / "rows.jsonl", [{"prompt": demo["messages"][0]["content"]}] * 8)
     rl = Trainer(
         config={
             "model": {"path": str(sft.final_checkpoint), "dtype": "fp32"},
-            "data": {"train_file": str(rows)},
-            "environment": {"class": f"{tmp_path}/shout_env.py:ShoutEnv", "max_turns": 2, "max_episode_tokens": 320},
+            "data": {"train_file": str(rows), "max_prompt_length": 1024},  # the tools' schemas, a character a token
+            "environment": {"max_turns": 2, "max_episode_tokens": 320 + 2 * turn_tokens, **environment},
             "algorithm": {
                 "name": "grpo",
                 "learning_rate": 1e-3,
                 "kl_coef": 0.0,
                 "rollout_batch_size": 4,
                 "num_generations": 8,
-                "max_new_tokens": 96,
+                "max_new_tokens": turn_tokens,
                 "micro_batch_size": 32,
                 "temperature": 0.5,
             },  # fmt: skip
-            "reward": {"functions": []},
+            "reward": reward,
             "train": {**train, "max_steps": 3, "samples_per_log": 32, "run_name": "rl"},
             "eval": {"before_training": False, "after_training": False},
         }
     ).train()
-    metrics = read_jsonl(rl.run_dir / "metrics.jsonl")
+    return rl.run_dir
+
+
+def _demo(prompt: str, name: str, args: dict, result: str, tools: list[dict]) -> dict:
+    return {
+        "messages": [
+            {"role": "user", "content": prompt},
+            {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": name, "arguments": args}}]},
+            {"role": "tool", "content": result},
+            {"role": "assistant", "content": result},
+        ],
+        "tools": tools,
+    }
+
+
+def _check_reward_follows_the_calls(run_dir: Path, reward: str, earned) -> None:
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
     assert all(m["episode/tool_use_rate"] > 0.5 for m in metrics), metrics
-    assert 0.0 < sum(m["reward/environment/mean"] for m in metrics) / len(metrics) < 1.0  # some calls fail
-    samples = read_jsonl(rl.run_dir / "samples.jsonl")
+    assert 0.0 < sum(m[f"reward/{reward}/mean"] for m in metrics) / len(metrics) < 1.0  # some calls fail
+    samples = read_jsonl(run_dir / "samples.jsonl")
     assert len(samples) >= 32
     for sample in samples:  # the reward is 1 exactly where the trajectory holds a call that went through
-        called = any(t["role"] == "tool" and not t.get("error") for t in sample["trajectory"])
-        assert sample["rewards"]["environment"] == (1.0 if called else 0.0), sample
+        assert sample["rewards"][reward] == (1.0 if earned(sample["trajectory"]) else 0.0), sample
+
+
+@pytest.mark.slow
+def test_a_reward_that_needs_a_tool_call_is_earned_by_the_episodes_that_made_one(tmp_path):
+    """The only reward is the environment's: 1 for an episode that called shout(), 0 otherwise."""
+    (tmp_path / "shout_env.py").write_text(SHOUT_ENV)
+    run_dir = _warm_start_then_rl(
+        tmp_path,
+        _demo("shout", "shout", {"text": "hey"}, "HEY", SHOUT_TOOLS),
+        {"class": f"{tmp_path}/shout_env.py:ShoutEnv"},
+        {"functions": []},
+    )
+    _check_reward_follows_the_calls(
+        run_dir, "environment", lambda t: any(m["role"] == "tool" and not m.get("error") for m in t)
+    )
+
+
+CALCULATED = '''
+def calculated(prompts, completions, trajectories, **kwargs):
+    """1 when a calculate() call of the episode answered 42."""
+    return [float(any(m["role"] == "tool" and m["content"] == "42" for m in t)) for t in trajectories]
+'''
+
+
+@pytest.mark.slow
+def test_an_mcp_servers_tool_is_called_while_training(tmp_path):
+    """The environment is an MCP server alone (the mcp SDK's, over stdio): its tool is listed into
+    the prompt, the episodes' calls reach it, and a reward reads what it answered."""
+    pytest.importorskip("mcp")
+    from rlft.config.environment import McpServerConfig
+    from rlft.envs.mcp import McpHub, close_mcp_hubs
+
+    server = {
+        "command": [sys.executable, str(ROOT / "tests" / "envs" / "mcp_servers" / "calculator.py")],
+        "env": {"PYTHONPATH": str(ROOT / "src") + os.pathsep + str(ROOT)},
+        "tools": ["calculate"],
+    }
+    hub = McpHub([McpServerConfig.model_validate(server)]).start()
+    tools = hub.schemas  # the demonstrations show the model the schema the server lists
+    hub.close()
+    (tmp_path / "calculated.py").write_text(CALCULATED)
+    try:
+        run_dir = _warm_start_then_rl(
+            tmp_path,
+            _demo("six sevens", "calculate", {"expression": "6 * 7"}, "42", tools),
+            {"mcp_servers": [server]},
+            {"functions": [{"type": "custom", "function": f"{tmp_path}/calculated.py:calculated", "name": "calc"}]},
+            turn_tokens=160,  # the call is longer than shout's, in a character-level vocabulary
+        )
+    finally:
+        close_mcp_hubs()
+    _check_reward_follows_the_calls(
+        run_dir, "calc", lambda t: any(m["role"] == "tool" and m["content"] == "42" for m in t)
+    )

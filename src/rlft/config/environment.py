@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from rlft.config.references import CodeRef, Reference
+from rlft.config.references import CodeRef, Reference, UrlRef
 from rlft.config.sections import Section
 
 # Built-in environment names (rlft.envs.builtin has the classes; kept here so validation stays torch-free).
@@ -19,6 +19,39 @@ BUILTIN_KWARG_REFERENCES: dict[str, dict[str, Reference]] = {
     "search": {"docs": Reference("file")},
     "openenv": {"url": Reference("url")},
 }
+
+
+class McpServerConfig(Section):
+    """One MCP server whose tools the episodes may call: a program spoken to over its stdin and stdout
+    (``command``), or a streamable-HTTP endpoint (``url``). Each is started (or connected) once per
+    run and shared by every episode, the way MCP clients use them."""
+
+    command: Annotated[list[str], Reference("command")] | None = Field(
+        None, min_length=1, description="The program and its arguments: [python, my_server.py] (stdio)."
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="Environment variables for the program.")
+    cwd: Annotated[str, Reference("dir")] | None = Field(None, description="The program's working folder.")
+    url: UrlRef | None = Field(None, description="A streamable-HTTP endpoint: http://127.0.0.1:9000/mcp.")
+    headers: dict[str, str] = Field(default_factory=dict, description="HTTP headers sent with every request.")
+    tools: list[str] | None = Field(
+        None, description="Offer only these of the server's tools (default: every tool it lists)."
+    )
+    startup_timeout: float = Field(30.0, gt=0, description="Seconds to start (or reach) it and list its tools.")
+
+    @property
+    def label(self) -> str:
+        """How messages name it: its command line or URL."""
+        return " ".join(self.command) if self.command else str(self.url)
+
+    @model_validator(mode="after")
+    def _check(self) -> McpServerConfig:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("give an MCP server either a command (stdio) or a url (streamable HTTP)")
+        if self.command is None and (self.env or self.cwd):
+            raise ValueError("env and cwd are for a command; a url server runs elsewhere")
+        if self.url is None and self.headers:
+            raise ValueError("headers are for a url server")
+        return self
 
 
 class EnvironmentConfig(Section):
@@ -36,6 +69,10 @@ class EnvironmentConfig(Section):
     tools: list[CodeRef] = Field(
         default_factory=list,
         description="Tool functions ('my_tools.py:calculator'): typed, with a Google-style docstring.",
+    )
+    mcp_servers: list[McpServerConfig] = Field(
+        default_factory=list,
+        description="MCP servers whose tools are offered next to the class's and the functions' (needs the mcp extra).",
     )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the class's constructor.")
     max_turns: int = Field(4, ge=1, description="Most assistant turns per episode.")
@@ -73,8 +110,8 @@ class EnvironmentConfig(Section):
     @model_validator(mode="after")
     def _check(self) -> EnvironmentConfig:
         problems = []
-        if self.class_ is None and not self.tools:
-            problems.append("environment: give a class, tools, or both")
+        if self.class_ is None and not self.tools and not self.mcp_servers:
+            problems.append("environment: give a class, tools, MCP servers, or a mix")
         if self.max_tool_response_tokens >= self.max_episode_tokens:
             problems.append(
                 f"environment.max_tool_response_tokens ({self.max_tool_response_tokens}) must be "

@@ -12,6 +12,7 @@ No I/O here: what a reference may point at is the caller's policy.
 
 from __future__ import annotations
 
+import shlex
 import types
 import typing
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel
 
-ReferenceKind = Literal["file", "dir", "model", "run_name", "code", "url", "store"]
+ReferenceKind = Literal["file", "dir", "model", "run_name", "code", "url", "store", "command"]
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,8 @@ class Reference:
     ``kind``: ``file`` (read), ``dir`` (written: an output folder), ``model`` (a model folder or
     .gguf file), ``run_name`` (a folder under ``train.output_dir``), ``code`` ('file.py:name' or
     'module:name', imported and run), ``url`` (an http(s) endpoint), ``store`` (a tracker URI: a
-    server URL or a store on disk). ``names``: values that name something built in, not a path."""
+    server URL or a store on disk), ``command`` (a program and its arguments, started as a process; a
+    list, yielded as one value). ``names``: values that name something built in, not a path."""
 
     kind: ReferenceKind
     names: tuple[str, ...] = ()
@@ -85,6 +87,9 @@ def references(section: BaseModel, prefix: str = "") -> Iterator[tuple[str, Refe
         dotted = f"{prefix}{info.alias or name}"
         value = getattr(section, name)
         ref = field_reference(type(section), name)
+        if ref is not None and ref.kind == "command" and isinstance(value, list):
+            yield dotted, ref, shlex.join(value)  # one program, however many words
+            continue
         items = list(enumerate(value)) if isinstance(value, list) else [(None, value)]
         for index, item in items:
             path = dotted if index is None else f"{dotted}.{index}"

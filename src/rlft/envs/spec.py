@@ -4,7 +4,9 @@ tool functions, or both.
 The protocol, unchanged from TRL: one instance per episode; ``reset(**row) -> str | None`` (a
 returned string is appended to the prompt); every other public method is a tool; an optional
 ``get_reward() -> float`` is added to the rewards. rlft adds one optional attribute: a ``done``
-that a tool sets True ends the episode (a solved puzzle, a finished OpenEnv episode).
+that a tool sets True ends the episode (a solved puzzle, a finished OpenEnv episode). Tools of MCP
+servers (:mod:`rlft.envs.mcp`) join the class's and the functions' in the schemas; their calls go to
+the run's MCP hub, not to the episode's environment.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from rlft.plugins import load_object
 @dataclass
 class EnvironmentSpec:
     """name: how messages refer to it; env_class/kwargs: the class and its constructor arguments
-    (None for tools only); functions: plain tools; schemas: every tool's JSON schema, in order."""
+    (None for tools only); functions: plain tools; schemas: every tool's JSON schema, in order;
+    mcp_servers: the MCP servers (config sections) whose tools are among the schemas."""
 
     name: str
     env_class: type | None
@@ -35,10 +38,12 @@ class EnvironmentSpec:
     functions: list[Callable[..., Any]] = field(default_factory=list)
     schemas: list[dict] = field(default_factory=list)
     origin: tuple | None = None  # (class spec, tool specs, kwargs) it was loaded from
+    mcp_servers: list = field(default_factory=list)
 
     def __reduce__(self):
         # A class or tool loaded from a file lives in a module only this process has: a worker
         # process loads it again from the same specs.
+        # MCP tools are called from the trainer's process, so a worker is sent none of them.
         if self.origin is not None:
             return _reload, self.origin
         return EnvironmentSpec, (self.name, self.env_class, self.kwargs, self.functions, self.schemas)
@@ -50,9 +55,11 @@ class EnvironmentSpec:
         tool_specs: list[str],
         kwargs: dict[str, Any] | None = None,
         with_schemas: bool = True,
+        mcp_servers: list | None = None,
     ) -> EnvironmentSpec:
-        """From ``environment.class`` (a built-in name or ``file.py:Class`` / ``module:Class``) and
-        ``environment.tools`` (``file.py:function`` ...); every failure names what it could not load."""
+        """From ``environment.class`` (a built-in name or ``file.py:Class`` / ``module:Class``),
+        ``environment.tools`` (``file.py:function`` ...) and ``environment.mcp_servers`` (started here
+        to list their tools); every failure names what it could not load."""
         from rlft.envs.builtin import BUILTIN_ENVIRONMENTS
 
         env_class = None
@@ -65,16 +72,29 @@ class EnvironmentSpec:
                     f"expected a class with reset() and tool methods"
                 )
         functions = [load_object(t, "tool", EnvironmentFailure) for t in tool_specs]
-        name = class_spec or ", ".join(f.__name__ for f in functions)
+        servers = list(mcp_servers or [])
+        name = class_spec or ", ".join([f.__name__ for f in functions] + [f"MCP {s.label}" for s in servers])
         kwargs = dict(kwargs or {})
-        schemas = schemas_of(env_class, functions) if with_schemas else []
-        return cls(name, env_class, kwargs, functions, schemas, (class_spec, list(tool_specs), kwargs))
+        schemas = []
+        if with_schemas:
+            extra = []
+            if servers:
+                from rlft.envs.mcp import mcp_hub
+
+                extra = mcp_hub(servers).schemas
+            schemas = schemas_of(env_class, functions, extra)
+        return cls(name, env_class, kwargs, functions, schemas, (class_spec, list(tool_specs), kwargs), servers)
 
     @property
     def modules(self) -> list[str]:
         """The importable modules its class and tools come from (a worker pool preloads them)."""
         objs = ([self.env_class] if self.env_class is not None else []) + list(self.functions)
         return sorted({o.__module__ for o in objs if not o.__module__.startswith("rlft_user_")})
+
+    @property
+    def runs_locally(self) -> bool:
+        """Whether an episode has anything of its own to run (a class or tool functions), beyond MCP tools."""
+        return self.env_class is not None or bool(self.functions)
 
     @property
     def has_reward(self) -> bool:
@@ -91,8 +111,11 @@ def _reload(class_spec: str | None, tool_specs: list[str], kwargs: dict[str, Any
 
 
 @lru_cache(maxsize=8)
-def _load_cached(class_spec: str | None, tools: tuple[str, ...], kwargs_json: str) -> EnvironmentSpec:
-    return EnvironmentSpec.load(class_spec, list(tools), json.loads(kwargs_json))
+def _load_cached(class_spec: str | None, tools: tuple[str, ...], kwargs_json: str, mcp_json: str) -> EnvironmentSpec:
+    from rlft.config.environment import McpServerConfig
+
+    servers = [McpServerConfig.model_validate(s) for s in json.loads(mcp_json)]
+    return EnvironmentSpec.load(class_spec, list(tools), json.loads(kwargs_json), mcp_servers=servers)
 
 
 def environment_spec(env) -> EnvironmentSpec | None:
@@ -100,7 +123,8 @@ def environment_spec(env) -> EnvironmentSpec | None:
     once per distinct section; None for single-turn runs (no section)."""
     if env is None:
         return None
-    return _load_cached(env.class_, tuple(env.tools), json.dumps(env.kwargs, sort_keys=True))
+    servers = json.dumps([s.model_dump(mode="json") for s in env.mcp_servers], sort_keys=True)
+    return _load_cached(env.class_, tuple(env.tools), json.dumps(env.kwargs, sort_keys=True), servers)
 
 
 class EnvironmentSession:

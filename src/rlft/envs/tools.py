@@ -48,22 +48,25 @@ def environment_methods(cls: type) -> dict[str, Callable[..., Any]]:
     }
 
 
-def schemas_of(env_class: type | None, functions: list[Callable[..., Any]]) -> list[dict]:
-    """The JSON schemas of an environment class's tools followed by the plain functions'; a name
-    offered twice is an :class:`EnvironmentFailure`."""
+def schemas_of(
+    env_class: type | None, functions: list[Callable[..., Any]], extra: list[dict] | None = None
+) -> list[dict]:
+    """The JSON schemas of an environment class's tools, then the plain functions', then ``extra``
+    (MCP servers' tools, already schemas); a name offered twice is an :class:`EnvironmentFailure`."""
     owner = env_class.__name__ if env_class is not None else ""
     schemas = [tool_schema(fn, owner) for fn in (environment_methods(env_class).values() if env_class else [])]
     schemas += [tool_schema(fn) for fn in functions]
+    schemas += list(extra or [])
     names = [s["function"]["name"] for s in schemas]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise EnvironmentFailure(
-            f"tool name(s) {', '.join(dupes)} offered twice (by the environment class and "
-            f"environment.tools); rename one"
+            f"tool name(s) {', '.join(dupes)} offered twice (by the environment class, "
+            f"environment.tools or an MCP server); rename one, or list an MCP server's tools to keep"
         )
     if not schemas:
         raise EnvironmentFailure(
             f"environment {owner or '(tools only)'} offers no tools: give it a public method "
-            f"besides reset/get_reward, or list functions in environment.tools"
+            f"besides reset/get_reward, list functions in environment.tools, or name MCP servers"
         )
     return schemas

@@ -20,24 +20,9 @@ import os
 import sys
 import time
 import traceback
-from dataclasses import dataclass
-from typing import Any
 
+from rlft.envs.reply import Reply
 from rlft.envs.spec import EnvironmentSession, EnvironmentSpec
-
-
-@dataclass
-class Reply:
-    """ok: the request succeeded and ``value`` is its result; otherwise ``value`` is the error text
-    (``"ValueError: ..."``). ``timed_out``: no reply within the timeout (the worker is gone);
-    ``crashed``: the worker process died (a segfault, an OOM kill, an ``os._exit``), not an exception
-    the environment raised; ``done``: the environment's ``done`` flag after the request."""
-
-    ok: bool
-    value: Any = None
-    timed_out: bool = False
-    done: bool = False
-    crashed: bool = False
 
 
 def _error_text(exc: BaseException) -> str:
@@ -220,3 +205,15 @@ class InlineWorker:
 
 
 WORKERS = {"process": ProcessWorker, "inline": InlineWorker}
+
+
+def episode_worker(spec: EnvironmentSpec, isolation: str):
+    """What one episode's requests go to: its environment in a worker of the configured isolation
+    (in this process when it has only MCP tools: nothing of its own to isolate), with calls to MCP
+    tools routed to the run's MCP hub."""
+    local = WORKERS[isolation if spec.runs_locally else "inline"](spec)
+    if not spec.mcp_servers:
+        return local
+    from rlft.envs.mcp import McpRoutedWorker, mcp_hub
+
+    return McpRoutedWorker(local, mcp_hub(spec.mcp_servers))

@@ -21,7 +21,7 @@ import torch
 
 from rlft.chat.deltas import TurnDeltas
 from rlft.envs.spec import EnvironmentSpec
-from rlft.envs.worker import WORKERS
+from rlft.envs.worker import episode_worker
 from rlft.errors import EnvironmentFailure
 from rlft.rollout.base import RolloutBatch, SamplingParams
 from rlft.rollout.episode import DONE, READY, RUNNING, WAITING, Episode, EpisodeLimits
@@ -76,7 +76,9 @@ class EpisodeRunner:
             groups = torch.arange(len(examples)) + sampling.row_offset // n
             seeds = (row_uniforms(sampling.seed, groups, -1) * (2**31 - 1)).long().tolist()
         episodes = [
-            Episode(g * n + j, g, WORKERS[self.isolation](self.spec)) for g in range(len(examples)) for j in range(n)
+            Episode(g * n + j, g, episode_worker(self.spec, self.isolation))
+            for g in range(len(examples))
+            for j in range(n)
         ]
         for ep in episodes:
             ep.worker.send("reset", self.row_for(examples[ep.group]), seeds[ep.group])

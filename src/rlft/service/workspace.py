@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -79,6 +80,23 @@ class Workspace:
             f"only code that lives there (write it as 'path/to/file.py:name')"
         )
 
+    def check_command(self, raw: str, field: str) -> None:
+        """A program the job starts (an MCP server over stdio): only Python running a script or module
+        inside the workspace, the same code a 'file.py:name' reference may name. Any other program
+        is refused: the service cannot tell what it reads or writes."""
+        words = shlex.split(raw)
+        python = bool(words) and re.fullmatch(r"python[0-9.]*", Path(words[0]).name) is not None
+        if python and len(words) > 2 and words[1] == "-m":
+            self.check_code_ref(words[2], field)
+            return
+        if python and len(words) > 1 and words[1].endswith(".py"):
+            self.resolve(words[1], field)
+            return
+        raise PathRefused(
+            f"{field}: {raw!r}: the job service starts only Python servers that live in the workspace "
+            f"([python, path/to/server.py] or [python, -m, module]); give another server as a url"
+        )
+
     def check_url(self, raw: str, field: str) -> None:
         """An endpoint the job calls: http(s) with a host; other schemes (file:, ftp:, ...) are refused."""
         parts = urlsplit(raw)
@@ -123,6 +141,7 @@ class Workspace:
             "model": self.resolve,
             "code": self.check_code_ref,
             "url": self.check_url,
+            "command": self.check_command,
             "store": self.check_store,
             "run_name": self.check_run_name,
         }
