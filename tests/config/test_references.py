@@ -114,7 +114,7 @@ def test_every_builtin_environment_argument_is_a_reference_or_plain_data():
         "calculator": set(),
         "guess_number": {"low", "high", "progress_weight"},
         "search": set(),
-        "openenv": {"timeout", "include_row"},
+        "openenv": {"timeout"},
     }
     assert set(BUILTIN_ENVIRONMENTS) == set(BUILTIN_ENVIRONMENT_NAMES)
     for name, env in BUILTIN_ENVIRONMENTS.items():

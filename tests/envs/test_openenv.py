@@ -1,96 +1,104 @@
-"""The OpenEnv-style HTTP adapter against a small server the test starts."""
+"""The OpenEnv adapter against a real OpenEnv server: an environment written with the openenv-core
+package (tests/envs/openenv_servers/digits.py), served by the package's own app, spoken to through
+the package's own client, one WebSocket session per episode."""
 
 from __future__ import annotations
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
-from rlft.envs.spec import EnvironmentSession, EnvironmentSpec
+pytest.importorskip("openenv")
+
+from rlft.envs.spec import EnvironmentSession, EnvironmentSpec  # noqa: E402
+from tests.conftest import free_port  # noqa: E402
+
+SERVER = Path(__file__).parent / "openenv_servers" / "digits.py"
 
 
-class _Counter(BaseHTTPRequestHandler):
-    """Episodes keyed by episode_id: the target is seed % 10; action {"guess": n}; reward 1 when hit."""
+def start_digits_server(log: Path) -> tuple[subprocess.Popen, str]:
+    """The digits environment on a free port, its output in ``log`` (a pipe nobody reads would fill up
+    and stall the server); (process, url) once it answers."""
+    import httpx
 
-    episodes: dict[str, int] = {}
-
-    def log_message(self, *args):  # keep pytest output clean
-        pass
-
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        if self.path == "/reset":
-            self.episodes[body["episode_id"]] = body["seed"] % 10
-            out = {"observation": {"message": "guess a digit"}, "reward": None, "done": False}
-        elif self.path == "/step":
-            target = self.episodes.get(body["episode_id"])
-            if target is None:
-                self.send_error(404, "unknown episode")
-                return
-            guess = body["action"].get("guess")
-            hit = guess == target
-            out = {
-                "observation": {"message": "yes" if hit else ("higher" if guess < target else "lower")},
-                "reward": 1.0 if hit else 0.0,
-                "done": hit,
-            }
-        else:
-            self.send_error(404)
-            return
-        data = json.dumps(out).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+    port = free_port()
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, str(SERVER), str(port)], stdout=out, stderr=out, env=os.environ)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the OpenEnv server exited: {log.read_text()[-2000:]}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("the OpenEnv server did not come up")
 
 
 @pytest.fixture(scope="module")
-def server():
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Counter)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
+def server(tmp_path_factory):
+    proc, url = start_digits_server(tmp_path_factory.mktemp("openenv") / "server.log")
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
 
 
-def test_adapter_plays_an_episode_against_the_server(server):
+def _search(session: EnvironmentSession) -> list[str]:
+    lo, hi, seen = 0, 9, []
+    while not session.done:
+        mid = (lo + hi) // 2
+        seen.append(session.call("step", {"action": {"guess": mid}}))
+        if seen[-1] == "higher":
+            lo = mid + 1
+        elif seen[-1] == "lower":
+            hi = mid - 1
+    return seen
+
+
+def test_an_episode_is_played_in_its_own_session(server):
     spec = EnvironmentSpec.load("openenv", [], {"url": server})
     assert spec.tool_names == ["step"] and spec.has_reward
     session = EnvironmentSession(spec)
     assert session.reset({"prompt": "p"}, seed=7) == "guess a digit"
-    target = _Counter.episodes[session.env.episode_id]  # this episode's, whatever other tests left on the server
-    lo, hi, seen = 0, 9, []
-    while not session.done:
-        mid = (lo + hi) // 2
-        reply = session.call("step", {"action": {"guess": mid}})
-        seen.append(reply)
-        if reply == "higher":
-            lo = mid + 1
-        elif reply == "lower":
-            hi = mid - 1
-    assert seen[-1] == "yes" and session.reward() == 1.0 and mid == target
-    assert "yes" not in seen[:-1] and len(seen) <= 4  # found by following the server's feedback
+    seen = _search(session)
+    assert seen[-1] == "yes" and "yes" not in seen[:-1] and len(seen) <= 4  # found by following the feedback
+    assert session.reward() == 1.0
+    session.close()
 
 
-def test_same_seed_same_task_and_server_errors_raise(server):
+def test_a_group_meets_one_task_and_the_rows_fields_reach_reset(server):
     spec = EnvironmentSpec.load("openenv", [], {"url": server})
-    a, b = EnvironmentSession(spec), EnvironmentSession(spec)
-    a.reset({}, seed=3)
-    b.reset({}, seed=3)
-    assert _Counter.episodes[a.env.episode_id] == _Counter.episodes[b.env.episode_id]
-    a.env.episode_id = "nope"
-    with pytest.raises(RuntimeError, match="answered 404"):
-        a.call("step", {"action": {"guess": 1}})
+    a, b, c = EnvironmentSession(spec), EnvironmentSession(spec), EnvironmentSession(spec)
+    a.reset({"prompt": "p"}, seed=3)
+    b.reset({"prompt": "p"}, seed=3)
+    assert _search(a) == _search(b)  # the same seed, the same digit, on two sessions at once
+    c.reset({"prompt": "p", "target": 8}, seed=3)  # the server's reset() takes a target: the row's is used
+    assert c.call("step", {"action": {"guess": 8}}) == "yes" and c.done
+    for s in (a, b, c):
+        s.close()
 
 
-def test_unreachable_server_fails_reset_with_its_address():
+def test_an_action_the_server_rejects_raises(server):
+    session = EnvironmentSession(EnvironmentSpec.load("openenv", [], {"url": server}))
+    session.reset({}, seed=1)
+    with pytest.raises(RuntimeError, match="VALIDATION_ERROR"):
+        session.call("step", {"action": {"guess": 12}})
+    session.close()
+
+
+def test_an_unreachable_server_fails_reset_with_its_address():
     from rlft.envs.worker import ProcessWorker
 
-    worker = ProcessWorker(EnvironmentSpec.load("openenv", [], {"url": "http://127.0.0.1:9", "timeout": 2}))
+    url = f"http://127.0.0.1:{free_port()}"
+    worker = ProcessWorker(EnvironmentSpec.load("openenv", [], {"url": url, "timeout": 2}))
     worker.send("reset", {}, 0)
-    reply = worker.receive(10)
+    reply = worker.receive(20)
     worker.kill()
-    assert not reply.ok and "ConnectError" in reply.value
+    assert not reply.ok and f"OpenEnv server {url}" in reply.value

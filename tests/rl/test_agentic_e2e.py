@@ -154,7 +154,13 @@ SHOUT_TOOLS = [
 
 
 def _warm_start_then_rl(
-    tmp_path, demo: dict, environment: dict, reward: dict, sft_steps: int = 80, turn_tokens: int = 96
+    tmp_path,
+    demo: dict,
+    environment: dict,
+    reward: dict,
+    sft_steps: int = 80,
+    turn_tokens: int = 96,
+    row: dict | None = None,
 ) -> Path:
     """A character-level random model never writes a well-formed call, so an SFT warm start on
     demonstrations of the call comes first (as the agentic demos do); then 3 steps of RL. The RL
@@ -174,7 +180,7 @@ def _warm_start_then_rl(
             "eval": {"before_training": False, "after_training": False},
         }
     ).train()
-    rows = write_jsonl(tmp_path / "rows.jsonl", [{"prompt": demo["messages"][0]["content"]}] * 8)
+    rows = write_jsonl(tmp_path / "rows.jsonl", [row or {"prompt": demo["messages"][0]["content"]}] * 8)
     rl = Trainer(
         config={
             "model": {"path": str(sft.final_checkpoint), "dtype": "fp32"},
@@ -271,4 +277,33 @@ def test_an_mcp_servers_tool_is_called_while_training(tmp_path):
         close_mcp_hubs()
     _check_reward_follows_the_calls(
         run_dir, "calc", lambda t: any(m["role"] == "tool" and m["content"] == "42" for m in t)
+    )
+
+
+@pytest.mark.slow
+def test_an_openenv_servers_episodes_are_trained(tmp_path):
+    """A real OpenEnv server (openenv-core's app, tests/envs/openenv_servers/digits.py): every episode
+    opens its own session, its reset observation joins the prompt, the model's step() actions reach
+    the server, and the reward is the server's."""
+    pytest.importorskip("openenv")
+    from rlft.envs.spec import EnvironmentSpec
+    from tests.envs.test_openenv import start_digits_server
+
+    proc, url = start_digits_server(tmp_path / "server.log")
+    try:
+        tools = EnvironmentSpec.load("openenv", [], {"url": url}).schemas
+        demo = _demo("digit\n\nguess a digit", "step", {"action": {"guess": 5}}, "yes", tools)
+        run_dir = _warm_start_then_rl(
+            tmp_path,
+            demo,
+            {"class": "openenv", "kwargs": {"url": url}},
+            {"functions": []},
+            turn_tokens=160,
+            row={"prompt": "digit", "target": 5},
+        )
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    _check_reward_follows_the_calls(
+        run_dir, "environment", lambda t: any(m["role"] == "tool" and m["content"] == "yes" for m in t)
     )

@@ -1,15 +1,23 @@
-"""An environment served over HTTP in the OpenEnv style: ``POST /reset``, ``POST /step``.
+"""An environment served by an OpenEnv server (the ``openenv-core`` package), through that package's
+own client (pip install 'rlft[openenv]').
 
-The server owns the task; this adapter is an ordinary environment class (one instance per
-episode), so the runner treats it like any other: ``reset`` starts a server episode and returns
-its first observation (appended to the prompt), the one tool ``step(action)`` posts the model's
-action and returns the observation as text, the server's rewards add up to ``get_reward()``,
-and a ``done`` observation ends the episode. Request failures raise, so the model sees them as
-tool errors and a broken server fails ``reset`` with the server's address in the message.
+An OpenEnv server keeps an episode's state in a WebSocket session (its plain ``POST /reset`` and
+``POST /step`` build a fresh environment for every request, so they hold no episode), and its
+``GenericEnvClient`` speaks that session with plain dicts. This adapter is an ordinary environment
+class (one instance per episode, so one session per episode), and the runner treats it like any
+other:
 
-Wire format: ``POST {url}/reset {"seed": int, "episode_id": str}`` and
-``POST {url}/step {"action": {...}, "episode_id": str}``, each answered with
-``{"observation": {...} | str, "reward": float | null, "done": bool}``.
+* ``reset(**row)`` opens the session and resets the server's environment with the row's fields,
+  the group's ``seed`` and an ``episode_id`` (the server passes on those its ``reset()`` accepts);
+  the first observation is appended to the prompt;
+* the one tool, ``step(action)``, sends the model's action (a JSON object with the fields of the
+  server's action class: ``GET {url}/schema`` lists them) and returns the observation as text;
+* the observations' rewards add up to ``get_reward()``, and a ``done`` observation ends the episode;
+* a failed request raises, so the model sees it as a tool error, and a server that cannot be
+  reached fails ``reset`` with its address in the message.
+
+The server must allow as many concurrent sessions as a step has episodes in flight (OpenEnv's
+``max_concurrent_envs``; its environment class sets ``SUPPORTS_CONCURRENT_SESSIONS = True``).
 """
 
 from __future__ import annotations
@@ -19,36 +27,38 @@ import random
 import uuid
 from typing import Any
 
+try:  # at import, not per episode: the package takes seconds to import (it loads gradio), and the
+    # fork server the episodes' workers come from preloads this module, so they inherit it
+    from openenv.core.generic_client import GenericEnvClient
+except ImportError:
+    GenericEnvClient = None
 
-class OpenEnvHTTP:
-    """kwargs: ``url`` of the server, ``timeout`` seconds per request, ``include_row``: also send the
-    data row's fields in the reset request (for servers that take the task from the data)."""
 
-    def __init__(self, url: str, timeout: float = 30.0, include_row: bool = False):
-        import httpx
+class OpenEnvClient:
+    """kwargs: ``url`` of the server (http:// or ws://), ``timeout`` seconds per message."""
 
-        self.url, self.include_row = url.rstrip("/"), include_row
-        self._client = httpx.Client(timeout=timeout)
+    def __init__(self, url: str, timeout: float = 30.0):
+        if GenericEnvClient is None:
+            raise ImportError("class: openenv needs the OpenEnv client: pip install 'rlft[openenv]'")
+        self.url = url.rstrip("/")
+        self._client = GenericEnvClient(base_url=self.url, connect_timeout_s=timeout, message_timeout_s=timeout).sync()
         self.total_reward, self.done = 0.0, False
-        self.episode_id = ""
 
-    def _post(self, path: str, body: dict) -> dict:
-        response = self._client.post(f"{self.url}{path}", json=body)
-        if response.status_code >= 400:
-            raise RuntimeError(f"{self.url}{path} answered {response.status_code}: {response.text[:200]}")
-        data = response.json()
-        reward = data.get("reward")
-        if reward is not None:
-            self.total_reward += float(reward)
-        self.done = bool(data.get("done", False))
-        return data
+    def _take(self, result) -> str | None:
+        if result.reward is not None:
+            self.total_reward += float(result.reward)
+        self.done = bool(result.done)
+        return observation_text(result.observation)
 
     def reset(self, **row) -> str | None:
-        self.episode_id, self.total_reward, self.done = uuid.uuid4().hex, 0.0, False
-        body: dict[str, Any] = {"seed": random.getrandbits(31), "episode_id": self.episode_id}
-        if self.include_row:
-            body["row"] = row
-        return observation_text(self._post("/reset", body).get("observation"))
+        self.total_reward, self.done = 0.0, False
+        try:
+            self._client.connect()
+        except Exception as exc:
+            raise ConnectionError(f"OpenEnv server {self.url}: {exc}") from None
+        # the seed comes from Python's random stream, which the runner seeded alike for a whole group
+        task = {**row, "seed": random.getrandbits(31), "episode_id": uuid.uuid4().hex}
+        return self._take(self._client.reset(**task))
 
     def step(self, action: dict) -> str:
         """Send an action to the environment and read what it observes next.
@@ -56,10 +66,7 @@ class OpenEnvHTTP:
         Args:
             action: The action, a JSON object with the fields the environment expects.
         """
-        return (
-            observation_text(self._post("/step", {"action": action, "episode_id": self.episode_id}).get("observation"))
-            or ""
-        )
+        return self._take(self._client.step(action)) or ""
 
     def get_reward(self) -> float:
         return self.total_reward

@@ -51,9 +51,9 @@ BUILTIN_ENVIRONMENTS: dict[str, BuiltinEnvironment] = {
         ),
         BuiltinEnvironment(
             "openenv",
-            "rlft.envs.openenv:OpenEnvHTTP",
+            "rlft.envs.openenv:OpenEnvClient",
             "rlft.envs.openenv",
-            "an OpenEnv-style HTTP environment server (kwargs: url); one step(action) tool",
+            "an OpenEnv server (openenv-core; kwargs: url), one session per episode; one step(action) tool",
         ),
     )
 }
