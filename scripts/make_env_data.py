@@ -4,6 +4,7 @@ Writes, under --out (default data/):
     calculator_train.jsonl  calculator_eval.jsonl
     search_docs.jsonl       search_train.jsonl     search_eval.jsonl
     guess_train.jsonl       guess_eval.jsonl
+    python_train.jsonl      python_eval.jsonl
 Evaluation rows never use the phrasing the demonstrations are written in, and never an operand
 pair or entity of the training rows (see rlft.envs.builtin.*). Demonstrations for SFT come from
 each module's demo_rows() and demonstration(), which need the docs file written here for search.
@@ -20,8 +21,8 @@ from pathlib import Path
 from rlft.envs.builtin import builtin_module
 
 SEED = 0
-SIZES = {"calculator": (400, 60), "search": (300, 50), "guess_number": (300, 50)}
-FILE_PREFIX = {"calculator": "calculator", "search": "search", "guess_number": "guess"}
+SIZES = {"calculator": (400, 60), "search": (300, 50), "guess_number": (300, 50), "python": (400, 60)}
+FILE_PREFIX = {"calculator": "calculator", "search": "search", "guess_number": "guess", "python": "python"}
 
 
 def _write(path: Path, rows: list[dict]) -> None:

@@ -79,7 +79,7 @@ def test_env_demos_writes_sft_rows_and_refuses_unknown_names(tmp_path):
     assert "unknown environment 'nope'" in assert_user_error(run_cli(["env", "demos", "--env", "nope"], tmp_path))
     listing = run_cli(["env", "list"], tmp_path)
     assert_ok(listing)
-    assert all(name in listing.stdout for name in ("calculator", "search", "guess_number", "openenv"))
+    assert all(name in listing.stdout for name in ("calculator", "search", "guess_number", "python", "openenv"))
 
 
 def test_environment_whose_reset_raises_names_itself_and_the_row(tmp_path, agent_cfg):

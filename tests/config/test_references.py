@@ -115,6 +115,7 @@ def test_every_builtin_environment_argument_is_a_reference_or_plain_data():
         "guess_number": {"low", "high", "progress_weight"},
         "search": set(),
         "openenv": {"timeout"},
+        "python": {"cpu_seconds", "wall_seconds", "memory_mb", "output_bytes"},
     }
     assert set(BUILTIN_ENVIRONMENTS) == set(BUILTIN_ENVIRONMENT_NAMES)
     for name, env in BUILTIN_ENVIRONMENTS.items():

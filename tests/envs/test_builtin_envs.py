@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from rlft.envs.builtin import BUILTIN_ENVIRONMENTS, builtin_module, calculator, guess, search
+from rlft.envs.builtin import BUILTIN_ENVIRONMENTS, builtin_module, calculator, guess, python, search
 from rlft.envs.tools import environment_methods, tool_schema
 from rlft.errors import EnvironmentFailure
 
 DATA = Path(__file__).resolve().parents[2] / "data"
-MODULES = {"calculator": calculator, "search": search, "guess_number": guess}
+MODULES = {"calculator": calculator, "search": search, "guess_number": guess, "python": python}
 
 
 def _read(path: Path) -> list[dict]:
@@ -37,7 +37,7 @@ def test_registry_names_modules_and_classes():
     from rlft.config.environment import BUILTIN_ENVIRONMENT_NAMES
     from rlft.plugins import load_object
 
-    assert set(BUILTIN_ENVIRONMENTS) == {"calculator", "search", "guess_number", "openenv"}
+    assert set(BUILTIN_ENVIRONMENTS) == {"calculator", "search", "guess_number", "python", "openenv"}
     assert set(BUILTIN_ENVIRONMENTS) == set(BUILTIN_ENVIRONMENT_NAMES)
     for name, entry in BUILTIN_ENVIRONMENTS.items():
         if name == "openenv":  # its task lives on a server: no rows, no demonstrations
@@ -323,6 +323,22 @@ def test_guess_rows():
     assert len({r["secret"] for r in train}) == 30
     wide = guess.make_rows("eval", 20, 0, low=1, high=100)
     assert all("100" in r["prompt"] for r in wide) and max(r["secret"] for r in wide) > 30
+
+
+# ---------------------------------------------------------------- python
+
+
+def test_python_questions_are_held_out_and_demonstrations_run_in_the_sandbox():
+    train, held_out = python.make_rows("train", 200, 0), python.make_rows("eval", 60, 0)
+    assert not {r["code"] for r in train} & {r["code"] for r in held_out}  # no parameters shared
+    demo_phrasings = {r["phrasing"] for r in python.demo_rows(16, 0)}
+    assert len(demo_phrasings) == 4 and not demo_phrasings & {r["phrasing"] for r in held_out}
+    demo = python.demonstration(held_out[3])  # the expert's program runs and prints the answer
+    assert demo["messages"][2] == {"role": "tool", "name": "run_python", "content": held_out[3]["answer"]}
+    env = python.PythonEnv(cpu_seconds=1)
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        env.run_python("print(1 / 0)")
+    assert env.run_python("x = 1") == "(the program printed nothing)"
 
 
 # ---------------------------------------------------------------- determinism and the data files

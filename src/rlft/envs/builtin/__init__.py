@@ -50,6 +50,13 @@ BUILTIN_ENVIRONMENTS: dict[str, BuiltinEnvironment] = {
             "find a secret number from too-low/too-high feedback with a guess(number) tool; rewarded by get_reward()",
         ),
         BuiltinEnvironment(
+            "python",
+            "rlft.envs.builtin.python:PythonEnv",
+            "rlft.envs.builtin.python",
+            "answers computed with a sandboxed run_python(code) tool (no network, CPU/memory/time/output "
+            "limits, a private folder)",
+        ),
+        BuiltinEnvironment(
             "openenv",
             "rlft.envs.openenv:OpenEnvClient",
             "rlft.envs.openenv",
