@@ -278,6 +278,8 @@ def test_an_mcp_servers_tool_is_called_while_training(tmp_path):
     _check_reward_follows_the_calls(
         run_dir, "calc", lambda t: any(m["role"] == "tool" and m["content"] == "42" for m in t)
     )
+    log = (run_dir / "train_log.log").read_text()
+    assert "tools: calculate; MCP servers: " in log and "calculator.py" in log
 
 
 @pytest.mark.slow

@@ -15,6 +15,16 @@ def env_tools(cfg: RLConfig) -> list[dict] | None:
     return spec.schemas if spec is not None else None
 
 
+def environment_line(cfg: RLConfig) -> list[str]:
+    """The run log's line naming the environment and the tools the model is offered (MCP servers'
+    among them, listed when the run started them), or none for single-turn runs."""
+    spec = environment_spec(cfg.environment)
+    if spec is None:
+        return []
+    servers = f"; MCP servers: {', '.join(s.label for s in spec.mcp_servers)}" if spec.mcp_servers else ""
+    return [f"environment: {spec.name}; tools: {', '.join(spec.tool_names)}{servers}"]
+
+
 def _environment_reward(prompts, completions, environment_reward, **_):
     """The environment's own ``get_reward()`` of each episode (the rollout passes it as a column)."""
     return list(environment_reward)

@@ -28,7 +28,7 @@ from rlft.rl.build import (
     build_updater,
     warn_slow_rollout,
 )
-from rlft.rl.episodes import env_tools, episode_runner, reward_manager
+from rlft.rl.episodes import env_tools, environment_line, episode_runner, reward_manager
 from rlft.rl.exclusion import ExclusionPolicy, exclude_rows
 from rlft.rl.metrics import episode_metrics, format_step_line
 from rlft.rl.parallel import global_rollout_metrics, mean_over_processes, refresh_replica, spread_over_processes
@@ -84,6 +84,7 @@ class RLJob:
             f"algorithm: {alg.name} -- {PRESETS[alg.name].summary}",
             f"algorithm parameters in effect: {params}",
             "rewards: " + ", ".join(f"{n} (weight {w})" for n, w in self.rewards.weights.items()),
+            *environment_line(self.cfg),
             f"training for {self.total_steps} steps: {alg.rollout_batch_size} prompts x "
             f"{alg.num_generations} completions per step, {self.steps_per_epoch} steps per epoch",
         ] + (
