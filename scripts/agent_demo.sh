@@ -4,16 +4,17 @@
 #   2. an SFT warm start on them                     (rlft sft   --config configs/<env>_sft.yaml)
 #   3. RL with multi-turn episodes                   (rlft train --config configs/agent_<env>.yaml)
 #   4. the base model, the warm start alone and warm start + RL, greedy on the held-out rows (rlft eval)
-# Usage: bash scripts/agent_demo.sh calculator|search|guess   (everything lands in outputs/agent-<env>-<time>/)
+# Usage: bash scripts/agent_demo.sh calculator|search|guess|python   (everything lands in outputs/agent-<env>-<time>/)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-env="${1:?usage: bash scripts/agent_demo.sh calculator|search|guess}"
+env="${1:?usage: bash scripts/agent_demo.sh calculator|search|guess|python}"
 case "$env" in
   calculator) builtin=calculator; kwargs='{}' ;;
   search)     builtin=search;     kwargs='{"docs": "data/search_docs.jsonl"}' ;;
   guess)      builtin=guess_number; kwargs='{}' ;;
-  *) echo "unknown environment '$env' (calculator, search, guess)" >&2; exit 2 ;;
+  python)     builtin=python;     kwargs='{}' ;;
+  *) echo "unknown environment '$env' (calculator, search, guess, python)" >&2; exit 2 ;;
 esac
 [ -x .venv/bin/rlft ] || bash scripts/setup_env.sh
 out="outputs/agent-$env-$(date +%Y%m%d-%H%M%S)"
