@@ -33,7 +33,7 @@ import re
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing import Pipe
 from typing import Any
 
@@ -84,7 +84,6 @@ class _Server:
     deaths: int = 0
     stop: asyncio.Event | None = None
     task: asyncio.Task | None = None
-    tools: list[str] = field(default_factory=list)
 
     @property
     def down(self) -> bool:
@@ -148,7 +147,6 @@ class McpHub:
                     f"and {server.config.label}); keep one with the server's tools: list"
                 )
             self.owner[tool.name] = server
-            server.tools.append(tool.name)
             self.schemas.append(tool_schema_of(tool))
 
     def close(self) -> None:
