@@ -27,7 +27,8 @@ def load_object(spec: str, label: str, error: type[RlftError] = RlftError) -> Ca
     ``'package.module:function'`` is imported with :mod:`importlib`;
     ``'path/to/file.py:function'`` (relative to the working directory) is
     executed as a module with a unique name, with the file's folder on
-    ``sys.path`` while it runs so it can import its neighbours.  ``function``
+    ``sys.path`` while it runs so it can import its neighbours; it runs once
+    for as long as the file is unchanged.  ``function``
     may be dotted (``Class.method``).  Every failure raises
     ``error`` whose message starts with ``label`` and ``spec``.
     """
@@ -68,6 +69,13 @@ def _load_file(where: str, path: Path, error: type[RlftError]) -> Any:
     resolved = path.resolve()
     digest = hashlib.sha1(str(resolved).encode()).hexdigest()[:10]
     name = f"rlft_user_{_identifier(resolved.stem)}_{digest}"
+    stat = resolved.stat()
+    stamp = (stat.st_mtime_ns, stat.st_size)
+    loaded = sys.modules.get(name)
+    if loaded is not None and getattr(loaded, "__rlft_stamp__", None) == stamp:
+        # One file, one module: an environment class and the rewards that read its instances (TRL
+        # scripts keep them side by side) share their classes, so isinstance() holds between them.
+        return loaded
     module_spec = importlib.util.spec_from_file_location(name, resolved)
     if module_spec is None or module_spec.loader is None:
         raise error(f"{where}: cannot load {path} as a Python module")
@@ -84,6 +92,7 @@ def _load_file(where: str, path: Path, error: type[RlftError]) -> Any:
     finally:
         if folder in sys.path:
             sys.path.remove(folder)
+    module.__rlft_stamp__ = stamp
     return module
 
 

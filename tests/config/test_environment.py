@@ -64,3 +64,32 @@ def test_cross_checks_name_their_fields(project):
         + "environment: {class: guess_number}\neval: {accuracy_reward: environment}\n",
     )
     assert cfg.reward.functions == [] and cfg.eval.accuracy_reward == "environment"
+
+
+def test_several_classes_by_name_round_trip(project):
+    cfg = load_text(
+        project,
+        BASE + "environment:\n  classes: {maths: calculator, lookup: {class: search, kwargs: {docs: d.jsonl}}}\n"
+        "  route_column: task\n",
+    )
+    routes = cfg.environment.classes
+    assert routes["maths"].class_ == "calculator" and routes["maths"].kwargs == {}
+    assert routes["lookup"].class_ == "search" and routes["lookup"].kwargs == {"docs": "d.jsonl"}
+    assert cfg.environment.route_column == "task"
+    dumped = yaml.safe_load(config_to_yaml(cfg))
+    assert dumped["environment"]["classes"]["lookup"]["class"] == "search"
+    assert load_text(project, config_to_yaml(cfg)).environment == cfg.environment
+
+
+def test_one_class_and_several_classes_do_not_mix(project):
+    text = BASE + "environment: {class: calculator, kwargs: {x: 1}, classes: {a: search, b: {kwargs: {}}}}\n"
+    with pytest.raises(ConfigError) as excinfo:
+        load_text(project, text)
+    probs = problems_of(excinfo)
+    assert any(p.startswith("environment.classes.b.class") for p in probs), probs
+    text = BASE + "environment: {class: calculator, kwargs: {x: 1}, classes: {a: search}}\n"
+    with pytest.raises(ConfigError) as excinfo:
+        load_text(project, text)
+    message = str(excinfo.value)
+    assert "give one class or several classes" in message
+    assert "give each its own kwargs under classes.<name>" in message

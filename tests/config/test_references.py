@@ -46,6 +46,11 @@ PLAIN_TEXT = {
     "reward.functions.headers",
     "reward.functions.kwargs",
     "environment.kwargs",
+    # several environment classes: their names (the keys), their constructors' keyword arguments, and the
+    # data column that names each row's (environment.classes.<name>.class is a code reference)
+    "environment.classes",
+    "environment.classes.kwargs",
+    "environment.route_column",
     # an MCP server's tool names, HTTP headers and its program's environment variables (the job service
     # starts only Python servers from its workspace: the program is the reference that is policed)
     "environment.mcp_servers.tools",
@@ -98,6 +103,7 @@ def test_every_string_field_is_a_reference_or_known_plain_text():
         "reward.functions.path": "model",
         "reward.functions.model": "model",
         "environment.class": "code",
+        "environment.classes.class": "code",
         "environment.tools": "code",
         "environment.mcp_servers.command": "command",
         "environment.mcp_servers.cwd": "dir",
@@ -192,3 +198,26 @@ def test_the_written_config_reads_back_as_the_same_config_for_every_kind(kind):
     cfg = load_config(data={"kind": kind, "data": {"train_file": "d.jsonl"}, **own[kind]}, check_files=False)
     again = load_config(data=load_yaml_text(config_to_yaml(cfg)), check_files=False)
     assert again == cfg
+
+
+def test_references_walks_several_environment_classes_by_name():
+    """Each of several environment classes is a code reference (a built-in's path arguments too), so the
+    job service polices them like one class."""
+    cfg = load_config(
+        data=_rl(
+            environment={
+                "classes": {
+                    "word": "games.py:Wordle",
+                    "lookup": {"class": "search", "kwargs": {"docs": "d/docs.jsonl"}},
+                    "maths": {"class": "calculator"},
+                },
+                "route_column": "task",
+            }
+        ),
+        check_files=False,
+    )
+    found = {d: v for d, _, v in references(cfg) if d.startswith("environment.")}
+    assert found == {
+        "environment.classes.word.class": "games.py:Wordle",
+        "environment.classes.lookup.kwargs.docs": "d/docs.jsonl",
+    }

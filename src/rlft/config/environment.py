@@ -54,6 +54,33 @@ class McpServerConfig(Section):
         return self
 
 
+class EnvironmentRoute(Section):
+    """One of several environment classes in a run (``environment.classes``): the rows whose route
+    column names it play their episodes in it. A bare string is its class."""
+
+    class_: Annotated[str, Reference("code", BUILTIN_ENVIRONMENT_NAMES)] = Field(
+        alias="class", description="The environment class ('my_env.py:WordEnv') or a built-in name."
+    )
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the class's constructor.")
+
+    model_config = {**Section.model_config, "populate_by_name": True}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_string(cls, data: Any) -> Any:
+        return {"class": data} if isinstance(data, str) else data
+
+    def extra_references(self) -> Iterator[tuple[str, Reference, str]]:
+        return builtin_kwarg_references(self.class_, self.kwargs)
+
+
+def builtin_kwarg_references(class_name: str | None, kwargs: dict[str, Any]) -> Iterator[tuple[str, Reference, str]]:
+    """(dotted path, reference, value) of a built-in environment's path and URL constructor arguments."""
+    for key, ref in BUILTIN_KWARG_REFERENCES.get(class_name or "", {}).items():
+        if isinstance(kwargs.get(key), str):
+            yield f"kwargs.{key}", ref, kwargs[key]
+
+
 class EnvironmentConfig(Section):
     """Each data row becomes an episode: the model answers, calls tools, reads their results, and
     answers again, for at most ``max_turns`` turns. Only the tokens the model sampled are trained."""
@@ -65,6 +92,14 @@ class EnvironmentConfig(Section):
         + ", ".join(BUILTIN_ENVIRONMENT_NAMES)
         + ". One instance per episode; reset(**row), every "
         "other public method is a tool, optional get_reward().",
+    )
+    classes: dict[str, EnvironmentRoute] = Field(
+        default_factory=dict,
+        description="Several environment classes in one run, by name ({wordle: games.py:Wordle, catch: "
+        "{class: games.py:Catch, kwargs: {...}}}); each row plays the one its route_column names.",
+    )
+    route_column: str = Field(
+        "env", min_length=1, description="The data column naming each row's environment (with classes)."
     )
     tools: list[CodeRef] = Field(
         default_factory=list,
@@ -103,15 +138,17 @@ class EnvironmentConfig(Section):
 
     def extra_references(self) -> Iterator[tuple[str, Reference, str]]:
         """(dotted path below ``environment.``, reference, value) of the built-in's path and URL arguments."""
-        for key, ref in BUILTIN_KWARG_REFERENCES.get(self.class_ or "", {}).items():
-            if isinstance(self.kwargs.get(key), str):
-                yield f"kwargs.{key}", ref, self.kwargs[key]
+        yield from builtin_kwarg_references(self.class_, self.kwargs)
 
     @model_validator(mode="after")
     def _check(self) -> EnvironmentConfig:
         problems = []
-        if self.class_ is None and not self.tools and not self.mcp_servers:
+        if self.class_ is None and not self.classes and not self.tools and not self.mcp_servers:
             problems.append("environment: give a class, tools, MCP servers, or a mix")
+        if self.class_ is not None and self.classes:
+            problems.append("environment: give one class or several classes (with route_column), not both")
+        if self.classes and self.kwargs:
+            problems.append("environment.kwargs: with several classes, give each its own kwargs under classes.<name>")
         if self.max_tool_response_tokens >= self.max_episode_tokens:
             problems.append(
                 f"environment.max_tool_response_tokens ({self.max_tool_response_tokens}) must be "

@@ -89,16 +89,27 @@ def _walk(loc: tuple, root: type[RunConfig]) -> tuple[list, list[type[BaseModel]
     cands: list[type[BaseModel]] = [root]
     path: list = []
     union = None
+    named = False  # the next segment is a key of a dict of sections (environment.classes.<name>)
     for seg in loc:
         owner = next((m for m in cands if isinstance(seg, str) and seg in _keys(m)), None)
-        if isinstance(seg, int) or owner is not None:
+        if named:
             path.append(seg)
-            cands = _models_in(owner.model_fields[_keys(owner)[seg]].annotation) if owner else cands
+            named = False
+        elif isinstance(seg, int) or owner is not None:
+            path.append(seg)
+            if owner:
+                annotation = owner.model_fields[_keys(owner)[seg]].annotation
+                cands, named = _models_in(annotation), _is_dict(annotation)
         elif any(_tag(m) == seg for m in cands):
             cands = [m for m in cands if _tag(m) == seg]
         else:
             union = tuple(path)
     return path, cands, union
+
+
+def _is_dict(annotation: Any) -> bool:
+    """Whether a field holds a dict (through Optional): its loc's next segment is a key."""
+    return get_origin(annotation) is dict or any(get_origin(a) is dict for a in get_args(annotation))
 
 
 def _models_in(annotation: Any) -> list[type[BaseModel]]:

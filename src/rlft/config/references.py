@@ -80,7 +80,8 @@ def field_reference(model: type[BaseModel], name: str) -> Reference | None:
 
 def references(section: BaseModel, prefix: str = "") -> Iterator[tuple[str, Reference, str]]:
     """(dotted path, reference, value) of every reference a validated config holds; list items are
-    numbered (``reward.functions.0.function``) and built-in names are left out. A section whose
+    numbered (``reward.functions.0.function``), named sections by their names
+    (``environment.classes.wordle.class``), and built-in names are left out. A section whose
     free-form values hold references (an environment's constructor arguments) yields them from its
     ``extra_references()``."""
     for name, info in type(section).model_fields.items():
@@ -90,7 +91,13 @@ def references(section: BaseModel, prefix: str = "") -> Iterator[tuple[str, Refe
         if ref is not None and ref.kind == "command" and isinstance(value, list):
             yield dotted, ref, shlex.join(value)  # one program, however many words
             continue
-        items = list(enumerate(value)) if isinstance(value, list) else [(None, value)]
+        items: list[tuple[int | str | None, Any]]
+        if isinstance(value, list):
+            items = list(enumerate(value))
+        elif isinstance(value, dict) and any(isinstance(v, BaseModel) for v in value.values()):
+            items = list(value.items())  # named sections (environment.classes.<name>)
+        else:
+            items = [(None, value)]
         for index, item in items:
             path = dotted if index is None else f"{dotted}.{index}"
             if isinstance(item, BaseModel):

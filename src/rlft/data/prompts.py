@@ -11,6 +11,7 @@ prompts, so those over ``data.max_prompt_length`` tokens are counted and reporte
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -84,11 +85,13 @@ class Truncation:
 # symbols that merge into long tokens) it is widened until it has them, plus a margin, so the cut's
 # ragged first token is never one of those kept.
 CHARS_PER_TOKEN = 32
+# The tools an environment offers every prompt, or a function of the row (several environment classes).
+Tools = list[dict] | Callable[[dict], list[dict]] | None
 _CUT_MARGIN = 16
 
 
 def build_examples(
-    result: ReadResult, path: str | Path, data_cfg: DataConfig, tokenizer: Any, tools: list[dict] | None = None
+    result: ReadResult, path: str | Path, data_cfg: DataConfig, tokenizer: Any, tools: Tools = None
 ) -> tuple[list[PromptExample], list[tuple[int, str]]]:
     """Validate and format every row of ``result``.
 
@@ -96,14 +99,18 @@ def build_examples(
     plus rows that failed validation here, sorted by row number.  A bad row
     raises :class:`DataError` (``"<file> line 3: missing prompt field ..."``)
     unless ``data_cfg.on_bad_row == "skip"``.  Raises :class:`DataError` when no
-    row is usable. ``tools`` (an environment's) are offered to every prompt instead of the row's own.
+    row is usable. ``tools`` (an environment's, or a function of the row for several environment
+    classes) are offered to every prompt instead of the row's own.
     """
     examples: list[PromptExample] = []
     skipped = list(result.skipped)
     for row, number in zip(result.rows, result.row_numbers):
         try:
             prompt, columns = _validate(row, data_cfg)
-            text = format_prompt(prompt, data_cfg, tokenizer, tools if tools is not None else row_tools(row, data_cfg))
+            offered = tools(row) if callable(tools) else tools
+            text = format_prompt(
+                prompt, data_cfg, tokenizer, offered if offered is not None else row_tools(row, data_cfg)
+            )
         except BadRow as exc:
             message = f"{where(path, result.unit, number)}: {exc}"
             if data_cfg.on_bad_row == "error":
@@ -212,7 +219,7 @@ def load_prompts(
     tokenizer: Any,
     split: Literal["train", "eval"],
     seed: int,
-    tools: list[dict] | None = None,
+    tools: Tools = None,
 ) -> PromptSet | None:
     """Load the ``"train"`` or ``"eval"`` prompts described by ``data_cfg`` (see :func:`read_split`);
     None for ``"eval"`` when no eval data is configured. ``tools``: an environment's tool schemas,

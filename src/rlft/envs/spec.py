@@ -39,6 +39,8 @@ class EnvironmentSpec:
     schemas: list[dict] = field(default_factory=list)
     origin: tuple | None = None  # (class spec, tool specs, kwargs) it was loaded from
     mcp_servers: list = field(default_factory=list)
+    routes: dict[str, EnvironmentSpec] = field(default_factory=dict)  # with several classes: by name
+    route_column: str | None = None
 
     def __reduce__(self):
         # A class or tool loaded from a file lives in a module only this process has: a worker
@@ -85,9 +87,54 @@ class EnvironmentSpec:
             schemas = schemas_of(env_class, functions, extra)
         return cls(name, env_class, kwargs, functions, schemas, (class_spec, list(tool_specs), kwargs), servers)
 
+    @classmethod
+    def load_routed(
+        cls,
+        classes: dict[str, tuple[str, dict[str, Any]]],
+        route_column: str,
+        tool_specs: list[str],
+        mcp_servers: list | None = None,
+    ) -> EnvironmentSpec:
+        """Several environment classes in one run (``environment.classes``): one spec per class, each
+        with the shared tools and MCP servers; a row's ``route_column`` picks its (:meth:`for_row`)."""
+        routes = {
+            name: cls.load(class_spec, tool_specs, kwargs, mcp_servers=mcp_servers)
+            for name, (class_spec, kwargs) in classes.items()
+        }
+        schemas: dict[str, dict] = {}
+        for route in routes.values():
+            for schema in route.schemas:
+                schemas.setdefault(schema["function"]["name"], schema)
+        first = next(iter(routes.values()))
+        name = ", ".join(f"{key} ({route.name})" for key, route in routes.items())
+        return cls(
+            f"{name} by column '{route_column}'",
+            None,
+            functions=first.functions,
+            schemas=list(schemas.values()),
+            mcp_servers=list(mcp_servers or []),
+            routes=routes,
+            route_column=route_column,
+        )
+
+    def for_row(self, row: dict[str, Any]) -> EnvironmentSpec:
+        """The spec a data row's episodes play: this one, or with several classes the one the row's
+        route column names (a :class:`EnvironmentFailure` saying what the column holds otherwise)."""
+        if not self.routes:
+            return self
+        key = row.get(self.route_column)
+        if not isinstance(key, str) or key not in self.routes:
+            raise EnvironmentFailure(
+                f"column '{self.route_column}' is {key!r}; it must name one of the environment classes: "
+                + ", ".join(self.routes)
+            )
+        return self.routes[key]
+
     @property
     def modules(self) -> list[str]:
         """The importable modules its class and tools come from (a worker pool preloads them)."""
+        if self.routes:
+            return sorted({m for route in self.routes.values() for m in route.modules})
         objs = ([self.env_class] if self.env_class is not None else []) + list(self.functions)
         return sorted({o.__module__ for o in objs if not o.__module__.startswith("rlft_user_")})
 
@@ -98,6 +145,9 @@ class EnvironmentSpec:
 
     @property
     def has_reward(self) -> bool:
+        """Whether its class (with several classes: any of them) has a get_reward()."""
+        if self.routes:
+            return any(route.has_reward for route in self.routes.values())
         return self.env_class is not None and callable(getattr(self.env_class, "get_reward", None))
 
     @property
@@ -111,20 +161,29 @@ def _reload(class_spec: str | None, tool_specs: list[str], kwargs: dict[str, Any
 
 
 @lru_cache(maxsize=8)
-def _load_cached(class_spec: str | None, tools: tuple[str, ...], kwargs_json: str, mcp_json: str) -> EnvironmentSpec:
+def _load_cached(
+    class_spec: str | None, tools: tuple[str, ...], kwargs_json: str, mcp_json: str, routes_json: str, column: str
+) -> EnvironmentSpec:
     from rlft.config.environment import McpServerConfig
 
     servers = [McpServerConfig.model_validate(s) for s in json.loads(mcp_json)]
+    routes = json.loads(routes_json)
+    if routes:
+        classes = {name: (class_spec, kwargs) for name, (class_spec, kwargs) in routes.items()}
+        return EnvironmentSpec.load_routed(classes, column, list(tools), mcp_servers=servers)
     return EnvironmentSpec.load(class_spec, list(tools), json.loads(kwargs_json), mcp_servers=servers)
 
 
 def environment_spec(env) -> EnvironmentSpec | None:
-    """The loaded environment of an ``environment:`` config section (class, tools, schemas), loaded
-    once per distinct section; None for single-turn runs (no section)."""
+    """The loaded environment of an ``environment:`` config section (class or classes, tools,
+    schemas), loaded once per distinct section; None for single-turn runs (no section)."""
     if env is None:
         return None
     servers = json.dumps([s.model_dump(mode="json") for s in env.mcp_servers], sort_keys=True)
-    return _load_cached(env.class_, tuple(env.tools), json.dumps(env.kwargs, sort_keys=True), servers)
+    routes = json.dumps({name: [r.class_, r.kwargs] for name, r in env.classes.items()})
+    return _load_cached(
+        env.class_, tuple(env.tools), json.dumps(env.kwargs, sort_keys=True), servers, routes, env.route_column
+    )
 
 
 class EnvironmentSession:
@@ -160,6 +219,12 @@ class EnvironmentSession:
         if self.env is None or not callable(getattr(self.env, "get_reward", None)):
             return None
         return float(_resolve(self.env.get_reward()))
+
+    def snapshot(self) -> bytes | None:
+        """The instance as reward functions receive it (:func:`rlft.envs.snapshot.snapshot`); None without a class."""
+        from rlft.envs.snapshot import snapshot
+
+        return snapshot(self.env) if self.env is not None else None
 
     @property
     def done(self) -> bool:

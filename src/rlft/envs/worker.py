@@ -42,6 +42,8 @@ def _handle(
             value = session.call(*args)
         elif op == "reward":
             value = session.reward()
+        elif op == "snapshot":
+            value = session.snapshot()
         elif op == "close":
             session.close()
             value = None

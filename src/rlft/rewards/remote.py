@@ -71,7 +71,8 @@ class HttpReward:
     def __call__(self, prompts: Sequence[str], completions: Sequence[str], **columns) -> list[float | None]:
         n = len(completions)
         starts = list(range(0, n, self.batch_size))
-        cols = columns if self.send_columns else {}
+        # The episodes' environment instances (``environments``) are objects of this process, not data.
+        cols = {k: v for k, v in columns.items() if k != "environments"} if self.send_columns else {}
 
         def one(start: int) -> list[float | None]:
             end = min(n, start + self.batch_size)

@@ -3,16 +3,59 @@ rollout engine, the prompts rendered with the environment's tools, and its rewar
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
+from functools import lru_cache
+
 from rlft.config.schema import DataConfig, RLConfig
 from rlft.envs.spec import environment_spec
+from rlft.errors import EnvironmentFailure
 from rlft.rewards.manager import NamedReward, RewardManager
 
 ENV_REWARD = "environment"
+ENVIRONMENTS_PARAM = "environments"  # TRL's name for the episodes' environment instances
 
 
-def env_tools(cfg: RLConfig) -> list[dict] | None:
+def env_tools(cfg: RLConfig) -> list[dict] | Callable[[dict], list[dict]] | None:
+    """The tools every prompt offers (the environment's schemas), or with several environment
+    classes a function of the data row (its class's tools; a BadRow for a row naming none)."""
     spec = environment_spec(cfg.environment)
-    return spec.schemas if spec is not None else None
+    if spec is None:
+        return None
+    if not spec.routes:
+        return spec.schemas
+
+    def tools_of(row: dict) -> list[dict]:
+        from rlft.data.formats import BadRow
+
+        try:
+            return spec.for_row(row).schemas
+        except EnvironmentFailure as exc:
+            raise BadRow(str(exc)) from None
+
+    return tools_of
+
+
+def rewards_want_environments(cfg: RLConfig) -> bool:
+    """Whether a custom reward takes ``environments`` (TRL's environment instances): only then does
+    each episode's environment get copied out of its worker at the end."""
+    if cfg.environment is None:
+        return False
+    return _any_takes_environments(tuple(f.function for f in cfg.reward.functions if f.type == "custom"))
+
+
+@lru_cache(maxsize=8)
+def _any_takes_environments(functions: tuple[str, ...]) -> bool:
+    from rlft.plugins import load_custom_reward
+
+    for spec in functions:
+        try:
+            params = inspect.signature(load_custom_reward(spec)).parameters
+        except (TypeError, ValueError):  # no signature to read (a builtin, a C callable)
+            continue
+        if ENVIRONMENTS_PARAM in params:
+            return True
+    return False
 
 
 def environment_line(cfg: RLConfig) -> list[str]:
@@ -66,8 +109,11 @@ def episode_runner(cfg: RLConfig):
             spec,
             limits,
             isolation=env.isolation,
-            prompt_for=lambda ex, obs: prompt_with_observation(ex, obs, data, engine.tokenizer, spec.schemas),
+            prompt_for=lambda ex, obs: prompt_with_observation(
+                ex, obs, data, engine.tokenizer, spec.for_row(row_of(ex, data)).schemas
+            ),
             row_for=lambda ex: row_of(ex, data),
+            keep_environments=rewards_want_environments(cfg),
         )
 
     return wrap

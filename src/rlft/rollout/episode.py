@@ -50,11 +50,13 @@ class EpisodeStats:
 
 @dataclass
 class Episode:
-    """index: its row in the batch; group: the example it plays; worker: its environment."""
+    """index: its row in the batch; group: the example it plays; worker: its environment; spec:
+    the environment it plays (with several classes, its row's)."""
 
     index: int
     group: int
     worker: Any
+    spec: Any = None
     prompt_ids: list[int] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     loss: list[int] = field(default_factory=list)
@@ -71,6 +73,7 @@ class Episode:
     results: list[dict] = field(default_factory=list)  # this turn's tool messages so far
     ended_with_eos: bool = False
     env_reward: float | None = None
+    environment: Any = None  # a copy of its environment instance at the end, for rewards that read it
     final_text: str = ""
     started: float = field(default_factory=time.monotonic)
 

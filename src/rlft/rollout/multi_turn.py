@@ -38,15 +38,26 @@ class EpisodeRunner:
 
     prompt_for(example, observation) -> the rendered prompt (``observation``: what ``reset``
     returned, appended to the last user message, or None); row_for(example) -> the data row given
-    to ``reset(**row)``."""
+    to ``reset(**row)`` (with several environment classes, it also picks the row's class).
+    keep_environments: hand the rewards a copy of each episode's environment instance at its end
+    (the ``environments`` column, TRL's ``environments=``)."""
 
     def __init__(
-        self, engine, spec: EnvironmentSpec, limits: EpisodeLimits, *, prompt_for, row_for, isolation: str = "process"
+        self,
+        engine,
+        spec: EnvironmentSpec,
+        limits: EpisodeLimits,
+        *,
+        prompt_for,
+        row_for,
+        isolation: str = "process",
+        keep_environments: bool = False,
     ):
         self.engine, self.spec, self.limits = engine, spec, limits
         self.prompt_for, self.row_for, self.isolation = prompt_for, row_for, isolation
+        self.keep_environments = keep_environments
         self.tokenizer = engine.tokenizer
-        self.deltas = TurnDeltas(self.tokenizer, spec.schemas)
+        self._deltas: dict[int, TurnDeltas] = {}
         vocab = self.tokenizer.convert_ids_to_tokens(list(range(len(self.tokenizer))))
         self._closing_ids = {i for i, t in enumerate(vocab) if t and ">" in t}  # may end </tool_call>
 
@@ -75,13 +86,15 @@ class EpisodeRunner:
         else:
             groups = torch.arange(len(examples)) + sampling.row_offset // n
             seeds = (row_uniforms(sampling.seed, groups, -1) * (2**31 - 1)).long().tolist()
+        rows = [self.row_for(ex) for ex in examples]
+        specs = [self._spec_of(row, ex) for row, ex in zip(rows, examples)]
         episodes = [
-            Episode(g * n + j, g, episode_worker(self.spec, self.isolation))
+            Episode(g * n + j, g, episode_worker(specs[g], self.isolation), spec=specs[g])
             for g in range(len(examples))
             for j in range(n)
         ]
         for ep in episodes:
-            ep.worker.send("reset", self.row_for(examples[ep.group]), seeds[ep.group])
+            ep.worker.send("reset", rows[ep.group], seeds[ep.group])
         prompts: dict[tuple[int, str | None], list[int]] = {}
         for ep in episodes:
             # The first request also builds the environment (an index, a connection): it gets the
@@ -92,7 +105,7 @@ class EpisodeRunner:
                 self._abort(episodes)
                 source = getattr(examples[ep.group], "source", "") or f"row {ep.group}"
                 raise EnvironmentFailure(
-                    f"environment '{self.spec.name}': reset failed on data row {source}: {reply.value}"
+                    f"environment '{ep.spec.name}': reset failed on data row {source}: {reply.value}"
                 )
             key = (ep.group, reply.value)
             if key not in prompts:
@@ -103,33 +116,66 @@ class EpisodeRunner:
             ep.pending = list(ep.prompt_ids)
         return episodes
 
+    def _spec_of(self, row: dict, example) -> EnvironmentSpec:
+        """The row's environment (with several classes, the one its route column names)."""
+        try:
+            return self.spec.for_row(row)
+        except EnvironmentFailure as exc:
+            source = getattr(example, "source", "") or "a data row"
+            raise EnvironmentFailure(f"{source}: {exc}") from None
+
+    def _deltas_for(self, spec: EnvironmentSpec) -> TurnDeltas:
+        if id(spec) not in self._deltas:
+            self._deltas[id(spec)] = TurnDeltas(self.tokenizer, spec.schemas)
+        return self._deltas[id(spec)]
+
     def _abort(self, episodes: list[Episode]) -> None:
         for ep in episodes:
             ep.worker.kill()
 
     def _finish_workers(self, episodes: list[Episode]) -> None:
-        """Ask every live environment for its reward, then close it; a dead one scores 0."""
-        asked = [ep for ep in episodes if ep.worker.alive]
-        if self.spec.has_reward:
-            for ep in asked:
-                ep.worker.send("reward")
-            for ep in asked:
-                reply = ep.worker.receive(self.limits.tool_timeout)
-                ep.env_reward = float(reply.value) if reply.ok and reply.value is not None else 0.0
-                if not reply.ok:
-                    ep.messages.append(
-                        {
-                            "role": "tool",
-                            "name": "get_reward",
-                            "error": True,
-                            "content": f"error: get_reward failed: {reply.value}",
-                        }
-                    )
+        """Ask every live environment for its reward (and, for rewards that read them, a copy of
+        itself), then close it; a dead one scores 0."""
+        asked = [ep for ep in episodes if ep.worker.alive and ep.spec.has_reward]
+        for ep in asked:
+            ep.worker.send("reward")
+        for ep in asked:
+            reply = ep.worker.receive(self.limits.tool_timeout)
+            ep.env_reward = float(reply.value) if reply.ok and reply.value is not None else 0.0
+            if not reply.ok:
+                ep.messages.append(
+                    {
+                        "role": "tool",
+                        "name": "get_reward",
+                        "error": True,
+                        "content": f"error: get_reward failed: {reply.value}",
+                    }
+                )
+        if self.keep_environments:
+            self._collect_environments(episodes)
         for ep in episodes:
             if ep.worker.alive:
                 ep.worker.close()
-            if self.spec.has_reward and ep.env_reward is None:
+            if ep.spec.has_reward and ep.env_reward is None:
                 ep.env_reward = 0.0
+
+    def _collect_environments(self, episodes: list[Episode]) -> None:
+        """Each episode's environment instance as it ended, copied out of its worker (see
+        :mod:`rlft.envs.snapshot`); a :class:`LostEnvironment` where there is none to copy."""
+        from rlft.envs.snapshot import restore
+
+        asked = [ep for ep in episodes if ep.worker.alive and ep.spec.env_class is not None]
+        for ep in asked:
+            ep.worker.send("snapshot")
+        for ep in episodes:
+            if ep in asked:
+                reply = ep.worker.receive(self.limits.tool_timeout)
+                blob, why = (reply.value, "") if reply.ok else (None, f"it could not be copied ({reply.value})")
+            elif ep.spec.env_class is None:
+                blob, why = None, "the episode has no environment class"
+            else:
+                blob, why = None, f"its worker is gone (the episode ended '{ep.stats.finish}')"
+            ep.environment = restore(blob, why)
 
     # ------------------------------------------------------------------ the loop
 
@@ -217,7 +263,7 @@ class EpisodeRunner:
         text = self._decode(ep.turn_tokens)
         if RESPONSE_OPEN in text:  # the model began writing a tool result: that part is not its turn
             text = text[: text.index(RESPONSE_OPEN)]
-        ep.end_turn(text, is_eos, self.spec.schemas, self.limits.max_turns)
+        ep.end_turn(text, is_eos, ep.spec.schemas, self.limits.max_turns)
         if ep.state == WAITING:
             self._dispatch(ep)
 
@@ -233,7 +279,7 @@ class EpisodeRunner:
         ep.messages += ep.results
         if ep.state == DONE:
             return
-        delta = self.deltas.after_turn(
+        delta = self._deltas_for(ep.spec).after_turn(
             [{k: m[k] for k in ("role", "name", "content")} for m in ep.results], ep.ended_with_eos
         )
         ids = self.tokenizer(delta, add_special_tokens=False)["input_ids"]
@@ -343,8 +389,10 @@ class EpisodeRunner:
                 loss[i, :t], turn[i, :t] = torch.tensor(ep.loss), torch.tensor(ep.turn)
                 logprobs[i, :t] = torch.tensor(ep.logprobs)
         columns = {"trajectories": [ep.messages for ep in episodes]}
-        if self.spec.has_reward:
+        if self.spec.has_reward:  # None where the episode's class has no get_reward(): it does not apply
             columns["environment_reward"] = [ep.env_reward for ep in episodes]
+        if self.keep_environments:
+            columns["environments"] = [ep.environment for ep in episodes]
         return RolloutBatch(
             prompt_ids=prompt_ids.to(device),
             prompt_mask=prompt_mask.to(device),
