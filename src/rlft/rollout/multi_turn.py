@@ -25,6 +25,7 @@ from rlft.envs.worker import episode_worker
 from rlft.errors import EnvironmentFailure
 from rlft.rollout.base import RolloutBatch, SamplingParams
 from rlft.rollout.episode import DONE, READY, RUNNING, WAITING, Episode, EpisodeLimits
+from rlft.rollout.episode_batch import batch_of
 from rlft.rollout.kv import FusedKVBatch, KVBatch, start_batch
 from rlft.rollout.sampling import row_uniforms, sample_next
 from rlft.speed.clock import phase
@@ -371,42 +372,12 @@ class EpisodeRunner:
     # ------------------------------------------------------------------ output
 
     def _batch(self, episodes: list[Episode]) -> RolloutBatch:
-        pad = self.engine.pad_id
-        device = self.engine.device
-        P = max(len(ep.prompt_ids) for ep in episodes)
-        T = max(1, max(len(ep.tokens) for ep in episodes))
-        N = len(episodes)
-        prompt_ids = torch.full((N, P), pad, dtype=torch.long)
-        prompt_mask = torch.zeros(N, P, dtype=torch.long)
-        ids = torch.full((N, T), pad, dtype=torch.long)
-        mask, loss, turn = (torch.zeros(N, T, dtype=torch.long) for _ in range(3))
-        logprobs = torch.zeros(N, T)
-        for i, ep in enumerate(episodes):
-            p, t = len(ep.prompt_ids), len(ep.tokens)
-            prompt_ids[i, P - p :], prompt_mask[i, P - p :] = torch.tensor(ep.prompt_ids), 1
-            if t:
-                ids[i, :t], mask[i, :t] = torch.tensor(ep.tokens), 1
-                loss[i, :t], turn[i, :t] = torch.tensor(ep.loss), torch.tensor(ep.turn)
-                logprobs[i, :t] = torch.tensor(ep.logprobs)
         columns = {"trajectories": [ep.messages for ep in episodes]}
         if self.spec.has_reward:  # None where the episode's class has no get_reward(): it does not apply
             columns["environment_reward"] = [ep.env_reward for ep in episodes]
         if self.keep_environments:
             columns["environments"] = [ep.environment for ep in episodes]
-        return RolloutBatch(
-            prompt_ids=prompt_ids.to(device),
-            prompt_mask=prompt_mask.to(device),
-            completion_ids=ids.to(device),
-            completion_mask=mask.to(device),
-            texts=[ep.final_text for ep in episodes],
-            finish_reasons=[ep.stats.finish for ep in episodes],
-            prompt_index=[ep.group for ep in episodes],
-            logprobs=logprobs.to(device),
-            loss_mask=loss.to(device),
-            turn_index=turn.to(device),
-            columns=columns,
-            episodes=[ep.stats for ep in episodes],
-        )
+        return batch_of(episodes, self.engine.pad_id, self.engine.device, columns)
 
 
 def _end_on_tool_error(ep: Episode, name: str, text: str, finish: str) -> None:
