@@ -22,6 +22,7 @@ run.json is replaced atomically, so a failed write leaves its last complete vers
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 import uuid
@@ -30,6 +31,7 @@ from pathlib import Path
 
 from rlft.atomic import check_writable, reporting_disk_full, write_text_atomic
 
+CLAIM = ".rlft-run"  # created exclusively by the run that takes the directory
 _INFO_LOCK = threading.Lock()  # run.json is read-modify-written by the loop and the heartbeat thread
 
 
@@ -39,13 +41,14 @@ class RunDirectory:
 
     @classmethod
     def create(cls, output_dir: str | Path, run_name: str | None, algorithm: str) -> RunDirectory:
-        """A new run directory. If ``<output_dir>/<run_name>`` already holds a run, ``-2``, ``-3`` ... is
-        appended instead: a fresh run never mixes its files with another's (continuing one is --resume)."""
+        """A new run directory. If ``<output_dir>/<run_name>`` already holds a run (or another run starting
+        at the same moment took it), ``-2``, ``-3`` ... is appended instead: a fresh run never mixes its
+        files with another's (continuing one is --resume)."""
         name = run_name or time.strftime("%Y%m%d-%H%M%S") + f"-{algorithm}"
         check_writable(Path(output_dir).expanduser(), "train.output_dir")  # before any model is loaded
         base = Path(output_dir).expanduser().resolve() / name
         root, n = base, 1
-        while cls(root).holds_run():
+        while cls(root).holds_run() or not _claim(root):
             n += 1
             root = base.with_name(f"{name}-{n}")
         return cls.at(root)
@@ -149,3 +152,35 @@ class FollowerRunDirectory(RunDirectory):
 
     def write_run_info(self, **fields) -> None:
         pass
+
+
+def _claim(root: Path) -> bool:
+    """Take ``root`` for a new run, or False if a live run took it first: two runs started in the same
+    second (or with the same run_name) both find it free, and only one may create its claim file. A
+    claim left by a process that has ended (a run that failed before it began) is taken over."""
+    root.mkdir(parents=True, exist_ok=True)
+    claim = root / CLAIM
+    try:
+        fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        try:
+            owner = int(claim.read_text().strip() or 0)
+        except (OSError, ValueError):
+            owner = 0
+        if owner and _alive(owner):
+            return False
+        claim.write_text(str(os.getpid()))
+        return True
+    with os.fdopen(fd, "w") as f:
+        f.write(str(os.getpid()))
+    return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
