@@ -51,11 +51,13 @@ class ScriptedRunner(EpisodeRunner):
         return tokens, logprobs
 
 
-def make_runner(engine, scripts, isolation="process", **limits):
-    spec = EnvironmentSpec("AddEnv", AddEnv, {}, [], [])
-    from rlft.envs.tools import schemas_of
+def make_runner(engine, scripts, isolation="process", spec=None, keep_environments=False, **limits):
+    """A scripted runner over ``spec`` (default: AddEnv's); each row's ``reset`` gets its prompt and columns."""
+    if spec is None:
+        from rlft.envs.tools import schemas_of
 
-    spec.schemas = schemas_of(AddEnv, [])
+        spec = EnvironmentSpec("AddEnv", AddEnv, {}, [], [])
+        spec.schemas = schemas_of(AddEnv, [])
     runner = ScriptedRunner(
         engine,
         spec,
@@ -63,6 +65,7 @@ def make_runner(engine, scripts, isolation="process", **limits):
         prompt_for=lambda ex, obs: ex.text,
         row_for=lambda ex: {"prompt": ex.prompt, **ex.columns},
         isolation=isolation,
+        keep_environments=keep_environments,
     )
     runner.scripts = scripts
     return runner

@@ -16,9 +16,8 @@ from rlft.rl.batch import UpdateBatch
 from rlft.rl.exclusion import ExclusionPolicy, exclude_rows
 from rlft.rl.metrics import episode_metrics
 from rlft.rollout.base import SamplingParams
-from rlft.rollout.episode import EpisodeLimits
 from tests.rollout.envs_for_tests import DyingEnv
-from tests.rollout.test_multi_turn import ScriptedRunner, call, examples
+from tests.rollout.test_multi_turn import call, examples, make_runner
 
 G = 4
 # Per episode (2 groups of 4): row 1 calls a tool that never returns, row 6 one that kills its worker.
@@ -38,15 +37,7 @@ REWARDS = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 0.5, 0.0, 0.25])
 def _rollout(engine):
     spec = EnvironmentSpec("DyingEnv", DyingEnv, {}, [], [])
     spec.schemas = schemas_of(DyingEnv, [])
-    runner = ScriptedRunner(
-        engine,
-        spec,
-        EpisodeLimits(tool_timeout=1.0),
-        prompt_for=lambda ex, obs: ex.text,
-        row_for=lambda ex: {"prompt": ex.prompt, **ex.columns},
-        isolation="process",
-    )
-    runner.scripts = SCRIPTS
+    runner = make_runner(engine, SCRIPTS, spec=spec, tool_timeout=1.0)
     return runner.run(examples(engine, 2), SamplingParams(max_new_tokens=120, n=G))
 
 

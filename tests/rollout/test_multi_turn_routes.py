@@ -12,25 +12,14 @@ from rlft.envs.spec import EnvironmentSpec
 from rlft.errors import EnvironmentFailure
 from rlft.rewards.manager import NamedReward, RewardManager
 from rlft.rollout.base import SamplingParams
-from rlft.rollout.episode import EpisodeLimits
-from tests.rollout.test_multi_turn import Ex, ScriptedRunner, call
+from tests.rollout.test_multi_turn import Ex, call, make_runner
 
 GAMES = "examples/trl/two_games.py"
 ECHO = "examples/trl/echo_env.py"
 
 
 def _runner(engine, spec, scripts, keep=True, isolation="process"):
-    runner = ScriptedRunner(
-        engine,
-        spec,
-        EpisodeLimits(tool_timeout=10.0),
-        prompt_for=lambda ex, obs: ex.text,
-        row_for=lambda ex: {"prompt": ex.prompt, **ex.columns},
-        isolation=isolation,
-        keep_environments=keep,
-    )
-    runner.scripts = scripts
-    return runner
+    return make_runner(engine, scripts, isolation, spec=spec, keep_environments=keep, tool_timeout=10.0)
 
 
 def _examples(engine, spec, rows):
