@@ -152,6 +152,14 @@ def test_transient_failures_are_retried_then_succeed(flaky):
     assert fn.requests == 3 and _Flaky.seen[-1]["columns"] == {"answer": ["x", "y"]}
 
 
+def test_the_episodes_environment_instances_are_not_sent(flaky):
+    """``environments`` holds objects of the trainer's process (TRL's environments=), not data: a
+    scoring service gets the data columns only."""
+    fn = _reward(flaky("ok"))
+    assert fn(["p", "q"], ["a", "bb"], answer=["1", "2"], environments=[object(), object()]) == [1.0, 2.0]
+    assert _Flaky.seen[0]["columns"] == {"answer": ["1", "2"]}
+
+
 def test_persistent_5xx_and_timeouts_end_in_a_clear_error(flaky):
     fn = _reward(flaky("500"), retries=2)
     with pytest.raises(
