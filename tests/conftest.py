@@ -19,6 +19,14 @@ if os.environ.get("RLFT_HYPOTHESIS_DERANDOMIZE") == "1":
     settings.load_profile("ci")
 
 
+def pytest_collection_modifyitems(config, items):
+    """Files with end-to-end (``slow``) tests first, each file's tests kept together and in order:
+    pytest-xdist hands out whole files (--dist loadfile) in this order, so the long ones start early
+    and the short ones fill in at the end, instead of one worker finishing a long file alone."""
+    heavy = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in heavy)  # a stable sort: the order within each file stays
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     from rlft.models.tiny import build_tiny_model_dir

@@ -1,5 +1,7 @@
 """Multi-turn RL end to end on a tiny ChatML model: a TRL-style environment class, its reset
-observation, a reward that reads the trajectory, the episode metrics and samples, and learning."""
+observation, a reward that reads the trajectory, the episode metrics and samples, and learning; and
+TRL's environment_factory quick start (examples/trl/echo_env.py), whose reward reads the episodes'
+environment instances."""
 
 from __future__ import annotations
 
@@ -116,41 +118,6 @@ def test_multi_turn_run_learns_and_records_episodes(agent_config):
     assert episodes["turns_mean"] == 1.0 + episodes["tool_calls_mean"] and episodes["tool_error_rate"] == 0.0
 
 
-SHOUT_ENV = '''
-class ShoutEnv:
-    """The reward is earned by a call of shout() and by nothing else."""
-
-    def reset(self, **row):
-        self.shouted = False
-
-    def shout(self, text: str) -> str:
-        """Upper-case a text.
-
-        Args:
-            text: The text.
-        """
-        self.shouted = True
-        return str(text).upper()
-
-    def get_reward(self) -> float:
-        return 1.0 if self.shouted else 0.0
-'''
-SHOUT_TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "shout",
-            "description": "Upper-case a text.",
-            "parameters": {
-                "type": "object",
-                "properties": {"text": {"type": "string", "description": "The text."}},
-                "required": ["text"],
-            },
-        },
-    }
-]
-
-
 def _warm_start_then_rl(
     tmp_path,
     demo: dict,
@@ -225,15 +192,29 @@ def _check_reward_follows_the_calls(run_dir: Path, reward: str, earned) -> None:
 
 
 @pytest.mark.slow
-def test_a_reward_that_needs_a_tool_call_is_earned_by_the_episodes_that_made_one(tmp_path):
-    """The only reward is the environment's: 1 for an episode that called shout(), 0 otherwise."""
-    (tmp_path / "shout_env.py").write_text(SHOUT_ENV)
+def test_trls_environment_factory_example_trains_unchanged(tmp_path):
+    """examples/trl/echo_env.py as a TRL user writes it: a no-argument class whose tool leaves
+    ``self.reward`` on the instance, and a reward reading it through ``environments``."""
+    from rlft.envs.spec import EnvironmentSpec
+
+    echo = str(ROOT / "examples" / "trl" / "echo_env.py")
+    tools = EnvironmentSpec.load(f"{echo}:EchoEnv", []).schemas
     run_dir = _warm_start_then_rl(
         tmp_path,
-        _demo("shout", "shout", {"text": "hey"}, "HEY", SHOUT_TOOLS),
-        {"class": f"{tmp_path}/shout_env.py:ShoutEnv"},
-        {"functions": []},
+        _demo("echo", "echo", {"message": "Hello World!"}, "Hello World!", tools),
+        {"class": f"{echo}:EchoEnv"},
+        {"functions": [{"type": "custom", "function": f"{echo}:reward_from_env", "name": "echo"}]},
+        turn_tokens=128,
     )
-    _check_reward_follows_the_calls(
-        run_dir, "environment", lambda t: any(m["role"] == "tool" and not m.get("error") for m in t)
-    )
+
+    def earned(trajectory) -> float:  # what EchoEnv.reward holds after the episode's last echo() that went through
+        echoed = [
+            m["content"] for m in trajectory if m["role"] == "tool" and m.get("name") == "echo" and not m.get("error")
+        ]
+        return min(len(echoed[-1]), 40) / 40 if echoed else 0.0
+
+    samples = read_jsonl(run_dir / "samples.jsonl")
+    assert len(samples) >= 32
+    for sample in samples:
+        assert sample["rewards"]["echo"] == pytest.approx(earned(sample["trajectory"])), sample
+    assert sum(sample["rewards"]["echo"] > 0 for sample in samples) >= len(samples) / 4  # not all zero
