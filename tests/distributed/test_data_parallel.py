@@ -21,8 +21,6 @@ from safetensors.torch import load_file
 
 from tests.conftest import free_port, read_jsonl, write_jsonl
 
-pytestmark = pytest.mark.slow  # end-to-end training runs: scheduled first (tests/conftest.py)
-
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 3
 # Wall-clock and resource numbers differ between runs by nature, and the work counters count

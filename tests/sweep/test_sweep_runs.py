@@ -6,12 +6,8 @@ import csv
 import json
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import read_jsonl
 from tests.sweep.conftest import config, flaky_config, rows, sweep, write
-
-pytestmark = pytest.mark.slow  # end-to-end training runs: scheduled first (tests/conftest.py)
 
 
 def _by_name(sweep_dir: Path) -> dict[str, list[dict]]:
