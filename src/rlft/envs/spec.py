@@ -167,10 +167,9 @@ def _load_cached(
     from rlft.config.environment import McpServerConfig
 
     servers = [McpServerConfig.model_validate(s) for s in json.loads(mcp_json)]
-    routes = json.loads(routes_json)
+    routes = json.loads(routes_json)  # name -> [class spec, kwargs]
     if routes:
-        classes = {name: (class_spec, kwargs) for name, (class_spec, kwargs) in routes.items()}
-        return EnvironmentSpec.load_routed(classes, column, list(tools), mcp_servers=servers)
+        return EnvironmentSpec.load_routed(routes, column, list(tools), mcp_servers=servers)
     return EnvironmentSpec.load(class_spec, list(tools), json.loads(kwargs_json), mcp_servers=servers)
 
 
