@@ -194,9 +194,14 @@ def test_a_live_process_is_known_by_its_job_id_not_by_a_start_time_a_clock_step_
     from rlft.service.placement import alive
 
     proc = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(30)"], env={**os.environ, "RLFT_JOB_ID": "job-a"}
+        [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(30)"],
+        env={**os.environ, "RLFT_JOB_ID": "job-a"},
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
+        # Until the child has exec'd, /proc shows the parent's environment (no job id): wait for it to speak.
+        assert proc.stdout.readline().strip() == "up"
         started = psutil.Process(proc.pid).create_time()
         assert alive(proc.pid, started - 3600, "job-a") is not None  # the clock stepped an hour: still the job
         assert alive(proc.pid, started, "job-b") is None  # a reused pid running another job is not it
@@ -205,4 +210,5 @@ def test_a_live_process_is_known_by_its_job_id_not_by_a_start_time_a_clock_step_
     finally:
         proc.kill()
         proc.wait()
+        proc.stdout.close()
     assert alive(proc.pid, started, "job-a") is None  # ended
