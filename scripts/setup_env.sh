@@ -49,5 +49,8 @@ echo "setup_env: installing rlft ${EXTRAS:+with [$EXTRAS] }into $VENV (torch: $T
 "${PIP[@]}" install --upgrade pip
 "${PIP[@]}" install "$TORCH_SPEC"
 "${PIP[@]}" install -e "$TARGET"
+if [[ "$EXTRAS" == "test" ]]; then
+    "$VENV/bin/python" scripts/install_verifiers.py  # the verifiers extra, which pip cannot resolve beside mcp's
+fi
 "$VENV/bin/python" -c 'import rlft, torch; print(f"setup_env: rlft {rlft.__version__}, torch {torch.__version__}")'
 echo "$WANT" > "$STAMP"

@@ -171,7 +171,7 @@ train: {epochs: 0}
     assert tag == [
         "reward.functions.0.type: unknown reward type 'containz' (did you mean 'contains'?); "
         "choose one of contains, regex, exact_answer, numeric_answer, format, length_penalty, tool_call, custom, "
-        "http, model, judge"
+        "http, model, judge, verifiers"
     ]
     assert any(p.startswith("reward.functions.2.type: required; choose one of contains") for p in probs)
     assert len(probs) == len(expected) + 2

@@ -45,6 +45,7 @@ PLAIN_TEXT = {
     # workspace); a built-in environment's path arguments are references (BUILTIN_KWARG_REFERENCES)
     "reward.functions.headers",
     "reward.functions.kwargs",
+    "reward.functions.args",
     "environment.kwargs",
     # several environment classes: their names (the keys), their constructors' keyword arguments, and the
     # data column that names each row's (environment.classes.<name>.class is a code reference)
@@ -99,6 +100,7 @@ def test_every_string_field_is_a_reference_or_known_plain_text():
         "train.tracking.mlflow_tracking_uri": "store",
         "algorithm.critic.model_path": "model",
         "reward.functions.function": "code",
+    "reward.functions.env": "code",
         "reward.functions.url": "url",
         "reward.functions.path": "model",
         "reward.functions.model": "model",
@@ -122,11 +124,14 @@ def test_every_builtin_environment_argument_is_a_reference_or_plain_data():
         "search": set(),
         "openenv": {"timeout"},
         "python": {"cpu_seconds", "wall_seconds", "memory_mb", "output_bytes"},
+        "verifiers": {"args"},
     }
     assert set(BUILTIN_ENVIRONMENTS) == set(BUILTIN_ENVIRONMENT_NAMES)
     for name, env in BUILTIN_ENVIRONMENTS.items():
-        module, _, cls = env.env_class.partition(":")
-        params = set(inspect.signature(getattr(importlib.import_module(module), cls).__init__).parameters) - {"self"}
+        # the kwargs go to the class, or to an adapter's tools function
+        module, _, attr = (env.env_class or env.tools).partition(":")
+        target = getattr(importlib.import_module(module), attr)
+        params = set(inspect.signature(target.__init__ if env.env_class else target).parameters) - {"self"}
         assert params == plain[name] | set(BUILTIN_KWARG_REFERENCES.get(name, {})), name
 
 

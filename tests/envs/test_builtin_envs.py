@@ -37,10 +37,10 @@ def test_registry_names_modules_and_classes():
     from rlft.config.environment import BUILTIN_ENVIRONMENT_NAMES
     from rlft.plugins import load_object
 
-    assert set(BUILTIN_ENVIRONMENTS) == {"calculator", "search", "guess_number", "python", "openenv"}
+    assert set(BUILTIN_ENVIRONMENTS) == {"calculator", "search", "guess_number", "python", "openenv", "verifiers"}
     assert set(BUILTIN_ENVIRONMENTS) == set(BUILTIN_ENVIRONMENT_NAMES)
     for name, entry in BUILTIN_ENVIRONMENTS.items():
-        if name == "openenv":  # its task lives on a server: no rows, no demonstrations
+        if name in ("openenv", "verifiers"):  # adapters: their tasks live elsewhere (no rows, no demonstrations)
             continue
         module = builtin_module(name)
         assert module is MODULES[name]

@@ -49,6 +49,7 @@ def _every_reference_outside(outside: Path) -> list[dict]:
                 {"type": "custom", "function": f"{outside}/evil.py:f"},
                 {"type": "model", "path": str(outside)},
                 {"type": "judge", "model": str(outside)},
+                {"type": "verifiers", "env": str(outside / "vf_env.py")},
             ]
         },
         "environment": {"class": "search", "kwargs": {"docs": str(outside / "secret.jsonl")}, "tools": ["os:system"]},
@@ -58,6 +59,7 @@ def _every_reference_outside(outside: Path) -> list[dict]:
         {**base, "environment": {"class": f"{outside}/evil.py:Env", "tools": []}},
         {**base, "environment": {"class": "os:system", "tools": []}},
         {**base, "environment": {"class": "openenv", "kwargs": {"url": "file:///etc/passwd"}}},
+        {**base, "environment": {"class": "verifiers", "kwargs": {"env": "installed_vf_env"}}},
         {**base, "train": {**base["train"], "tracking": {"mlflow_tracking_uri": "postgresql://db.example/mlflow"}}},
         {**base, "train": {**base["train"], "tracking": {"mlflow_tracking_uri": f"file://{outside}/mlruns"}}},
     ]

@@ -1,5 +1,6 @@
 """``rlft rollout`` (a few episodes without training, the trained tokens marked) and ``rlft env``
-(the built-in environments: list them, write SFT warm-start demonstrations)."""
+(the built-in environments: list them, write SFT warm-start demonstrations; a verifiers environment's
+rows and a config that trains on it)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,14 @@ def add_env_arguments(p) -> None:
     demos.add_argument("--seed", type=int, default=0)
     demos.add_argument("--out", default=None, help="Output JSONL (default data/<env>_demos.jsonl).")
     demos.add_argument("--kwargs", default="{}", help="Environment constructor arguments as JSON.")
+    vf = sub.add_parser(
+        "verifiers",
+        help="Write a verifiers environment's data (train/eval JSONL) and a config that trains on it.",
+    )
+    vf.add_argument("name", help="An installed verifiers environment (module or Hub id) or path/to/env.py.")
+    vf.add_argument("--args", default="{}", help="Keyword arguments of its load_environment(), as JSON.")
+    vf.add_argument("--out", default=None, help="Output folder (default data/<name>).")
+    vf.add_argument("--model", default="smollm2-135m-instruct", help="model.path of the config written.")
 
 
 def run_env(args) -> int:
@@ -43,6 +52,8 @@ def run_env(args) -> int:
         for env in BUILTIN_ENVIRONMENTS.values():
             print(f"{env.name:14s} {env.summary}")
         return 0
+    if args.env_command == "verifiers":
+        return _write_verifiers(args)
     if args.env not in BUILTIN_ENVIRONMENTS:
         raise UsageError(f"--env: unknown environment '{args.env}' (built-in: {', '.join(BUILTIN_ENVIRONMENTS)})")
     if args.n < 1:
@@ -61,6 +72,42 @@ def run_env(args) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out, "".join(json.dumps(r) + "\n" for r in rows))
     print(f"wrote {len(rows)} demonstrations to {out}")
+    return 0
+
+
+def _write_verifiers(args) -> int:
+    """``rlft env verifiers NAME``: the environment's rows, and a config naming its rubric as the reward
+    (and, for a ToolEnv, its tools as the environment)."""
+    from rlft.atomic import write_text_atomic
+    from rlft.config.yamlio import dump_yaml
+    from rlft.envs import verifiers
+
+    try:
+        env_args = json.loads(args.args)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--args: not JSON ({exc})") from None
+    if not isinstance(env_args, dict):
+        raise UsageError("--args: give a JSON object of load_environment()'s keyword arguments")
+    out = Path(args.out or f"data/{Path(args.name).stem}")
+    counts = verifiers.export_rows(args.name, env_args, out)
+    loaded = verifiers.environment(args.name, env_args)
+    source = {"env": args.name, "args": env_args}
+    config: dict = {
+        "model": {"path": args.model},
+        "data": {"train_file": str(out / "train.jsonl"), "prompt_field": "prompt"},
+        "algorithm": {"name": "grpo", "rollout_batch_size": 4, "num_generations": 8, "max_new_tokens": 256},
+        "reward": {"functions": [{"type": "verifiers", **source}]},
+        "train": {"max_steps": 20, "output_dir": "./outputs", "run_name": Path(args.name).stem},
+    }
+    if "eval" in counts:
+        config["data"]["eval_file"] = str(out / "eval.jsonl")
+    if verifiers.is_tool_env(loaded):
+        turns = loaded.max_turns if loaded.max_turns > 0 else 4
+        config["environment"] = {"class": "verifiers", "kwargs": source, "max_turns": turns}
+    write_text_atomic(out / "config.yaml", dump_yaml(config))
+    rows = ", ".join(f"{n} {split} rows" for split, n in counts.items())
+    print(f"wrote {rows} and config.yaml ({type(loaded).__name__}) to {out}")
+    print(f"train: rlft train --config {out / 'config.yaml'}")
     return 0
 
 

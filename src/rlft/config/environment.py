@@ -11,13 +11,14 @@ from rlft.config.references import CodeRef, Reference, UrlRef
 from rlft.config.sections import Section
 
 # Built-in environment names (rlft.envs.builtin has the classes; kept here so validation stays torch-free).
-BUILTIN_ENVIRONMENT_NAMES = ("calculator", "search", "guess_number", "python", "openenv")
+BUILTIN_ENVIRONMENT_NAMES = ("calculator", "search", "guess_number", "python", "openenv", "verifiers")
 # The constructor arguments of a built-in environment that name a file or an endpoint (the built-in's code
 # opens them, so they are references like any path in the config; tests/envs check every parameter is here
 # or plain data).
 BUILTIN_KWARG_REFERENCES: dict[str, dict[str, Reference]] = {
     "search": {"docs": Reference("file")},
     "openenv": {"url": Reference("url")},
+    "verifiers": {"env": Reference("code")},
 }
 
 

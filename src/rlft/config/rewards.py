@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from rlft.config.optimizer import FloatPair
-from rlft.config.references import CodeRef, ModelDir, UrlRef
+from rlft.config.references import CodeRef, ModelDir, Reference, UrlRef
 from rlft.config.sections import ModelPath, Section
 
 
@@ -193,6 +193,18 @@ class JudgeReward(_Reward):
         return self
 
 
+class VerifiersReward(_Reward):
+    """The rubric of an environment written with the ``verifiers`` package (the classic API): its reward
+    functions and weights score each completion, its group functions each prompt's completions
+    together, and each function's value is logged (``reward/<name>/<function>``)."""
+
+    type: Literal["verifiers"]
+    env: Annotated[str, Reference("code")] = Field(
+        ..., description="The environment: an installed one (module or Hub id) or 'path/to/env.py'."
+    )
+    args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of its load_environment().")
+
+
 RewardSpec = Annotated[
     ContainsReward
     | RegexReward
@@ -204,7 +216,8 @@ RewardSpec = Annotated[
     | CustomReward
     | HttpReward
     | ModelReward
-    | JudgeReward,
+    | JudgeReward
+    | VerifiersReward,
     Field(discriminator="type"),
 ]
 

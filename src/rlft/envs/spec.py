@@ -41,6 +41,7 @@ class EnvironmentSpec:
     mcp_servers: list = field(default_factory=list)
     routes: dict[str, EnvironmentSpec] = field(default_factory=dict)  # with several classes: by name
     route_column: str | None = None
+    preload: list[str] = field(default_factory=list)  # an adapter's module, for the workers to preload
 
     def __reduce__(self):
         # A class or tool loaded from a file lives in a module only this process has: a worker
@@ -64,28 +65,39 @@ class EnvironmentSpec:
         to list their tools); every failure names what it could not load."""
         from rlft.envs.builtin import BUILTIN_ENVIRONMENTS
 
-        env_class = None
-        if class_spec is not None:
-            path = BUILTIN_ENVIRONMENTS[class_spec].env_class if class_spec in BUILTIN_ENVIRONMENTS else class_spec
+        env_class, builtin = None, BUILTIN_ENVIRONMENTS.get(class_spec or "")
+        path = builtin.env_class if builtin is not None else class_spec
+        if path is not None:
             env_class = load_object(path, "environment class", EnvironmentFailure)
             if not inspect.isclass(env_class):
                 raise EnvironmentFailure(
                     f"environment class '{class_spec}' is a {type(env_class).__name__}; "
                     f"expected a class with reset() and tool methods"
                 )
-        functions = [load_object(t, "tool", EnvironmentFailure) for t in tool_specs]
+        kwargs = dict(kwargs or {})
+        own = [load_object(t, "tool", EnvironmentFailure) for t in tool_specs]
+        adapter_tools, made = [], []  # an adapter's tools, with the schemas the adapter made for them
+        if builtin is not None and builtin.tools is not None:
+            adapter = load_object(builtin.tools, "environment tools", EnvironmentFailure)
+            try:
+                adapter_tools, made = adapter(**kwargs)
+            except TypeError as exc:  # kwargs it does not take, or one it needs missing
+                raise EnvironmentFailure(f"environment '{class_spec}': environment.kwargs: {exc}") from None
+        functions = own + adapter_tools
         servers = list(mcp_servers or [])
         name = class_spec or ", ".join([f.__name__ for f in functions] + [f"MCP {s.label}" for s in servers])
-        kwargs = dict(kwargs or {})
         schemas = []
         if with_schemas:
-            extra = []
+            extra = list(made)
             if servers:
                 from rlft.envs.mcp import mcp_hub
 
-                extra = mcp_hub(servers).schemas
-            schemas = schemas_of(env_class, functions, extra)
-        return cls(name, env_class, kwargs, functions, schemas, (class_spec, list(tool_specs), kwargs), servers)
+                extra += mcp_hub(servers).schemas
+            schemas = schemas_of(env_class, own, extra)
+        spec = cls(name, env_class, kwargs, functions, schemas, (class_spec, list(tool_specs), kwargs), servers)
+        if adapter_tools:
+            spec.preload = [builtin.module]
+        return spec
 
     @classmethod
     def load_routed(
@@ -136,7 +148,7 @@ class EnvironmentSpec:
         if self.routes:
             return sorted({m for route in self.routes.values() for m in route.modules})
         objs = ([self.env_class] if self.env_class is not None else []) + list(self.functions)
-        return sorted({o.__module__ for o in objs if not o.__module__.startswith("rlft_user_")})
+        return sorted({o.__module__ for o in objs if not o.__module__.startswith("rlft_user_")} | set(self.preload))
 
     @property
     def runs_locally(self) -> bool:

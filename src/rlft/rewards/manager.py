@@ -223,11 +223,18 @@ def _judge(name: str, spec: Any) -> tuple[Callable[..., Any], dict[str, Any]]:
     return JudgeRewardFunction.from_spec(name, spec), {}
 
 
+def _verifiers(name: str, spec: Any) -> tuple[Callable[..., Any], dict[str, Any]]:
+    from rlft.envs.verifiers import RubricReward
+
+    return RubricReward.from_spec(name, spec), {}
+
+
 REWARD_BUILDERS: dict[str, Callable[[str, Any], tuple[Callable[..., Any], dict[str, Any]]]] = {
     "custom": _custom,
     "http": _http,
     "model": _model,
     "judge": _judge,
+    "verifiers": _verifiers,
 }
 
 

@@ -19,12 +19,15 @@ from rlft.errors import EnvironmentFailure
 @dataclass(frozen=True)
 class BuiltinEnvironment:
     """``module`` has ``make_rows(split, n, seed)``, ``demo_rows(n, seed)`` and
-    ``demonstration(row, **env_kwargs)`` besides the class."""
+    ``demonstration(row, **env_kwargs)`` besides the class. ``env_class`` is None for an adapter whose
+    episodes hold nothing of their own; ``tools`` names a function ``(**kwargs) -> (functions, schemas)``
+    for an adapter whose tools depend on its kwargs (a verifiers environment's)."""
 
     name: str
-    env_class: str
+    env_class: str | None
     module: str
     summary: str
+    tools: str | None = None
 
 
 BUILTIN_ENVIRONMENTS: dict[str, BuiltinEnvironment] = {
@@ -61,6 +64,14 @@ BUILTIN_ENVIRONMENTS: dict[str, BuiltinEnvironment] = {
             "rlft.envs.openenv:OpenEnvClient",
             "rlft.envs.openenv",
             "an OpenEnv server (openenv-core; kwargs: url), one session per episode; one step(action) tool",
+        ),
+        BuiltinEnvironment(
+            "verifiers",
+            None,
+            "rlft.envs.verifiers",
+            "a verifiers ToolEnv's tools (kwargs: env=module, Hub id or file.py, args={...}); its rubric is "
+            "reward type 'verifiers'",
+            tools="rlft.envs.verifiers:tools",
         ),
     )
 }
