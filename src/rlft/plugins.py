@@ -107,3 +107,20 @@ def _hint(module: Any) -> str:
         if callable(v) and not n.startswith("_") and getattr(v, "__module__", None) == module.__name__
     )
     return f" (functions defined there: {', '.join(names[:10])})" if names else ""
+
+
+def address_of(obj: Any) -> str | None:
+    """The ``'module:name'`` or ``'path/to/file.py:name'`` that :func:`load_object` loads ``obj`` from
+    again (in another process), or None for one it cannot reach (a closure, a lambda, an object)."""
+    module_name, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    module = sys.modules.get(module_name or "")
+    if module is None or not qualname or "<" in qualname:
+        return None
+    target: Any = module
+    for part in qualname.split("."):
+        target = getattr(target, part, None)
+    if target is not obj:
+        return None
+    if module_name.startswith("rlft_user_"):
+        return f"{module.__file__}:{qualname}"
+    return f"{module_name}:{qualname}"

@@ -100,7 +100,7 @@ def test_every_string_field_is_a_reference_or_known_plain_text():
         "train.tracking.mlflow_tracking_uri": "store",
         "algorithm.critic.model_path": "model",
         "reward.functions.function": "code",
-    "reward.functions.env": "code",
+        "reward.functions.env": "code",
         "reward.functions.url": "url",
         "reward.functions.path": "model",
         "reward.functions.model": "model",

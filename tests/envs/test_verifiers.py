@@ -91,6 +91,23 @@ def test_a_tool_envs_tools_are_offered_with_its_schemas_and_run_in_a_worker():
         worker.close()
 
 
+def test_an_installed_environment_loads_by_its_module_or_hub_id(monkeypatch):
+    """vf.load_environment's way: the module ``vf_lookup``, or the Hub id ``vf-lookup`` naming it."""
+    monkeypatch.syspath_prepend(str(ENVS))
+    spec = EnvironmentSpec.load("verifiers", [], {"env": "vf-lookup", "args": {"keys": ["pin"]}})
+    assert spec.tool_names == ["lookup"] and "vf_lookup" in spec.modules
+    assert environment("vf_lookup", {"keys": ["pin"]}).get_dataset()[0]["answer"] == "3"
+
+
+def test_a_worker_loads_the_tools_by_their_addresses_without_building_the_environment_again():
+    import pickle
+
+    spec = EnvironmentSpec.load("verifiers", [], {"env": LOOKUP})
+    assert spec.origin == (None, [f"{LOOKUP}:lookup"], {})
+    again = pickle.loads(pickle.dumps(spec))
+    assert [f.__name__ for f in again.functions] == ["lookup"] and again.functions[0]("code") == "7"
+
+
 @pytest.mark.parametrize(
     ("env", "args", "message"),
     [

@@ -23,7 +23,7 @@ from typing import Any
 
 from rlft.envs.tools import environment_methods, schemas_of
 from rlft.errors import EnvironmentFailure
-from rlft.plugins import load_object
+from rlft.plugins import address_of, load_object
 
 
 @dataclass
@@ -94,7 +94,12 @@ class EnvironmentSpec:
 
                 extra += mcp_hub(servers).schemas
             schemas = schemas_of(env_class, own, extra)
-        spec = cls(name, env_class, kwargs, functions, schemas, (class_spec, list(tool_specs), kwargs), servers)
+        origin = (class_spec, list(tool_specs), kwargs)
+        addresses = [address_of(fn) for fn in adapter_tools]
+        if adapter_tools and env_class is None and None not in addresses:
+            # a worker loads the adapter's tools by their addresses, without building the adapter again
+            origin = (None, list(tool_specs) + addresses, {})
+        spec = cls(name, env_class, kwargs, functions, schemas, origin, servers)
         if adapter_tools:
             spec.preload = [builtin.module]
         return spec

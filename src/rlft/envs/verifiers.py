@@ -24,8 +24,9 @@ through an OpenAI-compatible endpoint).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -74,7 +75,8 @@ def _load(env: str, args_json: str):
     else:
         build = lambda **kw: package.load_environment(env, **kw)  # noqa: E731
     try:
-        out = build(**args)
+        with _quiet_datasets():
+            out = build(**args)
     except EnvironmentFailure:
         raise
     except Exception as exc:
@@ -85,6 +87,21 @@ def _load(env: str, args_json: str):
         raise EnvironmentFailure(f"{where}: load_environment returned a {type(out).__name__}, not a vf.Environment")
     _check_supported(package, out, where)
     return out
+
+
+@contextlib.contextmanager
+def _quiet_datasets() -> Iterator[None]:
+    """No ``datasets`` progress bars while an environment formats its rows: every episode's worker
+    builds the environment, and each bar would land in the run's log."""
+    from datasets.utils import logging as datasets_logging
+
+    shown = datasets_logging.is_progress_bar_enabled()
+    datasets_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            datasets_logging.enable_progress_bar()
 
 
 def _args_text(args: dict[str, Any]) -> str:
