@@ -143,3 +143,13 @@ def test_the_config_takes_the_rubric_as_a_reward_and_checks_it(tmp_path):
         load_config(data={**base, "reward": {"functions": [{"type": "verifiers", "args": []}]}})
     assert "reward.functions.0.env: required" in str(caught.value)
     assert "reward.functions.0.args: expected a mapping" in str(caught.value)
+
+
+def test_the_rubric_runs_under_a_time_limit_like_any_users_code():
+    """A rubric is the user's code run in the trainer's process: a hung one fails the run, named."""
+    from rlft.config.rewards import VerifiersReward
+    from rlft.rewards.manager import named_rewards
+
+    (reward,) = named_rewards([VerifiersReward(type="verifiers", env=REVERSE, timeout=42)])
+    assert (reward.name, reward.timeout) == ("verifiers", 42)
+    assert isinstance(reward.fn, RubricReward)

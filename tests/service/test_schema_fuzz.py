@@ -38,7 +38,7 @@ def test_schemathesis_with_a_token_finds_no_server_error_and_no_schema_violation
         st = shutil.which("schemathesis", path=str(Path(sys.executable).parent)) or "schemathesis"
         # positive_data_acceptance is left out: a config can be schema-valid JSON and still invalid
         # as a config (a missing file), which is a 422 with its problem list, by design.
-        # --max-time 45: on a slow 2-core machine the 25 examples per route do not finish in 90 s either,
+        # --max-time 30: on a slow 2-core machine the 25 examples per route do not finish in 90 s either,
         # and this one test was 1.5 of CI's 15 minutes; scripts/fuzz_service.py is the fuzz at full size.
         out = subprocess.run(
             [
@@ -55,7 +55,7 @@ def test_schemathesis_with_a_token_finds_no_server_error_and_no_schema_violation
                 "25",
                 "--generation-deterministic",
                 "--max-time",
-                "45",
+                "30",
                 "--report",
                 "junit",
                 "--report-dir",

@@ -75,14 +75,9 @@ class ToolCallReward(_Reward):
     )
 
 
-class CustomReward(_Reward):
-    type: Literal["custom"]
-    function: CodeRef = Field(
-        ...,
-        description="'package.module:function' or 'path/to/file.py:function' with the TRL signature "
-        "f(prompts, completions, **columns) -> list[float].",
-    )
-    kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments passed on every call.")
+class LocalCodeReward(_Reward):
+    """A reward that runs the user's own code in the trainer's process, under a time limit per call."""
+
     timeout: float | None = Field(
         300.0,
         gt=0,
@@ -90,6 +85,16 @@ class CustomReward(_Reward):
         "reward error naming the function; a call over half of it is warned about. null: no limit, and the "
         "function runs on the calling thread (for code that needs the main thread, e.g. signal-based timeouts).",
     )
+
+
+class CustomReward(LocalCodeReward):
+    type: Literal["custom"]
+    function: CodeRef = Field(
+        ...,
+        description="'package.module:function' or 'path/to/file.py:function' with the TRL signature "
+        "f(prompts, completions, **columns) -> list[float].",
+    )
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments passed on every call.")
 
 
 class HttpReward(_Reward):
@@ -193,7 +198,7 @@ class JudgeReward(_Reward):
         return self
 
 
-class VerifiersReward(_Reward):
+class VerifiersReward(LocalCodeReward):
     """The rubric of an environment written with the ``verifiers`` package (the classic API): its reward
     functions and weights score each completion, its group functions each prompt's completions
     together, and each function's value is logged (``reward/<name>/<function>``)."""

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from rlft.config.rewards import default_reward_name
+from rlft.config.rewards import LocalCodeReward, default_reward_name
 from rlft.errors import RewardError, RewardOutage
 from rlft.plugins import load_custom_reward
 from rlft.rewards.builtin import ANSWER_COLUMN_PARAM, BUILTIN_REWARDS
@@ -243,8 +243,8 @@ def _from_spec(spec: Any) -> NamedReward:
     weight = float(spec.weight)
     if spec.type in REWARD_BUILDERS:
         fn, kwargs = REWARD_BUILDERS[spec.type](name, spec)
-        # only a local function gets a time limit here: http and judge rewards time their own requests
-        timeout = spec.timeout if spec.type == "custom" else None
+        # only the user's code run here gets a time limit: http and judge rewards time their own requests
+        timeout = spec.timeout if isinstance(spec, LocalCodeReward) else None
         return NamedReward(name, fn, weight, kwargs, timeout=timeout)
     if spec.type not in BUILTIN_REWARDS:
         known = ", ".join([*BUILTIN_REWARDS, *REWARD_BUILDERS])
