@@ -74,7 +74,7 @@ def test_a_tool_episodes_messages_reach_the_rubric_as_verifiers_messages():
 
 def test_a_tool_envs_tools_are_offered_with_its_schemas_and_run_in_a_worker():
     spec = EnvironmentSpec.load("verifiers", [], {"env": LOOKUP, "args": {"keys": ["code", "pin"]}})
-    assert spec.tool_names == ["lookup"]
+    assert spec.tool_names == ["lookup"] and spec.name == f"verifiers (env={LOOKUP}, args={{'keys': ['code', 'pin']}})"
     parameters = spec.schemas[0]["function"]["parameters"]
     assert parameters["properties"]["key"]["description"] == "The key to look up."
     assert "rlft.envs.verifiers" in spec.modules  # the workers' fork server loads the package once

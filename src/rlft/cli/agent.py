@@ -64,7 +64,10 @@ def run_env(args) -> int:
         raise UsageError(f"--kwargs: not JSON ({exc})") from None
     module = builtin_module(args.env)
     if not hasattr(module, "demo_rows"):
-        raise UsageError(f"--env: '{args.env}' has no demonstrations (its task lives on its server)")
+        raise UsageError(
+            f"--env: '{args.env}' has no demonstrations (an adapter: its task lives on a server or in a "
+            f"verifiers environment)"
+        )
     rows = [module.demonstration(r, **kwargs) for r in module.demo_rows(args.n, args.seed)]
     from rlft.atomic import write_text_atomic
 

@@ -100,7 +100,8 @@ class EnvironmentSpec:
             # a worker loads the adapter's tools by their addresses, without building the adapter again
             origin = (None, list(tool_specs) + addresses, {})
         spec = cls(name, env_class, kwargs, functions, schemas, origin, servers)
-        if adapter_tools:
+        if adapter_tools:  # named by what it adapts: "verifiers (env=my_env.py)"
+            spec.name = f"{class_spec} ({', '.join(f'{k}={v}' for k, v in kwargs.items() if v)})"
             spec.preload = [builtin.module]
         return spec
 
