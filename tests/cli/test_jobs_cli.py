@@ -23,7 +23,19 @@ def _rlft(*args, url=None, cwd=None):
 
 def test_jobs_submit_wait_list_status_logs_and_plot(server, workspace, tmp_path):  # noqa: F811
     out = _rlft(
-        "jobs", "submit", "--config", "configs/tiny.yaml", "--set", "train.max_steps=3", "--wait", url=server.url
+        "jobs",
+        "submit",
+        "--config",
+        "configs/tiny.yaml",
+        "--set",
+        "train.max_steps=3",
+        # a health warning on every CPU (most of 4-token completions hit the limit), for the stderr stream below
+        "--set",
+        "train.health.signal_window=1",
+        "--set",
+        "train.health.truncation_rate=0.5",
+        "--wait",
+        url=server.url,
     )
     assert out.returncode == 0, out.stdout + out.stderr
     job = json.loads(out.stdout[: out.stdout.rindex("}") + 1])
