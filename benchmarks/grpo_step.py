@@ -519,7 +519,12 @@ def print_phases(ph: dict, dtype: str, peaks: dict, weights: float, params: floa
     wbytes = 2 if dtype == "bf16" else 4
     work = {  # phase -> (amount, unit, floor)
         "prefill": (2 * w * ph.get("work/prefill_tokens", 0) / 1e12, "TFLOP", peak),
-        "decode": (w * wbytes * ph.get("work/decode_steps", 0) / 1e9, "GB", bw),
+        # the weights once a step and the KV cache the live rows attend to (what the roofline must read)
+        "decode": (
+            (w * wbytes * ph.get("work/decode_steps", 0) + ph.get("work/decode_kv_needed_bytes", 0)) / 1e9,
+            "GB",
+            bw,
+        ),
         "reference": (2 * w * ph.get("work/reference_tokens", 0) / 1e12, "TFLOP", peak),
         "policy": (6 * w * ph.get("work/policy_tokens", 0) / 1e12, "TFLOP", peak),
         # the decode's bf16 copy of the changed weights: read in fp32, written in bf16 (upper bound: all of them)
@@ -545,6 +550,12 @@ def print_phases(ph: dict, dtype: str, peaks: dict, weights: float, params: floa
         )
         tps = f"{tokens[name] / sec:,.0f}" if tokens.get(name) and sec > 0 else ""
         print(f"  | {name} | {sec:.2f} | {sec / total:.0%} | {tps} | " + " | ".join(cells) + " |")
+    if ph.get("work/decode_kv_bytes"):
+        print(
+            f"  decode KV cache: {ph['work/decode_kv_needed_bytes'] / 1e9:.3f} GB attended to, "
+            f"{ph['work/decode_kv_bytes'] / 1e9:.3f} GB read (with columns allocated ahead and rows that finished); "
+            f"weights {w * wbytes * ph.get('work/decode_steps', 0) / 1e9:.3f} GB"
+        )
 
 
 if __name__ == "__main__":

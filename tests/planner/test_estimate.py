@@ -47,7 +47,12 @@ def test_breakdown_is_pinned_on_the_tiny_model(tiny_config):
         "logits": 135936 + 96 * 102 * 2,
         "autocast weights": 43392,
     }
-    assert est.phases["rollout"] == {**kept, "kv cache": 131072, "prefill": 61440, "logits": 52224}
+    # the GPU's graphed decode: each of the 4 prompts' 10 positions cached once, then 32 rows x 6
+    # completion positions, allocated once; 2 layers x 2 kv heads x 8 dims, keys and values, in bf16
+    assert est.phases["rollout"] == {**kept, "kv cache": (4 * 10 + 32 * 6) * 128, "prefill": 61440, "logits": 52224}
+    tiny_config["rollout"] = {"cuda_graphs": False}  # the eager decode: every row's prompt, in a cache grown by blocks
+    eager = estimate_memory(load_config(data=tiny_config), T4, prompt_tokens=10)
+    assert eager.phases["rollout"]["kv cache"] == 2 * 32 * (10 + 6) * 128
     assert set(est.phases) == {"rollout", "scoring", "update", "evaluation"}
     assert est.peak_phase == "update" and est.peak == GiB // 2 + sum(est.phases["update"].values())
     assert est.fits
@@ -67,7 +72,7 @@ def test_kv_cache_grows_with_completion_length_and_checkpointing_cuts_activation
     short = estimate_memory(cfg, T4, prompt_tokens=10)
     tiny_config["algorithm"]["max_new_tokens"] = 246
     long = estimate_memory(load_config(data=tiny_config), T4, prompt_tokens=10)
-    assert long.phases["rollout"]["kv cache"] == short.phases["rollout"]["kv cache"] * 256 // 16
+    assert long.phases["rollout"]["kv cache"] - short.phases["rollout"]["kv cache"] == 32 * 240 * 128
     tiny_config["model"]["gradient_checkpointing"] = True
     ckpt = estimate_memory(load_config(data=tiny_config), T4, prompt_tokens=10)
     # two layers: one replayed layer plus each layer's fp32 input, against both layers' activations

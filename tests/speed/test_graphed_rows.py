@@ -11,6 +11,7 @@ from rlft.config.algorithm import RolloutConfig
 from rlft.config.schema import ModelConfig
 from rlft.models.loading import load_policy, load_tokenizer
 from rlft.rollout import NativeEngine, SamplingParams
+from rlft.speed.clock import CLOCK
 from rlft.speed.fused_decode import FusedDecoder
 from rlft.speed.graphed_rows import GraphedRows
 
@@ -32,18 +33,30 @@ def _graphed_everywhere(monkeypatch, graphs: bool) -> list[GraphedRows]:
 
 def test_the_static_step_decodes_what_the_dropping_rows_decode(wide_head_model_dir, monkeypatch):
     model, tok = _policy(wide_head_model_dir)
-    out = {}
+    out, counts = {}, {}
     for graphed in (False, True):
         made = _graphed_everywhere(monkeypatch, graphs=False) if graphed else []
+        monkeypatch.setattr(GraphedRows, "WINDOW", 8)  # attention's window grows several times in 40 tokens
+        CLOCK.reset()
         engine = NativeEngine(model, tok, max_prompt_length=64, autocast_dtype=None, native_kernels=False)
         # rows end at different steps: dropped from the batch on one side, kept (masked) on the other
         monkeypatch.setattr(native_engine, "sample_next", _scripted_eos(engine.eos_ids[0], {0: 1, 4: 3, 5: 20}))
         out[graphed] = engine.generate(PROMPTS, SamplingParams(max_new_tokens=40, n=3, temperature=0.9, seed=3))
+        counts[graphed] = dict(CLOCK.counts)
         monkeypatch.undo()
     assert len(made) == 1 and made[0].live is not None and made[0].live.numel() < 9
-    assert made[0].kv.allocated == made[0].kv.capacity  # the whole cache at once: the graph holds its address
+    rows = made[0]
+    assert rows.kv.allocated == rows.kv.capacity == 40  # the whole cache at once: the graph holds its address
+    assert rows.prompt.k.shape[1] == len(PROMPTS)  # a prompt's keys and values once for its group of 3
+    # the window follows the filled columns up, a multiple of 8 at a time, never past them by 8
+    assert rows.windows == [8, 16, 24, 32, 40][: len(rows.windows)] and len(rows.windows) >= 3, rows.windows
+    assert rows.kv.length <= rows.windows[-1] < rows.kv.length + 8
+    for graphed in (False, True):  # what a step read: at least what its live rows attend to
+        assert 0 < counts[graphed]["decode_kv_needed_bytes"] <= counts[graphed]["decode_kv_bytes"]
+    # the prompts read once a group instead of once a row
+    assert counts[True]["decode_kv_needed_bytes"] < counts[False]["decode_kv_needed_bytes"]
     lengths = out[True].completion_mask.sum(-1).tolist()
-    assert lengths[0] == 2 and lengths[4] == 4 and len(set(lengths)) >= 4, lengths
+    assert lengths[0] == 2 and lengths[4] == 4 and len(set(lengths)) >= 4 and max(lengths) > 16, lengths
     assert torch.equal(out[True].completion_ids, out[False].completion_ids)
     m = out[True].completion_mask.bool()
     torch.testing.assert_close(out[True].logprobs[m], out[False].logprobs[m], atol=1e-5, rtol=1e-5)
@@ -66,7 +79,7 @@ def test_step_at_writes_the_column_it_is_given_as_step_writes_its_own(wide_head_
         for token in (3, 4, 5):
             tokens = torch.tensor([token, token + 10])
             a = fused.step(tokens, positions, caches[0])
-            b = fused.step_at(tokens, positions, caches[1], column)
+            b = fused.step_at(tokens, positions, caches[1], column, window=int(column) + 1)
             torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
             positions, column = positions + 1, column + 1
     n = caches[0].length

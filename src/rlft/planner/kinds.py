@@ -101,8 +101,13 @@ def rl_phases(
         "decode weights": decode_copy_bytes(shape, compute_bytes, lora) if cfg.rollout.decode_copy else 0,
         **_critic_kept(cfg, shape),
     }
+    from rlft.speed.fused_decode import SUPPORTED
+
+    r = cfg.rollout  # the graphed decode: the native engine's fused decode of a Llama-family model on a GPU
+    graphed = device.kind == "cuda" and r.engine == "native" and r.fused_decode and r.cuda_graphs
+    graphed = graphed and shape.model_type in SUPPORTED
     phases: Phases = {
-        "rollout": {**kept, **generation_bytes(shape, rows, g.prompts, prompt_tokens, new, compute_bytes)},
+        "rollout": {**kept, **generation_bytes(shape, rows, g.prompts, prompt_tokens, new, compute_bytes, graphed)},
         "scoring": {**kept, **scoring_bytes(shape, g)},
         "update": {**kept, **update_bytes(shape, g)},
     }
@@ -111,7 +116,9 @@ def rl_phases(
     if g.eval_rows:
         phases["evaluation"] = {
             **kept,
-            **generation_bytes(shape, g.eval_rows, g.eval_rows, prompt_tokens, g.eval_new_tokens, compute_bytes),
+            **generation_bytes(
+                shape, g.eval_rows, g.eval_rows, prompt_tokens, g.eval_new_tokens, compute_bytes, graphed
+            ),
         }
     return g, phases
 

@@ -116,11 +116,25 @@ def kv_bytes(shape: ModelShape, rows: int, positions: int, cache_bytes: int) -> 
 
 
 def generation_bytes(
-    shape: ModelShape, rows: int, prompts: int, prompt_tokens: int, new_tokens: int, cache_bytes: int
+    shape: ModelShape,
+    rows: int,
+    prompts: int,
+    prompt_tokens: int,
+    new_tokens: int,
+    cache_bytes: int,
+    graphed: bool = False,
 ) -> dict[str, int]:
-    """A generation batch: its KV cache, the prefill of the distinct prompts, a decode step's logits."""
+    """A generation batch: its KV cache, the prefill of the distinct prompts, a decode step's logits.
+
+    ``graphed``: the GPU's graphed decode (:mod:`rlft.speed.graphed_rows`), which caches each prompt
+    once for its group and allocates the completions' cache once, at its full length."""
+    cache = (
+        (prompts * prompt_tokens + rows * new_tokens) * shape.kv_bytes_per_token * cache_bytes
+        if graphed
+        else kv_bytes(shape, rows, prompt_tokens + new_tokens, cache_bytes)
+    )
     return {
-        "kv cache": kv_bytes(shape, rows, prompt_tokens + new_tokens, cache_bytes),
+        "kv cache": cache,
         "prefill": forward_bytes(shape, prompts * prompt_tokens, cache_bytes),
         "logits": DECODE_LOGIT_COPIES * 4 * rows * shape.vocab,
     }

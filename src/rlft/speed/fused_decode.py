@@ -28,8 +28,9 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from rlft.speed.change_watch import ChangeWatch
+from rlft.speed.decode_attention import cached_attention
 from rlft.speed.fast_linear import matmul_weight_t  # CPU GEMMs stream cold weights faster as W @ x.T
-from rlft.speed.static_kv import StaticKV
+from rlft.speed.static_kv import StaticKV, count_kv_read
 
 SUPPORTED = ("llama", "mistral", "qwen2")
 
@@ -300,21 +301,6 @@ class FusedDecoder:
         last = self._rms(x.view(U, T, -1)[:, -1], self.norm)  # left padding: the last column is real
         return self.head(last).to(torch.float32, memory_format=torch.contiguous_format)
 
-    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        """One query per row against its cache: q [B, H, D] (already scaled by 1/sqrt(D)), keys/values
-        [B, KVH, A, D], bias [B, 1, 1, A] float32 -> [B, H * D].
-
-        The H query heads are viewed as KVH groups of H / KVH (query head h reads kv head
-        h // (H / KVH), as Hugging Face's repeat_kv lays them out), so the cache is never expanded;
-        scores and softmax are fp32 (adding the fp32 bias promotes them). (SDPA's CPU kernel for one
-        query token with grouped heads took its slow reference path: 0.6 ms a layer against 0.1
-        here on SmolLM2.)"""
-        B, H, D = q.shape
-        KVH = keys.shape[1]
-        scores = torch.add(bias, torch.matmul(q.view(B, KVH, H // KVH, D), keys.transpose(-1, -2)))
-        probs = torch.softmax(scores, dim=-1).to(values.dtype)
-        return torch.matmul(probs, values).reshape(B, H * D)
-
     def _rotary(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotary tables [..., H + KVH, D] (float32) for ``positions`` [...]: rotate_half's sign folded
         into sin, and the query heads' rows scaled by 1/sqrt(D), which attention would apply to
@@ -332,23 +318,34 @@ class FusedDecoder:
         kv.reserve(col + 1)
         kv.valid[:, col] = True
         x, cos, sin = self._embed(tokens, positions)
-        layers = self._layers_native if self.kernels is not None else self._layers_torch
-        hidden = layers(x, cos, sin, kv, col)
+        if self.kernels is not None:
+            hidden = self._layers_native(x, cos, sin, kv, col)
+        else:
+            hidden = self._layers_torch(x, cos, sin, cached_attention(kv, col, kv.allocated))
         kv.length = col + 1
+        count_kv_read(kv, tokens.shape[0], kv.allocated)
         # the usual orientation for the head: sampling reads its [B, V] output row by row
         return self.head(hidden).to(torch.float32, memory_format=torch.contiguous_format)
 
     def step_at(
-        self, tokens: torch.Tensor, positions: torch.Tensor, kv: StaticKV, column: torch.Tensor
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        kv: StaticKV,
+        column: torch.Tensor,
+        window: int,
+        prompt: StaticKV | None = None,
     ) -> torch.Tensor:
         """:meth:`step` at the cache column held in ``column`` (a [1] long tensor on the device) rather
         than ``kv.length``, with PyTorch ops only and no value read back to the host: every shape and
         address is fixed, so a CUDA graph can capture it (:mod:`rlft.speed.graphed_rows`). ``kv`` must
-        be allocated to its capacity (attention reads every column, masked by ``kv.valid``); advancing
-        ``column`` and ``kv.length`` is the caller's."""
+        be allocated to its capacity; attention reads its first ``window`` columns (masked by
+        ``kv.valid``), which must include ``column``; advancing ``column`` and ``kv.length`` is the
+        caller's. ``prompt``: the G groups' prompt cache, read before each row's own columns
+        (:func:`attend_shared_prompt`; ``kv`` then holds the completions only)."""
         kv.valid.index_fill_(1, column, True)
         x, cos, sin = self._embed(tokens, positions)
-        hidden = self._layers_torch(x, cos, sin, kv, column)
+        hidden = self._layers_torch(x, cos, sin, cached_attention(kv, column, window, prompt))
         return self.head(hidden).to(torch.float32, memory_format=torch.contiguous_format)
 
     def _embed(self, tokens: torch.Tensor, positions: torch.Tensor):
@@ -358,23 +355,16 @@ class FusedDecoder:
         cos, sin = (t[:, 0] for t in self._rotary(x, positions[:, None]))
         return x, cos, sin
 
-    def _layers_torch(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: StaticKV, col: int | torch.Tensor
-    ) -> torch.Tensor:
-        """Every layer on the residual x [B, hidden] (fp32, updated in place) with PyTorch ops, writing
-        keys and values at cache column ``col`` (an int, or a [1] device tensor); returns the final
-        norm's output."""
+    def _layers_torch(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention) -> torch.Tensor:
+        """Every layer on the residual x [B, hidden] (fp32, updated in place) with PyTorch ops; returns the
+        final norm's output. ``attention(i, q, k, v)``: layer i's new keys and values written to the
+        cache and its queries attended, q [B, H, D], k/v [B, KVH, D] -> [B, H * D] (:func:`cached_attention`)."""
         B, H, KVH, D = x.shape[0], self.heads, self.kv_heads, self.head_dim
-        # [B, 1, 1, A]: 0 where a row attends, -inf on its left padding and on columns not written yet
-        bias = torch.zeros(kv.valid.shape, dtype=torch.float32, device=x.device)
-        bias = bias.masked_fill_(~kv.valid, float("-inf"))[:, None, None]
         qk = torch.empty(B, H + KVH, D, dtype=self.cache_dtype, device=x.device)
         for i, layer in enumerate(self.layers):
             qkv = layer.qkv(self._rms(x, layer.ln1))
             _rotate(qkv[:, : (H + KVH) * D].view(B, H + KVH, D), cos, sin, out=qk)  # q and k at once
-            _put_column(kv.k[i], col, qk[:, H:])
-            _put_column(kv.v[i], col, qkv[:, (H + KVH) * D :].view(B, KVH, D))
-            attn = self._attend(qk[:, :H], kv.k[i], kv.v[i], bias)
+            attn = attention(i, qk[:, :H], qk[:, H:], qkv[:, (H + KVH) * D :].view(B, KVH, D))
             x.add_(layer.o(attn))  # fp32 residual += the bf16 output, promoted
             gate, up = layer.gate_up(self._rms(x, layer.ln2)).chunk(2, dim=-1)
             x.add_(layer.down(F.silu(gate) * up))
@@ -405,15 +395,6 @@ class FusedDecoder:
             after = self.layers[i + 1].ln1 if i + 1 < len(self.layers) else self.norm
             k.add_rms_norm(x, layer.down(k.silu_mul(gate_up, act)).contiguous(), after, self.eps, hidden)
         return hidden
-
-
-def _put_column(cache: torch.Tensor, col: int | torch.Tensor, value: torch.Tensor) -> None:
-    """``cache`` [B, KVH, A, D] at column ``col`` = ``value`` [B, KVH, D]. A tensor ``col`` ([1], on the
-    device) is written by ``index_copy_``, which never reads it back to the host (graph capture)."""
-    if isinstance(col, int):
-        cache[:, :, col] = value
-    else:
-        cache.index_copy_(2, col, value.unsqueeze(2).to(cache.dtype))
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,96 @@
+"""One decode step's attention with PyTorch ops: one query per row against its cached keys, and the
+same with a GRPO group's prompt cached once for the group.
+
+A group's ``n`` completions share their prompt, so its keys and values are the same in every row.
+Caching them once per group (``[G, KVH, P, D]`` beside the completions' ``[G * n, KVH, C, D]``)
+divides that part of the KV reads, and of the KV memory, by ``n``: the group's ``n * H / KVH``
+query heads of a kv head read the prompt's keys as one matrix. The two parts' scores share one
+softmax, so the result is the attention over the concatenated cache up to summation order (the
+two value products are summed in fp32), unlike a merge of two separately normalised parts.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlft.speed.static_kv import StaticKV
+
+
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """One query per row against its cache: q [B, H, D] (already scaled by 1/sqrt(D)), keys/values
+    [B, KVH, A, D], bias [B, 1, 1, A] float32 (0 or -inf) -> [B, H * D].
+
+    The H query heads are viewed as KVH groups of H / KVH (query head h reads kv head
+    h // (H / KVH), as Hugging Face's repeat_kv lays them out), so the cache is never expanded;
+    scores and softmax are fp32 (adding the fp32 bias promotes them). (SDPA's CPU kernel for one
+    query token with grouped heads took its slow reference path: 0.6 ms a layer against 0.1
+    here on SmolLM2.)"""
+    B, H, D = q.shape
+    KVH = keys.shape[1]
+    scores = torch.add(bias, torch.matmul(q.view(B, KVH, H // KVH, D), keys.transpose(-1, -2)))
+    probs = torch.softmax(scores, dim=-1).to(values.dtype)
+    return torch.matmul(probs, values).reshape(B, H * D)
+
+
+def attend_shared_prompt(
+    q: torch.Tensor,
+    prompt_keys: torch.Tensor,
+    prompt_values: torch.Tensor,
+    prompt_bias: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    bias: torch.Tensor,
+) -> torch.Tensor:
+    """:func:`attend` over a group's prompt cache followed by each row's own cache.
+
+    q [N, H, D] with N = G * n, rows grouped (row r is in group r // n); prompt_keys/prompt_values
+    [G, KVH, P, D], prompt_bias [G, 1, 1, P]; keys/values [N, KVH, W, D], bias [N, 1, 1, W] -> [N, H * D]."""
+    N, H, D = q.shape
+    G, KVH, P, _ = prompt_keys.shape
+    n, g, W = N // G, H // KVH, keys.shape[2]
+    # a group's n rows x g heads of one kv head are one [n * g, D] matrix against the prompt's keys
+    grouped = q.view(G, n, KVH, g, D).transpose(1, 2).reshape(G, KVH, n * g, D)
+    prompt_scores = torch.add(prompt_bias, torch.matmul(grouped, prompt_keys.transpose(-1, -2)))
+    prompt_scores = prompt_scores.view(G, KVH, n, g, P).transpose(1, 2).reshape(N, KVH, g, P)
+    own_scores = torch.add(bias, torch.matmul(q.view(N, KVH, g, D), keys.transpose(-1, -2)))
+    probs = torch.softmax(torch.cat([prompt_scores, own_scores], dim=-1), dim=-1).to(values.dtype)
+    on_prompt, on_own = probs.split([P, W], dim=-1)
+    on_prompt = on_prompt.reshape(G, n, KVH, g, P).transpose(1, 2).reshape(G, KVH, n * g, P)
+    from_prompt = torch.matmul(on_prompt, prompt_values).view(G, KVH, n, g, D).transpose(1, 2)
+    out = from_prompt.reshape(N, KVH, g, D).float() + torch.matmul(on_own, values).float()
+    return out.to(values.dtype).reshape(N, H * D)
+
+
+def _bias(valid: torch.Tensor) -> torch.Tensor:
+    """[B, 1, 1, A] float32 from valid [B, A]: 0 where a row attends, -inf on its left padding and on
+    columns not written yet."""
+    bias = torch.zeros(valid.shape, dtype=torch.float32, device=valid.device)
+    return bias.masked_fill_(~valid, float("-inf"))[:, None, None]
+
+
+def cached_attention(kv: StaticKV, col: int | torch.Tensor, window: int, prompt: StaticKV | None = None):
+    """A decode step's attention over ``kv`` for ``FusedDecoder._layers_torch``: the step's keys and
+    values written at column ``col`` (an int, or a [1] device tensor), its queries attending to the
+    first ``window`` columns, after the group's ``prompt`` cache where there is one."""
+    bias = _bias(kv.valid[:, :window])
+    prompt_bias = None if prompt is None else _bias(prompt.valid[:, : prompt.length])
+
+    def attention(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        _put_column(kv.k[i], col, k)
+        _put_column(kv.v[i], col, v)
+        keys, values = kv.k[i, :, :, :window], kv.v[i, :, :, :window]
+        if prompt is None:
+            return attend(q, keys, values, bias)
+        n = prompt.length
+        return attend_shared_prompt(q, prompt.k[i, :, :, :n], prompt.v[i, :, :, :n], prompt_bias, keys, values, bias)
+
+    return attention
+
+
+def _put_column(cache: torch.Tensor, col: int | torch.Tensor, value: torch.Tensor) -> None:
+    """``cache`` [B, KVH, A, D] at column ``col`` = ``value`` [B, KVH, D]. A tensor ``col`` ([1], on the
+    device) is written by ``index_copy_``, which never reads it back to the host (graph capture)."""
+    if isinstance(col, int):
+        cache[:, :, col] = value
+    else:
+        cache.index_copy_(2, col, value.unsqueeze(2).to(cache.dtype))
