@@ -20,6 +20,7 @@ import os
 import sys
 import time
 import traceback
+import weakref
 
 from rlft.envs.reply import Reply
 from rlft.envs.spec import EnvironmentSession, EnvironmentSpec
@@ -76,6 +77,7 @@ def _serve(spec: EnvironmentSpec, conn) -> None:
 
 
 _PRELOADED: set[str] = set()
+_STARTED: weakref.WeakSet = weakref.WeakSet()  # the workers' processes (to know whether one still runs)
 
 
 @contextlib.contextmanager
@@ -95,14 +97,34 @@ def _main_module_hidden():
 
 
 def _context(spec: EnvironmentSpec):
-    """The fork-server context, preloading the environment's modules the first time (a fork server
-    already running keeps what it has; its children import anything else themselves)."""
+    """The fork-server context, its server preloading the environment's modules.
+
+    A process has one fork server, and what it preloaded is fixed when it starts. A second run in the
+    same process (a notebook, a sweep run in-process, the test suite) whose environment needs other
+    modules gets a new server preloading both, so its episodes' workers do not each import a heavy
+    package themselves (verifiers after an OpenEnv run: seconds a worker); while a worker of the old
+    server is still alive (its exit code comes through that server), the old one is kept."""
     ctx = multiprocessing.get_context("forkserver")
     wanted = {"rlft.envs.worker", *spec.modules}
-    if not _PRELOADED:
-        ctx.set_forkserver_preload(sorted(wanted))
-        _PRELOADED.update(wanted)
+    if wanted <= _PRELOADED:
+        return ctx
+    if _PRELOADED:
+        if any(w.is_alive() for w in _STARTED):
+            return ctx  # its children import what it lacks themselves
+        _stop_fork_server()
+    _PRELOADED.update(wanted)
+    ctx.set_forkserver_preload(sorted(_PRELOADED))
     return ctx
+
+
+def _stop_fork_server() -> None:
+    """Stop this process's fork server; the next worker starts a new one (``multiprocessing``'s own
+    stop, which its tests use; where a Python lacks it, the old server stays)."""
+    from multiprocessing import forkserver
+
+    stop = getattr(getattr(forkserver, "_forkserver", None), "_stop", None)
+    if stop is not None:
+        stop()
 
 
 class ProcessWorker:
@@ -114,6 +136,7 @@ class ProcessWorker:
         self._proc = ctx.Process(target=_serve, args=(spec, child), daemon=True)
         with _main_module_hidden():
             self._proc.start()
+        _STARTED.add(self._proc)
         child.close()
         self._sent_at: float | None = None
         self.alive = True
