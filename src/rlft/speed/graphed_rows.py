@@ -51,10 +51,8 @@ class GraphedRows:
 
     def __init__(self, fused, n: int, rows: int, capacity: int, graphs: bool = True):
         self.fused, self.n, self.graphs = fused, n, graphs
-        self.rows, self.capacity = (
-            rows,
-            capacity,
-        )  # the caches are made at the prefill, when the prompt's length is known
+        # the caches are made at the prefill, when the prompt's length is known
+        self.rows, self.capacity = rows, capacity
         self.graph: torch.cuda.CUDAGraph | None = None
         self.window = 0  # the completion columns the current graph's attention reads
         self.windows: list[int] = []  # every window this rollout used (a graph each)
