@@ -99,11 +99,11 @@ class EnvironmentSpec:
         if adapter_tools and env_class is None and None not in addresses:
             # a worker loads the adapter's tools by their addresses, without building the adapter again
             origin = (None, list(tool_specs) + addresses, {})
-        spec = cls(name, env_class, kwargs, functions, schemas, origin, servers)
+        preload = []
         if adapter_tools:  # named by what it adapts: "verifiers (env=my_env.py)"
-            spec.name = f"{class_spec} ({', '.join(f'{k}={v}' for k, v in kwargs.items() if v)})"
-            spec.preload = [builtin.module]
-        return spec
+            name = f"{class_spec} ({', '.join(f'{k}={v}' for k, v in kwargs.items() if v)})"
+            preload = [builtin.module]
+        return cls(name, env_class, kwargs, functions, schemas, origin, servers, preload=preload)
 
     @classmethod
     def load_routed(
