@@ -57,6 +57,20 @@ def test_grouped_matches_full_forward(tiny_model_dir, grouped_path):
     torch.testing.assert_close(grad, ref_grad, atol=1e-5, rtol=1e-4)
 
 
+def test_packed_row_leaves_the_padding_out_of_the_matmuls(tiny_model_dir):
+    """Prompts' left padding and completions' tails after EOS reach no linear layer: the packed row holds
+    the real prompt tokens and the real completion inputs (a completion's last token predicts nothing)."""
+    model = load_policy(ModelConfig(path=str(tiny_model_dir)), torch.device("cpu"), model_dir=tiny_model_dir)
+    tokens = []
+    model.model.layers[0].mlp.down_proj.register_forward_hook(lambda m, i, o: tokens.append(i[0].shape[:-1].numel()))
+    prompt_ids, prompt_mask, row_prompt, comp_ids, comp_mask = _batch()
+    grouped_completion_logprobs(model, prompt_ids, prompt_mask, row_prompt, comp_ids, comp_mask)
+    padded = prompt_ids.numel() + comp_ids[:, :-1].numel()
+    real = int(prompt_mask.sum() + comp_mask[:, :-1].sum())
+    assert (real, padded) == (24, 30)  # the batch has padding of both kinds
+    assert tokens == [real]
+
+
 def test_grouped_under_gradient_checkpointing_matches_plain(tiny_model_dir, grouped_path):
     """Checkpointed layers drop the KV cache in a training forward; the grouped forward must notice
     and still give every completion its prompt (it once returned log-probs off by up to 15 nats)."""

@@ -204,17 +204,27 @@ def _packed_forward(model, prompt_ids, prompt_mask, row_prompt, completion_ids, 
     tokens in one matmul instead of a thin one for the prompts and another for the completions (whose
     weight gradients were then summed), the embedding is looked up once, and no cache is kept, so it also
     holds under gradient checkpointing (forward + backward of SmolLM2-135M's update, 2 prompts x 8
-    completions of 32 tokens: 1.04x faster in bf16, 1.09x in fp32; ``benchmarks/grouped_forward.py``)."""
+    completions of 32 tokens: 1.04x faster in bf16, 1.09x in fp32; ``benchmarks/grouped_forward.py``).
+
+    The row leaves the padding out: prompts' left padding and the completions' tails after EOS cost no
+    matmul (completions that end at mixed lengths are often half padding). Outputs at the left-out positions
+    (which predict only padding) are copies of a real position's, and the caller's masks ignore them."""
     U, P = prompt_mask.shape
     B, T = completion_ids.shape
     ids = torch.cat([prompt_ids.reshape(-1), completion_ids[:, :-1].reshape(-1)])[None]
     positions = position_ids_from_mask(full_mask)
     positions = torch.cat([position_ids_from_mask(prompt_mask).reshape(-1), positions[:, P:-1].reshape(-1)])[None]
-    groups = PromptGroups.build(prompt_mask, row_prompt, full_mask[:, P:-1])
     # the packed positions that predict each completion token: its prompt's last, then its own
     first = row_prompt * P + (P - 1)
     own = U * P + torch.arange(B * (T - 1), device=ids.device).view(B, T - 1)
     index = torch.cat([first[:, None], own], dim=1).reshape(-1)
+    is_real = torch.cat([prompt_mask.reshape(-1), full_mask[:, P:-1].reshape(-1)]).bool()
+    real = None if bool(is_real.all()) else is_real.nonzero().squeeze(1)
+    if real is not None:
+        ids, positions = ids[:, real], positions[:, real]
+        # a left-out position reads the last real one before it (a prompt's last position is always real)
+        index = (is_real.cumsum(0) - 1).clamp_(min=0)[index]
+    groups = PromptGroups.build(prompt_mask, row_prompt, full_mask[:, P:-1], real)
     # a 4D mask is passed through as it is: the layout's own masks are what attention reads
     placeholder = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=ids.device)
     keep = {"logits_to_keep": index} if output == "logits" else {}

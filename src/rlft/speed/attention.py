@@ -111,15 +111,28 @@ class PromptGroups:
     causally. Attention splits the packed queries, keys and values into the two blocks and gives each
     completion its prompt's keys and values by ``index_select`` (its backward sums the prompt's gradients
     over the group in a fixed order), so the numbers are those of a prompt-once forward with a shared cache.
+
+    real: [N] long or None, the positions of that layout which the packed row holds. The row may leave out
+    the padding (prompts' left padding, completions' tail after EOS), so that the linear layers, norms and
+    head (nearly all of an update's FLOPs) see real tokens only; attention alone puts the N tokens back in
+    the padded blocks, where the masks above already ignore the padding.
     """
 
     row_prompt: torch.Tensor
     prompt_mask: torch.Tensor
     completion_mask: torch.Tensor
+    real: torch.Tensor | None = None
 
     @classmethod
-    def build(cls, prompt_mask: torch.Tensor, row_prompt: torch.Tensor, completion_mask: torch.Tensor) -> PromptGroups:
-        """From the padding masks: prompt_mask [U, P] (left-padded), completion_mask [B, C] (right-padded)."""
+    def build(
+        cls,
+        prompt_mask: torch.Tensor,
+        row_prompt: torch.Tensor,
+        completion_mask: torch.Tensor,
+        real: torch.Tensor | None = None,
+    ) -> PromptGroups:
+        """From the padding masks: prompt_mask [U, P] (left-padded), completion_mask [B, C] (right-padded);
+        ``real`` as in the class."""
         U, P = prompt_mask.shape
         C = completion_mask.shape[1]
         dev = prompt_mask.device
@@ -133,7 +146,7 @@ class PromptGroups:
             [real_p.index_select(0, row_prompt)[:, None, :].expand(-1, C, P), causal_c[None] & real_c[:, None, :]],
             dim=-1,
         )
-        return cls(row_prompt, pm[:, None], cm[:, None])
+        return cls(row_prompt, pm[:, None], cm[:, None], real)
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -143,8 +156,12 @@ class PromptGroups:
         return U, P, B, C
 
     def attend(self, module, query, key, value, **kwargs) -> torch.Tensor:
-        """query [1, H, U * P + B * C, D], key/value [1, KVH, same, D] -> [1, U * P + B * C, H, D]."""
+        """query [1, H, N, D], key/value [1, KVH, N, D] -> [1, N, H, D], where N is U * P + B * C, or the
+        length of ``real`` when the row holds only those positions."""
         U, P, B, C = self.shape
+        if self.real is not None:
+            padded = U * P + B * C
+            query, key, value = (_unpack(t, self.real, padded) for t in (query, key, value))
 
         def split(x: torch.Tensor, rows: int, cols: int, start: int) -> torch.Tensor:  # -> [rows, heads, cols, D]
             return x[0, :, start : start + rows * cols].unflatten(1, (rows, cols)).transpose(0, 1)
@@ -155,7 +172,13 @@ class PromptGroups:
         vc = torch.cat([vp.index_select(0, self.row_prompt), vc], dim=2)
         out_p, _ = attention_forward(module, qp, kp, vp, self.prompt_mask, **kwargs)  # [U, P, H, D]
         out_c, _ = attention_forward(module, qc, kc, vc, self.completion_mask, **kwargs)  # [B, C, H, D]
-        return torch.cat([out_p.flatten(0, 1), out_c.flatten(0, 1)])[None]
+        out = torch.cat([out_p.flatten(0, 1), out_c.flatten(0, 1)])[None]
+        return out if self.real is None else out.index_select(1, self.real)
+
+
+def _unpack(x: torch.Tensor, real: torch.Tensor, padded: int) -> torch.Tensor:
+    """[1, heads, N, D], the positions ``real`` [N] of a padded layout -> [1, heads, padded, D], zeros elsewhere."""
+    return x.new_zeros(*x.shape[:2], padded, x.shape[3]).index_copy(2, real, x)
 
 
 def packs_prompt_groups(model: torch.nn.Module) -> bool:
