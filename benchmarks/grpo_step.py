@@ -37,6 +37,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import shapes  # noqa: E402
 import workload  # noqa: E402
 
 
@@ -78,6 +79,7 @@ def rlft_config(opts: dict, workdir: Path) -> dict:
             "device": opts["device"],
             # --defaults: rlft's own "auto" (on only if memory requires it); else off unless asked
             "gradient_checkpointing": opts.get("gradient_checkpointing") or ("auto" if opts.get("defaults") else False),
+            "lora": {"r": opts["lora_rank"], "alpha": 2 * opts["lora_rank"]} if opts.get("lora_rank") else None,
         },
         "data": {"train_file": str(workdir / "prompts.jsonl"), "use_chat_template": False, "shuffle": True},
         "algorithm": {
@@ -117,6 +119,10 @@ def _rlft_worker(conn, opts: dict) -> None:
     config = rlft_config(opts, Path(tempfile.mkdtemp(prefix="rlft-bench-")))
     trainer = Trainer(config=config)
     trainer.setup()
+    from rlft.planner.estimate import estimate_memory
+
+    # what `rlft estimate` predicts for this run's peak: GPU memory on a GPU, else the process's
+    estimate_mb = estimate_memory(trainer.cfg, opts["device"]).peak / 2**20
     conn.send({"ready": True})
     while conn.recv() == "step":
         t0, cpu0 = time.perf_counter(), _cpu_seconds()
@@ -127,10 +133,11 @@ def _rlft_worker(conn, opts: dict) -> None:
                 "tokens": m["completion_len/mean"] * opts["prompts"] * opts["group_size"],
                 "generation_seconds": m["generation_seconds"],
                 "cpu": [b - a for a, b in zip(cpu0, _cpu_seconds())],
-                "phases": {k: v for k, v in m.items() if k.startswith(("time/", "work/"))},
+                # with the engine-vs-trainer log-prob gap, which the phase table leaves out
+                "phases": {k: v for k, v in m.items() if k.startswith(("time/", "work/", "rollout/logprob"))},
             }
         )
-    conn.send(_peaks(opts))
+    conn.send({**_peaks(opts), "estimate_mb": estimate_mb})
 
 
 def _trl_worker(conn, opts: dict) -> None:
@@ -195,8 +202,15 @@ def _trl_worker(conn, opts: dict) -> None:
         generation_kwargs={"min_new_tokens": T} if opts["fixed_length"] else None,
         model_init_kwargs={"dtype": torch.float32},
     )
+    peft = {}
+    if opts.get("lora_rank"):
+        from peft import LoraConfig
+
+        r = opts["lora_rank"]
+        peft["peft_config"] = LoraConfig(r=r, lora_alpha=2 * r, target_modules="all-linear", task_type="CAUSAL_LM")
     trainer = GRPOTrainer(
         model=opts["model_dir"],
+        **peft,
         reward_funcs=workload.e_density,
         args=args,
         train_dataset=data,
@@ -296,36 +310,26 @@ def _prompt_tokens(model_dir: str) -> int:
     return round(statistics.mean(len(tok(t, add_special_tokens=False)["input_ids"]) for t in texts))
 
 
-def _resolve_model(name: str, random_weights: bool = False) -> str:
+def _resolve_model(
+    name: str,
+    random_weights: bool = False,
+    shape: str | None = None,
+    overrides: dict | None = None,
+    device: str = "cpu",
+    dtype: str = "fp32",
+) -> str:
+    """A model directory: the tiny random model, a built-in or local model, or (``random_weights``, or a
+    ``shape`` of :mod:`shapes`) a copy of ``name``'s config and tokenizer with seeded random weights."""
     if name == "tiny":
         from rlft.models.tiny import build_tiny_model_dir
 
         return str(build_tiny_model_dir(Path(tempfile.mkdtemp(prefix="tiny-")) / "tiny", hidden_size=64))
-    if random_weights:
-        return str(_with_random_weights(Path(name)))
     from rlft.models.sources import resolve_model_dir
 
+    if random_weights or shape or overrides:
+        src = Path(name) if Path(name).is_dir() else resolve_model_dir(name)
+        return str(shapes.random_model_dir(src, shape, overrides, device, dtype))
     return str(resolve_model_dir(name))
-
-
-def _with_random_weights(src: Path) -> Path:
-    """A copy of model directory ``src`` (config and tokenizer; its weights need not be there) with
-    seeded random weights: for a machine the weights cannot reach.  With fixed-length completions both
-    frameworks do the same arithmetic as with the trained weights; with natural EOS they do not."""
-    import shutil
-
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    out = Path(tempfile.mkdtemp(prefix="random-weights-")) / src.name
-    out.mkdir()
-    for f in src.iterdir():
-        # weights and their shard indexes (model.safetensors.index.json) stay behind: save_pretrained writes new ones
-        if f.is_file() and ".safetensors" not in f.name and ".bin" not in f.name:
-            shutil.copy(f, out / f.name)
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(src), dtype=torch.float32).save_pretrained(out)
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -337,6 +341,18 @@ def main(argv: list[str] | None = None) -> int:
         help="--model is a directory whose config and tokenizer are used with seeded random weights "
         "(for a machine the weights can't reach; only fixed-length work is then the same)",
     )
+    ap.add_argument(
+        "--shape",
+        choices=sorted(shapes.SHAPES),
+        help="a model of this size with seeded random weights, --model's tokenizer and its other config fields",
+    )
+    ap.add_argument(
+        "--shape-overrides",
+        type=json.loads,
+        default=None,
+        help="JSON of config fields set after --shape's, e.g. '{\"num_hidden_layers\": 2}' to try a script on a CPU",
+    )
+    ap.add_argument("--lora-rank", type=int, default=0, help="train a LoRA adapter of this rank (alpha 2r) in both")
     ap.add_argument(
         "--device",
         default="cpu",
@@ -390,9 +406,12 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(a.threads)
     if a.defaults:
         a.natural_eos = True
-    if a.random_weights and a.natural_eos:
-        ap.error("--random-weights needs fixed-length completions: a random model's EOS comes at random")
-    model_dir = _resolve_model(a.model, a.random_weights)
+    random = a.random_weights or a.shape or a.shape_overrides
+    if random and a.natural_eos:
+        ap.error("--random-weights and --shape need fixed-length completions: a random model's EOS comes at random")
+    model_dir = _resolve_model(
+        a.model, a.random_weights, a.shape, a.shape_overrides, a.device, "bf16" if a.dtype == ["bf16"] else "fp32"
+    )
     peaks = {
         d: workload.matmul_peak_tflops(torch.float32 if d == "fp32" else torch.bfloat16, device=a.device)
         for d in ("fp32", "bf16")
@@ -404,7 +423,14 @@ def main(argv: list[str] | None = None) -> int:
     p_tok = _prompt_tokens(model_dir)
     flops = {
         s: workload.step_flops(
-            model_dir, p_tok, a.prompts, a.group_size, a.max_new_tokens, shared_prefill=s, with_reference=a.beta > 0
+            model_dir,
+            p_tok,
+            a.prompts,
+            a.group_size,
+            a.max_new_tokens,
+            shared_prefill=s,
+            with_reference=a.beta > 0,
+            lora=a.lora_rank > 0,
         )
         for s in (True, False)
     }
@@ -413,7 +439,9 @@ def main(argv: list[str] | None = None) -> int:
         f"machine: {os.cpu_count()} CPUs, {a.threads} threads{gpu}; measured matmul peak fp32 {peaks['fp32']:.3f} "
         f"TFLOP/s, bf16 {peaks['bf16']:.3f} TFLOP/s; read bandwidth {peaks['bandwidth_gbs']:.1f} GB/s"
     )
-    weights = " (random weights)" if a.random_weights else ""
+    weights = f" shaped {a.shape}" if a.shape else ""
+    weights += " (random weights)" if random else ""
+    weights += f", LoRA r={a.lora_rank}" if a.lora_rank else ""
     print(
         f"workload: {a.model}{weights}, {a.prompts} prompts x {a.group_size} completions, "
         f"{a.max_new_tokens} new tokens "
@@ -458,6 +486,7 @@ def main(argv: list[str] | None = None) -> int:
             defaults=a.defaults,
             trl_keep_memory=a.trl_keep_memory,
             micro_batch=a.rlft_micro_batch,
+            lora_rank=a.lora_rank,
         )
         for dtype in a.dtype
     }
@@ -468,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
         for (name, opts), res in zip(cases, _run_workers(cases, a.warmup, a.steps)):
             results["results"].setdefault(opts["dtype"], {})[name] = res
     for dtype in a.dtype:
-        _print_case(dtype, results["results"][dtype], flops[True], peaks, sizes)
+        _print_case(dtype, results["results"][dtype], flops[True], peaks, sizes, a.lora_rank > 0)
     if {"bf16", "fp32"} <= set(a.dtype) and "rlft" in a.frameworks:
         r = results["results"]
         how = "stepped in turn" if a.interleave else "one dtype after the other; --interleave alternates them"
@@ -481,12 +510,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _print_case(dtype: str, res: dict, rlft_flops: float, peaks: dict, sizes: tuple[float, float]) -> None:
+def _print_case(
+    dtype: str, res: dict, rlft_flops: float, peaks: dict, sizes: tuple[float, float], lora: bool = False
+) -> None:
     print(f"\n== {dtype} (median of timed steps)")
     for name, r in res.items():
         tps = f"{r['tokens_per_s']:.0f} generated tok/s" if r["tokens_per_s"] else "tok/s n/a"
         gen = f", rollout {r['generation_seconds']:.2f} s" if "generation_seconds" in r else ""
         gpu = f"  peak GPU {r['peak_gpu_mb']:7.0f} MB" if "peak_gpu_mb" in r else ""
+        if "estimate_mb" in r:
+            measured = r.get("peak_gpu_mb", r["peak_rss_mb"])
+            gpu += f" (rlft estimate {r['estimate_mb']:.0f} MB: {r['estimate_mb'] / measured:.2f}x)"
         print(
             f"  {name:10s} {r['step_seconds']:7.2f} s/step  {tps:>24s}{gen}  peak RSS {r['peak_rss_mb']:7.0f} MB{gpu}"
             f"  CPU/step user {r['cpu_user_s_per_step']:.1f} s, system {r['cpu_system_s_per_step']:.1f} s"
@@ -499,6 +533,9 @@ def _print_case(dtype: str, res: dict, rlft_flops: float, peaks: dict, sizes: tu
             f"  rlft achieved {achieved:.3f} TFLOP/s = {achieved / peaks['fp32']:.0%} of the fp32 matmul peak, "
             f"{achieved / peaks['bf16']:.0%} of the bf16 peak"
         )
+        gap = r.get("phases", {}).get("rollout/logprob_mismatch")
+        if gap is not None:
+            print(f"  rlft rollout/logprob_mismatch (engine vs trainer, mean |difference| a token): {gap:.2e}")
     if "rlft" in res and "trl" in res:
         print(f"  speed-up rlft vs TRL: {res['trl']['step_seconds'] / res['rlft']['step_seconds']:.2f}x")
     if "rlft" in res and "rlft-eager" in res:
@@ -507,12 +544,14 @@ def _print_case(dtype: str, res: dict, rlft_flops: float, peaks: dict, sizes: tu
             f"{res['rlft-eager']['step_seconds'] / res['rlft']['step_seconds']:.2f}x"
         )
     if "rlft" in res and "phases" in res["rlft"]:
-        print_phases(res["rlft"]["phases"], dtype, peaks, *sizes)
+        print_phases(res["rlft"]["phases"], dtype, peaks, *sizes, lora=lora)
 
 
-def print_phases(ph: dict, dtype: str, peaks: dict, weights: float, params: float) -> None:
+def print_phases(ph: dict, dtype: str, peaks: dict, weights: float, params: float, lora: bool = False) -> None:
     """rlft's step split by phase, each against its floor: matmul phases in TFLOP/s against the
-    measured matmul peak, decode and optimizer in GB/s against the measured read bandwidth."""
+    measured matmul peak, decode and optimizer in GB/s against the measured read bandwidth. With ``lora``
+    the frozen weights get no gradient (the policy's backward is one matmul a weight, not two) and the
+    optimizer's few adapter bytes are left unrated."""
     w = weights
     peak = peaks["bf16" if dtype == "bf16" else "fp32"]
     bw = peaks.get("bandwidth_gbs", 0.0)
@@ -526,11 +565,11 @@ def print_phases(ph: dict, dtype: str, peaks: dict, weights: float, params: floa
             bw,
         ),
         "reference": (2 * w * ph.get("work/reference_tokens", 0) / 1e12, "TFLOP", peak),
-        "policy": (6 * w * ph.get("work/policy_tokens", 0) / 1e12, "TFLOP", peak),
+        "policy": ((4 if lora else 6) * w * ph.get("work/policy_tokens", 0) / 1e12, "TFLOP", peak),
         # the decode's bf16 copy of the changed weights: read in fp32, written in bf16 (upper bound: all of them)
         "weight_sync": (params * 6 / 1e9, "GB", bw) if dtype == "bf16" else (0.0, "", 0.0),
         # fused AdamW reads parameter, gradient and two moments (fp32) and writes three of them back
-        "optimizer": (params * 4 * 7 / 1e9, "GB", bw),
+        "optimizer": (0.0 if lora else params * 4 * 7 / 1e9, "GB", bw),
     }
     total = sum(v for k, v in ph.items() if k.startswith("time/"))
     print(

@@ -103,8 +103,10 @@ def step_flops(
     new_tokens: int,
     shared_prefill: bool,
     with_reference: bool,
+    lora: bool = False,
 ) -> float:
-    """Matmul FLOPs of one GRPO step: generation + reference forward + policy forward/backward.
+    """Matmul FLOPs of one GRPO step: generation + reference forward + policy forward/backward (whose
+    backward, with ``lora``, computes no gradient of the frozen weights: one forward's worth, not two).
 
     Each prompt is counted once per group with ``shared_prefill`` (what rlft executes), else once per
     completion (what a per-row implementation executes).  Attention score FLOPs are included.
@@ -116,7 +118,7 @@ def step_flops(
     ctx = prompt_tokens + new_tokens / 2  # mean attended context of a completion token
     attn = 4 * layers * h * (prompt_rows * prompt_tokens * prompt_tokens / 2 + rows * new_tokens * ctx)
     forward = 2 * w * tokens + attn
-    passes = 1 + (1 if with_reference else 0) + 3  # generation, reference, policy forward + backward
+    passes = 1 + (1 if with_reference else 0) + (2 if lora else 3)  # generation, reference, policy forward + backward
     return passes * forward
 
 

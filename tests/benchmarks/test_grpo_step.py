@@ -72,6 +72,44 @@ def test_rlft_only_run_reports_step_times(tmp_path, capsys):
     assert f"rlft bf16 vs rlft fp32: {ratio:.2f}x (stepped in turn)" in printed
 
 
+TWO_LAYERS = {
+    "num_hidden_layers": 2,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+
+
+def test_shapes_take_the_named_fields_then_the_overrides(tiny_model_dir):
+    from transformers import AutoConfig
+
+    shapes = _load("shapes")
+    out = shapes.random_model_dir(tiny_model_dir, "llama3-8b", TWO_LAYERS)
+    config = AutoConfig.from_pretrained(out)
+    assert (config.vocab_size, config.tie_word_embeddings, config.rope_parameters["rope_theta"]) == (
+        128256,
+        False,
+        500000.0,
+    )  # the shape's
+    assert (config.num_hidden_layers, config.num_key_value_heads, config.head_dim) == (2, 2, 16)  # the overrides'
+    assert (out / "tokenizer_config.json").exists() and (out / "model.safetensors").exists()
+
+
+@pytest.mark.slow
+def test_a_shaped_lora_run_reports_rlfts_estimate_and_log_prob_gap(tmp_path, tiny_model_dir, capsys):
+    """The GPU script's rows, on a CPU: a named shape made small, LoRA, the estimate beside the peak."""
+    out = tmp_path / "bench.json"
+    args = ["--model", str(tiny_model_dir), "--shape", "smollm2-1.7b", "--shape-overrides", json.dumps(TWO_LAYERS)]
+    args += ["--lora-rank", "4", "--frameworks", "rlft", "--warmup", "0", "--steps", "1", "--max-new-tokens", "6"]
+    assert _load("grpo_step").main([*args, "--prompts", "1", "--group-size", "4", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())["results"]["fp32"]["rlft"]
+    assert res["estimate_mb"] > 0 and res["phases"]["rollout/logprob_mismatch"] >= 0
+    printed = capsys.readouterr().out
+    assert "shaped smollm2-1.7b (random weights), LoRA r=4" in printed
+    assert "rlft estimate" in printed and "rollout/logprob_mismatch" in printed
+
+
 def test_update_passes_reports_activations_that_fall_with_more_passes(capsys):
     assert (
         _load("update_passes").main(["--model", "tiny", "--max-new-tokens", "24", "--rows", "16", "4", "--rounds", "1"])

@@ -1,0 +1,79 @@
+"""Models of the sizes people train, with seeded random weights, for machines the weights cannot reach.
+
+A shape is a model config's architecture fields; the tokenizer (and every field a shape does not name)
+comes from a model directory that has one, e.g. SmolLM2-135M-Instruct's. With fixed-length completions a
+framework does the same arithmetic on random weights as on trained ones of that shape.
+
+    python benchmarks/grpo_step.py --device cuda --dtype bf16 --model DIR --shape smollm2-1.7b
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+SHAPES: dict[str, dict] = {
+    # SmolLM2-360M and -1.7B's own configs (tied embeddings, 49152-token vocabulary, as the tokenizer)
+    "smollm2-360m": {
+        "hidden_size": 960,
+        "intermediate_size": 2560,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 15,
+        "num_key_value_heads": 5,
+    },
+    "smollm2-1.7b": {
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+        "rope_theta": 130000,
+    },
+    # Llama-3-8B: grouped-query attention, untied 128k-token embeddings (the tokenizer uses the first 49k)
+    "llama3-8b": {
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "vocab_size": 128256,
+        "tie_word_embeddings": False,
+        "rope_theta": 500000.0,
+        "max_position_embeddings": 8192,
+    },
+}
+
+
+def random_model_dir(
+    src: Path, shape: str | None = None, overrides: dict | None = None, device: str = "cpu", dtype: str = "fp32"
+) -> Path:
+    """A new model directory: ``src``'s tokenizer and config, the config's fields replaced by ``shape``'s and
+    then by ``overrides``, and seeded random weights made on ``device`` and saved in ``dtype`` (bf16 halves
+    the writing and reading of an 8B model). ``src``'s own weights need not be there."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(src)
+    for key, value in {**(SHAPES[shape] if shape else {}), **(overrides or {})}.items():
+        if key == "rope_theta" and isinstance(getattr(config, "rope_parameters", None), dict):
+            config.rope_parameters = {**config.rope_parameters, "rope_theta": value}  # transformers 5's form
+        else:
+            setattr(config, key, value)
+    if "head_dim" in config.to_dict() and (shape or overrides):  # follow a changed width
+        config.head_dim = config.hidden_size // config.num_attention_heads
+    out = Path(tempfile.mkdtemp(prefix="random-weights-")) / (shape or src.name)
+    out.mkdir()
+    left = ("config.json", "rlft_cache_entry.json")  # written anew / rlft's cache's own
+    for f in src.iterdir():
+        # weights and their shard indexes (model.safetensors.index.json) stay behind: save_pretrained writes new ones
+        if f.is_file() and ".safetensors" not in f.name and ".bin" not in f.name and f.name not in left:
+            shutil.copy(f, out / f.name)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if dtype == "bf16" else torch.float32)
+    model.save_pretrained(out)
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return out

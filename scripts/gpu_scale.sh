@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# rlft against TRL at the sizes people train, on one CUDA GPU in bf16 (issue 37), in at most 8 minutes:
+#   1. rlft check-env;
+#   2. SmolLM2-1.7B's shape, 8 prompts x 8 completions of 128 new tokens, then of 512: TRL and rlft
+#      stepped in turn (each row prints decode GB/s and update TFLOP/s against the GPU's measured
+#      bandwidth and bf16 matmul peak, peak GPU memory, and `rlft estimate`'s prediction of it);
+#   3. Llama-3-8B's shape with LoRA r=16, 8 x 8 x 256 tokens, rlft alone;
+#   4. SmolLM2-360M's shape at 128 tokens, TRL and rlft.
+# The weights are seeded random ones (benchmarks/shapes.py): the machine reaches no model hub. The
+# config and tokenizer come from RLFT_BENCH_MODEL (a SmolLM2 directory; default: the built-in one). A
+# row whose budget has run out is skipped and said so. Every row's JSON and log go to $OUT (default
+# ./gpu-scale-out), and all rows together to $OUT/results.json.
+#   bash scripts/gpu_scale.sh
+# Its plumbing, on a CPU with a two-layer model of each shape:
+#   RLFT_BENCH_DEVICE=cpu RLFT_SCALE_OVERRIDES='{"num_hidden_layers": 2, "hidden_size": 128,
+#     "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2}' RLFT_SCALE_TOKENS=8 \
+#     RLFT_SCALE_ROWS=2 bash scripts/gpu_scale.sh
+set -uo pipefail
+SCRIPT_NAME=gpu-scale BUDGET="${RLFT_GPU_SCALE_SECONDS:-470}"
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_common.sh"
+PY="${RLFT_GPU_PYTHON:-python3}"
+DEVICE="${RLFT_BENCH_DEVICE:-cuda}"
+MODEL="${RLFT_BENCH_MODEL:-smollm2-135m-instruct}"
+OVERRIDES="${RLFT_SCALE_OVERRIDES:-}"
+ROWS="${RLFT_SCALE_ROWS:-8}"  # prompts per step, each with 8 completions
+TOKENS="${RLFT_SCALE_TOKENS:-}"  # one length for every row instead of 128 / 512 / 256: a CPU try
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+
+FRAMEWORKS=(trl rlft)
+if ! "$PY" -c "import trl" >/dev/null 2>&1; then
+  log "TRL is not installed here: rlft's rows alone (carry its wheel and pip install it for the comparison)"
+  FRAMEWORKS=(rlft)
+fi
+
+bench() {  # bench NAME SECONDS SHAPE NEW_TOKENS ARGS...: one row; its log and JSON under $OUT
+  local name=$1 limit shape=$3 tokens=${TOKENS:-$4}
+  limit=$(left "$2")
+  shift 4
+  if [ "$limit" -lt 45 ]; then log "SKIP $name: ${limit}s of the budget left"; return 1; fi
+  log "$name: $shape, $ROWS x 8 x $tokens new tokens $* (at most ${limit}s)"
+  local extra=()
+  [ -n "$OVERRIDES" ] && extra=(--shape-overrides "$OVERRIDES")
+  timeout "$limit" "$PY" benchmarks/grpo_step.py --device "$DEVICE" --dtype bf16 --model "$MODEL" --shape "$shape" \
+    "${extra[@]}" --prompts "$ROWS" --group-size 8 --max-new-tokens "$tokens" --warmup 1 --steps 2 \
+    --json "$OUT/$name.json" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  # TRL prints a dict of metrics per step on stdout: kept in the log, left out of the console
+  grep -v -E "^\{'| INFO |Warning|warnings.warn|Loading weights|Writing model" "$OUT/$name.log" | tail -30
+  [ "$rc" -ne 0 ] && log "FAIL: $name (exit $rc)"
+  return "$rc"
+}
+
+log "rlft check-env"
+timeout "$(left 60)" "$PY" -m rlft.cli.main check-env >"$OUT/check_env.txt" 2>&1
+grep -i -E "torch|cuda|gpu|bf16" "$OUT/check_env.txt" | head -6
+status=0
+bench 1.7b-128 120 smollm2-1.7b 128 --frameworks "${FRAMEWORKS[@]}" || status=1
+bench 1.7b-512 170 smollm2-1.7b 512 --frameworks "${FRAMEWORKS[@]}" || status=1
+bench 8b-lora-256 130 llama3-8b 256 --frameworks rlft --lora-rank 16 || status=1
+bench 360m-128 70 smollm2-360m 128 --frameworks "${FRAMEWORKS[@]}" || status=1
+"$PY" - "$OUT" <<'EOF'
+import json, sys
+from pathlib import Path
+
+out = Path(sys.argv[1])
+rows = {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("*.json")) if p.name != "results.json"}
+(out / "results.json").write_text(json.dumps(rows, indent=1))
+print(f"results.json: {', '.join(rows) or 'no rows'}")
+EOF
+log "done (exit $status); results in $OUT"
+exit "$status"
