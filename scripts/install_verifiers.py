@@ -8,6 +8,7 @@ venv takes verifiers with every requirement but that one pin.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tomllib
@@ -21,7 +22,12 @@ SKIPPED = {"mcp"}
 
 
 def pip(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", *args], check=True)
+    """pip install, through uv when scripts/setup_env.sh chose it (RLFT_USE_UV=1, its sources exported)."""
+    uv = Path(sys.executable).parent / "uv"
+    if os.environ.get("RLFT_USE_UV") == "1" and uv.exists():
+        subprocess.run([str(uv), "pip", "install", "--quiet", "--python", sys.executable, *args], check=True)
+    else:
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", *args], check=True)
 
 
 def main() -> None:

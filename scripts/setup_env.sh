@@ -45,10 +45,23 @@ if [[ "${RLFT_FORCE_INSTALL:-0}" != "1" ]] && { stamped "$STAMP" || { [[ -z "$EX
 fi
 
 PIP=("$VENV/bin/python" -m pip)
-echo "setup_env: installing rlft ${EXTRAS:+with [$EXTRAS] }into $VENV (torch: $TORCH_SPEC)"
-"${PIP[@]}" install --upgrade pip
-"${PIP[@]}" install "$TORCH_SPEC"
-"${PIP[@]}" install -e "$TARGET"
+# uv installs the same packages several times faster than pip (the test install: ~15 s against minutes),
+# from the sources pip is configured with (scripts/uv_env.py); pip does it where uv cannot be had or
+# fails, or with RLFT_NO_UV=1.
+export RLFT_USE_UV=0
+if [[ "${RLFT_NO_UV:-0}" != "1" ]] && "${PIP[@]}" install --quiet uv >/dev/null 2>&1; then
+    eval "$("$VENV/bin/python" scripts/uv_env.py)"
+    export RLFT_USE_UV=1
+fi
+install() {
+    if [[ "$RLFT_USE_UV" == "1" ]] && "$VENV/bin/uv" pip install --quiet --python "$VENV/bin/python" "$@"; then
+        return 0
+    fi
+    "${PIP[@]}" install "$@"
+}
+echo "setup_env: installing rlft ${EXTRAS:+with [$EXTRAS] }into $VENV (torch: $TORCH_SPEC; $([[ $RLFT_USE_UV == 1 ]] && echo uv || echo pip))"
+install "$TORCH_SPEC"
+install -e "$TARGET"
 if [[ "$EXTRAS" == "test" ]]; then
     "$VENV/bin/python" scripts/install_verifiers.py  # the verifiers extra, which pip cannot resolve beside mcp's
 fi
