@@ -8,9 +8,13 @@
 #   4. SmolLM2-360M's shape at 128 tokens, TRL and rlft.
 # The weights are seeded random ones (benchmarks/shapes.py): the machine reaches no model hub. The
 # config and tokenizer come from RLFT_BENCH_MODEL (a SmolLM2 directory; default: the built-in one). A
-# row whose budget has run out is skipped and said so. Every row's JSON and log go to $OUT (default
-# ./gpu-scale-out), and all rows together to $OUT/results.json.
+# row whose budget has run out is skipped and said so. Each row's log goes to $OUT (default
+# ./gpu-scale-out), and every row's results with check-env's report to $OUT/results.json.
 #   bash scripts/gpu_scale.sh
+# On a lent machine that reaches no registry: carry a folder with SmolLM2's config and tokenizer (not its
+# weights: cp ~/.cache/rlft/models/smollm2-135m-instruct/{*.json,*.jinja} into it) and the wheels of
+# trl, datasets, dill and multiprocess (`pip download --no-deps`), then
+#   pip install --no-deps WHEELS/*.whl; RLFT_BENCH_MODEL=FOLDER OUT=$OUT bash scripts/gpu_scale.sh
 # Its plumbing, on a CPU with a two-layer model of each shape:
 #   RLFT_BENCH_DEVICE=cpu RLFT_SCALE_OVERRIDES='{"num_hidden_layers": 2, "hidden_size": 128,
 #     "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2}' RLFT_SCALE_TOKENS=8 \
@@ -32,39 +36,35 @@ if ! "$PY" -c "import trl" >/dev/null 2>&1; then
   FRAMEWORKS=(rlft)
 fi
 
-bench() {  # bench NAME SECONDS SHAPE NEW_TOKENS ARGS...: one row; its log and JSON under $OUT
-  local name=$1 limit shape=$3 tokens=${TOKENS:-$4}
-  limit=$(left "$2")
+row() {  # row NAME SECONDS SHAPE NEW_TOKENS ARGS...: one row of the table, $ROWS x 8 completions
+  local name=$1 seconds=$2 shape=$3 tokens=${TOKENS:-$4}
   shift 4
-  if [ "$limit" -lt 45 ]; then log "SKIP $name: ${limit}s of the budget left"; return 1; fi
-  log "$name: $shape, $ROWS x 8 x $tokens new tokens $* (at most ${limit}s)"
   local extra=()
   [ -n "$OVERRIDES" ] && extra=(--shape-overrides "$OVERRIDES")
-  timeout "$limit" "$PY" benchmarks/grpo_step.py --device "$DEVICE" --dtype bf16 --model "$MODEL" --shape "$shape" \
-    "${extra[@]}" --prompts "$ROWS" --group-size 8 --max-new-tokens "$tokens" --warmup 1 --steps 2 \
-    --json "$OUT/$name.json" "$@" >"$OUT/$name.log" 2>&1
-  local rc=$?
-  # TRL prints a dict of metrics per step on stdout: kept in the log, left out of the console
-  grep -v -E "^\{'| INFO |Warning|warnings.warn|Loading weights|Writing model" "$OUT/$name.log" | tail -30
-  [ "$rc" -ne 0 ] && log "FAIL: $name (exit $rc)"
-  return "$rc"
+  bench "$name" "$seconds" --model "$MODEL" --shape "$shape" "${extra[@]}" --prompts "$ROWS" --group-size 8 \
+    --max-new-tokens "$tokens" --warmup 1 --steps 2 "$@"
 }
 
 log "rlft check-env"
 timeout "$(left 60)" "$PY" -m rlft.cli.main check-env >"$OUT/check_env.txt" 2>&1
 grep -i -E "torch|cuda|gpu|bf16" "$OUT/check_env.txt" | head -6
 status=0
-bench 1.7b-128 120 smollm2-1.7b 128 --frameworks "${FRAMEWORKS[@]}" || status=1
-bench 1.7b-512 170 smollm2-1.7b 512 --frameworks "${FRAMEWORKS[@]}" || status=1
-bench 8b-lora-256 130 llama3-8b 256 --frameworks rlft --lora-rank 16 || status=1
-bench 360m-128 70 smollm2-360m 128 --frameworks "${FRAMEWORKS[@]}" || status=1
+row 1.7b-128 120 smollm2-1.7b 128 --frameworks "${FRAMEWORKS[@]}" || status=1
+row 1.7b-512 170 smollm2-1.7b 512 --frameworks "${FRAMEWORKS[@]}" || status=1
+row 8b-lora-256 130 llama3-8b 256 --frameworks rlft --lora-rank 16 || status=1
+row 360m-128 70 smollm2-360m 128 --frameworks "${FRAMEWORKS[@]}" || status=1
 "$PY" - "$OUT" <<'EOF'
 import json, sys
 from pathlib import Path
 
 out = Path(sys.argv[1])
-rows = {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("*.json")) if p.name != "results.json"}
-(out / "results.json").write_text(json.dumps(rows, indent=1))
+parts = [p for p in sorted(out.glob("*.json")) if p.name != "results.json"]
+rows = {p.stem: json.loads(p.read_text()) for p in parts}
+env = out / "check_env.txt"
+results = {"check_env": env.read_text() if env.exists() else None, "rows": rows}
+(out / "results.json").write_text(json.dumps(results, indent=1))
+for p in [*parts, env]:  # all in results.json: the device tool brings back at most 8 files
+    p.unlink(missing_ok=True)
 print(f"results.json: {', '.join(rows) or 'no rows'}")
 EOF
 log "done (exit $status); results in $OUT"

@@ -19,29 +19,14 @@ DEVICE="${RLFT_BENCH_DEVICE:-cuda}"  # cpu only checks this script's plumbing
 read -r -a MODEL_ARGS <<<"${RLFT_BENCH_MODEL_ARGS:-}"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
-bench() {  # bench NAME SECONDS ARGS...: one benchmark run; its log and JSON under $OUT
-  local name=$1 limit
-  limit=$(left "$2")
-  shift 2
-  if [ "$limit" -lt 45 ]; then log "SKIP $name: ${limit}s of the budget left"; return 1; fi
-  log "$name: grpo_step.py $* (at most ${limit}s)"
-  # TRL prints a dict of metrics per step on stdout: kept in the log, left out of the console
-  timeout "$limit" "$PY" benchmarks/grpo_step.py --device "$DEVICE" --dtype bf16 "${MODEL_ARGS[@]}" \
-    --json "$OUT/$name.json" "$@" >"$OUT/$name.log" 2>&1
-  local rc=$?
-  grep -v -E "^\{'| INFO |Warning|warnings.warn|Loading weights|Writing model" "$OUT/$name.log" | tail -40
-  [ "$rc" -ne 0 ] && log "FAIL: $name (exit $rc)"
-  return "$rc"
-}
-
 log "rlft check-env"
 timeout "$(left 60)" "$PY" -m rlft.cli.main check-env >"$OUT/check_env.txt" 2>&1
 grep -i -E "torch|cuda|gpu|bf16" "$OUT/check_env.txt" | head -12
 status=0
 # rlft-eager: rlft with rollout.cuda_graphs false, stepped in the same turns (the graphs' A/B)
-if bench s32 150 --warmup 1 --steps 3 --frameworks trl rlft rlft-eager; then
-  bench s256 190 --warmup 1 --steps 2 --max-new-tokens 256 --frameworks trl rlft rlft-eager || status=1
-  bench wide 120 --warmup 1 --steps 2 --prompts 8 --max-new-tokens 128 || true
+if bench s32 150 --warmup 1 --steps 3 --frameworks trl rlft rlft-eager "${MODEL_ARGS[@]}"; then
+  bench s256 190 --warmup 1 --steps 2 --max-new-tokens 256 --frameworks trl rlft rlft-eager "${MODEL_ARGS[@]}" || status=1
+  bench wide 120 --warmup 1 --steps 2 --prompts 8 --max-new-tokens 128 "${MODEL_ARGS[@]}" || true
 else
   status=1
 fi
