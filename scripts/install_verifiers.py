@@ -25,7 +25,8 @@ def pip(*args: str) -> None:
     """pip install, through uv when scripts/setup_env.sh chose it (RLFT_USE_UV=1, its sources exported)."""
     uv = Path(sys.executable).parent / "uv"
     if os.environ.get("RLFT_USE_UV") == "1" and uv.exists():
-        subprocess.run([str(uv), "pip", "install", "--quiet", "--python", sys.executable, *args], check=True)
+        command = [str(uv), "pip", "install", "--quiet", "--compile-bytecode", "--python", sys.executable]
+        subprocess.run([*command, *args], check=True)
     else:
         subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", *args], check=True)
 

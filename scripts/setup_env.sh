@@ -45,16 +45,17 @@ if [[ "${RLFT_FORCE_INSTALL:-0}" != "1" ]] && { stamped "$STAMP" || { [[ -z "$EX
 fi
 
 PIP=("$VENV/bin/python" -m pip)
-# uv installs the same packages several times faster than pip (the test install: ~15 s against minutes),
-# from the sources pip is configured with (scripts/uv_env.py); pip does it where uv cannot be had or
-# fails, or with RLFT_NO_UV=1.
+# uv installs the same packages several times faster than pip, from the sources pip is configured with
+# (scripts/uv_env.py); pip does it where uv cannot be had or fails, or with RLFT_NO_UV=1. Bytecode is
+# compiled at install as pip does: where PYTHONDONTWRITEBYTECODE is set, nothing else ever writes it, and
+# every process (the test suite starts hundreds) would compile torch's and transformers' sources anew.
 export RLFT_USE_UV=0
 if [[ "${RLFT_NO_UV:-0}" != "1" ]] && "${PIP[@]}" install --quiet uv >/dev/null 2>&1; then
     eval "$("$VENV/bin/python" scripts/uv_env.py)"
     export RLFT_USE_UV=1
 fi
 install() {
-    if [[ "$RLFT_USE_UV" == "1" ]] && "$VENV/bin/uv" pip install --quiet --python "$VENV/bin/python" "$@"; then
+    if [[ "$RLFT_USE_UV" == "1" ]] && "$VENV/bin/uv" pip install --quiet --compile-bytecode --python "$VENV/bin/python" "$@"; then
         return 0
     fi
     "${PIP[@]}" install "$@"
