@@ -134,7 +134,11 @@ def _rlft_worker(conn, opts: dict) -> None:
                 "generation_seconds": m["generation_seconds"],
                 "cpu": [b - a for a, b in zip(cpu0, _cpu_seconds())],
                 # with the engine-vs-trainer log-prob gap, which the phase table leaves out
-                "phases": {k: v for k, v in m.items() if k.startswith(("time/", "work/", "rollout/logprob"))},
+                "phases": {
+                    k: v
+                    for k, v in m.items()
+                    if k.startswith(("time/", "work/", "rollout/logprob", "completion_len/", "truncation_rate"))
+                },
             }
         )
     conn.send({**_peaks(opts), "estimate_mb": estimate_mb})
@@ -229,7 +233,27 @@ def _rlft_eager_worker(conn, opts: dict) -> None:
 WORKERS = {"rlft": _rlft_worker, "trl": _trl_worker, "rlft-eager": _rlft_eager_worker}
 
 
+class _Turns:
+    """A worker's end of the pipe. It counts the time spent waiting for the other workers' turns, so that
+    each step's report can carry the whole process's own time so far (start, load, capture and steps)."""
+
+    def __init__(self, conn, launched_at: float):
+        self.conn, self.launched_at, self.waited = conn, launched_at, 0.0
+
+    def recv(self):
+        t = time.time()
+        msg = self.conn.recv()
+        self.waited += time.time() - t
+        return msg
+
+    def send(self, msg: dict) -> None:
+        if "seconds" in msg:
+            msg["process_seconds"] = time.time() - self.launched_at - self.waited
+        self.conn.send(msg)
+
+
 def _worker(conn, name: str, opts: dict) -> None:
+    conn = _Turns(conn, opts["launched_at"])
     try:
         WORKERS[name](conn, opts)
     except BaseException:
@@ -254,16 +278,19 @@ def _run_workers(cases: list[tuple[str, dict]], warmup: int, steps: int) -> list
     procs, conns = [], []
     for name, opts in cases:
         parent, child = ctx.Pipe()
+        opts = {**opts, "launched_at": time.time()}
         procs.append(ctx.Process(target=_worker, args=(child, name, opts), daemon=True))
         procs[-1].start()
         child.close()  # so a crashed worker shows up as EOFError here instead of a hang
         conns.append(parent)
         _recv(parent)  # ready: loaded one at a time so loading does not contend either
     runs = [{"times": [], "tokens": [], "cpu": [0.0, 0.0], "gen": [], "phases": []} for _ in cases]
+    # whole process: launch to the end of the last step, less the time spent waiting for the others' turns
     for i in range(warmup + steps):
         for (name, opts), conn, run in zip(cases, conns, runs):
             conn.send("step")
             r = _recv(conn)
+            run["process_seconds"] = r["process_seconds"]
             if i >= warmup:
                 run["times"].append(r["seconds"])
                 run["tokens"].append(r["tokens"])
@@ -290,6 +317,8 @@ def _run_workers(cases: list[tuple[str, dict]], warmup: int, steps: int) -> list
             "cpu_user_s_per_step": run["cpu"][0] / steps,
             "cpu_system_s_per_step": run["cpu"][1] / steps,
             "tokens_per_s": (sum(toks) / sum(times[: len(toks)])) if toks else None,
+            "process_seconds": run["process_seconds"],
+            "process_steps": warmup + steps,
         }
         if run["gen"]:
             r["generation_seconds"] = statistics.median(run["gen"])
@@ -317,9 +346,11 @@ def _resolve_model(
     overrides: dict | None = None,
     device: str = "cpu",
     dtype: str = "fp32",
+    eos_rate: float | None = None,
 ) -> str:
     """A model directory: the tiny random model, a built-in or local model, or (``random_weights``, or a
-    ``shape`` of :mod:`shapes`) a copy of ``name``'s config and tokenizer with seeded random weights."""
+    ``shape`` of :mod:`shapes`) a copy of ``name``'s config and tokenizer with seeded random weights, ending a
+    completion with chance ``eos_rate`` a token when that is given."""
     if name == "tiny":
         from rlft.models.tiny import build_tiny_model_dir
 
@@ -328,7 +359,7 @@ def _resolve_model(
 
     if random_weights or shape or overrides:
         src = Path(name) if Path(name).is_dir() else resolve_model_dir(name)
-        return str(shapes.random_model_dir(src, shape, overrides, device, dtype))
+        return str(shapes.random_model_dir(src, shape, overrides, device, dtype, eos_rate))
     return str(resolve_model_dir(name))
 
 
@@ -365,6 +396,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--beta", type=float, default=0.04)
     ap.add_argument("--natural-eos", action="store_true", help="let completions end at EOS (work then differs)")
+    ap.add_argument(
+        "--eos-rate",
+        type=float,
+        default=None,
+        help="with random weights: the model ends a completion with this chance at each token (lengths then "
+        "mix as in a real run, mean about 1/rate); implies --natural-eos",
+    )
     ap.add_argument(
         "--defaults",
         action="store_true",
@@ -407,10 +445,23 @@ def main(argv: list[str] | None = None) -> int:
     if a.defaults:
         a.natural_eos = True
     random = a.random_weights or a.shape or a.shape_overrides
-    if random and a.natural_eos:
-        ap.error("--random-weights and --shape need fixed-length completions: a random model's EOS comes at random")
+    if a.eos_rate is not None:
+        if not random or not 0 < a.eos_rate < 1:
+            ap.error("--eos-rate needs --random-weights or --shape, and a chance between 0 and 1")
+        a.natural_eos = True
+    elif random and a.natural_eos:
+        ap.error(
+            "--random-weights and --shape need fixed-length completions or --eos-rate: a random model's EOS "
+            "comes once in a vocabulary's worth of tokens"
+        )
     model_dir = _resolve_model(
-        a.model, a.random_weights, a.shape, a.shape_overrides, a.device, "bf16" if a.dtype == ["bf16"] else "fp32"
+        a.model,
+        a.random_weights,
+        a.shape,
+        a.shape_overrides,
+        a.device,
+        "bf16" if a.dtype == ["bf16"] else "fp32",
+        a.eos_rate,
     )
     peaks = {
         d: workload.matmul_peak_tflops(torch.float32 if d == "fp32" else torch.bfloat16, device=a.device)
@@ -445,7 +496,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"workload: {a.model}{weights}, {a.prompts} prompts x {a.group_size} completions, "
         f"{a.max_new_tokens} new tokens "
-        f"({'natural EOS' if a.natural_eos else 'fixed length'}), prompt ~{p_tok} tokens, beta {a.beta}; "
+        f"({'natural EOS' if a.natural_eos else 'fixed length'}"
+        f"{f', EOS with chance {a.eos_rate} a token' if a.eos_rate else ''}), prompt ~{p_tok} tokens, beta {a.beta}; "
         f"{flops[False] / 1e12:.2f} TFLOP per step computed per row, {flops[True] / 1e12:.2f} with shared prefill"
     )
     results = {
@@ -523,6 +575,7 @@ def _print_case(
             gpu += f" (rlft estimate {r['estimate_mb']:.0f} MB: {r['estimate_mb'] / measured:.2f}x)"
         print(
             f"  {name:10s} {r['step_seconds']:7.2f} s/step  {tps:>24s}{gen}  peak RSS {r['peak_rss_mb']:7.0f} MB{gpu}"
+            f"  whole process to step {r['process_steps']} {r['process_seconds']:.1f} s"
             f"  CPU/step user {r['cpu_user_s_per_step']:.1f} s, system {r['cpu_system_s_per_step']:.1f} s"
         )
     if "rlft" in res:
@@ -533,11 +586,21 @@ def _print_case(
             f"  rlft achieved {achieved:.3f} TFLOP/s = {achieved / peaks['fp32']:.0%} of the fp32 matmul peak, "
             f"{achieved / peaks['bf16']:.0%} of the bf16 peak"
         )
-        gap = r.get("phases", {}).get("rollout/logprob_mismatch")
+        ph = r.get("phases", {})
+        if "truncation_rate" in ph and ph["truncation_rate"] < 1:  # completions that ended at EOS
+            print(
+                f"  rlft completions: mean {ph['completion_len/mean']:.0f} tokens, "
+                f"longest {ph['completion_len/max']:.0f}, {ph['truncation_rate']:.0%} cut at the limit"
+            )
+        gap = ph.get("rollout/logprob_mismatch")
         if gap is not None:
             print(f"  rlft rollout/logprob_mismatch (engine vs trainer, mean |difference| a token): {gap:.2e}")
     if "rlft" in res and "trl" in res:
-        print(f"  speed-up rlft vs TRL: {res['trl']['step_seconds'] / res['rlft']['step_seconds']:.2f}x")
+        whole = res["trl"]["process_seconds"] / res["rlft"]["process_seconds"]
+        print(
+            f"  speed-up rlft vs TRL: {res['trl']['step_seconds'] / res['rlft']['step_seconds']:.2f}x a step; "
+            f"{whole:.2f}x the whole process to step {res['rlft']['process_steps']} (load and capture included)"
+        )
     if "rlft" in res and "rlft-eager" in res:
         print(
             f"  rlft vs rlft-eager (CUDA graphs off): "

@@ -2,7 +2,9 @@
 
 A shape is a model config's architecture fields; the tokenizer (and every field a shape does not name)
 comes from a model directory that has one, e.g. SmolLM2-135M-Instruct's. With fixed-length completions a
-framework does the same arithmetic on random weights as on trained ones of that shape.
+framework does the same arithmetic on random weights as on trained ones of that shape. With ``eos_rate`` the
+model ends a completion with that chance at each token, so completions end at EOS at mixed lengths (a random
+model's own chance is one in the vocabulary, so without it no row would finish early).
 
     python benchmarks/grpo_step.py --device cuda --dtype bf16 --model DIR --shape smollm2-1.7b
 """
@@ -46,11 +48,17 @@ SHAPES: dict[str, dict] = {
 
 
 def random_model_dir(
-    src: Path, shape: str | None = None, overrides: dict | None = None, device: str = "cpu", dtype: str = "fp32"
+    src: Path,
+    shape: str | None = None,
+    overrides: dict | None = None,
+    device: str = "cpu",
+    dtype: str = "fp32",
+    eos_rate: float | None = None,
 ) -> Path:
     """A new model directory: ``src``'s tokenizer and config, the config's fields replaced by ``shape``'s and
     then by ``overrides``, and seeded random weights made on ``device`` and saved in ``dtype`` (bf16 halves
-    the writing and reading of an 8B model). ``src``'s own weights need not be there."""
+    the writing and reading of an 8B model). ``src``'s own weights need not be there. ``eos_rate``: see
+    :func:`set_eos_rate`."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -72,8 +80,50 @@ def random_model_dir(
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if dtype == "bf16" else torch.float32)
+    if eos_rate:
+        from transformers import AutoTokenizer
+
+        set_eos_rate(model, AutoTokenizer.from_pretrained(out).eos_token_id, eos_rate)
     model.save_pretrained(out)
     del model
     if device == "cuda":
         torch.cuda.empty_cache()
     return out
+
+
+def set_eos_rate(model, eos_id: int, rate: float, dim: int = 0, seed: int = 0) -> float:
+    """Make ``model`` (random weights) sample ``eos_id`` with chance about ``rate`` at every token, so a
+    completion's length is geometric (mean about 1 / rate, cut at the token limit). Returns the measured chance.
+
+    One residual dimension ``dim`` is made a constant the layers do not write to (the input embedding's
+    column set to 1, the rows of every layer's output projections that write it set to 0): after the final
+    norm it is positive at every position. The LM head reads it as the same amount for every token (a tied
+    head's column is that same 1; an untied one's is 0), which softmax ignores, except for EOS, whose weight
+    there is raised by an amount found by bisection on logits of random tokens (on the model's own samples the
+    chance differs somewhat: the benchmark prints the lengths it got). Shapes and FLOPs are unchanged."""
+    import torch
+
+    emb, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    with torch.no_grad():
+        emb[:, dim] = 1.0
+        if head is not emb:
+            head[:, dim] = 0.0
+        for name, param in model.named_parameters():
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                param[dim, :] = 0.0
+        base = float(head[eos_id, dim])
+        g = torch.Generator().manual_seed(seed)
+        tokens = torch.randint(0, emb.shape[0], (4, 64), generator=g).to(emb.device)
+
+        def eos_chance(extra: float) -> float:
+            head[eos_id, dim] = base + extra
+            logits = model(input_ids=tokens).logits.float()
+            return float(logits.softmax(-1)[..., eos_id].mean())
+
+        lo, hi = 0.0, 1.0
+        while eos_chance(hi) < rate and hi < 1e4:  # the dimension's value after the norm is not known ahead
+            lo, hi = hi, hi * 2
+        for _ in range(30):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if eos_chance(mid) < rate else (lo, mid)
+        return eos_chance(hi)

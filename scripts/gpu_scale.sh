@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # rlft against TRL at the sizes people train, on one CUDA GPU in bf16 (issue 37), in at most 8 minutes:
 #   1. rlft check-env;
-#   2. SmolLM2-1.7B's shape, 8 prompts x 8 completions of 128 new tokens, then of 512: TRL and rlft
-#      stepped in turn (each row prints decode GB/s and update TFLOP/s against the GPU's measured
-#      bandwidth and bf16 matmul peak, peak GPU memory, and `rlft estimate`'s prediction of it);
-#   3. Llama-3-8B's shape with LoRA r=16, 8 x 8 x 256 tokens, rlft alone;
-#   4. SmolLM2-360M's shape at 128 tokens, TRL and rlft.
+#   2. SmolLM2-1.7B's shape, 8 prompts x 8 completions of 128 new tokens (10 steps: the whole process is
+#      timed too), then of 512: TRL and rlft stepped in turn (each row prints decode GB/s and update
+#      TFLOP/s against the GPU's measured bandwidth and bf16 matmul peak, peak GPU memory, and
+#      `rlft estimate`'s prediction of it);
+#   3. the same at up to 512 tokens with completions ending at EOS at mixed lengths (chance 1/256 a
+#      token: mean ~220), rlft alone;
+#   4. Llama-3-8B's shape with LoRA r=16, 8 x 8 x 256 tokens, rlft alone;
+#   5. SmolLM2-360M's shape at 128 tokens, 10 steps, TRL and rlft.
 # The weights are seeded random ones (benchmarks/shapes.py): the machine reaches no model hub. The
 # config and tokenizer come from RLFT_BENCH_MODEL (a SmolLM2 directory; default: the built-in one). A
 # row whose budget has run out is skipped and said so. Each row's log goes to $OUT (default
@@ -49,10 +52,11 @@ log "rlft check-env"
 timeout "$(left 60)" "$PY" -m rlft.cli.main check-env >"$OUT/check_env.txt" 2>&1
 grep -i -E "torch|cuda|gpu|bf16" "$OUT/check_env.txt" | head -6
 status=0
-row 1.7b-128 120 smollm2-1.7b 128 --frameworks "${FRAMEWORKS[@]}" || status=1
+row 1.7b-128 150 smollm2-1.7b 128 --frameworks "${FRAMEWORKS[@]}" --steps 9 || status=1
 row 1.7b-512 170 smollm2-1.7b 512 --frameworks "${FRAMEWORKS[@]}" || status=1
+row 1.7b-eos-512 90 smollm2-1.7b 512 --frameworks rlft --eos-rate 0.0039 || status=1
 row 8b-lora-256 130 llama3-8b 256 --frameworks rlft --lora-rank 16 || status=1
-row 360m-128 70 smollm2-360m 128 --frameworks "${FRAMEWORKS[@]}" || status=1
+row 360m-128 80 smollm2-360m 128 --frameworks "${FRAMEWORKS[@]}" --steps 9 || status=1
 "$PY" - "$OUT" <<'EOF'
 import json, sys
 from pathlib import Path

@@ -66,6 +66,8 @@ def test_rlft_only_run_reports_step_times(tmp_path, capsys):
         assert res["tokens_per_s"] == pytest.approx(16 * 8 * 2 / sum(res["all_step_seconds"]), rel=1e-6)
         assert res["phases"]["time/decode"] > 0
         assert "time/weight_sync" in res["phases"]  # the decode's weight refresh is billed to its own phase
+        # the whole process to its 3rd step: start, load and steps, less the other worker's turns
+        assert res["process_steps"] == 3 and sum(res["all_step_seconds"]) < res["process_seconds"] < 120
     printed = capsys.readouterr().out
     assert "rlft achieved" in printed
     ratio = results["fp32"]["rlft"]["step_seconds"] / results["bf16"]["rlft"]["step_seconds"]
@@ -102,12 +104,40 @@ def test_a_shaped_lora_run_reports_rlfts_estimate_and_log_prob_gap(tmp_path, tin
     out = tmp_path / "bench.json"
     args = ["--model", str(tiny_model_dir), "--shape", "smollm2-1.7b", "--shape-overrides", json.dumps(TWO_LAYERS)]
     args += ["--lora-rank", "4", "--frameworks", "rlft", "--warmup", "0", "--steps", "1", "--max-new-tokens", "6"]
+    args += ["--eos-rate", "0.3"]  # and the mixed-length workload
     assert _load("grpo_step").main([*args, "--prompts", "1", "--group-size", "4", "--json", str(out)]) == 0
     res = json.loads(out.read_text())["results"]["fp32"]["rlft"]
     assert res["estimate_mb"] > 0 and res["phases"]["rollout/logprob_mismatch"] >= 0
+    assert res["phases"]["truncation_rate"] < 1 and 1 <= res["phases"]["completion_len/mean"] < 6
     printed = capsys.readouterr().out
     assert "shaped smollm2-1.7b (random weights), LoRA r=4" in printed
+    assert "natural EOS, EOS with chance 0.3 a token" in printed and "rlft completions: mean" in printed
     assert "rlft estimate" in printed and "rollout/logprob_mismatch" in printed
+
+
+@pytest.mark.parametrize("shape", ["smollm2-1.7b", "llama3-8b"])  # a tied LM head and an untied one
+def test_an_eos_rate_gives_completions_of_mixed_lengths(tiny_model_dir, shape):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = _load("shapes").random_model_dir(tiny_model_dir, shape, TWO_LAYERS, eos_rate=0.1)
+    tok, model = AutoTokenizer.from_pretrained(out), AutoModelForCausalLM.from_pretrained(out)
+    torch.manual_seed(0)
+    prompt = tok(["hello there"] * 64, return_tensors="pt")
+    # sampling from the whole vocabulary, as rlft's engine does (generate's default keeps the top 50 only)
+    ids = model.generate(**prompt, do_sample=True, top_k=0, max_new_tokens=40, eos_token_id=tok.eos_token_id)
+    new = ids[:, prompt.input_ids.shape[1] :]
+    ended = (new == tok.eos_token_id).any(1)
+    lengths = torch.where(ended, (new == tok.eos_token_id).int().argmax(1) + 1, 40).float()
+    # about geometric with mean 10, cut at 40 (1.5 % of the rows); lengths spread from 1 up
+    assert 6 < lengths.mean() < 16 and ended.float().mean() > 0.8
+    assert lengths.min() <= 3 and lengths.max() >= 20
+
+
+def test_an_eos_rate_without_random_weights_is_refused():
+    with pytest.raises(SystemExit) as e:
+        _load("grpo_step").main(["--model", "tiny", "--eos-rate", "0.1"])
+    assert e.value.code == 2
 
 
 def test_update_passes_reports_activations_that_fall_with_more_passes(capsys):
