@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from tests.cli.test_cli import assert_ok, assert_user_error, quick, run_cli, write_config
+from tests.cli.test_cli import assert_ok, assert_user_error, quick, run_cli
 from tests.conftest import read_jsonl
 
 # raw text, no chat template: the tiny random model answers every chat prompt with the same token
@@ -32,12 +32,15 @@ LORA = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
 
 
 def _train(tmp_path: Path, cfg: dict, steps: int, lr: float) -> Path:
-    """A short run whose reward differs within groups (so the weights really move); returns its checkpoint."""
+    """A short run whose reward differs within groups (so the weights really move); returns its checkpoint.
+    It trains in this process: the command under test is ``export`` (a subprocess would add ~8 s of imports)."""
+    from rlft import Trainer
+
     cfg = quick(cfg, steps=steps)
     cfg["algorithm"].update(learning_rate=lr, num_generations=4, micro_batch_size=8)
     cfg["reward"]["functions"] = [{"type": "regex", "pattern": "[a-z]", "name": "lower"}]
-    assert_ok(run_cli(["train", "--config", str(write_config(tmp_path, cfg))], tmp_path))
-    run = tmp_path / "outputs" / "run"
+    run = Trainer(config=cfg).train().run_dir
+    assert run == tmp_path / "outputs" / "run"
     assert any(r["grad_norm"] > 0 for r in read_jsonl(run / "metrics.jsonl")), "no learning signal in the run"
     ckpt = run / "checkpoints" / f"checkpoint-{steps}"
     assert (ckpt / "trainer_state.json").is_file(), sorted(p.name for p in ckpt.parent.iterdir())
