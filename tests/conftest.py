@@ -46,6 +46,16 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     return build_tiny_model_dir(tmp_path_factory.mktemp("tiny-model") / "model")
 
 
+def load_script(name: str):
+    """The module ``scripts/<name>.py`` (scripts/ is not a package), loaded by its path."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def free_port() -> int:
     """A free port for a subprocess to listen on, below the kernel's ephemeral range. A port the kernel
     hands out (bind to 0) can go to another process (a server in a test on another pytest-xdist worker)

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
-from tests.conftest import FILE_DURATIONS
+from tests.conftest import FILE_DURATIONS, load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("file_durations", ROOT / "scripts" / "file_durations.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("file_durations")
 
 
 def test_a_files_calls_setups_and_teardowns_add_up_and_reports_are_averaged():

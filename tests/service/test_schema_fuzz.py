@@ -5,23 +5,18 @@ there). ``scripts/fuzz_service.py`` is the same fuzz at full size."""
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 from tests.cli.test_cli import _env
+from tests.conftest import load_script
 from tests.service.conftest import Server
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _fuzz():
-    spec = importlib.util.spec_from_file_location("fuzz_service", ROOT / "scripts" / "fuzz_service.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("fuzz_service")
 
 
 def test_schemathesis_with_a_token_finds_no_server_error_and_no_schema_violation(workspace, tmp_path):
