@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # rlft against TRL at the sizes people train, on one CUDA GPU in bf16 (issue 37), in at most 8 minutes:
-#   1. rlft check-env;
+#   1. rlft check-env, and the graphed decode's GPU tests (tests/speed/test_graphed_rows.py: the captured
+#      token, sampling included, against the eager one), where pytest is installed;
 #   2. SmolLM2-1.7B's shape, 8 prompts x 8 completions of 128 new tokens (10 steps: the whole process is
 #      timed too), then of 512: TRL and rlft stepped in turn (each row prints decode GB/s and update
 #      TFLOP/s against the GPU's measured bandwidth and bf16 matmul peak, peak GPU memory, and
@@ -52,6 +53,19 @@ log "rlft check-env"
 timeout "$(left 60)" "$PY" -m rlft.cli.main check-env >"$OUT/check_env.txt" 2>&1
 grep -i -E "torch|cuda|gpu|bf16" "$OUT/check_env.txt" | head -6
 status=0
+if "$PY" -c "import pytest" >/dev/null 2>&1; then
+  log "the graphed decode's GPU tests"
+  timeout "$(left 60)" "$PY" -m pytest -q -p no:cacheprovider -p no:randomly -k captured tests/speed/test_graphed_rows.py \
+    >"$OUT/gpu_tests.log" 2>&1
+  rc=$?
+  tail -3 "$OUT/gpu_tests.log"
+  "$PY" -c 'import json, sys; print(json.dumps({"exit": int(sys.argv[1]), "tail": open(sys.argv[2]).read()[-3000:]}))' \
+    "$rc" "$OUT/gpu_tests.log" >"$OUT/gpu_tests.json"
+  rm -f "$OUT/gpu_tests.log"
+  [ "$rc" -ne 0 ] && { log "FAIL: the graphed decode's GPU tests (exit $rc)"; status=1; }
+else
+  log "pytest is not installed here: the graphed decode's GPU tests are not run"
+fi
 row 1.7b-128 150 smollm2-1.7b 128 --frameworks "${FRAMEWORKS[@]}" --steps 9 || status=1
 row 1.7b-512 170 smollm2-1.7b 512 --frameworks "${FRAMEWORKS[@]}" || status=1
 row 1.7b-eos-512 90 smollm2-1.7b 512 --frameworks rlft --eos-rate 0.0039 || status=1

@@ -15,7 +15,7 @@ from rlft.speed.clock import CLOCK
 from rlft.speed.fused_decode import FusedDecoder
 from rlft.speed.graphed_rows import GraphedRows
 
-from .test_fused_decode import PROMPTS, _forward_logprobs, _policy, _scripted_eos
+from .test_fused_decode import PROMPTS, _forward_logprobs, _policy
 
 
 def _graphed_everywhere(monkeypatch, graphs: bool) -> list[GraphedRows]:
@@ -31,20 +31,49 @@ def _graphed_everywhere(monkeypatch, graphs: bool) -> list[GraphedRows]:
     return made
 
 
+def _scripted_draw(eos: int, stop_at: dict[int, int]):
+    """``draw_tokens``, except that row r (its number in the rollout) ends at token ``stop_at[r]``: with
+    device operations only, as a CUDA graph replays them, in the loop that drops rows and in the one that keeps them."""
+    real, schedules = native_engine.draw_tokens, {}
+
+    def draw(logits, rows, t, sampling, eos_ids, kernels=None):
+        tok, _ = real(logits, rows, t, sampling, eos_ids, kernels)
+        if logits.device not in schedules:  # made at the first token, which is drawn before any capture
+            schedule = torch.full((1024,), -1, dtype=torch.long)
+            schedule[list(stop_at)] = torch.tensor(list(stop_at.values()))
+            schedules[logits.device] = schedule.to(logits.device)
+        tok = torch.where(schedules[logits.device].index_select(0, rows) == t, eos, tok)
+        lp = torch.log_softmax(logits.float() / sampling.temperature, -1).gather(-1, tok[:, None]).squeeze(-1)
+        return tok, lp
+
+    return draw
+
+
+def _generate(model, tok, monkeypatch, graphed: bool, sampling: SamplingParams, stop_at=None, **engine):
+    """(the rollout, the work counters, the GraphedRows made) with the fixed batch (``graphed``, not
+    captured off a GPU) or the rows that leave the batch."""
+    made = _graphed_everywhere(monkeypatch, graphs=engine.pop("graphs", False)) if graphed else []
+    CLOCK.reset()
+    engine = NativeEngine(
+        model, tok, max_prompt_length=64, **{"autocast_dtype": None, "native_kernels": False, **engine}
+    )
+    if stop_at:
+        monkeypatch.setattr(native_engine, "draw_tokens", _scripted_draw(engine.eos_ids[0], stop_at))
+    out = engine.generate(PROMPTS, sampling)
+    counts = dict(CLOCK.counts)
+    monkeypatch.undo()
+    return out, counts, made
+
+
 def test_the_static_step_decodes_what_the_dropping_rows_decode(wide_head_model_dir, monkeypatch):
     model, tok = _policy(wide_head_model_dir)
     out, counts = {}, {}
+    sampling = SamplingParams(max_new_tokens=40, n=3, temperature=0.9, seed=3)
     for graphed in (False, True):
-        made = _graphed_everywhere(monkeypatch, graphs=False) if graphed else []
         monkeypatch.setattr(GraphedRows, "WINDOW", 8)  # attention's window grows several times in 40 tokens
-        CLOCK.reset()
-        engine = NativeEngine(model, tok, max_prompt_length=64, autocast_dtype=None, native_kernels=False)
-        # rows end at different steps: dropped from the batch on one side, kept (masked) on the other
-        monkeypatch.setattr(native_engine, "sample_next", _scripted_eos(engine.eos_ids[0], {0: 1, 4: 3, 5: 20}))
-        out[graphed] = engine.generate(PROMPTS, SamplingParams(max_new_tokens=40, n=3, temperature=0.9, seed=3))
-        counts[graphed] = dict(CLOCK.counts)
-        monkeypatch.undo()
-    assert len(made) == 1 and made[0].live is not None and made[0].live.numel() < 9
+        # rows end at different steps: dropped from the batch on one side, kept (padding) on the other
+        out[graphed], counts[graphed], made = _generate(model, tok, monkeypatch, graphed, sampling, {0: 1, 4: 3, 5: 20})
+    assert len(made) == 1
     rows = made[0]
     assert rows.kv.allocated == rows.kv.capacity == 40  # the whole cache at once: the graph holds its address
     assert rows.prompt.k.shape[1] == len(PROMPTS)  # a prompt's keys and values once for its group of 3
@@ -53,16 +82,59 @@ def test_the_static_step_decodes_what_the_dropping_rows_decode(wide_head_model_d
     assert rows.kv.length <= rows.windows[-1] < rows.kv.length + 8
     for graphed in (False, True):  # what a step read: at least what its live rows attend to
         assert 0 < counts[graphed]["decode_kv_needed_bytes"] <= counts[graphed]["decode_kv_bytes"]
-    # the prompts read once a group instead of once a row
+    # the same tokens were needed on both sides; the prompts read once a group instead of once a row
+    assert counts[True]["decode_tokens"] == counts[False]["decode_tokens"]
     assert counts[True]["decode_kv_needed_bytes"] < counts[False]["decode_kv_needed_bytes"]
     lengths = out[True].completion_mask.sum(-1).tolist()
     assert lengths[0] == 2 and lengths[4] == 4 and len(set(lengths)) >= 4 and max(lengths) > 16, lengths
+    assert out[True].finish_reasons == out[False].finish_reasons
     assert torch.equal(out[True].completion_ids, out[False].completion_ids)
     m = out[True].completion_mask.bool()
     torch.testing.assert_close(out[True].logprobs[m], out[False].logprobs[m], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(
         out[True].logprobs[m], _forward_logprobs(model, out[True], False, 0.9)[m], atol=1e-5, rtol=1e-5
     )
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingParams(max_new_tokens=24, n=3, temperature=1.3, seed=5, min_new_tokens=6),
+        SamplingParams(max_new_tokens=24, n=3, temperature=0.8, top_k=20, top_p=0.9, seed=7),
+        SamplingParams(max_new_tokens=24, n=3, greedy=True),
+    ],
+    ids=["min_new_tokens", "top_k_top_p", "greedy"],
+)
+def test_the_draw_inside_the_step_samples_what_the_eager_draw_samples(wide_head_model_dir, monkeypatch, sampling):
+    """The fixed batch draws every row's token with the token's position held on the device (as a
+    graph replays it); seeded rows draw the same tokens as where finished rows leave the batch."""
+    model, tok = _policy(wide_head_model_dir)
+    eos = NativeEngine(model, tok, max_prompt_length=64, autocast_dtype=None).eos_ids[0]
+    with torch.no_grad():  # end of sequence made likely: rows end at their own steps (none before min_new_tokens)
+        hidden = model.model(input_ids=torch.randint(6, 100, (4, 32))).last_hidden_state.reshape(-1, 256)
+        model.lm_head.weight[eos] += 0.7 * hidden.mean(0) / hidden.mean(0).norm()
+    out = {g: _generate(model, tok, monkeypatch, g, sampling)[0] for g in (False, True)}
+    lengths = out[True].completion_mask.sum(-1)
+    assert torch.equal(out[True].completion_ids, out[False].completion_ids)
+    assert torch.equal(lengths, out[False].completion_mask.sum(-1))
+    assert out[True].finish_reasons == out[False].finish_reasons
+    m = out[True].completion_mask.bool()
+    torch.testing.assert_close(out[True].logprobs[m], out[False].logprobs[m], atol=1e-5, rtol=1e-5)
+    if not sampling.greedy:  # rows ended at several different tokens
+        assert out[True].finish_reasons.count("stop") >= 2 and len(set(lengths.tolist())) >= 3, lengths
+    assert int(lengths.min()) > sampling.min_new_tokens
+
+
+def test_the_fixed_batch_stops_soon_after_its_last_row_ends(wide_head_model_dir, monkeypatch):
+    model, tok = _policy(wide_head_model_dir)
+    sampling = SamplingParams(max_new_tokens=60, n=3, temperature=0.9, seed=3)
+    out, counts, made = _generate(model, tok, monkeypatch, True, sampling, {r: r % 5 for r in range(9)})
+    lengths = out.completion_mask.sum(-1).tolist()
+    assert all(0 < length <= r % 5 + 1 for r, length in enumerate(lengths)) and max(lengths) == 5, lengths
+    assert out.finish_reasons == ["stop"] * 9
+    # the host looks every CHECK_EVERY tokens: the rows ended by token 4, the loop after token 16
+    assert made[0].kv.length == GraphedRows.CHECK_EVERY and counts["decode_steps"] == GraphedRows.CHECK_EVERY
+    assert counts["decode_tokens"] == sum(length - 1 for length in lengths)  # the steps the rows needed
 
 
 def test_step_at_writes_the_column_it_is_given_as_step_writes_its_own(wide_head_model_dir):
@@ -96,21 +168,24 @@ def test_cuda_graphs_is_a_native_engine_option():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_the_captured_graph_decodes_what_the_eager_static_step_decodes(wide_head_model_dir, monkeypatch, dtype):
+@pytest.mark.parametrize("stop_at", [{0: 1, 4: 3, 5: 20}, None], ids=["scripted_ends", "sampled"])
+def test_the_captured_graph_decodes_what_the_eager_static_step_decodes(
+    wide_head_model_dir, monkeypatch, dtype, stop_at
+):
     cuda = torch.device("cuda")
     model = load_policy(
         ModelConfig(path=str(wide_head_model_dir), dtype=dtype, device="cuda"), cuda, model_dir=wide_head_model_dir
     )
     tok = load_tokenizer(wide_head_model_dir)
     autocast = torch.bfloat16 if dtype == "bf16" else None
+    sampling = SamplingParams(max_new_tokens=40, n=3, temperature=0.9, seed=3, min_new_tokens=2)
     out, made = {}, {}
     for graphs in (False, True):
-        made[graphs] = _graphed_everywhere(monkeypatch, graphs)
-        engine = NativeEngine(model, tok, max_prompt_length=64, autocast_dtype=autocast, decode_copy=True)
-        monkeypatch.setattr(native_engine, "sample_next", _scripted_eos(engine.eos_ids[0], {0: 1, 4: 3, 5: 20}))
-        out[graphs] = engine.generate(PROMPTS, SamplingParams(max_new_tokens=40, n=3, temperature=0.9, seed=3))
-        monkeypatch.undo()
+        out[graphs], _, made[graphs] = _generate(
+            model, tok, monkeypatch, True, sampling, stop_at, graphs=graphs, autocast_dtype=autocast, decode_copy=True
+        )
     assert made[True][0].graph is not None and made[False][0].graph is None
     assert torch.equal(out[True].completion_ids, out[False].completion_ids)
+    assert out[True].finish_reasons == out[False].finish_reasons
     m = out[True].completion_mask.bool()
     torch.testing.assert_close(out[True].logprobs[m], out[False].logprobs[m], atol=1e-5, rtol=1e-5)

@@ -8,6 +8,8 @@ pay for rows still generating.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from rlft.models.logprobs import cache_kwargs, position_ids_from_mask
@@ -60,35 +62,12 @@ class NativeEngine(HFGenerateEngine):
 
     def _decode(self, rows, prompt_ids, prompt_mask, sampling: SamplingParams):
         """Returns tokens [N, T] (pad after the end), logprobs [N, T], lengths [N] (incl. EOS), ended [N] bool."""
-        n, T, device = sampling.n, sampling.max_new_tokens, prompt_ids.device
         with phase("prefill"):
-            logits = rows.prefill(prompt_ids, prompt_mask).repeat_interleave(n, 0)
+            logits = rows.prefill(prompt_ids, prompt_mask).repeat_interleave(sampling.n, 0)
         count("prefill_tokens", prompt_ids.numel())
-        N = prompt_ids.shape[0] * n
-        alive = torch.arange(N, device=device)
-        tokens = torch.full((N, T), self.pad_id, dtype=torch.long, device=device)
-        logprobs = torch.zeros(N, T, device=device)
-        lengths = torch.full((N,), T, dtype=torch.long, device=device)
-        ended = torch.zeros(N, dtype=torch.bool, device=device)
-        eos = torch.tensor(self.eos_ids, device=device)
-        kernels = self.kernels()
+        eos = torch.tensor(self.eos_ids, device=prompt_ids.device)
         with phase("decode"):
-            for t in range(T):
-                u = None if sampling.seed is None else row_uniforms(sampling.seed, sampling.row_offset + alive, t)
-                tok, lp = sample_next(logits, sampling, eos if t < sampling.min_new_tokens else None, u, kernels)
-                tokens[alive, t], logprobs[alive, t] = tok, lp
-                done = torch.isin(tok, eos)
-                lengths[alive[done]], ended[alive[done]] = t + 1, True
-                keep = (~done).nonzero().squeeze(-1)
-                if t == T - 1 or keep.numel() == 0:
-                    break
-                if keep.numel() < alive.numel():
-                    rows.select(keep)
-                    alive, tok = alive[keep], tok[keep]
-                logits = rows.step(tok)
-                count("decode_tokens", tok.shape[0])
-                count("decode_steps", 1)
-        return tokens, logprobs, lengths, ended
+            return rows.decode(logits, TokenDraw(sampling, eos, self.pad_id, self.kernels()))
 
     def _static_rows(self, fused, n: int, rows: int, capacity: int):
         """The fused decoder's rows: replayed as a CUDA graph on a GPU, else finished rows leave the batch."""
@@ -137,7 +116,68 @@ class NativeEngine(HFGenerateEngine):
     _fused: tuple | None = None  # (the module it reads, FusedDecoder)
 
 
-class _DynamicRows:
+def draw_tokens(logits, rows, t, sampling: SamplingParams, eos, kernels=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The next token of each of a batch's ``rows`` [B] (their numbers in the rollout) at token ``t``:
+    logits [B, V] -> tokens [B], log-probs [B] (:func:`sample_next`, with the rows' own uniforms when
+    the rollout is seeded). ``t``: an int, or a [1] long tensor on the device for a loop replayed as a
+    CUDA graph, where every step must be the same operations (end-of-sequence is then suppressed on
+    the device while ``t < min_new_tokens``)."""
+    u = None if sampling.seed is None else row_uniforms(sampling.seed, sampling.row_offset + rows, t)
+    if isinstance(t, int):
+        return sample_next(logits, sampling, eos if t < sampling.min_new_tokens else None, u, kernels)
+    early = t < sampling.min_new_tokens if sampling.min_new_tokens else None
+    return sample_next(logits, sampling, None if early is None else eos, u, suppress_while=early)
+
+
+@dataclass
+class TokenDraw:
+    """How a decode loop picks its tokens: ``draw(logits, rows, t)`` is :func:`draw_tokens` under the
+    rollout's sampling; ``steps`` tokens at most, ``eos`` [K] ends a row, ``pad`` fills after its end."""
+
+    sampling: SamplingParams
+    eos: torch.Tensor
+    pad: int
+    kernels: object = None  # rlft's native CPU kernels, for a loop on the host's own schedule
+
+    @property
+    def steps(self) -> int:
+        return self.sampling.max_new_tokens
+
+    def __call__(self, logits, rows, t) -> tuple[torch.Tensor, torch.Tensor]:
+        return draw_tokens(logits, rows, t, self.sampling, self.eos, self.kernels if isinstance(t, int) else None)
+
+
+class _DroppingRows:
+    """The decode loop of rows that leave the batch when they end: subclasses give ``prefill``,
+    ``select`` (keep some rows) and ``step`` (the live rows' next tokens -> their next logits)."""
+
+    def decode(self, logits: torch.Tensor, draw: TokenDraw):
+        """After the prefill: logits [N, V] of every row's first token. Returns tokens [N, T] (pad after
+        the end), logprobs [N, T], lengths [N] (incl. EOS), ended [N] bool."""
+        N, T, device = logits.shape[0], draw.steps, logits.device
+        alive = torch.arange(N, device=device)
+        tokens = torch.full((N, T), draw.pad, dtype=torch.long, device=device)
+        logprobs = torch.zeros(N, T, device=device)
+        lengths = torch.full((N,), T, dtype=torch.long, device=device)
+        ended = torch.zeros(N, dtype=torch.bool, device=device)
+        for t in range(T):
+            tok, lp = draw(logits, alive, t)
+            tokens[alive, t], logprobs[alive, t] = tok, lp
+            done = torch.isin(tok, draw.eos)
+            lengths[alive[done]], ended[alive[done]] = t + 1, True
+            keep = (~done).nonzero().squeeze(-1)
+            if t == T - 1 or keep.numel() == 0:
+                break
+            if keep.numel() < alive.numel():
+                self.select(keep)
+                alive, tok = alive[keep], tok[keep]
+            logits = self.step(tok)
+            count("decode_tokens", tok.shape[0])
+            count("decode_steps", 1)
+        return tokens, logprobs, lengths, ended
+
+
+class _DynamicRows(_DroppingRows):
     """Decode through the model's forward with a Hugging Face ``DynamicCache``."""
 
     def __init__(self, model, n: int):
@@ -165,7 +205,7 @@ class _DynamicRows:
         return logits
 
 
-class _StaticRows:
+class _StaticRows(_DroppingRows):
     """Decode through :class:`FusedDecoder` with a cache allocated once for prompt + completion."""
 
     def __init__(self, fused, n: int, rows: int, capacity: int):

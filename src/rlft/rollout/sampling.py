@@ -93,6 +93,7 @@ def sample_next(
     suppress: torch.Tensor | None = None,
     u: torch.Tensor | None = None,
     kernels=None,
+    suppress_while: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row; returns tokens [N] and their log-probs [N] under the tempered,
     unfiltered distribution (the one the trainer's log-prob computation sees).
@@ -101,15 +102,18 @@ def sample_next(
     u: optional uniforms [N] (counter-based, see :class:`SamplingParams.seed`).
     kernels: rlft's native CPU kernels (:mod:`rlft.speed.kernels`), which draw plain tempered samples
     in one pass over the logits (top-k, top-p and greedy stay here); the same draw up to float rounding.
+    suppress_while: a bool tensor on the device ([] or [1]): ``suppress`` applies only where it is true.
+    A CUDA graph replays one draw for every token, so whether end-of-sequence is still forbidden has to
+    be decided on the device; the result is bit for bit the draw with ``suppress`` given or not.
     """
     logits = logits.float()
     plain = not sampling.greedy and not sampling.top_k and sampling.top_p >= 1.0
-    if kernels is not None and plain and logits.device.type == "cpu":
+    if kernels is not None and plain and logits.device.type == "cpu" and suppress_while is None:
         if u is None:  # the same stream as sample_categorical draws from
             u = torch.rand(logits.shape[0], 1, dtype=logits.dtype)[:, 0]
         return kernels.sample(logits.contiguous(), sampling.temperature, u, suppress)
     if sampling.greedy:
-        pick = logits if suppress is None else logits.index_fill(-1, suppress, float("-inf"))
+        pick = logits if suppress is None else _fill(logits, suppress, float("-inf"), suppress_while)
         tokens = pick.argmax(-1)
         logprobs = torch.log_softmax(logits, -1).gather(-1, tokens[:, None]).squeeze(-1)
         return tokens, logprobs
@@ -119,10 +123,18 @@ def sample_next(
     if filtered is tempered:  # nothing filtered: the probabilities are exp(logp), suppressed ones 0
         probs = logp.exp()
         if suppress is not None:
-            probs.index_fill_(-1, suppress, 0.0)  # sample_categorical renormalises
+            probs = _fill(probs, suppress, 0.0, suppress_while)  # sample_categorical renormalises
     else:
         if suppress is not None:
-            filtered = filtered.index_fill(-1, suppress, float("-inf"))
+            filtered = _fill(filtered, suppress, float("-inf"), suppress_while)
         probs = torch.softmax(filtered, -1)
     tokens = sample_categorical(probs, u)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def _fill(x: torch.Tensor, ids: torch.Tensor, value: float, when: torch.Tensor | None) -> torch.Tensor:
+    """x [N, V] with the columns ``ids`` set to ``value`` (where ``when``, a device bool, is true)."""
+    if when is None:
+        return x.index_fill(-1, ids, value)
+    kept = x.index_select(-1, ids)
+    return x.index_copy(-1, ids, torch.where(when, torch.full_like(kept, value), kept))

@@ -14,9 +14,15 @@ so the rows here differ from :class:`rlft.rollout.native_engine._StaticRows` in 
   ``WINDOW`` (the unwritten ones masked), and a step that outgrows its window is captured again at the
   next one. Reading the whole capacity every step would double the KV traffic of a 512-token rollout,
   and at 1-8B with full multi-head attention that traffic is as large as the weights';
-* a row that finished stays in the batch and keeps decoding into its own cache (never read again); only
-  the live rows' logits are handed back. On a GPU a step costs about the same for 16 rows as for 10,
-  and a fixed batch keeps one graph valid for the whole rollout.
+* a row that finished stays in the batch and keeps decoding into its own cache (never read again),
+  its tokens written as padding. On a GPU a step costs about the same for 16 rows as for 10, and a
+  fixed batch keeps one graph valid for the whole rollout;
+* the graph holds the whole token, not only the forward: the draw (temperature, top-k/p, the rows'
+  seeded uniforms), writing the token and its log-prob, and each row's end are device operations on
+  buffers the graph owns, and the host looks at whether every row has ended only every
+  ``CHECK_EVERY`` tokens. An eager draw was ~30 small kernels a token and its ``nonzero`` a wait for
+  the GPU every token, which left the GPU idle between replays: at 135M on an H200 the decode's
+  largest cost.
 
 A graph is captured at the rollout's first decode step (and at each new window) and freed with it:
 weights refreshed between rollouts and each rollout's own cache are then always the ones it reads.
@@ -29,6 +35,7 @@ import logging
 
 import torch
 
+from rlft.speed.clock import count
 from rlft.speed.static_kv import count_kv_read
 
 log = logging.getLogger("rlft")
@@ -40,14 +47,17 @@ def graphs_apply(device: torch.device) -> bool:
 
 
 class GraphedRows:
-    """Rows for :meth:`NativeEngine._decode` (``prefill``, ``select``, ``step``) over
-    :meth:`FusedDecoder.step_at`; captured as a CUDA graph when ``graphs`` (else run eagerly: the
-    same arithmetic, which is how the CPU tests check it)."""
+    """Rows for :meth:`NativeEngine._decode` (``prefill``, then ``decode``) over
+    :meth:`FusedDecoder.step_at`; each token captured as a CUDA graph when ``graphs`` (else run eagerly:
+    the same arithmetic, which is how the CPU tests check it)."""
 
     WARMUP = 2  # eager runs on a side stream before the first capture: cuBLAS picks its kernels and workspace there
     # attention's window grows this many columns at a time: a capture per window (about two eager steps'
     # launches) against reading up to WINDOW - 1 empty columns a step
     WINDOW = 128
+    # tokens between the host's looks at whether every row ended: each look waits for the GPU to drain,
+    # and a finished rollout runs on at most CHECK_EVERY - 1 tokens (whose every row is padding)
+    CHECK_EVERY = 16
 
     def __init__(self, fused, n: int, rows: int, capacity: int, graphs: bool = True):
         self.fused, self.n, self.graphs = fused, n, graphs
@@ -56,7 +66,6 @@ class GraphedRows:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.window = 0  # the completion columns the current graph's attention reads
         self.windows: list[int] = []  # every window this rollout used (a graph each)
-        self.live: torch.Tensor | None = None  # indices of the live rows in the full batch; None: all of them
 
     def prefill(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> torch.Tensor:
         """Each prompt once, into the groups' prompt cache [G rows]; the rows' own cache holds their completions."""
@@ -65,24 +74,53 @@ class GraphedRows:
         logits = self.fused.prefill(prompt_ids, prompt_mask, self.prompt)
         self.kv = self.fused.new_cache(self.rows, self.capacity - width)
         self.kv.reserve(self.kv.capacity)
-        device = logits.device
-        # the step's inputs: buffers the graph reads in place, refilled before every replay
-        self.tokens = torch.zeros(self.rows, dtype=torch.long, device=device)
         self.positions = prompt_mask.sum(-1).repeat_interleave(self.n, 0)
-        self.column = torch.zeros(1, dtype=torch.long, device=device)
         return logits
 
-    def select(self, keep: torch.Tensor) -> None:
-        """``keep``: indices into the rows still live (as the engine numbers them)."""
-        self.live = keep if self.live is None else self.live.index_select(0, keep)
+    def decode(self, logits: torch.Tensor, draw) -> tuple[torch.Tensor, ...]:
+        """Every token after the prefill's: logits [R, V] of the rows' first tokens; ``draw`` as
+        :class:`rlft.rollout.native_engine.TokenDraw`. Returns tokens [R, T] (pad after the end),
+        logprobs [R, T], lengths [R] (incl. EOS), ended [R] bool."""
+        R, T, device = self.rows, draw.steps, logits.device
+        self.draw, self.all_rows = draw, torch.arange(R, device=device)
+        # the token's inputs and outputs: buffers the graph reads and writes in place
+        self.tokens = torch.zeros(R, dtype=torch.long, device=device)
+        self.column = torch.zeros(1, dtype=torch.long, device=device)
+        self.t = torch.zeros(1, dtype=torch.long, device=device)
+        self.out = torch.full((R, T), draw.pad, dtype=torch.long, device=device)
+        self.out_logprobs = torch.zeros(R, T, device=device)
+        self.lengths = torch.full((R,), T, dtype=torch.long, device=device)
+        self.ended = torch.zeros(R, dtype=torch.bool, device=device)
+        self._record(logits)  # token 0, from the prefill
+        step_windows = []
+        for t in range(1, T):
+            if t % self.CHECK_EVERY == 1 and bool(self.ended.all()):
+                break
+            step_windows.append(self._step())
+        self._count(step_windows)
+        return self.out, self.out_logprobs, self.lengths, self.ended
 
-    def step(self, tok: torch.Tensor) -> torch.Tensor:
-        """The live rows' next tokens [L] -> their next-token logits [L, V]. With every row live, the
-        returned tensor is the graph's output buffer, valid until the next step."""
-        if self.live is None:
-            self.tokens.copy_(tok)
-        else:
-            self.tokens.index_copy_(0, self.live, tok)
+    def _record(self, logits: torch.Tensor) -> None:
+        """Draw every row's token at ``self.t`` from logits [R, V] and record it; device operations only."""
+        tok, lp = self.draw(logits, self.all_rows, self.t)
+        new_end = (tok[:, None] == self.draw.eos).any(-1) & ~self.ended
+        tok = tok.masked_fill(self.ended, self.draw.pad)
+        self.out.index_copy_(1, self.t, tok[:, None])
+        self.out_logprobs.index_copy_(1, self.t, lp.masked_fill(self.ended, 0.0)[:, None])
+        self.lengths.copy_(torch.where(new_end, self.t + 1, self.lengths))
+        self.ended.logical_or_(new_end)
+        self.tokens.copy_(tok)
+        self.t.add_(1)
+
+    def _token(self) -> None:
+        """One token: the step on the last one's tokens, then its draw; what the graph captures."""
+        logits = self.fused.step_at(self.tokens, self.positions, self.kv, self.column, self.window, self.prompt)
+        self.positions.add_(1)
+        self.column.add_(1)
+        self._record(logits)
+
+    def _step(self) -> int:
+        """Run one token (replay, capture or eagerly); returns the attention window it read."""
         window = min(-(-(self.kv.length + 1) // self.WINDOW) * self.WINDOW, self.kv.capacity)
         if window != self.window:  # the filled columns outgrew the window: the graph reads a longer one
             self.window, self.graph = window, None
@@ -93,39 +131,49 @@ class GraphedRows:
             # a later window: one eager run, for cuBLAS to meet the attention's new shapes outside capture
             self._capture(warmup=self.WARMUP if len(self.windows) == 1 else 1)
         else:
-            self.logits = self._run()
-        self.positions.add_(1)
-        self.column.add_(1)
+            self._token()
         self.kv.length += 1
-        # every row is computed, finished or not; only the live ones' reads were needed
-        count_kv_read(self.kv, self.rows, window, live=tok.shape[0])
-        count_kv_read(self.prompt, self.prompt.k.shape[1], self.prompt.length)
-        return self.logits if self.live is None else self.logits.index_select(0, self.live)
+        return window
 
-    def _run(self) -> torch.Tensor:
-        return self.fused.step_at(self.tokens, self.positions, self.kv, self.column, self.window, self.prompt)
+    def _count(self, step_windows: list[int]) -> None:
+        """The decode's work counters, from the rows' lengths (one read back at the end): a step is
+        needed for the rows that had not ended before it, and every row reads its cache's window."""
+        steps = torch.arange(1, len(step_windows) + 1, device=self.lengths.device)
+        lives = (self.lengths[None, :] > steps[:, None]).sum(-1).tolist()
+        for s, (window, live) in enumerate(zip(step_windows, lives), start=1):
+            count("decode_tokens", live)
+            # every row is computed, finished or not; only the live ones' reads were needed
+            count_kv_read(self.kv, self.rows, window, live=live, length=s)
+            count_kv_read(self.prompt, self.prompt.k.shape[1], self.prompt.length)
+        count("decode_steps", len(step_windows))
+
+    def _state(self) -> list[torch.Tensor]:
+        return [self.tokens, self.positions, self.column, self.t, self.out, self.out_logprobs, self.lengths, self.ended]
 
     def _capture(self, warmup: int) -> None:
-        """Capture the step and replay it once (this step's result). Every run writes the same cache
-        column from the same inputs, so the warm-up runs before the capture change nothing."""
+        """Capture the token and replay it once (this token's result). The warm-up runs before the
+        capture write the same cache column from the same inputs; the rest of what they change is put back."""
         try:
+            before = [x.clone() for x in self._state()]
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 for _ in range(warmup):
-                    self._run()
+                    self._token()
+                    for x, saved in zip(self._state(), before):
+                        x.copy_(saved)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             # thread_local: the resource monitor's thread may read allocator statistics meanwhile
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                self.logits = self._run()
+                self._token()
             graph.replay()
             self.graph = graph
-        except RuntimeError as exc:  # a model op that cannot be captured: the same step, eagerly
+        except RuntimeError as exc:  # a model op that cannot be captured: the same token, eagerly
             log.warning(
                 f"rollout: the decode step could not be captured as a CUDA graph ({exc}); decoding "
                 f"eagerly (rollout.cuda_graphs: false silences this)"
             )
             self.graphs = False
             torch.cuda.synchronize()
-            self.logits = self._run()
+            self._token()

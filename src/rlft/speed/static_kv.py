@@ -7,15 +7,16 @@ import torch
 from rlft.speed.clock import count
 
 
-def count_kv_read(kv: StaticKV, rows: int, columns: int, live: int | None = None) -> None:
-    """Count a decode step's attention reads, after it (``kv.length`` counts its column), for the decode's
-    roofline: ``rows`` rows read ``columns`` columns of every layer's keys and values
-    (``work/decode_kv_bytes``); the part that had to be read is the ``live`` rows' (default: all of
-    them) filled columns (``work/decode_kv_needed_bytes``)."""
+def count_kv_read(kv: StaticKV, rows: int, columns: int, live: int | None = None, length: int | None = None) -> None:
+    """Count a decode step's attention reads, after it, for the decode's roofline: ``rows`` rows read
+    ``columns`` columns of every layer's keys and values (``work/decode_kv_bytes``); the part that had
+    to be read is the ``live`` rows' (default: all of them) filled columns, ``length`` of them (default:
+    ``kv.length``, which counts the step's own column) (``work/decode_kv_needed_bytes``)."""
     layers, _, heads, _, dim = kv.k.shape
     column_bytes = 2 * layers * heads * dim * kv.k.element_size()  # keys and values, one row
+    filled = kv.length if length is None else length
     count("decode_kv_bytes", rows * columns * column_bytes)
-    count("decode_kv_needed_bytes", (rows if live is None else live) * min(kv.length, columns) * column_bytes)
+    count("decode_kv_needed_bytes", (rows if live is None else live) * min(filled, columns) * column_bytes)
 
 
 class StaticKV:
