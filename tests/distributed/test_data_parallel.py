@@ -77,21 +77,25 @@ def _write(workdir: Path, name: str, cfg: dict) -> Path:
 
 
 def _torchrun(config: Path, *args: str, nproc: int = 2) -> subprocess.CompletedProcess:
+    """``python train.py --config CONFIG ARGS`` under torchrun, as a user launches it."""
+    return _launch(str(ROOT / "train.py"), "--config", str(config), *args, nproc=nproc)
+
+
+def _torchrun_many(workdir: Path, runs: list[list[str]]) -> subprocess.CompletedProcess:
+    """Several runs (each the arguments of ``rlft train``) one after another in one launch of 2 processes."""
+    listing = workdir / "runs.json"
+    listing.write_text(json.dumps(runs))
+    return _launch(str(Path(__file__).with_name("sequential_runs.py")), str(listing), timeout=600)
+
+
+def _launch(
+    *script_and_args: str, nproc: int = 2, timeout: float = 240, pythonpath: str = str(ROOT)
+) -> subprocess.CompletedProcess:
     # --standalone: torchrun's own rendezvous on a free local port (no port picked here and raced for)
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
-        str(ROOT / "train.py"),
-        "--config",
-        str(config),
-        *args,
-    ]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *script_and_args]
     # faulthandler: a process that aborts (SIGABRT at exit) prints every thread's Python stack
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1"}
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT, env=env)
+    env = {**os.environ, "PYTHONPATH": pythonpath, "PYTHONFAULTHANDLER": "1"}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
 
 
 def _one_process(config: Path, *args: str) -> subprocess.CompletedProcess:
@@ -133,7 +137,9 @@ def _assert_same_trajectory(a: Path, b: Path, rtol: float = 1e-4, atol: float = 
 def runs(workdir, tiny_model_dir) -> dict[str, Path]:
     """name -> run directory: one process and two (ddp, fsdp2) for GRPO; one and two (ddp) for
     REINFORCE++ (whitened over the global batch), DAPO (dynamic sampling: kept groups counted and
-    shared out over the processes) and PPO (a replicated critic)."""
+    shared out over the processes) and PPO (a replicated critic); and the one-process GRPO run
+    continued from its checkpoint-2 by two fsdp2 processes (``1-to-fsdp2``). The two-process runs
+    share one torchrun launch (:mod:`tests.distributed.sequential_runs`)."""
     out = workdir / "out"
     grpo = _config(workdir, tiny_model_dir, "grpo")
     rpp = _config(workdir, tiny_model_dir, "reinforce_pp")
@@ -150,15 +156,20 @@ def runs(workdir, tiny_model_dir) -> dict[str, Path]:
         "ppo-1": (ppo, None),
         "ppo-ddp": (ppo, "ddp"),
     }
+    launched = []
     for name, (cfg, strategy) in plan.items():
-        config = _write(workdir, name, cfg)
-        named = ("--set", f"train.run_name={name}")
-        _ok(
-            _one_process(config, *named)
-            if strategy is None
-            else _torchrun(config, *named, "--set", f"distributed.strategy={strategy}")
-        )
-    return {name: out / name for name in plan}
+        config, named = _write(workdir, name, cfg), ["--set", f"train.run_name={name}"]
+        if strategy is None:
+            _ok(_one_process(config, *named))
+        else:
+            launched.append(["--config", str(config), *named, "--set", f"distributed.strategy={strategy}"])
+    resumed = _copy_to_checkpoint_2(out / "grpo-1", out / "1-to-fsdp2")
+    launched.append(
+        ["--config", str(workdir / "grpo-1.yaml"), "--set", "train.run_name=1-to-fsdp2", "--resume", str(resumed)]
+        + ["--set", "distributed.strategy=fsdp2"]
+    )
+    _ok(_torchrun_many(workdir, launched))
+    return {name: out / name for name in [*plan, "1-to-fsdp2"]}
 
 
 def test_rewards_vary_so_the_comparison_means_something(runs):
@@ -208,30 +219,20 @@ def test_only_rank_zero_writes(runs, workdir):
     assert sorted(p.name for p in (workdir / "out").iterdir()) == sorted(runs)
 
 
-def _resumed(runs, workdir, source: str, name: str, launch) -> Path:
-    """Copy run ``source`` up to its checkpoint-2 into ``name`` and continue it with ``launch``."""
-    target = workdir / "out" / name
-    shutil.copytree(runs[source], target)
+def _copy_to_checkpoint_2(run: Path, target: Path) -> Path:
+    """Copy ``run`` as it was at its checkpoint-2 to ``target``; that checkpoint's path there."""
+    shutil.copytree(run, target)
     shutil.rmtree(target / "checkpoints" / f"checkpoint-{STEPS}")
-    _ok(
-        launch(
-            workdir / f"{source}.yaml",
-            "--set",
-            f"train.run_name={name}",
-            "--resume",
-            str(target / "checkpoints" / "checkpoint-2"),
-        )
-    )
-    return target
+    return target / "checkpoints" / "checkpoint-2"
 
 
 def test_resume_at_another_world_size(runs, workdir):
     # Saved by two ddp processes, continued by one; saved by one, continued by two under fsdp2.
-    down = _resumed(runs, workdir, "grpo-ddp", "ddp-to-1", _one_process)
+    down = workdir / "out" / "ddp-to-1"
+    resume = _copy_to_checkpoint_2(runs["grpo-ddp"], down)
+    _ok(_one_process(workdir / "grpo-ddp.yaml", "--set", "train.run_name=ddp-to-1", "--resume", str(resume)))
     _assert_same_weights(runs["grpo-1"], down, SAME_WEIGHTS_ATOL)
-    up = _resumed(
-        runs, workdir, "grpo-1", "1-to-fsdp2", lambda *a: _torchrun(*a, "--set", "distributed.strategy=fsdp2")
-    )
+    up = runs["1-to-fsdp2"]
     _assert_same_weights(runs["grpo-1"], up, SAME_WEIGHTS_ATOL)
     assert read_jsonl(up / "metrics.jsonl")[-1]["reward/mean"] == pytest.approx(
         read_jsonl(runs["grpo-1"] / "metrics.jsonl")[-1]["reward/mean"]
@@ -296,20 +297,9 @@ atexit.register(lambda: Path({str(tmp_path)!r}, "rank" + rank).write_text(str(pr
     cfg = _config(workdir, tiny_model_dir, "grpo")
     cfg["model"]["dtype"] = "auto"
     cfg["train"]["max_steps"] = 1
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        str(ROOT / "train.py"),
-        "--config",
-        str(_write(workdir, "auto", cfg)),
-        "--set",
-        "train.run_name=auto",
-    ]
-    env = {**os.environ, "PYTHONPATH": f"{hook}{os.pathsep}{ROOT}"}
-    _ok(subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT, env=env))
+    config = _write(workdir, "auto", cfg)
+    args = ("--config", str(config), "--set", "train.run_name=auto")
+    _ok(_launch(str(ROOT / "train.py"), *args, pythonpath=f"{hook}{os.pathsep}{ROOT}"))
     assert [(tmp_path / f"rank{r}").read_text() for r in (0, 1)] == ["3.0", "3.0"]
     assert "model.dtype auto: bf16 matmuls measured 3.00x" in (workdir / "out" / "auto" / "train_log.log").read_text()
 
