@@ -123,7 +123,7 @@ def set_eos_rate(model, eos_id: int, rate: float, dim: int = 0, seed: int = 0) -
         lo, hi = 0.0, 1.0
         while eos_chance(hi) < rate and hi < 1e4:  # the dimension's value after the norm is not known ahead
             lo, hi = hi, hi * 2
-        for _ in range(30):
+        for _ in range(16):  # to within (hi - lo) / 65536 of a logit: far finer than the chance needs
             mid = (lo + hi) / 2
             lo, hi = (mid, hi) if eos_chance(mid) < rate else (lo, mid)
         return eos_chance(hi)
