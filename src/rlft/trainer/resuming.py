@@ -16,10 +16,14 @@ from typing import TYPE_CHECKING
 from rlft.config.loader import config_to_dict
 from rlft.distributed.context import Dist
 from rlft.errors import UsageError
-from rlft.logging.run_dir import RunDirectory
+from rlft.logging.run_dir import FollowerRunDirectory, RunDirectory
 
 if TYPE_CHECKING:
+    import logging
+
     from rlft.checkpoint.resume import ResumePoint
+    from rlft.config.schema import RunConfig
+    from rlft.trainer.job import Job
 
 
 @dataclass
@@ -105,3 +109,53 @@ def set_aside_later_than(run_root: Path, step: int, damaged: dict | None, log) -
 
     for line in supersede_after(run_root, step, damaged):
         (log.warning if "damaged" in line else log.info)(line)
+
+
+def open_run_directory(plan: ResumePlan, cfg: RunConfig, run_dir_path: Path | None, dist: Dist) -> RunDirectory:
+    """The run directory for ``plan``: rank 0 creates (or reopens) it and tells the other processes,
+    which only read it (:class:`FollowerRunDirectory`)."""
+    if plan.point is not None:
+        root = plan.point.run_root
+        return RunDirectory(root) if dist.is_main else FollowerRunDirectory(root)
+    run_dir: RunDirectory | None
+    if not dist.is_main:
+        run_dir = None
+    elif plan.restart_root is not None:
+        run_dir = RunDirectory(plan.restart_root)
+        run_dir.checkpoints.mkdir(parents=True, exist_ok=True)
+        run_dir.eval_dir.mkdir(exist_ok=True)
+    elif run_dir_path is not None:
+        run_dir = RunDirectory.at(run_dir_path)
+    else:
+        run_dir = RunDirectory.create(cfg.train.output_dir, cfg.train.run_name, cfg.run_label())
+    if not dist.enabled:
+        assert run_dir is not None  # one process is rank 0
+        return run_dir
+    root = dist.broadcast_object(str(run_dir.root) if run_dir is not None else None)
+    return run_dir if run_dir is not None else FollowerRunDirectory(Path(root))
+
+
+def restore_run(point: ResumePoint, job: Job, dist: Dist, run_dir: RunDirectory, log: logging.Logger) -> int:
+    """Load ``point``'s training state into the built ``job``; the
+    step it continues from. Only once it loaded are the run's later checkpoints set aside, so a resume
+    that fails leaves the run directory as it was."""
+    from rlft.checkpoint.resume import restore_training_state
+
+    state, settings = job.state(), list[str]()
+    step = restore_training_state(
+        point,
+        model=state.model,
+        optimizer=state.optimizer,
+        scheduler=state.scheduler,
+        sampler=state.sampler,
+        components=state.components,
+        dist=dist,
+        report=settings,
+    )
+    job.restore(point.state)
+    log.info(f"resumed from {point.checkpoint} at step {step}; continuing to step {job.total_steps}")
+    for line in settings:
+        log.info(f"optimizer settings of this config apply from step {step + 1}: {line}")
+    if dist.is_main:
+        set_aside_later_than(run_dir.root, step, point.damaged, log)
+    return step

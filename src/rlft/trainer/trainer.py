@@ -27,7 +27,7 @@ from rlft.logging.console import (
     setup_console_logging,
 )
 from rlft.logging.resources import ResourceMonitor
-from rlft.logging.run_dir import FollowerRunDirectory, RunDirectory, append_jsonl
+from rlft.logging.run_dir import append_jsonl
 from rlft.logging.trackers import Trackers, open_trackers
 from rlft.planner.devices import cpu_memory_limit
 from rlft.trainer.job import EvalRecord, Job, job_class
@@ -43,7 +43,14 @@ from rlft.trainer.process import (
     on_cuda,
     stop_note,
 )
-from rlft.trainer.resuming import ResumePlan, log_plan, plan_resume, set_aside_later_than
+from rlft.trainer.resuming import (
+    ResumePlan,
+    log_plan,
+    open_run_directory,
+    plan_resume,
+    restore_run,
+    set_aside_later_than,
+)
 
 
 @dataclass
@@ -119,7 +126,7 @@ class Trainer:
 
         # refused before anything is written if it won't fit (one process's share, in a data-parallel run)
         self._memory = memory = check_memory(cfg, get_logger(), self.dist.world_size, strategy_of(self.dist).shards)
-        self.run_dir = self._open_run_directory()
+        self.run_dir = open_run_directory(self._plan, cfg, self.run_dir_path, self.dist)
         self._open_observers(memory)
         self.run_dir.write_run_info(
             status="starting",
@@ -175,30 +182,6 @@ class Trainer:
         if self.trackers.ids:
             self.run_dir.write_run_info(trackers=self.trackers.ids)
 
-    def _open_run_directory(self) -> RunDirectory:
-        """The run directory: rank 0 creates (or reopens) it and tells the other processes, which
-        only read it (:class:`FollowerRunDirectory`)."""
-        cfg = self.cfg
-        if self._plan.point is not None:
-            root = self._plan.point.run_root
-            return RunDirectory(root) if self.dist.is_main else FollowerRunDirectory(root)
-        run_dir: RunDirectory | None
-        if not self.dist.is_main:
-            run_dir = None
-        elif self._plan.restart_root is not None:
-            run_dir = RunDirectory(self._plan.restart_root)
-            run_dir.checkpoints.mkdir(parents=True, exist_ok=True)
-            run_dir.eval_dir.mkdir(exist_ok=True)
-        elif self.run_dir_path is not None:
-            run_dir = RunDirectory.at(self.run_dir_path)
-        else:
-            run_dir = RunDirectory.create(cfg.train.output_dir, cfg.train.run_name, cfg.run_label())
-        if not self.dist.enabled:
-            assert run_dir is not None  # one process is rank 0
-            return run_dir
-        root = self.dist.broadcast_object(str(run_dir.root) if run_dir is not None else None)
-        return run_dir if run_dir is not None else FollowerRunDirectory(Path(root))
-
     def _build(self) -> None:
         if not ProgressBar.enabled_for(self.cfg.train.progress_bar):
             quiet_library_progress_bars()
@@ -207,29 +190,8 @@ class Trainer:
         self._data_fingerprint = file_fingerprint(self.cfg.data.train_file)
         for line in self.job.describe():
             self.log.info(line)
-        point = self._plan.point
-        if point is not None:
-            from rlft.checkpoint.resume import restore_training_state
-
-            state, settings = self.job.state(), list[str]()
-            self.step = restore_training_state(
-                point,
-                model=state.model,
-                optimizer=state.optimizer,
-                scheduler=state.scheduler,
-                sampler=state.sampler,
-                components=state.components,
-                dist=self.dist,
-                report=settings,
-            )
-            self.job.restore(point.state)
-            self.log.info(
-                f"resumed from {point.checkpoint} at step {self.step}; continuing to step {self.job.total_steps}"
-            )
-            for line in settings:
-                self.log.info(f"optimizer settings of this config apply from step {self.step + 1}: {line}")
-            if self.dist.is_main:  # only now that it loaded: a resume that fails leaves the run directory as it was
-                set_aside_later_than(self.run_dir.root, self.step, point.damaged, self.log)
+        if self._plan.point is not None:
+            self.step = restore_run(self._plan.point, self.job, self.dist, self.run_dir, self.log)
 
     def _close(self, together: bool = False, **run_info) -> None:
         """Record the final status, stop the heartbeat and detach this run's log file (API users may
