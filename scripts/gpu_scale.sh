@@ -15,10 +15,10 @@
 # row whose budget has run out is skipped and said so. Each row's log goes to $OUT (default
 # ./gpu-scale-out), and every row's results with check-env's report to $OUT/results.json.
 #   bash scripts/gpu_scale.sh
-# On a lent machine that reaches no registry: carry a folder with SmolLM2's config and tokenizer (not its
-# weights: cp ~/.cache/rlft/models/smollm2-135m-instruct/{*.json,*.jinja} into it) and the wheels of
-# trl, datasets, dill and multiprocess (`pip download --no-deps`), then
-#   pip install --no-deps WHEELS/*.whl; RLFT_BENCH_MODEL=FOLDER OUT=$OUT bash scripts/gpu_scale.sh
+# On a lent machine that reaches no registry: `bash scripts/gpu_carry.sh` gathers SmolLM2's config and
+# tokenizer and the wheels that machine lacks (pydantic for rlft, TRL and datasets for TRL's rows) into
+# gpu-carry/; carry that folder and run
+#   pip install -q --no-deps gpu-carry/wheels/*.whl && RLFT_BENCH_MODEL=gpu-carry/model OUT=$OUT bash scripts/gpu_scale.sh
 # Its plumbing, on a CPU with a two-layer model of each shape:
 #   RLFT_BENCH_DEVICE=cpu RLFT_SCALE_OVERRIDES='{"num_hidden_layers": 2, "hidden_size": 128,
 #     "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2}' RLFT_SCALE_TOKENS=8 \
