@@ -9,7 +9,10 @@
 #   3. the same at up to 512 tokens with completions ending at EOS at mixed lengths (chance 1/256 a
 #      token: mean ~220), rlft alone;
 #   4. Llama-3-8B's shape with LoRA r=16, 8 x 8 x 256 tokens, rlft alone;
-#   5. SmolLM2-360M's shape at 128 tokens, 10 steps, TRL and rlft.
+#   5. SmolLM2-360M's shape at 128 tokens, 10 steps, TRL and rlft;
+#   6. where time is left, 1.7B at 128 tokens again with rlft's update in two passes of 32 rows
+#      (--rlft-micro-batch 32) instead of its one pass: the speed and the peak memory that
+#      models/memory.py's FULL_SPEED_TOKENS for "cuda" (unset: one pass where it fits) should be set from.
 # The weights are seeded random ones (benchmarks/shapes.py): the machine reaches no model hub. The
 # config and tokenizer come from RLFT_BENCH_MODEL (a SmolLM2 directory; default: the built-in one). A
 # row whose budget has run out is skipped and said so. Each row's log goes to $OUT (default
@@ -71,6 +74,7 @@ row 1.7b-512 170 smollm2-1.7b 512 --frameworks "${FRAMEWORKS[@]}" || status=1
 row 1.7b-eos-512 90 smollm2-1.7b 512 --frameworks rlft --eos-rate 0.0039 || status=1
 row 8b-lora-256 130 llama3-8b 256 --frameworks rlft --lora-rank 16 || status=1
 row 360m-128 80 smollm2-360m 128 --frameworks "${FRAMEWORKS[@]}" --steps 9 || status=1
+row 1.7b-128-2passes 70 smollm2-1.7b 128 --frameworks rlft --rlft-micro-batch $((ROWS * 4)) || true
 "$PY" - "$OUT" <<'EOF'
 import json, sys
 from pathlib import Path
