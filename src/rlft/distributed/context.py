@@ -126,6 +126,7 @@ class Dist:
 
 
 _CURRENT = Dist()
+_JOINS = 0  # process groups this process has joined
 
 
 def current() -> Dist:
@@ -163,11 +164,22 @@ def init_distributed(strategy: str, backend: str, device: str, timeout_minutes: 
     if cuda:
         torch.cuda.set_device(local)
     if not dist.is_initialized():
+        global _JOINS
+        timeout = datetime.timedelta(minutes=timeout_minutes)
+        # Each join gets keys of its own in torchrun's store. Under one name, a process that left a
+        # group and joins the next (several runs in one process) could read a peer's address from the
+        # last group before the peer replaced it, and wait on it until the timeout.
+        store, _, _ = next(dist.rendezvous("env://", rank, world, timeout=timeout))
+        store.set_timeout(timeout)
         dist.init_process_group(
             backend,
-            timeout=datetime.timedelta(minutes=timeout_minutes),
+            store=dist.PrefixStore(f"rlft-join-{_JOINS}", store),
+            rank=rank,
+            world_size=world,
+            timeout=timeout,
             **({"device_id": torch.device("cuda", local)} if backend == "nccl" else {}),
         )
+        _JOINS += 1
     _CURRENT = Dist(rank, world, local, "ddp" if strategy == "auto" else strategy, backend)
     return _CURRENT
 
