@@ -88,11 +88,22 @@ def _torchrun_many(workdir: Path, runs: list[list[str]]) -> subprocess.Completed
     return _launch(str(Path(__file__).with_name("sequential_runs.py")), str(listing), timeout=600)
 
 
+def _standalone(*script_and_args: str, nproc: int = 2) -> list[str]:
+    # --standalone: torchrun's own rendezvous on a free local port (no port picked here and raced for)
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        *script_and_args,
+    ]
+
+
 def _launch(
     *script_and_args: str, nproc: int = 2, timeout: float = 240, pythonpath: str = str(ROOT)
 ) -> subprocess.CompletedProcess:
-    # --standalone: torchrun's own rendezvous on a free local port (no port picked here and raced for)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *script_and_args]
+    cmd = _standalone(*script_and_args, nproc=nproc)
     # faulthandler: a process that aborts (SIGABRT at exit) prints every thread's Python stack
     env = {**os.environ, "PYTHONPATH": pythonpath, "PYTHONFAULTHANDLER": "1"}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
@@ -330,16 +341,7 @@ def test_sigterm_to_one_process_stops_all_at_the_same_step_with_a_checkpoint(run
     cfg["train"].update(max_steps=500, save_interval=1000, run_name="stopped")
     config = _write(workdir, "stopped", cfg)
     run = workdir / "out" / "stopped"
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        str(ROOT / "train.py"),
-        "--config",
-        str(config),
-    ]
+    cmd = _standalone(str(ROOT / "train.py"), "--config", str(config))
     launcher = subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,

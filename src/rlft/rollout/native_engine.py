@@ -137,14 +137,14 @@ class TokenDraw:
     sampling: SamplingParams
     eos: torch.Tensor
     pad: int
-    kernels: object = None  # rlft's native CPU kernels, for a loop on the host's own schedule
+    kernels: object = None  # rlft's native CPU kernels (used by a loop on the host's schedule, int t)
 
     @property
     def steps(self) -> int:
         return self.sampling.max_new_tokens
 
     def __call__(self, logits, rows, t) -> tuple[torch.Tensor, torch.Tensor]:
-        return draw_tokens(logits, rows, t, self.sampling, self.eos, self.kernels if isinstance(t, int) else None)
+        return draw_tokens(logits, rows, t, self.sampling, self.eos, self.kernels)
 
 
 class _DroppingRows:
