@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests import forked
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "engines_gpu.py"
 
@@ -17,7 +18,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "engines_gpu.py"
 def test_harness_reports_each_engine(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(SCRIPT.parents[1] / "src")}
     out = tmp_path / "r.json"
-    proc = subprocess.run(
+    proc = forked.run(
         [
             sys.executable,
             str(SCRIPT),
@@ -33,8 +34,6 @@ def test_harness_reports_each_engine(tmp_path):
             "--json",
             str(out),
         ],
-        capture_output=True,
-        text=True,
         env=env,
         timeout=600,
     )

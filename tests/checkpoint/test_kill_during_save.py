@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 
+from tests import forked
 from tests.cli.test_cli import _env, assert_ok, run_cli, write_config
 from tests.conftest import read_jsonl
 
@@ -28,7 +28,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def _kill_once_exists(proc: subprocess.Popen, path) -> None:
+def _kill_once_exists(proc: forked.Forked, path) -> None:
     """SIGKILL ``proc`` shortly after ``path`` appears (the slowed save is then mid-write)."""
     try:
         deadline = time.time() + 120
@@ -48,13 +48,7 @@ def test_sigkill_during_checkpoint_write_then_resume_auto(tmp_path, tiny_config)
     tiny_config["eval"].update(before_training=False, after_training=False)
     config = write_config(tmp_path, tiny_config)
     ckpts = tmp_path / "outputs" / "killed" / "checkpoints"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", SLOW_SAVE, "train", "--config", str(config)],
-        cwd=tmp_path,
-        env=_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = forked.start([sys.executable, "-c", SLOW_SAVE, "train", "--config", str(config)], cwd=tmp_path, env=_env())
     # checkpoint-1 sleeps 30 s before its rename; kill while it is still a temporary directory.
     _kill_once_exists(proc, ckpts / ".tmp-checkpoint-1")
     assert proc.returncode == -signal.SIGKILL
@@ -71,20 +65,8 @@ def test_sigkill_during_checkpoint_write_then_resume_auto(tmp_path, tiny_config)
     assert [r["step"] for r in read_jsonl(next(first.glob("superseded-*/metrics.jsonl")))] == [1]
 
     # Second attempt: let checkpoint-1 complete, kill during checkpoint-2.
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            SLOW_SAVE.replace("time.sleep(30)", "time.sleep(0 if root.name.endswith('-1') else 30)"),
-            "train",
-            "--config",
-            str(config),
-        ],
-        cwd=tmp_path,
-        env=_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    slow_second = SLOW_SAVE.replace("time.sleep(30)", "time.sleep(0 if root.name.endswith('-1') else 30)")
+    proc = forked.start([sys.executable, "-c", slow_second, "train", "--config", str(config)], cwd=tmp_path, env=_env())
     second = tmp_path / "outputs" / "killed-2"  # a fresh run never mixes its files with the killed one's
     _kill_once_exists(proc, second / "checkpoints" / ".tmp-checkpoint-2")
     assert (second / "checkpoints" / "checkpoint-1" / "trainer_state.json").is_file()

@@ -1,4 +1,6 @@
-"""The command line as a user meets it: ``rlft ...`` / ``python train.py ...`` run as subprocesses.
+"""The command line as a user meets it: ``rlft ...`` / ``python train.py ...``, each in a process of its
+own (forked from a zygote that has imported torch and transformers, :mod:`tests.forked`; the entry
+points themselves are run as plain subprocesses too).
 
 Every run uses the tiny random model from ``tiny_config`` (no downloads) and at most 2 steps.
 User mistakes must give one clear message on stderr, the documented exit code and no traceback.
@@ -15,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests import forked
 from tests.conftest import read_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,15 +38,8 @@ def _env() -> dict[str, str]:
 
 
 def run_cli(args: list[str], cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess:
-    """``python -m rlft.cli.main *args`` in ``cwd``."""
-    return subprocess.run(
-        [sys.executable, "-m", "rlft.cli.main", *args],
-        cwd=cwd,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """``python -m rlft.cli.main *args`` in ``cwd``, in a forked process of its own."""
+    return forked.run([sys.executable, "-m", "rlft.cli.main", *args], cwd=cwd, env=_env(), timeout=timeout)
 
 
 def write_config(tmp_path: Path, cfg: dict, name: str = "config.yaml") -> Path:
@@ -243,12 +239,10 @@ def test_root_train_py_with_four_section_layout(tmp_path, tiny_config):
         "train": {"max_steps": 50, "output_dir": "./outputs", "logging_interval": 1},
     }
     path = write_config(tmp_path, config, "grpo.yaml")
-    proc = subprocess.run(
+    proc = forked.run(
         [sys.executable, str(TRAIN_PY), "--config", "grpo.yaml", "--set", "train.max_steps=1"],
         cwd=tmp_path,
         env=_env(),
-        capture_output=True,
-        text=True,
         timeout=180,
     )
     assert_ok(proc)
@@ -319,6 +313,22 @@ def test_check_env_warns_about_oversubscribed_threads():
 def test_no_command_is_a_usage_error(tmp_path):
     proc = run_cli([], tmp_path)
     assert proc.returncode == 2 and "usage: rlft" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("entry", ["console script", "python -m"])
+def test_the_entry_points_start_in_a_fresh_interpreter(tmp_path, tiny_config, entry):
+    """The installed ``rlft`` command and ``python -m rlft.cli.main`` as plain subprocesses (the other tests
+    fork theirs from a zygote): a config mistake is exit code 2 with its message, and no traceback."""
+    cfg = quick(tiny_config)
+    cfg["algorithm"]["learning_rat"] = 1e-5
+    start = [sys.executable, "-m", "rlft.cli.main"]
+    if entry == "console script":
+        start = [str(Path(sys.executable).with_name("rlft"))]
+    proc = subprocess.run(
+        [*start, "train", "--config", str(write_config(tmp_path, cfg))],
+        cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert "algorithm.learning_rat: unknown key" in assert_user_error(proc, code=2)
 
 
 # --------------------------------------------------------------------------- Python API

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
+from tests import forked
 from tests.conftest import write_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(args, cwd):
-    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+    return forked.run([sys.executable, *args], cwd=cwd, timeout=120)
 
 
 def test_generate_single_prompt_and_batch(tiny_model_dir, tmp_path):

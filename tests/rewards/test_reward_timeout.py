@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
 import sys
 import textwrap
 import threading
@@ -17,6 +16,7 @@ from rlft.config.schema import RewardSpec
 from rlft.errors import RewardError
 from rlft.rewards.manager import RewardManager
 from rlft.rewards.timed import RewardTimeout, call_with_timeout
+from tests import forked
 
 SPEC = TypeAdapter(RewardSpec)
 
@@ -161,7 +161,7 @@ def test_the_process_exits_though_the_hung_call_never_returns(tmp_path):
     (tmp_path / "slow_rewards.py").write_text(SLOW, encoding="utf-8")
     script = textwrap.dedent(HUNG_RUN.format(function=f"{tmp_path / 'slow_rewards.py'}:hangs"))
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    proc = forked.run([sys.executable, "-c", script], timeout=120)
     assert proc.returncode == 1, proc.stderr
     out = json.loads(proc.stdout)
     assert "reward 'hangs' exceeded its timeout of 1 s" in out["error"]

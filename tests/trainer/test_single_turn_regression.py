@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import forked
 from tests.conftest import read_jsonl
 
 BASELINE = "27f0f2c4f4edcdcff0b424cfb9a9713a741f2df0"
@@ -69,9 +70,7 @@ def _baseline_source(tmp_path: Path) -> Path:
 def _run(src: Path, config: dict, path: Path) -> list[dict]:
     path.write_text(json.dumps(config))
     env = {**os.environ, "PYTHONPATH": str(src)}
-    proc = subprocess.run(
-        [sys.executable, "-c", RUN, str(src), str(path)], capture_output=True, text=True, env=env, cwd=REPO
-    )
+    proc = forked.run([sys.executable, "-c", RUN, str(src), str(path)], env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = Path(proc.stdout.strip().splitlines()[-1])
     # time/* and work/* (the per-phase accounting) came after the baseline

@@ -5,25 +5,22 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import sys
 import time
 
 import pytest
 
+from tests import forked
 from tests.cli.test_cli import _env, assert_ok, run_cli, write_config
 from tests.conftest import read_jsonl
 
 
-def _start(tmp_path, cfg) -> tuple[subprocess.Popen, object]:
+def _start(tmp_path, cfg) -> tuple[forked.Forked, object]:
     config = write_config(tmp_path, cfg)
-    proc = subprocess.Popen(
+    proc = forked.start(
         [sys.executable, "-m", "rlft.cli.main", "train", "--config", str(config)],
         cwd=tmp_path,
         env={**_env(), "RLFT_HEARTBEAT_SECONDS": "0.2"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
     )
     return proc, config
 
@@ -109,12 +106,10 @@ def test_a_relaunch_loop_with_resume_auto_survives_a_stop_before_the_first_step(
     tiny_config["eval"].update(before_training=False, after_training=False)
     config = write_config(tmp_path, tiny_config)
     run = tmp_path / "outputs" / "loop"
-    stopped = subprocess.run(
+    stopped = forked.run(
         [sys.executable, "-c", STOP_BEFORE_FIRST_STEP, "train", "--config", str(config), "--resume", "auto"],
         cwd=tmp_path,
         env=_env(),
-        capture_output=True,
-        text=True,
         timeout=180,
     )
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr
