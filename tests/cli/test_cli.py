@@ -95,6 +95,19 @@ def test_invalid_config_lists_every_problem_without_traceback(tmp_path, tiny_con
     assert not (tmp_path / "outputs").exists(), "an invalid config must not create a run directory"
 
 
+def test_a_broken_config_is_reported_before_torch_is_imported(tmp_path, tiny_config):
+    """The config is checked first: its mistakes come back in about a second, not after torch's import."""
+    cfg = quick(tiny_config)
+    cfg["trian"] = {}
+    code = (
+        "import sys; from rlft.cli.main import main\n"
+        f"code = main(['train', '--config', {str(write_config(tmp_path, cfg))!r}])\n"
+        "print(code, 'torch' in sys.modules)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120)
+    assert proc.stdout == "2 False\n" and "trian: unknown key" in proc.stderr, proc.stdout + proc.stderr
+
+
 def test_validate_reports_the_same_problems(tmp_path, tiny_config):
     cfg = quick(tiny_config)
     cfg["trian"] = {"max_steps": 3}  # section typo

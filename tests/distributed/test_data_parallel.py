@@ -19,6 +19,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from tests import forked
 from tests.conftest import free_port, read_jsonl, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,7 +107,7 @@ def _launch(
     cmd = _standalone(*script_and_args, nproc=nproc)
     # faulthandler: a process that aborts (SIGABRT at exit) prints every thread's Python stack
     env = {**os.environ, "PYTHONPATH": pythonpath, "PYTHONFAULTHANDLER": "1"}
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+    return forked.run(cmd, timeout=timeout, cwd=ROOT, env=env)  # the launcher forked; its workers start afresh
 
 
 def _one_process(config: Path, *args: str) -> subprocess.CompletedProcess:
@@ -255,7 +256,7 @@ def test_two_nodes_on_loopback(runs, workdir):
     port = free_port()
     config = workdir / "grpo-1.yaml"
     procs = [
-        subprocess.Popen(
+        forked.start(
             [
                 sys.executable,
                 "-m",
@@ -271,20 +272,17 @@ def test_two_nodes_on_loopback(runs, workdir):
                 "--set",
                 "train.run_name=nodes",
             ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
             cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT)},
         )
         for rank in (0, 1)
     ]
     try:
-        outputs = [p.communicate(timeout=240)[0] for p in procs]
+        outputs = ["".join(p.communicate(timeout=240)) for p in procs]
     except subprocess.TimeoutExpired:
         for p in procs:
             p.kill()
-        outputs = [p.communicate()[0] for p in procs]
+        outputs = ["".join(p.communicate()) for p in procs]
         pytest.fail("the two nodes did not finish in 240 s:\n" + "\n".join(o[-3000:] for o in outputs))
     assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outputs)
     _assert_same_trajectory(runs["grpo-1"], workdir / "out" / "nodes")
@@ -342,24 +340,17 @@ def test_sigterm_to_one_process_stops_all_at_the_same_step_with_a_checkpoint(run
     config = _write(workdir, "stopped", cfg)
     run = workdir / "out" / "stopped"
     cmd = _standalone(str(ROOT / "train.py"), "--config", str(config))
-    launcher = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    launcher = forked.start(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     import time
 
     deadline = time.time() + 120
     while not ((run / "metrics.jsonl").exists() and len(read_jsonl(run / "metrics.jsonl")) >= 2):
-        assert launcher.poll() is None and time.time() < deadline, launcher.communicate()[0][-3000:]
+        assert launcher.poll() is None and time.time() < deadline, "".join(launcher.communicate())[-3000:]
         time.sleep(0.05)
     workers = [p for p in psutil.Process(launcher.pid).children() if "train.py" in " ".join(p.cmdline())]
     rank1 = next(p for p in workers if p.environ().get("RANK") == "1")
     rank1.send_signal(15)
-    out = launcher.communicate(timeout=120)[0]
+    out = "".join(launcher.communicate(timeout=120))
     info = json.loads((run / "run.json").read_text())
     step = info["step"]
     assert info["status"] == "cancelled" and info["signal"] == "SIGTERM" and 2 <= step < 500, out[-3000:]

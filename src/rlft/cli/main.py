@@ -115,14 +115,17 @@ def _add_job_commands(sub) -> None:
 
 def _cmd_train(args) -> int:
     """``rlft train`` (RL) and ``rlft sft``: the same lifecycle, the kind of job set by the command."""
+    from rlft.config.loader import load_config
+
+    # The config is checked before the trainer's imports (torch, ~2-3 s): a mistake is reported at once.
+    config = load_config(args.config, overrides=args.overrides, kind=args.kind)
     from rlft.trainer.trainer import Trainer
 
     trainer = Trainer(
         args.config,
-        overrides=args.overrides,
+        config=config,
         output_dir=args.output_dir,
         resume_from=args.resume,
-        kind=args.kind,
         run_dir=args.run_dir,
     )
     result = trainer.train()
