@@ -122,19 +122,31 @@ def _zygote() -> Zygote:
 class Forked:
     """A forked child, with the parts of :class:`subprocess.Popen` the tests use (text streams)."""
 
-    def __init__(self, cmd: list[str], cwd, env: dict[str, str] | None, start_new_session: bool, input: str | None):
+    def __init__(
+        self,
+        cmd: list[str],
+        cwd,
+        env: dict[str, str] | None,
+        start_new_session: bool,
+        input: str | None,
+        logs: tuple[Path, Path] | None = None,
+    ):
+        """``logs``: the files stdout and stderr are appended to, instead of files of its own that
+        :meth:`output` reads."""
         self.args = cmd
         self._dir = tempfile.TemporaryDirectory(prefix="forked-")
         streams = Path(self._dir.name)
         for name, text in (("stdin", input or ""), ("stdout", ""), ("stderr", "")):
             (streams / name).write_text(text, encoding="utf-8")
+        out, err = logs or (streams / "stdout", streams / "stderr")
         request = {
             "argv": cmd[1:],
             "cwd": str(cwd or os.getcwd()),
             "env": dict(os.environ if env is None else env),
             "stdin": str(streams / "stdin"),
-            "stdout": str(streams / "stdout"),
-            "stderr": str(streams / "stderr"),
+            "stdout": str(out),
+            "stderr": str(err),
+            "append": logs is not None,
             "new_session": start_new_session,
         }
         self._zygote = _zygote()
@@ -183,6 +195,17 @@ def start(cmd: list[str], *, cwd=None, env: dict[str, str] | None = None, start_
     return Forked(cmd, cwd, env, start_new_session, None)
 
 
+def start_logged(argv: list[str], cwd, env: dict[str, str], stdout_log: Path, stderr_log: Path):
+    """What ``LocalPlacement.start_process`` starts (a job in a session of its own, its output appended
+    to two logs), forked where it can be: the sweep tests' jobs."""
+    if not forkable(argv):
+        with open(stdout_log, "ab") as out, open(stderr_log, "ab") as err:
+            return subprocess.Popen(
+                argv, cwd=cwd, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True
+            )
+    return Forked(argv, cwd, env, True, None, logs=(Path(stdout_log), Path(stderr_log)))
+
+
 def run(
     cmd: list[str], *, cwd=None, env: dict[str, str] | None = None, timeout: float | None = None, input=None
 ) -> subprocess.CompletedProcess:
@@ -219,12 +242,14 @@ def _child(request: dict) -> None:
         os.setsid()
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    for fd, name, mode in ((0, "stdin", os.O_RDONLY), (1, "stdout", os.O_WRONLY), (2, "stderr", os.O_WRONLY)):
-        opened = os.open(request[name], mode | (os.O_CREAT | os.O_TRUNC if fd else 0), 0o600)
+    written = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if request["append"] else os.O_TRUNC)
+    for fd, name, mode in ((0, "stdin", os.O_RDONLY), (1, "stdout", written), (2, "stderr", written)):
+        opened = os.open(request[name], mode, 0o600)
         os.dup2(opened, fd)
         os.close(opened)
     sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
-    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8")
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
+                                  write_through=bool(request["env"].get("PYTHONUNBUFFERED")))  # fmt: skip
     sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
                                   line_buffering=True)  # fmt: skip
     os.chdir(request["cwd"])

@@ -99,8 +99,19 @@ def test_an_unreachable_server_fails_reset_with_its_address():
     url = f"http://127.0.0.1:{free_port()}"
     worker = ProcessWorker(EnvironmentSpec.load("openenv", [], {"url": url, "timeout": 2}))
     worker.send("reset", {}, 0)
-    # the connection fails within its 2 s; the rest is a fork server starting and importing openenv-core
-    # (gradio), or this worker importing it where another test's worker keeps a server without it alive
+    # the connection fails within its 2 s; the rest is a fork server starting and importing openenv-core,
+    # or this worker importing it where another test's worker keeps a server without it alive
     reply = worker.receive(120)
     worker.kill()
     assert not reply.ok and f"OpenEnv server {url}" in reply.value
+
+
+def test_the_client_is_imported_without_gradio():
+    """openenv-core's server package loads its Gradio UI (7 s) on import; rlft's client leaves it out,
+    and gradio still imports normally afterwards."""
+    probe = (
+        "import importlib.util, sys; import rlft.envs.openenv as o; "
+        "print(o.GenericEnvClient is not None, 'gradio' in sys.modules, importlib.util.find_spec('gradio') is not None)"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["True", "False", "True"]

@@ -139,8 +139,9 @@ def _warm_start_then_rl(
         config={
             "kind": "sft",
             "model": {"path": str(model), "dtype": "fp32"},
+            # one row a step: the rows are copies, and a batch of copies has one copy's gradient at 4x the cost
             "data": {"train_file": str(write_jsonl(tmp_path / "demos.jsonl", [demo] * 16)), "max_length": 2000},
-            "sft": {"learning_rate": 1e-2, "batch_size": 4, "micro_batch_size": 4},
+            "sft": {"learning_rate": 1e-2, "batch_size": 1, "micro_batch_size": 1},
             "train": {**train, "max_steps": sft_steps, "run_name": "sft"},
             "eval": {"before_training": False, "after_training": False},
         }

@@ -1,5 +1,7 @@
 """A workspace for sweeps: the tiny model, data, configs that succeed or fail in a chosen way, and
-``rlft sweep`` run in this process (its runs are real ``rlft train`` processes)."""
+``rlft sweep`` run in this process. Its runs are real ``rlft train`` processes, forked from the test
+zygote (:mod:`tests.forked`) rather than started afresh: a one-step tiny run is ~7 s of imports and
+~1 s of work, and these tests start a dozen."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests import forked
 from tests.conftest import write_jsonl
 from tests.service.conftest import PROMPTS, job_config
 
@@ -43,6 +46,9 @@ def ws(tmp_path, tiny_model_dir, monkeypatch) -> Path:
     broken.write_text(json.dumps(PROMPTS[0]) + '\n{"prompt": oops\n')
     (root / "flaky.py").write_text(FLAKY)
     monkeypatch.chdir(root)
+    from rlft.service.placement import LocalPlacement
+
+    monkeypatch.setattr(LocalPlacement, "start_process", staticmethod(forked.start_logged))
     for key, value in dict(
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",

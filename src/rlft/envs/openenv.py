@@ -22,14 +22,35 @@ The server must allow as many concurrent sessions as a step has episodes in flig
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
+import sys
 import uuid
 from typing import Any
 
-try:  # at import, not per episode: the package takes seconds to import (it loads gradio), and the
-    # fork server the episodes' workers come from preloads this module, so they inherit it
-    from openenv.core.generic_client import GenericEnvClient
+
+@contextlib.contextmanager
+def _gradio_left_out():
+    """Import openenv-core without its web UI. Its ``env_server`` package, which every client module
+    imports, loads the Gradio UI a server offers (gradio, a required dependency: 7 s of the package's
+    10 s import here) and carries on without it when gradio is missing; a client needs none of it. A
+    ``None`` entry in ``sys.modules`` makes ``import gradio`` fail as if it were not installed; it is
+    removed afterwards, so gradio imports normally later in this process."""
+    if "gradio" in sys.modules:
+        yield
+        return
+    sys.modules["gradio"] = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        if sys.modules.get("gradio", 0) is None:
+            del sys.modules["gradio"]
+
+
+try:  # at import, not per episode: the fork server the episodes' workers come from preloads this module
+    with _gradio_left_out():
+        from openenv.core.generic_client import GenericEnvClient
 except ImportError:
     GenericEnvClient = None
 

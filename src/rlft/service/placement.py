@@ -138,26 +138,29 @@ class LocalPlacement:
     name = "local"
 
     def launch(self, job: Job, args: list[str], cwd: Path, env: dict[str, str]) -> LocalHandle:
-        import subprocess
-
-        with open(job.stdout_log, "ab") as out, open(job.stderr_log, "ab") as err:
-            try:
-                popen = subprocess.Popen(
-                    interpreter_argv(args),
-                    cwd=cwd,
-                    stdout=out,
-                    stderr=err,
-                    env={**os.environ, **env},
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
-            except OSError as exc:
-                raise LaunchRefused(f"could not start: {exc}") from None
+        try:
+            popen = self.start_process(
+                interpreter_argv(args), cwd, {**os.environ, **env}, Path(job.stdout_log), Path(job.stderr_log)
+            )
+        except OSError as exc:
+            raise LaunchRefused(f"could not start: {exc}") from None
         try:
             started = psutil.Process(popen.pid).create_time()
         except psutil.Error:
             started = time.time()
         return LocalHandle(popen.pid, popen=popen, started=started)
+
+    @staticmethod
+    def start_process(argv: list[str], cwd: Path, env: dict[str, str], stdout_log: Path, stderr_log: Path):
+        """The job's process, in a session of its own, its output appended to the two logs: a
+        :class:`subprocess.Popen` (what the handle uses of it: ``pid`` and ``poll()``). The test suite
+        starts the jobs of in-process sweeps from an interpreter that has imported torch already, here."""
+        import subprocess
+
+        with open(stdout_log, "ab") as out, open(stderr_log, "ab") as err:
+            return subprocess.Popen(
+                argv, cwd=cwd, stdout=out, stderr=err, env=env, stdin=subprocess.DEVNULL, start_new_session=True
+            )
 
     def reattach(self, job: Job) -> LocalHandle | None:
         proc = alive(job.pid, job.pid_started, job.id)

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import sys
 
-from openenv.core.env_server.http_server import create_app
-from openenv.core.env_server.interfaces import Environment
-from openenv.core.env_server.types import Action, Observation, State
-from pydantic import Field
+# Its Gradio web UI stays off (ENABLE_WEB_INTERFACE is unset), and openenv-core leaves it out when gradio
+# cannot be imported: that spares each server the UI's 7 s import (rlft's client does the same).
+sys.modules["gradio"] = None  # type: ignore[assignment]
+
+from openenv.core.env_server.http_server import create_app  # noqa: E402
+from openenv.core.env_server.interfaces import Environment  # noqa: E402
+from openenv.core.env_server.types import Action, Observation, State  # noqa: E402
+from pydantic import Field  # noqa: E402
 
 
 class GuessAction(Action):
