@@ -57,8 +57,8 @@ def forkable(cmd: list[str]) -> bool:
 class Zygote:
     """The zygote process and the one thread that reads its replies."""
 
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen(
+    def __init__(self, proc=None) -> None:
+        self.proc = proc or subprocess.Popen(
             [sys.executable, __file__],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -117,6 +117,49 @@ def _zygote() -> Zygote:
         if _ZYGOTE is None or _ZYGOTE.proc.poll() is not None:
             _ZYGOTE = Zygote()
         return _ZYGOTE
+
+
+class _ForkedZygote:
+    """The parts of a Popen of the zygote that :class:`Zygote` uses, for one forked from this process."""
+
+    def __init__(self, pid: int, requests: int, replies: int):
+        self.pid, self.returncode = pid, None
+        self.stdin = open(requests, "w", buffering=1, encoding="utf-8")
+        self.stdout = open(replies, encoding="utf-8")
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+        return self.returncode
+
+
+def become_a_zygote_parent() -> None:
+    """Fork this process -- still single-threaded, with the heavy libraries imported (it was forked
+    from a zygote itself) -- into the zygote that this process's forkable command lines come from.
+    A child the new zygote forks unwinds from here, through the caller, to its own end (so the caller
+    must not catch what passes through this call)."""
+    global _ZYGOTE
+    requests_r, requests_w = os.pipe()
+    replies_r, replies_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.dup2(requests_r, 0)
+        os.dup2(replies_w, 1)
+        for fd in (requests_r, requests_w, replies_r, replies_w):
+            os.close(fd)
+        _serve()
+        os._exit(0)  # only the zygote returns from _serve (its parent is gone); its children raise through
+    os.close(requests_r)
+    os.close(replies_w)
+    with _ZYGOTE_LOCK:
+        _ZYGOTE = Zygote(_ForkedZygote(pid, requests_w, replies_r))
 
 
 class Forked:

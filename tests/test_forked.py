@@ -75,3 +75,27 @@ def test_other_commands_and_rlft_test_fork_0_run_plain_subprocesses(monkeypatch)
     monkeypatch.setenv("RLFT_TEST_FORK", "0")
     proc = forked.run([PY, "-c", "import sys; print('torch' in sys.modules)"])
     assert isinstance(forked.start([PY, "-c", "pass"]), subprocess.Popen) and proc.stdout == "False\n"
+
+
+def test_a_forked_process_can_become_the_parent_of_a_zygote_of_its_own(tmp_path):
+    """What the service tests' ``rlft serve`` does: fork itself into a zygote, then start children from
+    it with their output appended to logs; a child ends with its own status, the parent goes on."""
+    log = tmp_path / "child.log"
+    log.write_text("before\n")
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "from tests import forked\n"
+        "forked.become_a_zygote_parent()\n"
+        f"child = forked.start_logged([sys.executable, '-c', 'import os; print(os.getppid()); raise SystemExit(3)'],"
+        f" {str(tmp_path)!r}, dict(os.environ, PYTHONUNBUFFERED='1'), {str(log)!r}, {str(log)!r})\n"
+        "while child.poll() is None: time.sleep(0.01)\n"
+        "print(child.returncode, os.getpid(), child.pid != os.getpid())\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(forked.Path(__file__).resolve().parents[1])}
+    proc = forked.run([PY, str(script)], cwd=tmp_path, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    code, parent, other = proc.stdout.split()
+    assert (code, other) == ("3", "True")
+    before, zygote = log.read_text().splitlines()
+    assert before == "before" and zygote != parent  # appended; its parent is the zygote, a child of the script

@@ -14,6 +14,7 @@ import httpx
 import pytest
 import yaml
 
+from tests import forked
 from tests.cli.test_cli import _env
 from tests.conftest import free_port, write_jsonl
 
@@ -67,36 +68,32 @@ def workspace(tmp_path, tiny_model_dir) -> Path:
 
 
 class Server:
-    """``rlft serve`` in a subprocess of its own (so a test can kill it like a crash would)."""
+    """``rlft serve`` in a process of its own (so a test can kill it like a crash would).
 
-    def __init__(self, ws: Path, *args: str, port: int | None = None):
-        self.ws, self.args, self.port = ws, args, port or free_port()
+    ``forking``: the service's jobs are forked from a zygote of its own (tests/service/forking_serve.py),
+    and the service from the test's (:mod:`tests.forked`); else the real command line, in a process
+    started afresh, for the tests that find jobs again after a restart by the job's environment."""
+
+    def __init__(self, ws: Path, *args: str, port: int | None = None, forking: bool = True):
+        self.ws, self.args, self.port, self.forking = ws, args, port or free_port(), forking
         self.url = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen | None = None
+        self.proc = None  # a subprocess.Popen, or a forked.Forked
         self.log = ws.parent / f"serve-{self.port}.log"
 
     def start(self, timeout: float = 60) -> Server:
         env = {**_env(), "RLFT_HEARTBEAT_SECONDS": "0.5"}
-        self._out = open(self.log, "ab")
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "rlft.cli.main",
-                "serve",
-                "--workspace",
-                str(self.ws),
-                "--port",
-                str(self.port),
-                "--grace",
-                "60",
-                *self.args,
-            ],
-            cwd=self.ws.parent,
-            env=env,
-            stdout=self._out,
-            stderr=subprocess.STDOUT,
-        )
+        args = ["serve", "--workspace", str(self.ws), "--port", str(self.port), "--grace", "60", *self.args]
+        if self.forking:
+            self.proc = forked.start_logged(
+                [sys.executable, str(Path(__file__).with_name("forking_serve.py")), *args],
+                self.ws.parent, env, self.log, self.log,
+            )  # fmt: skip
+        else:
+            with open(self.log, "ab") as out:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "rlft.cli.main", *args],
+                    cwd=self.ws.parent, env=env, stdout=out, stderr=subprocess.STDOUT,
+                )  # fmt: skip
         deadline = time.time() + timeout
         while True:
             try:
@@ -113,7 +110,6 @@ class Server:
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(timeout=30)
-        self._out.close()
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -122,7 +118,6 @@ class Server:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-        self._out.close()
 
     def client(self, token: str | None = None):
         from rlft.client import Client

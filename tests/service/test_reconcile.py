@@ -40,7 +40,7 @@ def _steps(run: Path) -> int:
 
 
 def test_killed_service_reattaches_a_live_job_and_marks_a_dead_one_service_lost(workspace):
-    srv = Server(workspace).start()
+    srv = Server(workspace, forking=False).start()  # re-attaching reads the job id from its environment
     c = srv.client()
     (workspace / "rewards").mkdir()
     (workspace / "rewards" / "gate.py").write_text(GATE)
@@ -53,7 +53,7 @@ def test_killed_service_reattaches_a_live_job_and_marks_a_dead_one_service_lost(
     srv.kill()  # the service dies; the job runs on in its own session
     assert os.kill(pid, 0) is None
 
-    srv = Server(workspace, port=srv.port).start()
+    srv = Server(workspace, port=srv.port, forking=False).start()
     try:
         c = srv.client()
         assert "re-attached" in srv.log.read_text()
@@ -69,7 +69,7 @@ def test_killed_service_reattaches_a_live_job_and_marks_a_dead_one_service_lost(
         srv.kill()
         os.killpg(doomed_pid, signal.SIGKILL)  # and its job dies while nobody watches
         wait_for(lambda: not _alive(doomed_pid), what="the job process to end")
-        srv = Server(workspace, port=srv.port).start()
+        srv = Server(workspace, port=srv.port, forking=False).start()
         job = srv.client().job(doomed["job_id"])
         assert job["status"] == "failed" and job["error_type"] == "service_lost", job
         assert "not watching" in job["summary"]
