@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rlft.envs.builtin import BUILTIN_ENVIRONMENTS, builtin_module, calculator, guess, python, search
+from rlft.envs.builtin import BUILTIN_ENVIRONMENTS, builtin_module, calculator, guess, python, search, search_corpus
 from rlft.envs.tools import environment_methods, tool_schema
 from rlft.errors import EnvironmentFailure
 
@@ -234,14 +234,14 @@ def test_search_index_is_cached_per_path_and_mtime(docs, tmp_path):
 
 
 def test_search_splits_and_phrasings():
-    demo = set(search.DEMO_PHRASING.values())
+    demo = set(search_corpus.DEMO_PHRASING.values())
     train, evalrows = search.make_rows("train", 300, 0), search.make_rows("eval", 50, 5)
     assert not {r["doc_id"] for r in train} & {r["doc_id"] for r in evalrows}
     assert not {r["doc_id"] for r in search.demo_rows(180, 1)} & {r["doc_id"] for r in search.make_rows("eval", 108, 0)}
     assert not {r["phrasing"] for r in search.make_rows("eval", 108, 0)} & demo
     assert demo <= {r["phrasing"] for r in train}
     assert {r["phrasing"] for r in search.demo_rows(30, 0)} == demo
-    assert all(len(set(ps) - demo) >= 3 for ps in search.PHRASINGS.values())
+    assert all(len(set(ps) - demo) >= 3 for ps in search_corpus.PHRASINGS.values())
     assert len({json.dumps(r, sort_keys=True) for r in train}) == 300
     with pytest.raises(ValueError, match="distinct"):
         search.make_rows("eval", 109, 0)

@@ -13,18 +13,27 @@ import pytest
 pytest.importorskip("verifiers")
 
 from rlft.envs.spec import EnvironmentSpec  # noqa: E402
-from rlft.envs.verifiers import RubricReward, environment, export_rows  # noqa: E402
 from rlft.envs.worker import episode_worker  # noqa: E402
 from rlft.errors import EnvironmentFailure  # noqa: E402
 from tests.conftest import read_jsonl  # noqa: E402
 
 ENVS = Path(__file__).parent / "verifiers_envs"
+
+
+def vfa():
+    """rlft.envs.verifiers, imported by the first test that runs: it loads verifiers' classes (~7 s),
+    which every pytest-xdist worker would pay at collection if this file imported it."""
+    import rlft.envs.verifiers
+
+    return rlft.envs.verifiers
+
+
 REVERSE, LOOKUP, CHAT = (str(ENVS / f"{n}.py") for n in ("vf_reverse", "vf_lookup", "vf_chat"))
 
 
 def test_the_rows_are_the_environments_formatted_datasets(tmp_path):
     """Its system prompt is in every prompt; answer and info columns travel with the rows."""
-    assert export_rows(REVERSE, {"n_train": 5}, tmp_path) == {"train": 5, "eval": 3}
+    assert vfa().export_rows(REVERSE, {"n_train": 5}, tmp_path) == {"train": 5, "eval": 3}
     train, held_out = read_jsonl(tmp_path / "train.jsonl"), read_jsonl(tmp_path / "eval.jsonl")
     assert train[0]["prompt"] == [
         {"role": "system", "content": "Think, then give the reversed word in <answer></answer> tags."},
@@ -35,7 +44,7 @@ def test_the_rows_are_the_environments_formatted_datasets(tmp_path):
 
 
 def test_the_rubric_scores_with_its_weights_parser_and_group_functions():
-    reward = RubricReward(REVERSE)
+    reward = vfa().RubricReward(REVERSE)
     prompt = [{"role": "user", "content": "Reverse the word: stone"}]
     completions = ["<answer>enots</answer>", "<answer>snote</answer>", "enots, I think so, yes indeed"]
     scores = reward([prompt] * 3, completions, answer=["enots"] * 3, info=[{"length": 5}] * 3, example_id=[0] * 3)
@@ -47,7 +56,7 @@ def test_the_rubric_scores_with_its_weights_parser_and_group_functions():
 
 
 def test_group_functions_see_each_prompts_group_alone():
-    reward = RubricReward(REVERSE)
+    reward = vfa().RubricReward(REVERSE)
     prompts = [[{"role": "user", "content": w}] for w in ("stone", "stone", "river", "river")]
     completions = ["a", "aaaa", "bbbbbbb", "b"]
     answers, info = ["enots", "enots", "revir", "revir"], [{"length": 5}] * 4
@@ -57,7 +66,7 @@ def test_group_functions_see_each_prompts_group_alone():
 
 def test_a_tool_episodes_messages_reach_the_rubric_as_verifiers_messages():
     """The trajectory's calls get ids and JSON arguments; a ToolEnv's own call-count metrics read them."""
-    reward = RubricReward(LOOKUP)
+    reward = vfa().RubricReward(LOOKUP)
     call = {"type": "function", "function": {"name": "lookup", "arguments": {"key": "code"}}}
     called = [
         {"role": "assistant", "content": "", "tool_calls": [call]},
@@ -96,7 +105,7 @@ def test_an_installed_environment_loads_by_its_module_or_hub_id(monkeypatch):
     monkeypatch.syspath_prepend(str(ENVS))
     spec = EnvironmentSpec.load("verifiers", [], {"env": "vf-lookup", "args": {"keys": ["pin"]}})
     assert spec.tool_names == ["lookup"] and "vf_lookup" in spec.modules
-    assert environment("vf_lookup", {"keys": ["pin"]}).get_dataset()[0]["answer"] == "3"
+    assert vfa().environment("vf_lookup", {"keys": ["pin"]}).get_dataset()[0]["answer"] == "3"
 
 
 def test_a_worker_loads_the_tools_by_their_addresses_without_building_the_environment_again():
@@ -119,7 +128,7 @@ def test_a_worker_loads_the_tools_by_their_addresses_without_building_the_enviro
 )
 def test_what_cannot_be_loaded_is_named_with_the_reason(env, args, message):
     with pytest.raises(EnvironmentFailure) as caught:
-        environment(env, args)
+        vfa().environment(env, args)
     assert message in str(caught.value) and "verifiers environment" in str(caught.value)
 
 
@@ -152,4 +161,4 @@ def test_the_rubric_runs_under_a_time_limit_like_any_users_code():
 
     (reward,) = named_rewards([VerifiersReward(type="verifiers", env=REVERSE, timeout=42)])
     assert (reward.name, reward.timeout) == ("verifiers", 42)
-    assert isinstance(reward.fn, RubricReward)
+    assert isinstance(reward.fn, vfa().RubricReward)
