@@ -242,10 +242,9 @@ def start_logged(argv: list[str], cwd, env: dict[str, str], stdout_log: Path, st
     """What ``LocalPlacement.start_process`` starts (a job in a session of its own, its output appended
     to two logs), forked where it can be: the sweep tests' jobs."""
     if not forkable(argv):
-        with open(stdout_log, "ab") as out, open(stderr_log, "ab") as err:
-            return subprocess.Popen(
-                argv, cwd=cwd, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True
-            )
+        from rlft.service.placement import start_job_process
+
+        return start_job_process(argv, cwd, env, stdout_log, stderr_log)
     return Forked(argv, cwd, env, True, None, logs=(Path(stdout_log), Path(stderr_log)))
 
 

@@ -22,5 +22,5 @@ forked.become_a_zygote_parent()  # before rlft is imported: each job imports it 
 from rlft.cli.main import main  # noqa: E402
 from rlft.service.placement import LocalPlacement  # noqa: E402
 
-LocalPlacement.start_process = staticmethod(forked.start_logged)  # type: ignore[method-assign]
+LocalPlacement.start_process = staticmethod(forked.start_logged)
 sys.exit(main(sys.argv[1:]))

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rlft.service.placement import LocalPlacement
 from tests import forked
 from tests.conftest import write_jsonl
 from tests.service.conftest import PROMPTS, job_config
@@ -46,8 +47,6 @@ def ws(tmp_path, tiny_model_dir, monkeypatch) -> Path:
     broken.write_text(json.dumps(PROMPTS[0]) + '\n{"prompt": oops\n')
     (root / "flaky.py").write_text(FLAKY)
     monkeypatch.chdir(root)
-    from rlft.service.placement import LocalPlacement
-
     monkeypatch.setattr(LocalPlacement, "start_process", staticmethod(forked.start_logged))
     for key, value in dict(
         HF_HUB_OFFLINE="1",

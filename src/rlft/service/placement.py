@@ -104,6 +104,17 @@ def alive(pid: int | None, started: float | None, job_id: str | None = None) -> 
         return None
 
 
+def start_job_process(argv: list[str], cwd: Path, env: dict[str, str], stdout_log: Path, stderr_log: Path):
+    """A job's process, in a session of its own, its output appended to the two logs: a
+    :class:`subprocess.Popen` (what a :class:`LocalHandle` uses of it: ``pid`` and ``poll()``)."""
+    import subprocess
+
+    with open(stdout_log, "ab") as out, open(stderr_log, "ab") as err:
+        return subprocess.Popen(
+            argv, cwd=cwd, stdout=out, stderr=err, env=env, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+
+
 class LocalHandle:
     """A process on this machine: one this runner started (``popen``) or one re-attached by pid (``process``)."""
 
@@ -150,17 +161,9 @@ class LocalPlacement:
             started = time.time()
         return LocalHandle(popen.pid, popen=popen, started=started)
 
-    @staticmethod
-    def start_process(argv: list[str], cwd: Path, env: dict[str, str], stdout_log: Path, stderr_log: Path):
-        """The job's process, in a session of its own, its output appended to the two logs: a
-        :class:`subprocess.Popen` (what the handle uses of it: ``pid`` and ``poll()``). The test suite
-        starts the jobs of in-process sweeps from an interpreter that has imported torch already, here."""
-        import subprocess
-
-        with open(stdout_log, "ab") as out, open(stderr_log, "ab") as err:
-            return subprocess.Popen(
-                argv, cwd=cwd, stdout=out, stderr=err, env=env, stdin=subprocess.DEVNULL, start_new_session=True
-            )
+    # How a job's process is started; the test suite starts the jobs of in-process sweeps and of its
+    # services from an interpreter that has imported torch already, here.
+    start_process = staticmethod(start_job_process)
 
     def reattach(self, job: Job) -> LocalHandle | None:
         proc = alive(job.pid, job.pid_started, job.id)
