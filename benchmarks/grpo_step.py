@@ -64,6 +64,10 @@ def _cpu_seconds() -> tuple[float, float]:
 # ---------------------------------------------------------------------------- workers
 
 
+# --rlft-gradient-checkpointing's choices as rlft's config spells them
+RECOMPUTE_SETTINGS = {"auto": "auto", "off": False, "selective": "selective", "full": True}
+
+
 def rlft_config(opts: dict, workdir: Path) -> dict:
     """The rlft config of the benchmark workload (prompts written to ``workdir``)."""
     from rlft.models.loading import load_tokenizer
@@ -77,8 +81,9 @@ def rlft_config(opts: dict, workdir: Path) -> dict:
             "path": opts["model_dir"],
             "dtype": opts["dtype"],
             "device": opts["device"],
-            # --defaults: rlft's own "auto" (on only if memory requires it); else off unless asked
-            "gradient_checkpointing": opts.get("gradient_checkpointing") or ("auto" if opts.get("defaults") else False),
+            # rlft's own "auto" unless pinned: selective recomputation on a GPU, nothing on a CPU (everything
+            # only where one sequence would not fit otherwise)
+            "gradient_checkpointing": RECOMPUTE_SETTINGS[opts.get("gradient_checkpointing") or "auto"],
             "lora": {"r": opts["lora_rank"], "alpha": 2 * opts["lora_rank"]} if opts.get("lora_rank") else None,
         },
         "data": {"train_file": str(workdir / "prompts.jsonl"), "use_chat_template": False, "shuffle": True},
@@ -123,6 +128,9 @@ def _rlft_worker(conn, opts: dict) -> None:
 
     # what `rlft estimate` predicts for this run's peak: GPU memory on a GPU, else the process's
     estimate_mb = estimate_memory(trainer.cfg, opts["device"]).peak / 2**20
+    from rlft.models.checkpointing import recompute_mode
+
+    recompute = recompute_mode(trainer.job.parts.model)  # what model.gradient_checkpointing came to
     conn.send({"ready": True})
     while conn.recv() == "step":
         t0, cpu0 = time.perf_counter(), _cpu_seconds()
@@ -141,7 +149,7 @@ def _rlft_worker(conn, opts: dict) -> None:
                 },
             }
         )
-    conn.send({**_peaks(opts), "estimate_mb": estimate_mb})
+    conn.send({**_peaks(opts), "estimate_mb": estimate_mb, "recompute": recompute})
 
 
 def _trl_worker(conn, opts: dict) -> None:
@@ -412,8 +420,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine", default="native", choices=["native", "hf"], help="rlft rollout engine")
     ap.add_argument(
         "--rlft-gradient-checkpointing",
-        action="store_true",
-        help="recompute activations in rlft's backward, as TRL does by default (less memory, more compute)",
+        nargs="?",
+        const="full",
+        default="auto",
+        choices=list(RECOMPUTE_SETTINGS),
+        help="what rlft's update recomputes in the backward (model.gradient_checkpointing): auto (rlft's default: "
+        "selective on a GPU, off on a CPU), off, selective, or full (every layer, as TRL does by default; the "
+        "bare flag)",
     )
     ap.add_argument(
         "--rlft-micro-batch",
@@ -573,6 +586,8 @@ def _print_case(
         if "estimate_mb" in r:
             measured = r.get("peak_gpu_mb", r["peak_rss_mb"])
             gpu += f" (rlft estimate {r['estimate_mb']:.0f} MB: {r['estimate_mb'] / measured:.2f}x)"
+        if "recompute" in r:
+            gpu += f"  recompute {r['recompute']}"
         print(
             f"  {name:10s} {r['step_seconds']:7.2f} s/step  {tps:>24s}{gen}  peak RSS {r['peak_rss_mb']:7.0f} MB{gpu}"
             f"  whole process to step {r['process_steps']} {r['process_seconds']:.1f} s"

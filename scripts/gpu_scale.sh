@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # rlft against TRL at the sizes people train, on one CUDA GPU in bf16 (issue 37), in at most 8 minutes:
-#   1. rlft check-env, and the graphed decode's GPU tests (tests/speed/test_graphed_rows.py: the captured
-#      token, sampling included, against the eager one), where pytest is installed;
+#   1. rlft check-env, and the GPU tests (tests/speed/test_graphed_rows.py: the captured token, sampling
+#      included, against the eager one; tests/models/test_checkpointing.py: selective recomputation against
+#      keeping every activation, with PyTorch's fused attention), where pytest is installed;
 #   2. SmolLM2-1.7B's shape, 8 prompts x 8 completions of 128 new tokens (10 steps: the whole process is
 #      timed too), then of 512: TRL and rlft stepped in turn (each row prints decode GB/s and update
 #      TFLOP/s against the GPU's measured bandwidth and bf16 matmul peak, peak GPU memory, and
@@ -10,9 +11,12 @@
 #      token: mean ~220), rlft alone;
 #   4. Llama-3-8B's shape with LoRA r=16, 8 x 8 x 256 tokens, rlft alone;
 #   5. SmolLM2-360M's shape at 128 tokens, 10 steps, TRL and rlft;
-#   6. where time is left, 1.7B at 128 tokens again with rlft's update in two passes of 32 rows
-#      (--rlft-micro-batch 32) instead of its one pass: the speed and the peak memory that
-#      models/memory.py's FULL_SPEED_TOKENS for "cuda" (unset: one pass where it fits) should be set from.
+#   6. where time is left, 1.7B at 128 tokens again with rlft's update keeping every activation
+#      (--rlft-gradient-checkpointing off) instead of its default selective recomputation on a GPU
+#      (rlft.models.checkpointing): what selective costs in time and saves in peak memory;
+#   7. where time is left, 1.7B at 128 tokens with the update in two passes of 32 rows
+#      (--rlft-micro-batch 32) instead of one: the speed and the peak memory that models/memory.py's
+#      FULL_SPEED_TOKENS for "cuda" (unset: one pass where it fits) should be set from.
 # The weights are seeded random ones (benchmarks/shapes.py): the machine reaches no model hub. The
 # config and tokenizer come from RLFT_BENCH_MODEL (a SmolLM2 directory; default: the built-in one). A
 # row whose budget has run out is skipped and said so. Each row's log goes to $OUT (default
@@ -57,23 +61,24 @@ timeout "$(left 60)" "$PY" -m rlft.cli.main check-env >"$OUT/check_env.txt" 2>&1
 grep -i -E "torch|cuda|gpu|bf16" "$OUT/check_env.txt" | head -6
 status=0
 if "$PY" -c "import pytest" >/dev/null 2>&1; then
-  log "the graphed decode's GPU tests"
-  timeout "$(left 60)" "$PY" -m pytest -q -p no:cacheprovider -p no:randomly -k captured tests/speed/test_graphed_rows.py \
-    >"$OUT/gpu_tests.log" 2>&1
+  log "the GPU tests"
+  timeout "$(left 60)" "$PY" -m pytest -q -p no:cacheprovider -p no:randomly -k "captured or cuda" \
+    tests/speed/test_graphed_rows.py tests/models/test_checkpointing.py >"$OUT/gpu_tests.log" 2>&1
   rc=$?
   tail -3 "$OUT/gpu_tests.log"
   "$PY" -c 'import json, sys; print(json.dumps({"exit": int(sys.argv[1]), "tail": open(sys.argv[2]).read()[-3000:]}))' \
     "$rc" "$OUT/gpu_tests.log" >"$OUT/gpu_tests.json"
   rm -f "$OUT/gpu_tests.log"
-  [ "$rc" -ne 0 ] && { log "FAIL: the graphed decode's GPU tests (exit $rc)"; status=1; }
+  [ "$rc" -ne 0 ] && { log "FAIL: the GPU tests (exit $rc)"; status=1; }
 else
-  log "pytest is not installed here: the graphed decode's GPU tests are not run"
+  log "pytest is not installed here: the GPU tests are not run"
 fi
 row 1.7b-128 150 smollm2-1.7b 128 --frameworks "${FRAMEWORKS[@]}" --steps 9 || status=1
 row 1.7b-512 170 smollm2-1.7b 512 --frameworks "${FRAMEWORKS[@]}" || status=1
 row 1.7b-eos-512 90 smollm2-1.7b 512 --frameworks rlft --eos-rate 0.0039 || status=1
 row 8b-lora-256 130 llama3-8b 256 --frameworks rlft --lora-rank 16 || status=1
 row 360m-128 80 smollm2-360m 128 --frameworks "${FRAMEWORKS[@]}" --steps 9 || status=1
+row 1.7b-128-keep-all 70 smollm2-1.7b 128 --frameworks rlft --rlft-gradient-checkpointing off || true
 row 1.7b-128-2passes 70 smollm2-1.7b 128 --frameworks rlft --rlft-micro-batch $((ROWS * 4)) || true
 "$PY" - "$OUT" <<'EOF'
 import json, sys

@@ -232,7 +232,7 @@ algorithm: {learning_rate: true, num_generations: 8.0, micro_batch_size: false}
 model: {gradient_checkpointing: 0}
 """
     assert problems_for(project, text, "data.shuffle=yes") == [
-        "model.gradient_checkpointing: expected true or false or 'auto', got 0",
+        "model.gradient_checkpointing: expected true or false or one of: auto, selective, got 0",
         "data.shuffle: expected true or false, got 'yes' (from --set data.shuffle=yes)",
         "algorithm.learning_rate: expected a number, got true",
         "algorithm.num_generations: expected an integer, got 8.0",

@@ -71,12 +71,13 @@ def test_packed_row_leaves_the_padding_out_of_the_matmuls(tiny_model_dir):
     assert tokens == [real]
 
 
-def test_grouped_under_gradient_checkpointing_matches_plain(tiny_model_dir, grouped_path):
+@pytest.mark.parametrize("setting", [True, "selective"])
+def test_grouped_under_gradient_checkpointing_matches_plain(tiny_model_dir, grouped_path, setting):
     """Checkpointed layers drop the KV cache in a training forward; the grouped forward must notice
     and still give every completion its prompt (it once returned log-probs off by up to 15 nats)."""
     plain = load_policy(ModelConfig(path=str(tiny_model_dir)), torch.device("cpu"), model_dir=tiny_model_dir)
     ckpt = load_policy(
-        ModelConfig(path=str(tiny_model_dir), gradient_checkpointing=True),
+        ModelConfig(path=str(tiny_model_dir), gradient_checkpointing=setting),
         torch.device("cpu"),
         model_dir=tiny_model_dir,
     )

@@ -42,13 +42,24 @@ def test_the_auto_budget_is_logged_and_a_step_fits_in_one_pass(tiny_config):
 
 def test_checkpointed_activations_are_a_fraction_of_the_plain_ones():
     plain = memory.activation_bytes_per_token(_Model.config, 2)
-    checkpointed = memory.activation_bytes_per_token(_Model.config, 2, checkpointed=True)
+    selective = memory.activation_bytes_per_token(_Model.config, 2, recompute="selective")
+    checkpointed = memory.activation_bytes_per_token(_Model.config, 2, recompute="full")
     assert checkpointed < plain / 2  # the LM head rows are kept either way
+    assert checkpointed < selective < 0.7 * plain
+
+
+def test_auto_recomputes_selectively_on_a_gpu_and_everything_only_where_nothing_less_fits():
+    everything_fits = lambda mode: True  # noqa: E731
+    assert memory.auto_recompute("cuda", everything_fits) == "selective"
+    assert memory.auto_recompute("cpu", everything_fits) == "off"
+    assert memory.auto_recompute("cpu", lambda mode: mode != "off") == "selective"
+    assert memory.auto_recompute("cuda", lambda mode: mode == "full") == "full"
+    assert memory.auto_recompute("cpu", lambda mode: False) == "full"
 
 
 def test_auto_checkpointing_turns_on_only_when_one_sequence_does_not_fit(tiny_config, monkeypatch):
     from rlft import Trainer
-    from rlft.models.loading import is_checkpointing
+    from rlft.models.checkpointing import is_checkpointing
 
     tiny_config["train"]["max_steps"] = 1
     tiny_config["eval"].update(before_training=False, after_training=False)

@@ -35,7 +35,8 @@ def test_shape_from_the_meta_device_counts_what_the_loaded_model_has(tiny_model_
 def test_breakdown_is_pinned_on_the_tiny_model(tiny_config):
     est = estimate_memory(load_config(data=tiny_config), T4, prompt_tokens=10)
     g = est.geometry
-    assert (g.rows, g.micro_rows, g.seq, g.compute_bytes, g.checkpointed) == (32, 16, 16, 2, False)
+    # on a GPU 'auto' recomputes selectively (rlft.models.checkpointing)
+    assert (g.rows, g.micro_rows, g.seq, g.compute_bytes, g.recompute) == (32, 16, 16, 2, "selective")
     # 16 completions of 6 tokens, and one 10-token prompt for each of the 2 groups they belong to
     assert (g.forward_tokens, g.scored_tokens) == (16 * 6 + 2 * 10, 16 * 6)
     kept = {"weights": 87424, "optimizer": 174848, "reference": 57088, "decode weights": 43392}
@@ -43,13 +44,19 @@ def test_breakdown_is_pinned_on_the_tiny_model(tiny_config):
     assert est.phases["update"] == {
         **kept,
         "gradients": 87424,
-        "activations": 665932,
+        # 116 tokens x 1.15 x (2 layers x (fp32 input 4 x 32 + bf16 q, o, attention, down 4 x 32, k and v 2 x 16,
+        # gate and up 2 x 64) + one replayed layer (4 x 15 x 32 fp32 + (32 + 4 x 64) bf16 units))
+        "activations": int(116 * 1.15 * (2 * (128 + 2 * (128 + 32 + 128)) + 1920 + 2 * 288)),
         "logits": 135936 + 96 * 102 * 2,
         "autocast weights": 43392,
     }
     # the GPU's graphed decode: each of the 4 prompts' 10 positions cached once, then 32 rows x 6
     # completion positions, allocated once; 2 layers x 2 kv heads x 8 dims, keys and values, in bf16
     assert est.phases["rollout"] == {**kept, "kv cache": (4 * 10 + 32 * 6) * 128, "prefill": 61440, "logits": 52224}
+    tiny_config["model"]["gradient_checkpointing"] = False  # everything kept: 2 layers x 2496 bytes a token
+    plain = estimate_memory(load_config(data=tiny_config), T4, prompt_tokens=10)
+    assert plain.geometry.recompute == "off" and plain.phases["update"]["activations"] == int(116 * 1.15 * 2 * 2496)
+    tiny_config["model"]["gradient_checkpointing"] = "auto"
     tiny_config["rollout"] = {"cuda_graphs": False}  # the eager decode: every row's prompt, in a cache grown by blocks
     eager = estimate_memory(load_config(data=tiny_config), T4, prompt_tokens=10)
     assert eager.phases["rollout"]["kv cache"] == 2 * 32 * (10 + 6) * 128
@@ -73,10 +80,15 @@ def test_kv_cache_grows_with_completion_length_and_checkpointing_cuts_activation
     tiny_config["algorithm"]["max_new_tokens"] = 246
     long = estimate_memory(load_config(data=tiny_config), T4, prompt_tokens=10)
     assert long.phases["rollout"]["kv cache"] - short.phases["rollout"]["kv cache"] == 32 * 240 * 128
-    tiny_config["model"]["gradient_checkpointing"] = True
-    ckpt = estimate_memory(load_config(data=tiny_config), T4, prompt_tokens=10)
-    # two layers: one replayed layer plus each layer's fp32 input, against both layers' activations
-    assert ckpt.geometry.checkpointed and ckpt.phases["update"]["activations"] < long.phases["update"]["activations"]
+    acts = {}
+    for setting in (False, "selective", True):
+        tiny_config["model"]["gradient_checkpointing"] = setting
+        est = estimate_memory(load_config(data=tiny_config), T4, prompt_tokens=10)
+        acts[est.geometry.recompute] = est.phases["update"]["activations"]
+    # two layers: one replayed layer plus each layer's input (and, selectively, its matmuls' outputs), against
+    # both layers' activations
+    assert acts["selective"] < acts["off"] and acts["full"] < acts["off"]
+    assert long.phases["update"]["activations"] == acts["selective"]  # 'auto' on a GPU
 
 
 def test_advice_goes_cheapest_first_and_each_knob_lowers_the_peak(tiny_config):

@@ -79,11 +79,13 @@ class ModelConfig(Section):
         "auto: bf16 where it is faster (a GPU with bf16; a CPU whose bf16 matmul, timed once at start, beats "
         "fp32's), else fp32.",
     )
-    gradient_checkpointing: bool | Literal["auto"] = Field(
+    gradient_checkpointing: bool | Literal["auto", "selective"] = Field(
         "auto",
-        description="Recompute activations in backward to save memory (slower). auto: only when one "
-        "sequence of the longest length a run can produce would not fit its activation budget (RL runs; SFT runs "
-        "leave it off).",
+        description="Recompute activations in the backward to save memory. true: every layer's forward "
+        "(about 30 % slower); selective: only the elementwise work (norms, activation functions, casts), keeping "
+        "the matmuls' outputs (under half the activation memory, a few per cent slower); false: nothing. auto: "
+        "selective on a GPU, off on a CPU, and true where one sequence of the longest length a run can produce "
+        "would not fit its activation budget otherwise (RL runs; SFT, DPO and reward-model runs leave it off).",
     )
     lora: LoraConfig | None = Field(None, description="Train a LoRA adapter instead of all weights.")
     device: str = Field("auto", description="'auto' (cuda if available, else cpu), 'cpu', 'cuda' or 'cuda:N'.")

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from rlft.errors import ModelError
+from rlft.models.checkpointing import enable_gradient_checkpointing
 from rlft.models.sources import resolve_model_dir
 from rlft.speed.attention import use_rlft_attention
 
@@ -105,8 +106,8 @@ def load_policy(cfg: ModelConfig, device: torch.device, model_dir: str | Path | 
         model_dir = resolve_model_dir(cfg.path)
     model = load_model_dir(model_dir)
     model.to(device)
-    if cfg.gradient_checkpointing is True:  # "auto": decided by the job from its memory budget
-        enable_gradient_checkpointing(model)
+    if cfg.gradient_checkpointing in (True, "selective"):  # "auto": decided by the job from its memory budget
+        enable_gradient_checkpointing(model, "full" if cfg.gradient_checkpointing is True else "selective")
     if cfg.lora is not None:
         model = apply_lora(model, cfg.lora)
     return model
@@ -126,29 +127,6 @@ def load_model_dir(model_dir: str | Path) -> PreTrainedModel:
         raise ModelError(f"Could not load a causal language model from {model_dir}: {exc}") from exc
     use_rlft_attention(model)
     return model.eval()
-
-
-def is_checkpointing(model: torch.nn.Module) -> bool:
-    """True when gradient checkpointing is on for some layer of ``model``."""
-    return any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
-
-
-def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
-    """Recompute activations in backward (non-reentrant); ``model`` is a transformers model or a PEFT
-    wrapper of one.
-
-    ``config.use_cache`` is switched off so that training forwards do not build a
-    KV cache (which checkpointing would refuse anyway); ``generation_config.use_cache``
-    stays on so that ``generate`` still decodes with a cache.
-    """
-    kwargs = {"use_reentrant": False}
-    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x; the old name is deprecated
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    model.config.use_cache = False
-    if getattr(model, "generation_config", None) is not None:
-        model.generation_config.use_cache = True
 
 
 def apply_lora(model: PreTrainedModel, lora: LoraConfig):

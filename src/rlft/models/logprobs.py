@@ -111,7 +111,7 @@ def replays_layers_without_cache(model: torch.nn.Module) -> bool:
     gradients (a replayed layer would append to it twice), so completion tokens run on a shared
     prompt cache would silently stop seeing their prompt.
     """
-    from rlft.models.loading import is_checkpointing
+    from rlft.models.checkpointing import is_checkpointing
 
     return torch.is_grad_enabled() and model.training and is_checkpointing(model)
 

@@ -30,8 +30,11 @@ it fits.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import torch
+
+from rlft.models.checkpointing import Recompute
 
 # Computed tokens (each distinct prompt once, every completion token) from which a CPU pass is at
 # full speed; None: the device takes the largest pass that fits.
@@ -43,16 +46,34 @@ def full_speed_tokens(device_type: str) -> int | None:
     return FULL_SPEED_TOKENS.get(device_type)
 
 
-def activation_bytes_per_token(config, compute_bytes: int, checkpointed: bool = False) -> int:
+def activation_bytes_per_token(config, compute_bytes: int, recompute: str = "off") -> int:
     """Estimated activation memory (bytes) one token keeps for the backward of a causal LM.
 
-    ``checkpointed``: under gradient checkpointing only each layer's fp32 input is kept, plus one
-    layer's activations while it is replayed."""
+    ``recompute`` (:mod:`rlft.models.checkpointing`): ``full`` keeps only each layer's fp32 input;
+    ``selective`` that input and its matmuls' outputs (q, k, v, attention, o, gate, up, down); either
+    holds one layer's whole activations while it is replayed."""
     h, inter = config.hidden_size, getattr(config, "intermediate_size", 4 * config.hidden_size)
     layers, vocab = config.num_hidden_layers, config.vocab_size
+    heads = getattr(config, "num_attention_heads", 1) or 1
+    kv = h * (getattr(config, "num_key_value_heads", None) or heads) // heads
     layer = (18 * h + 4 * inter) * compute_bytes
-    kept = layers * 4 * h + layer if checkpointed else layers * layer
+    kept = {
+        "off": layers * layer,
+        "selective": layers * (4 * h + (4 * h + 2 * kv + 2 * inter) * compute_bytes) + layer,
+        "full": layers * 4 * h + layer,
+    }[recompute]
     return kept + 2 * 4 * vocab
+
+
+def auto_recompute(device_type: str, fits: Callable[[str], bool]) -> Recompute:
+    """What ``model.gradient_checkpointing: auto`` recomputes, given ``fits(mode)``: whether one sequence of
+    the longest length fits the activation budget in that mode. On a GPU ``selective`` (under half the
+    activation memory for elementwise work the GPU does in a few per cent of the update), on a CPU
+    nothing (there memory is rarely short and the recomputed elementwise work is not cheap:
+    ``benchmarks/recompute.py``); then the first of ``selective``, ``full`` that fits."""
+    preferred: Recompute = "selective" if device_type == "cuda" else "off"
+    modes: tuple[Recompute, ...] = (preferred, "selective")
+    return next((m for m in modes if fits(m)), "full")
 
 
 def device_memory_bytes(device: torch.device) -> int:
@@ -66,12 +87,12 @@ def device_memory_bytes(device: torch.device) -> int:
 
 
 def activation_token_budget(
-    model: torch.nn.Module, *, device: torch.device, compute_bytes: int, resident_bytes: int, checkpointed: bool = False
+    model: torch.nn.Module, *, device: torch.device, compute_bytes: int, resident_bytes: int, recompute: str = "off"
 ) -> tuple[int, str]:
     """How many tokens one forward/backward may hold (prompt + completion positions of all its rows),
     and a one-line explanation. ``resident_bytes``: what the run keeps in memory anyway (weights,
     gradients, optimizer moments, model copies)."""
-    per_token = activation_bytes_per_token(model.config, compute_bytes, checkpointed)
+    per_token = activation_bytes_per_token(model.config, compute_bytes, recompute)
     total = device_memory_bytes(device)
     budget = max((total - resident_bytes) // 2, per_token)
     tokens = int(budget // per_token)

@@ -73,18 +73,18 @@ class ValueModel(nn.Module):
         return [p for p in self.parameters() if p.requires_grad]
 
 
-def build_value_model(
-    kind: str, policy: nn.Module, model_dir: str | Path, *, gradient_checkpointing: bool = False
-) -> ValueModel:
-    """A critic of the given ``kind`` ('separate' or 'value_head') for ``policy``."""
-    from rlft.models.loading import enable_gradient_checkpointing, load_model_dir
+def build_value_model(kind: str, policy: nn.Module, model_dir: str | Path, *, recompute: str = "off") -> ValueModel:
+    """A critic of the given ``kind`` ('separate' or 'value_head') for ``policy``; a separate one recomputes
+    activations as ``recompute`` says (:mod:`rlft.models.checkpointing`)."""
+    from rlft.models.checkpointing import enable_gradient_checkpointing
+    from rlft.models.loading import load_model_dir
 
     device = next(policy.parameters()).device
     if kind == "value_head":
         backbone = decoder_of(policy)
         return ValueModel(backbone, backbone.config.hidden_size, train_backbone=False).to(device)
     lm = load_model_dir(model_dir)
-    if gradient_checkpointing:
-        enable_gradient_checkpointing(lm)
+    if recompute != "off":
+        enable_gradient_checkpointing(lm, recompute)
     backbone = decoder_of(lm)
     return ValueModel(backbone, backbone.config.hidden_size, train_backbone=True).to(device)

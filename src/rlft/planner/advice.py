@@ -54,12 +54,21 @@ def _candidates(cfg, est: MemoryEstimate) -> list[tuple[str, object, str]]:
                 "more, smaller forward/backward passes: a slower update, the same gradients",
             )
         )
-    if cfg.model.gradient_checkpointing is not True and not est.geometry.checkpointed:
+    if est.geometry.recompute == "off":
+        out.append(
+            (
+                "model.gradient_checkpointing",
+                "selective",
+                "the update recomputes its elementwise work (norms, activations, casts) and keeps the matmuls' "
+                "outputs: under half the activation memory, a few per cent slower, the same gradients",
+            )
+        )
+    if est.geometry.recompute != "full":
         out.append(
             (
                 "model.gradient_checkpointing",
                 True,
-                "the update recomputes activations: about 30 % slower, the same gradients",
+                "the update recomputes every layer's forward: about 30 % slower, the same gradients",
             )
         )
     rollout = getattr(cfg, "rollout", None)

@@ -20,6 +20,10 @@ from rlft.planner.shape import ModelShape, model_shape
 HEADROOM = 0.95  # a run is said to fit when its peak is under this share of the device's memory
 
 
+# how the summary line names each recompute mode (rlft.models.checkpointing)
+_CHECKPOINTING = {"off": "off", "selective": "selective (the matmuls' outputs kept)", "full": "on"}
+
+
 @dataclass
 class MemoryEstimate:
     """phases: bytes by component for each phase of a step (the runtime counted in each);
@@ -81,7 +85,7 @@ class MemoryEstimate:
             f"({self.geometry.prompt_tokens} prompt + {self.geometry.new_tokens} new), "
             f"{self.geometry.micro_rows} per forward/backward, "
             f"{'bf16' if self.geometry.compute_bytes == 2 else 'fp32'} compute, gradient checkpointing "
-            f"{'on' if self.geometry.checkpointed else 'off'}",
+            f"{_CHECKPOINTING[self.geometry.recompute]}",
         ]
         for name, total in self.totals.items():
             parts = sorted(((k, v) for k, v in self.phases[name].items() if v), key=lambda kv: -kv[1])

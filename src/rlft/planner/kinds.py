@@ -23,7 +23,7 @@ from rlft.planner.phases import (
 from rlft.planner.shape import ModelShape
 
 
-def _budget_tokens(shape: ModelShape, device: DeviceSpec, resident: int, compute_bytes: int, checkpointed: bool) -> int:
+def _budget_tokens(shape: ModelShape, device: DeviceSpec, resident: int, compute_bytes: int, recompute: str) -> int:
     """Tokens one forward/backward may hold by the rule the run itself applies
     (:func:`rlft.models.memory.activation_token_budget`), from the device's total memory."""
     from rlft.models.memory import activation_bytes_per_token
@@ -32,9 +32,11 @@ def _budget_tokens(shape: ModelShape, device: DeviceSpec, resident: int, compute
         hidden_size=shape.hidden,
         intermediate_size=shape.intermediate,
         num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
         vocab_size=shape.vocab,
     )
-    per_token = activation_bytes_per_token(config, compute_bytes, checkpointed)
+    per_token = activation_bytes_per_token(config, compute_bytes, recompute)
     return max((device.total - resident) // 2, per_token) // per_token
 
 
@@ -45,7 +47,7 @@ def _auto_rows(
     seq: int,
     resident: int,
     compute_bytes: int,
-    checkpointed: bool,
+    recompute: str,
     computed: int | None = None,
 ) -> int:
     """The rows ``micro_batch_size: auto`` takes at once; ``computed``: the tokens one pass over all
@@ -53,15 +55,22 @@ def _auto_rows(
     (:func:`rlft.models.memory.pass_tokens`)."""
     from rlft.models.memory import full_speed_tokens, pass_tokens, rows_for
 
-    tokens = _budget_tokens(shape, device, resident, compute_bytes, checkpointed)
+    tokens = _budget_tokens(shape, device, resident, compute_bytes, recompute)
     full_speed = full_speed_tokens(device.kind)
     if full_speed is not None and computed is not None:
         tokens = pass_tokens(tokens, rows, rows * seq, computed, full_speed)
     return rows_for(tokens, rows, seq)
 
 
-def _checkpointing(setting, fits_plain: bool) -> bool:
-    return setting is True or (setting == "auto" and not fits_plain)
+def _recompute(setting, device: DeviceSpec, fits=None) -> str:
+    """The update's recompute mode (:mod:`rlft.models.checkpointing`), as the run chooses it
+    (:func:`rlft.models.memory.auto_recompute` for ``auto``); ``fits(mode)``: one sequence of the
+    longest length fits the activation budget so (None: a job that leaves ``auto`` off)."""
+    from rlft.models.memory import auto_recompute
+
+    if setting == "auto":
+        return auto_recompute(device.kind, fits) if fits is not None else "off"
+    return {True: "full", False: "off"}.get(setting, setting)
 
 
 def rl_phases(
@@ -74,13 +83,13 @@ def rl_phases(
     update_rows = alg.mini_batch_size or rows
     seq = prompt_tokens + new
     resident = shape.params * (16 + (4 if alg.uses_reference() else 0) + (4 if cfg.rollout.decode_copy else 0))
-    # 'auto' checkpointing switches on when the longest sequence the config allows does not fit
+    # 'auto' recomputes when the longest sequence the config allows does not fit, and selectively on a GPU
     longest = cfg.data.max_prompt_length + new
-    fits_plain = _budget_tokens(shape, device, resident, compute_bytes, False) >= longest
-    checkpointed = _checkpointing(cfg.model.gradient_checkpointing, fits_plain)
+    fits = lambda mode: _budget_tokens(shape, device, resident, compute_bytes, mode) >= longest  # noqa: E731
+    recompute = _recompute(cfg.model.gradient_checkpointing, device, fits)
     computed = -(-update_rows // alg.num_generations) * prompt_tokens + update_rows * new
     micro = (
-        _auto_rows(shape, device, update_rows, seq, resident, compute_bytes, checkpointed, computed)
+        _auto_rows(shape, device, update_rows, seq, resident, compute_bytes, recompute, computed)
         if alg.micro_batch_size == "auto"
         else min(alg.micro_batch_size, update_rows)
     )
@@ -91,7 +100,7 @@ def rl_phases(
         new_tokens=new,
         micro_rows=micro,
         compute_bytes=compute_bytes,
-        checkpointed=checkpointed,
+        recompute=recompute,
         group=alg.num_generations,
         **_eval_geometry(cfg, new),
     )
@@ -162,7 +171,7 @@ def _supervised(
 ) -> tuple[Geometry, Phases]:
     """A job that only updates (SFT, reward models, DPO) on rows of up to ``length`` tokens."""
     lora = cfg.model.lora is not None
-    checkpointed = cfg.model.gradient_checkpointing is True
+    recompute = _recompute(cfg.model.gradient_checkpointing, device)
     g = Geometry(
         rows=rows,
         prompts=0,
@@ -170,7 +179,7 @@ def _supervised(
         new_tokens=0,
         micro_rows=micro,
         compute_bytes=compute_bytes,
-        checkpointed=checkpointed,
+        recompute=recompute,
     )
     kept = {**trained_bytes(shape), "reference": reference_bytes(shape, compute_bytes, lora) if reference else 0}
     phases: Phases = {"update": {**kept, **update_bytes(shape, g, head=head)}}

@@ -33,6 +33,11 @@ ACT_LORA_HIDDEN = 3
 # Under checkpointing a layer keeps its fp32 inputs (hidden states, rotary tables; measured 25 bytes
 # per hidden unit, rounded up), and one layer is replayed at a time.
 CKPT_FP32_HIDDEN = 7
+# Under selective recomputation (rlft.models.checkpointing) a layer keeps its fp32 input and, in the
+# compute dtype, its matmuls' outputs: q, attention, o and down (hidden-sized), k and v (the kv width),
+# gate and up (intermediate-sized). benchmarks/recompute.py measured 21.6 (bf16) and 39.5 (fp32) bytes per
+# hidden unit on SmolLM2-135M's layer (these constants give 24 and 44), 29.6 on SmolLM2-1.7B's in bf16 (32).
+SEL_FP32_HIDDEN, SEL_HIDDEN = 1, 4
 # The saved tensors above, measured on whole rows, plus what the backward holds beside them (each
 # layer's gradient temporaries, the allocator's fragmentation), by compute dtype in bytes: the
 # smallest margins that kept every case of benchmarks/memory_estimate.py at or above its measured
@@ -53,7 +58,8 @@ class Geometry:
     prompts: distinct prompts per rollout; prompt_tokens: the longest prompt; new_tokens: the
     most a completion generates (0: no generation); micro_rows: sequences per forward/backward;
     eval_rows / eval_new_tokens: the evaluation's generation batch; compute_bytes: 2 under bf16
-    autocast, 4 in fp32; checkpointed: gradient checkpointing in the update."""
+    autocast, 4 in fp32; recompute: what the update's layers recompute in the backward (``off``,
+    ``selective``, ``full``: :mod:`rlft.models.checkpointing`)."""
 
     rows: int
     prompts: int
@@ -61,7 +67,7 @@ class Geometry:
     new_tokens: int
     micro_rows: int
     compute_bytes: int
-    checkpointed: bool
+    recompute: str
     eval_rows: int = 0
     eval_new_tokens: int = 0
     group: int = 1
@@ -86,12 +92,17 @@ class Geometry:
         return self.micro_rows * (self.new_tokens or self.seq)
 
 
-def activation_bytes(shape: ModelShape, tokens: int, compute_bytes: int, checkpointed: bool) -> int:
+def activation_bytes(shape: ModelShape, tokens: int, compute_bytes: int, recompute: str) -> int:
     """Activations ``tokens`` positions keep for the backward through the decoder layers."""
-    h, inter = shape.hidden, shape.intermediate
+    h, inter, kv = shape.hidden, shape.intermediate, shape.kv_heads * shape.head_dim
     lora = ACT_LORA_HIDDEN * h if shape.trainable < shape.params else 0
     layer = 4 * ACT_FP32_HIDDEN * h + (ACT_HIDDEN * h + lora + ACT_INTER * inter) * compute_bytes
-    per_token = shape.layers * 4 * CKPT_FP32_HIDDEN * h + layer if checkpointed else shape.layers * layer
+    selective = 4 * SEL_FP32_HIDDEN * h + (SEL_HIDDEN * h + 2 * kv + 2 * inter) * compute_bytes
+    per_token = {
+        "off": shape.layers * layer,
+        "selective": shape.layers * selective + layer,
+        "full": shape.layers * 4 * CKPT_FP32_HIDDEN * h + layer,
+    }[recompute]
     return int(ACTIVATION_MARGIN[compute_bytes] * tokens * per_token)
 
 
@@ -151,7 +162,7 @@ def update_bytes(shape: ModelShape, g: Geometry, head: bool = True) -> dict[str,
     parameters), the micro-batch's activations, and the head's log-prob buffers (``head``)."""
     out = {
         "gradients": 4 * shape.trainable,
-        "activations": activation_bytes(shape, g.forward_tokens, g.compute_bytes, g.checkpointed),
+        "activations": activation_bytes(shape, g.forward_tokens, g.compute_bytes, g.recompute),
     }
     if head:
         out["logits"] = head_bytes(shape, g.scored_tokens, g.compute_bytes)

@@ -102,39 +102,48 @@ def micro_batching(cfg: RLConfig, parts: ModelParts, log: bool = True) -> tuple[
 
 
 def _activation_budget(cfg: RLConfig, parts: ModelParts, longest: int, log: bool) -> tuple[int, str]:
-    """The activation token budget; with ``model.gradient_checkpointing: auto``, checkpointing is
-    switched on here when one sequence of the longest length the run can produce does not fit it."""
-    from rlft.models.loading import enable_gradient_checkpointing, is_checkpointing
-    from rlft.models.memory import activation_token_budget
+    """The activation token budget. With ``model.gradient_checkpointing: auto`` the update's layers recompute
+    their elementwise work (``selective``) on a GPU, and everything (``full``) wherever one sequence of the
+    longest length the run can produce does not fit the budget otherwise (:mod:`rlft.models.checkpointing`)."""
+    from rlft.models.checkpointing import enable_gradient_checkpointing, recompute_mode
+    from rlft.models.memory import activation_token_budget, auto_recompute
 
     n_params = sum(p.numel() for p in parts.model.parameters())
     # fp32 weights, gradients and two AdamW moments, plus the reference and decode copies
     resident = n_params * (16 + (4 if parts.reference is not None else 0) + (4 if cfg.rollout.decode_copy else 0))
-    budget = lambda checkpointed: activation_token_budget(  # noqa: E731
+    budget = lambda mode: activation_token_budget(  # noqa: E731
         parts.model,
         device=parts.device,
         resident_bytes=resident,
         compute_bytes=2 if parts.autocast_dtype is not None else 4,
-        checkpointed=checkpointed,
+        recompute=mode,
     )
-    tokens, why = budget(is_checkpointing(parts.model))
-    if cfg.model.gradient_checkpointing is True and log:
-        plain, _ = budget(False)
-        if plain >= longest:
-            get_logger().warning(
-                f"model.gradient_checkpointing is true, but one sequence of up to {longest} tokens "
-                f"fits the activation budget ({plain} tokens) without it: recomputing every "
-                f"layer's forward makes the update slower ('auto' would leave it off)"
-            )
-    if cfg.model.gradient_checkpointing == "auto" and tokens < longest and not is_checkpointing(parts.model):
-        enable_gradient_checkpointing(parts.model)
-        plain = tokens
-        tokens, why = budget(True)
-        if log:
-            get_logger().warning(
-                f"model.gradient_checkpointing auto: on, because one sequence of up to {longest} tokens would not fit "
-                f"the activation budget ({plain} tokens); recomputing activations in the backward fits {tokens}"
-            )
+    setting, mode = cfg.model.gradient_checkpointing, recompute_mode(parts.model)
+    plain, _ = budget("off")
+    if setting == "auto" and mode == "off":
+        mode = auto_recompute(parts.device.type, lambda m: budget(m)[0] >= longest)
+        if mode != "off":
+            enable_gradient_checkpointing(parts.model, mode)
+    tokens, why = budget(mode)
+    if not log:
+        return tokens, why
+    if setting == "auto" and mode == "selective":
+        get_logger().info(
+            "model.gradient_checkpointing auto: selective on a GPU (the update's layers recompute their norms, "
+            f"activation functions and casts in the backward and keep the matmuls' outputs: {plain} -> {tokens} "
+            "tokens fit the activation budget)"
+        )
+    elif setting == "auto" and mode == "full":
+        get_logger().warning(
+            f"model.gradient_checkpointing auto: on, because one sequence of up to {longest} tokens would not fit "
+            f"the activation budget ({plain} tokens); recomputing activations in the backward fits {tokens}"
+        )
+    elif setting is True and plain >= longest:
+        get_logger().warning(
+            f"model.gradient_checkpointing is true, but one sequence of up to {longest} tokens "
+            f"fits the activation budget ({plain} tokens) without it: recomputing every "
+            f"layer's forward makes the update slower ('auto' would leave it off)"
+        )
     return tokens, why
 
 
@@ -163,7 +172,7 @@ def build_critic(cfg: RLConfig, parts: ModelParts, dist=None):
     alg = cfg.algorithm
     if not ADVANTAGES.trait(alg.advantage_estimator, "needs_values"):
         return None
-    from rlft.models.loading import is_checkpointing
+    from rlft.models.checkpointing import recompute_mode
     from rlft.models.sources import resolve_model_dir
     from rlft.models.value import build_value_model
     from rlft.rl.critic import CriticParams, CriticUpdater
@@ -171,7 +180,7 @@ def build_critic(cfg: RLConfig, parts: ModelParts, dist=None):
 
     ccfg = alg.critic
     model_dir = resolve_model_dir(ccfg.model_path) if ccfg.model_path else parts.model_dir
-    model = build_value_model(ccfg.type, parts.model, model_dir, gradient_checkpointing=is_checkpointing(parts.model))
+    model = build_value_model(ccfg.type, parts.model, model_dir, recompute=recompute_mode(parts.model))
     optimizer = build_optimizer(
         model.parameters(),
         lr=ccfg.learning_rate,
