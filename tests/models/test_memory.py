@@ -95,3 +95,10 @@ def test_a_cpu_pass_is_split_only_where_each_part_keeps_full_speed():
     # rows are shared out evenly: 32 rows of 256 in three passes take 11 rows each, not 10 + 10 + 10 + 2
     assert memory.rows_for(memory.pass_tokens(10**6, 32, 32 * 256, 3 * 2048 + 100, full), 32, 256) == 11
     assert memory.pass_tokens(10**6, 16, 16 * 296, 2 * 40 + 16 * 256, None) == 16 * 296  # a GPU: one pass
+
+
+def test_the_budget_counts_gradients_and_moments_for_trained_parameters_only():
+    """Under LoRA the frozen weights have no gradient or AdamW state: counting them as trained left an 8B
+    model on a 141 GB GPU a one-token budget (one row a pass, every layer recomputed)."""
+    assert memory.resident_bytes(10**9, 10**9, reference=True, decode_copy=True) == 24 * 10**9
+    assert memory.resident_bytes(10**9, 10**6, reference=False, decode_copy=True) == 8 * 10**9 + 12 * 10**6

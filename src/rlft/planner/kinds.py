@@ -77,12 +77,14 @@ def rl_phases(
     cfg, shape: ModelShape, device: DeviceSpec, prompt_tokens: int, compute_bytes: int
 ) -> tuple[Geometry, Phases]:
     """Rollout, scoring, update (and a separate critic's update), and evaluation."""
+    from rlft.models.memory import resident_bytes
+
     alg, lora = cfg.algorithm, cfg.model.lora is not None
     new = cfg.environment.max_episode_tokens if cfg.environment is not None else alg.max_new_tokens
     rows = alg.rollout_batch_size * alg.num_generations
     update_rows = alg.mini_batch_size or rows
     seq = prompt_tokens + new
-    resident = shape.params * (16 + (4 if alg.uses_reference() else 0) + (4 if cfg.rollout.decode_copy else 0))
+    resident = resident_bytes(shape.params, shape.trainable, alg.uses_reference() and not lora, cfg.rollout.decode_copy)
     # 'auto' recomputes when the longest sequence the config allows does not fit, and selectively on a GPU
     longest = cfg.data.max_prompt_length + new
     fits = lambda mode: _budget_tokens(shape, device, resident, compute_bytes, mode) >= longest  # noqa: E731

@@ -106,11 +106,11 @@ def _activation_budget(cfg: RLConfig, parts: ModelParts, longest: int, log: bool
     their elementwise work (``selective``) on a GPU, and everything (``full``) wherever one sequence of the
     longest length the run can produce does not fit the budget otherwise (:mod:`rlft.models.checkpointing`)."""
     from rlft.models.checkpointing import enable_gradient_checkpointing, recompute_mode
-    from rlft.models.memory import activation_token_budget, auto_recompute
+    from rlft.models.memory import activation_token_budget, auto_recompute, resident_bytes
 
-    n_params = sum(p.numel() for p in parts.model.parameters())
-    # fp32 weights, gradients and two AdamW moments, plus the reference and decode copies
-    resident = n_params * (16 + (4 if parts.reference is not None else 0) + (4 if cfg.rollout.decode_copy else 0))
+    params = sum(p.numel() for p in parts.model.parameters())
+    trainable = sum(p.numel() for p in parts.model.parameters() if p.requires_grad)
+    resident = resident_bytes(params, trainable, parts.reference is not None, cfg.rollout.decode_copy)
     budget = lambda mode: activation_token_budget(  # noqa: E731
         parts.model,
         device=parts.device,
