@@ -59,7 +59,8 @@ class LiveStorages(TorchDispatchMode):
     def alive(self) -> tuple[int, int]:
         """(activation bytes, weight-cast bytes) still allocated."""
         gc.collect()
-        live = [(n, cast) for ref, n, cast in self.seen.values() if not ref.expired()]
+        # a view of a weight (its transpose for a matmul) shares the weight's storage: not a kept tensor
+        live = [(n, cast) for ptr, (ref, n, cast) in self.seen.items() if not ref.expired() and ptr not in self.weights]
         return sum(n for n, cast in live if not cast), sum(n for n, cast in live if cast)
 
 
@@ -110,7 +111,7 @@ def forward(model, batch: dict, dtype: str) -> torch.Tensor:
 def kept_bytes(shape: dict, mode: str, batch: dict, dtype: str, lora_rank: int, layers: int) -> tuple[int, int]:
     """(activation bytes, weight-cast bytes) a forward of a ``layers``-layer model leaves for its backward."""
     model = _model(shape, layers, mode, lora_rank)
-    with LiveStorages({p.data_ptr() for p in model.parameters()}) as live:
+    with LiveStorages({p.untyped_storage().data_ptr() for p in model.parameters()}) as live:
         lp = forward(model, batch, dtype)
     kept = live.alive()
     del lp

@@ -4,8 +4,8 @@ A decoder layer's forward keeps, for its backward, far more than its matmuls' ou
 autocast over fp32 master weights (rlft's bf16), Hugging Face's Llama layer keeps per token the fp32
 residual stream twice per norm (its input and its normalised copy), one bf16 cast of a norm's output
 per projection that reads it (q, k and v each cast it again; gate and up too), the MLP's gate, its
-SiLU, up and their product, and the bf16 cast of every weight: about 79 bytes per hidden unit and
-token in a layer, plus the casts (measured on the CPU: ``tests/models/test_checkpointing.py``).
+SiLU, up and their product, and the bf16 cast of every weight: 56 (SmolLM2-135M) to 74 (SmolLM2-1.7B)
+bytes per hidden unit and token in a layer, plus the casts (``benchmarks/recompute.py``).
 
 Three ways to run the update's layers (``model.gradient_checkpointing``):
 
@@ -13,7 +13,7 @@ Three ways to run the update's layers (``model.gradient_checkpointing``):
 * ``selective`` keeps each layer's input and the outputs of its large matmuls (q, k, v, o, gate,
   up, down) and of fused attention kernels, and recomputes the rest in the backward: the norms,
   rotary embeddings, SiLU and products, dtype casts (weights included), and on the CPU the attention
-  itself. That is ~30 bytes per hidden unit and token in bf16, under half, and no weight casts kept;
+  itself. That is 22-30 bytes per hidden unit and token in bf16, under half, and no weight casts kept;
   the recomputed work is elementwise, a few per cent of the layer's FLOPs;
 * ``full`` keeps only each layer's input and replays its whole forward (a third more FLOPs).
 
