@@ -105,6 +105,14 @@ def test_advice_goes_cheapest_first_and_each_knob_lowers_the_peak(tiny_config):
     peaks = [est.peak] + [k.peak for k in knobs]
     assert all(b < a for a, b in zip(peaks, peaks[1:])), peaks
     assert knobs[-1].peak <= 0.95 * small.total
+    from rlft.planner.advice import _candidates
+
+    # the knobs considered: a GPU run already recomputes selectively, so the next step is every layer
+    recompute = lambda est: [v for path, v, _ in _candidates(cfg, est) if path == "model.gradient_checkpointing"]  # noqa: E731
+    assert recompute(est) == [True]
+    tiny_config["model"]["gradient_checkpointing"] = False
+    cfg = load_config(data=tiny_config)
+    assert recompute(estimate_memory(cfg, small, prompt_tokens=10)) == ["selective", True]
 
 
 def test_named_devices_and_unknown_names():

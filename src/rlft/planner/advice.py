@@ -41,6 +41,15 @@ def _micro_path(cfg) -> str | None:
     return None
 
 
+# recomputing more than the run does (rlft.models.checkpointing): selectively, then every layer
+_DEEPER_RECOMPUTE: dict[str, tuple] = {"off": ("selective", True), "selective": (True,), "full": ()}
+_RECOMPUTE_COST = {
+    "selective": "the update recomputes its elementwise work (norms, activations, casts) and keeps the matmuls' "
+    "outputs: under half the activation memory, a few per cent slower, the same gradients",
+    True: "the update recomputes every layer's forward: about 30 % slower, the same gradients",
+}
+
+
 def _candidates(cfg, est: MemoryEstimate) -> list[tuple[str, object, str]]:
     """(dotted path, new value, cost) for each knob that applies to ``cfg`` now, least costly first."""
     out: list[tuple[str, object, str]] = []
@@ -54,23 +63,8 @@ def _candidates(cfg, est: MemoryEstimate) -> list[tuple[str, object, str]]:
                 "more, smaller forward/backward passes: a slower update, the same gradients",
             )
         )
-    if est.geometry.recompute == "off":
-        out.append(
-            (
-                "model.gradient_checkpointing",
-                "selective",
-                "the update recomputes its elementwise work (norms, activations, casts) and keeps the matmuls' "
-                "outputs: under half the activation memory, a few per cent slower, the same gradients",
-            )
-        )
-    if est.geometry.recompute != "full":
-        out.append(
-            (
-                "model.gradient_checkpointing",
-                True,
-                "the update recomputes every layer's forward: about 30 % slower, the same gradients",
-            )
-        )
+    deeper = _DEEPER_RECOMPUTE[est.geometry.recompute]
+    out += [("model.gradient_checkpointing", setting, _RECOMPUTE_COST[setting]) for setting in deeper]
     rollout = getattr(cfg, "rollout", None)
     if rollout is not None and est.geometry.compute_bytes == 2 and rollout.decode_copy:
         out.append(("rollout.decode_copy", False, "no bf16 copy of the weights for decoding: a slower rollout"))
