@@ -58,6 +58,19 @@ CASES: dict[str, tuple[str, dict]] = {
         "135m",
         {"algorithm.kl_coef": 0.04, "algorithm.max_new_tokens": 256, "model.gradient_checkpointing": True},
     ),
+    "135m fp32 full kl 256 selective": (
+        "135m",
+        {
+            "model.dtype": "fp32",
+            "algorithm.kl_coef": 0.04,
+            "algorithm.max_new_tokens": 256,
+            "model.gradient_checkpointing": "selective",
+        },
+    ),
+    "135m bf16 full kl 256 selective": (
+        "135m",
+        {"algorithm.kl_coef": 0.04, "algorithm.max_new_tokens": 256, "model.gradient_checkpointing": "selective"},
+    ),
     "135m fp32 lora kl0 32": (
         "135m",
         {"model.dtype": "fp32", "algorithm.kl_coef": 0.0, "algorithm.max_new_tokens": 32, "model.lora": {"r": 16}},

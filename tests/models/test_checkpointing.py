@@ -126,6 +126,8 @@ def test_selective_recomputation_keeps_under_half_of_a_layers_memory():
     kept = {m: unit for m, (unit, _) in kept.items()}
     assert kept["selective"] < 0.5 * kept["off"]
     assert kept["full"] == 4  # each layer's fp32 input
-    # the planner's selective layer: fp32 input 4 + bf16 2 x (4 hidden-wide, 2 x 128 kv-wide and 2 x 768 outputs) / 256
-    model = 4 * phases.SEL_FP32_HIDDEN + 2 * (phases.SEL_HIDDEN * 256 + 2 * 128 + 2 * 768) / 256
-    assert kept["selective"] <= model < 1.3 * kept["selective"]
+    # the tensors the planner's selective layer counts: the fp32 input (4) and, in bf16, 4 hidden-wide, 2 kv-wide
+    # (128) and 2 intermediate-wide (768) outputs (its fp32 term adds what the backward holds beside them)
+    tensors = 4 + 2 * (phases.SEL_HIDDEN * 256 + 2 * 128 + 2 * 768) / 256
+    assert kept["selective"] <= tensors < 1.2 * kept["selective"]
+    assert phases.SEL_FP32_HIDDEN >= 1

@@ -44,9 +44,9 @@ def test_breakdown_is_pinned_on_the_tiny_model(tiny_config):
     assert est.phases["update"] == {
         **kept,
         "gradients": 87424,
-        # 116 tokens x 1.15 x (2 layers x (fp32 input 4 x 32 + bf16 q, o, attention, down 4 x 32, k and v 2 x 16,
+        # 116 tokens x 1.15 x (2 layers x (fp32 4 x 5 x 32 + bf16 q, o, attention, down 4 x 32, k and v 2 x 16,
         # gate and up 2 x 64) + one replayed layer (4 x 15 x 32 fp32 + (32 + 4 x 64) bf16 units))
-        "activations": int(116 * 1.15 * (2 * (128 + 2 * (128 + 32 + 128)) + 1920 + 2 * 288)),
+        "activations": int(116 * 1.15 * (2 * (640 + 2 * (128 + 32 + 128)) + 1920 + 2 * 288)),
         "logits": 135936 + 96 * 102 * 2,
         "autocast weights": 43392,
     }

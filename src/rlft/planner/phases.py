@@ -35,9 +35,12 @@ ACT_LORA_HIDDEN = 3
 CKPT_FP32_HIDDEN = 7
 # Under selective recomputation (rlft.models.checkpointing) a layer keeps its fp32 input and, in the
 # compute dtype, its matmuls' outputs: q, attention, o and down (hidden-sized), k and v (the kv width),
-# gate and up (intermediate-sized). benchmarks/recompute.py measured 21.6 (bf16) and 39.5 (fp32) bytes per
-# hidden unit on SmolLM2-135M's layer (these constants give 24 and 44), 29.6 on SmolLM2-1.7B's in bf16 (32).
-SEL_FP32_HIDDEN, SEL_HIDDEN = 1, 4
+# gate and up (intermediate-sized). benchmarks/recompute.py counted 22.0 (bf16) and 40.0 (fp32) bytes per
+# hidden unit on SmolLM2-135M's layer, 30.0 on SmolLM2-1.7B's in bf16. The fp32 term is 5 hidden units, not
+# the input's 1 (as CKPT_FP32_HIDDEN is 7 for an input measured at 1): the smallest that kept
+# benchmarks/memory_estimate.py's selective cases at or above their measured peaks (what the backward holds
+# beside the kept tensors, the allocator's retained memory).
+SEL_FP32_HIDDEN, SEL_HIDDEN = 5, 4
 # The saved tensors above, measured on whole rows, plus what the backward holds beside them (each
 # layer's gradient temporaries, the allocator's fragmentation), by compute dtype in bytes: the
 # smallest margins that kept every case of benchmarks/memory_estimate.py at or above its measured
