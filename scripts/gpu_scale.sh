@@ -15,8 +15,8 @@
 #      (--rlft-gradient-checkpointing off) instead of its default selective recomputation on a GPU
 #      (rlft.models.checkpointing): what selective costs in time and saves in peak memory;
 #   7. where time is left, 1.7B at 128 tokens with the update in two passes of 32 rows
-#      (--rlft-micro-batch 32) instead of one: the speed and the peak memory that models/memory.py's
-#      FULL_SPEED_TOKENS for "cuda" (unset: one pass where it fits) should be set from.
+#      (--rlft-micro-batch 32) instead of one: what a split costs, against models/memory.py's
+#      GPU_FULL_SPEED_FLOP (1e14: passes of at least ~9.7k tokens at 1.7B; reasoned, not measured).
 # The weights are seeded random ones (benchmarks/shapes.py): the machine reaches no model hub. The
 # config and tokenizer come from RLFT_BENCH_MODEL (a SmolLM2 directory; default: the built-in one). A
 # row whose budget has run out is skipped and said so. Each row's log goes to $OUT (default

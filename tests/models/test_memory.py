@@ -86,6 +86,12 @@ def test_auto_checkpointing_turns_on_only_when_one_sequence_does_not_fit(tiny_co
 def test_a_cpu_pass_is_split_only_where_each_part_keeps_full_speed():
     full = memory.full_speed_tokens("cpu")
     assert full == 2048 and memory.full_speed_tokens("cuda") is None
+    # a GPU pass is at full speed from 1e14 FLOPs of forward + backward: ~9.7k tokens of a 1.7B model,
+    # ~123k of a 135M one, never under the CPU's 2048
+    assert memory.full_speed_tokens("cuda", 1_711_376_384) == 9738
+    assert memory.full_speed_tokens("cuda", 134_515_008) == 123_901
+    assert memory.full_speed_tokens("cuda", 8 * 10**9) == 2083
+    assert memory.full_speed_tokens("cuda", 10**11) == 2048
     # 16 rows of 40 + 256 tokens (two groups share their prompts): two passes of 8 rows
     assert memory.pass_tokens(10**6, 16, 16 * 296, 2 * 40 + 16 * 256, full) == 8 * 296
     # 16 rows of 40 + 32 tokens (592 computed): one pass, as without the rule

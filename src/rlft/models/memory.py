@@ -22,9 +22,17 @@ many passes as keep each at that size, which frees activation memory for nothing
 ``benchmarks/update_passes.py`` on SmolLM2-135M (2-core Xeon), forward + backward of 16 rows: at
 256 new tokens 1 / 2 / 4 passes took 20.0 / 21.3 / 21.5 s in fp32, inside the rounds' spread,
 while the activations a pass keeps fell 5.9 → 3.0 → 1.7 GB; at 64 new tokens (1104 computed
-tokens in all) two passes cost 9 % (docs/performance.md). A GPU wants far larger passes (kernel
-launches, wide matmuls), and is not measured here: there the whole batch goes in one pass where
-it fits.
+tokens in all) two passes cost 9 % (docs/performance.md).
+
+A GPU wants far larger passes: a pass has fixed costs (about a hundred kernel launches a layer, the
+bf16 casts of every weight, the gradient accumulation: 6 bytes a parameter and 8 a trained one of
+memory traffic) that only enough arithmetic hides. There a pass is at full speed from
+:data:`GPU_FULL_SPEED_FLOP` of forward + backward work (about 6 FLOPs a parameter and token): 1e14
+is 0.15-0.3 s of an H100 or H200 at the 30-60 % of its bf16 peak an update reaches, against ~5 ms
+of those fixed costs at SmolLM2-1.7B. So a 1.7B model splits a batch of more than ~19k computed
+tokens (issue 37's 8 x 8 x 512 goes in three passes instead of one pass of 41 rows that fills the
+memory budget), and a 135M or 360M model never at the batch sizes people run. Reasoned from those
+costs, not yet measured: ``scripts/gpu_scale.sh``'s two-pass row times a split at 1.7B.
 """
 
 from __future__ import annotations
@@ -39,10 +47,15 @@ from rlft.models.checkpointing import Recompute
 # Computed tokens (each distinct prompt once, every completion token) from which a CPU pass is at
 # full speed; None: the device takes the largest pass that fits.
 FULL_SPEED_TOKENS: dict[str, int] = {"cpu": 2048}
+# Forward + backward FLOPs from which a GPU pass is at full speed (see the module's docstring).
+GPU_FULL_SPEED_FLOP = 1e14
 
 
-def full_speed_tokens(device_type: str) -> int | None:
-    """The pass size beyond which splitting costs no speed on ``device_type`` (``cpu``/``cuda``), or None."""
+def full_speed_tokens(device_type: str, params: int = 0) -> int | None:
+    """The pass size beyond which splitting costs no speed on ``device_type`` (``cpu``/``cuda``) for a
+    model of ``params`` parameters, or None (the largest pass that fits)."""
+    if device_type == "cuda" and params > 0:
+        return max(FULL_SPEED_TOKENS["cpu"], int(GPU_FULL_SPEED_FLOP // (6 * params)))
     return FULL_SPEED_TOKENS.get(device_type)
 
 

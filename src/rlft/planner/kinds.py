@@ -56,7 +56,7 @@ def _auto_rows(
     from rlft.models.memory import full_speed_tokens, pass_tokens, rows_for
 
     tokens = _budget_tokens(shape, device, resident, compute_bytes, recompute)
-    full_speed = full_speed_tokens(device.kind)
+    full_speed = full_speed_tokens(device.kind, shape.params)
     if full_speed is not None and computed is not None:
         tokens = pass_tokens(tokens, rows, rows * seq, computed, full_speed)
     return rows_for(tokens, rows, seq)

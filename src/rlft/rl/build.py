@@ -68,8 +68,8 @@ def build_updater(cfg: RLConfig, parts: ModelParts, total_steps: int, dist=None)
 def micro_batching(cfg: RLConfig, parts: ModelParts, log: bool = True) -> tuple[int, int | None, int | None]:
     """``algorithm.micro_batch_size`` as (rows per forward/backward, token budget, full-speed pass size):
     a fixed number of rows and no budget, or for ``auto`` the whole batch as the cap, a token budget
-    from the device's memory (:func:`rlft.models.memory.activation_token_budget`) and, on a CPU, the
-    pass size past which splitting costs no speed (:data:`rlft.models.memory.FULL_SPEED_TOKENS`)."""
+    from the device's memory (:func:`rlft.models.memory.activation_token_budget`) and the pass size past
+    which splitting costs no speed (:func:`rlft.models.memory.full_speed_tokens`)."""
     from rlft.models.memory import full_speed_tokens, pass_tokens, rows_for
 
     alg = cfg.algorithm
@@ -78,7 +78,7 @@ def micro_batching(cfg: RLConfig, parts: ModelParts, log: bool = True) -> tuple[
         cfg.environment.max_episode_tokens if cfg.environment is not None else alg.max_new_tokens
     )
     tokens, why = _activation_budget(cfg, parts, longest, log)
-    full_speed = full_speed_tokens(parts.device.type)
+    full_speed = full_speed_tokens(parts.device.type, sum(p.numel() for p in parts.model.parameters()))
     if alg.micro_batch_size == "auto":
         if log:
             split = (
