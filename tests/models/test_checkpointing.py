@@ -71,6 +71,15 @@ def test_selective_recomputation_gives_the_plain_numbers(tiny_model_dir, monkeyp
         pytest.skip(f"native kernels unavailable: {kernels_module.unavailable_reason()}")
     if device == "cuda" and how["native"]:
         pytest.skip("rlft's native attention is the CPU's")
+    from rlft.models import checkpointing
+
+    decisions = []  # (op, kept) of every op the policy saw: the test must exercise kept matmuls
+    policy = checkpointing._policy
+    monkeypatch.setattr(
+        checkpointing,
+        "_policy",
+        lambda ctx, func, *a, **k: decisions.append((func, p := policy(ctx, func, *a, **k))) or p,
+    )
     results = {}
     for setting in (False, "selective"):
         lora_cfg = LoraConfig(r=4, alpha=8) if lora else None
@@ -83,6 +92,12 @@ def test_selective_recomputation_gives_the_plain_numbers(tiny_model_dir, monkeyp
                     p.data.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))) * 0.5)
         assert recompute_mode(model) == ("selective" if setting else "off")
         results[setting] = _logprobs_and_grads(model, dtype, torch.device(device))
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    mm = torch.ops.aten.mm.default
+    assert (mm, CheckpointPolicy.MUST_SAVE) in decisions
+    # LoRA: the up-projection from rank 4 to the 64-wide MLP is recomputed
+    assert ((mm, CheckpointPolicy.PREFER_RECOMPUTE) in decisions) == lora
     (lp, grads), (lp_sel, grads_sel) = results[False], results["selective"]
     exact = {"rtol": 0, "atol": 0} if device == "cpu" else {"rtol": 1e-3, "atol": 1e-5}
     torch.testing.assert_close(lp_sel, lp, **exact)

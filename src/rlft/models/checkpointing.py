@@ -20,8 +20,8 @@ Three ways to run the update's layers (``model.gradient_checkpointing``):
 Selective is PyTorch's own selective activation checkpointing
 (:func:`torch.utils.checkpoint.create_selective_checkpoint_contexts`) under the non-reentrant
 checkpoint Hugging Face already wraps each layer in; :func:`_policy` is the whole of rlft's part. A
-matmul whose inner dimension is small (a LoRA adapter's up-projection from its rank) is recomputed
-rather than kept: its output is as wide as the base layer's and costs r/h of it to redo. Outputs are
+matmul whose inner dimension is small beside its output (a LoRA adapter's up-projection from its rank)
+is recomputed rather than kept: its output is as wide as the base layer's and costs r/h of it to redo. Outputs are
 cached only for ops that nothing mutates in place afterwards: rlft's native attention softmax writes
 over its own score matmul's output, so batched matmuls (``bmm``) are recomputed, never kept.
 
@@ -39,8 +39,9 @@ import torch
 Recompute = Literal["off", "selective", "full"]
 RECOMPUTE_MODES: tuple[Recompute, ...] = ("off", "selective", "full")
 
-# a matmul this thin inside (k <= 128: a LoRA rank) is cheaper to redo than to keep
-_CHEAP_INNER = 128
+# a matmul whose inner dimension is under 1/8 of its output's width (a LoRA up-projection: rank -> hidden) is
+# cheaper to redo than its output is to keep; a plain projection's is at least 1/8 (GQA's k and v: 1/4 to 1/8)
+_CHEAP_RATIO = 8
 
 
 @functools.cache
@@ -67,8 +68,8 @@ def _policy(ctx, func, *args, **kwargs):
     if func in attention:
         return CheckpointPolicy.MUST_SAVE
     if func in matmuls:
-        left = args[0] if func is torch.ops.aten.mm.default else args[1]  # addmm(bias, left, right)
-        if left.shape[-1] > _CHEAP_INNER:
+        left, right = args[:2] if func is torch.ops.aten.mm.default else args[1:3]  # addmm(bias, left, right)
+        if left.shape[-1] * _CHEAP_RATIO >= right.shape[-1]:
             return CheckpointPolicy.MUST_SAVE
     return CheckpointPolicy.PREFER_RECOMPUTE
 
