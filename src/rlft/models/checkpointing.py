@@ -102,6 +102,12 @@ def enable_gradient_checkpointing(model: torch.nn.Module, mode: Recompute = "ful
         model.generation_config.use_cache = True
 
 
+def configured_mode(setting: bool | str) -> Recompute | None:
+    """The mode a ``model.gradient_checkpointing`` setting names (true: ``full``, false: ``off``), or None
+    for ``auto``, which the job decides from its memory budget."""
+    return None if setting == "auto" else {True: "full", False: "off"}.get(setting, setting)  # type: ignore[return-value]
+
+
 def recompute_mode(model: torch.nn.Module) -> Recompute:
     """How ``model``'s layers run in a training backward: ``off``, ``selective`` or ``full``, read from
     the checkpointing function Hugging Face gave its layers (they are the one owner of that choice)."""

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from rlft.errors import ModelError
-from rlft.models.checkpointing import enable_gradient_checkpointing
+from rlft.models.checkpointing import configured_mode, enable_gradient_checkpointing
 from rlft.models.sources import resolve_model_dir
 from rlft.speed.attention import use_rlft_attention
 
@@ -106,8 +106,9 @@ def load_policy(cfg: ModelConfig, device: torch.device, model_dir: str | Path | 
         model_dir = resolve_model_dir(cfg.path)
     model = load_model_dir(model_dir)
     model.to(device)
-    if cfg.gradient_checkpointing in (True, "selective"):  # "auto": decided by the job from its memory budget
-        enable_gradient_checkpointing(model, "full" if cfg.gradient_checkpointing is True else "selective")
+    mode = configured_mode(cfg.gradient_checkpointing)  # None ("auto"): decided by the job from its memory budget
+    if mode not in (None, "off"):
+        enable_gradient_checkpointing(model, mode)
     if cfg.lora is not None:
         model = apply_lora(model, cfg.lora)
     return model

@@ -66,11 +66,13 @@ def _recompute(setting, device: DeviceSpec, fits=None) -> str:
     """The update's recompute mode (:mod:`rlft.models.checkpointing`), as the run chooses it
     (:func:`rlft.models.memory.auto_recompute` for ``auto``); ``fits(mode)``: one sequence of the
     longest length fits the activation budget so (None: a job that leaves ``auto`` off)."""
+    from rlft.models.checkpointing import configured_mode
     from rlft.models.memory import auto_recompute
 
-    if setting == "auto":
+    mode = configured_mode(setting)
+    if mode is None:
         return auto_recompute(device.kind, fits) if fits is not None else "off"
-    return {True: "full", False: "off"}.get(setting, setting)
+    return mode
 
 
 def rl_phases(
