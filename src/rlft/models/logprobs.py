@@ -12,6 +12,7 @@ same numbers as a full forward of every row (see tests/models/test_logprobs.py).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 from collections.abc import Callable
@@ -156,8 +157,6 @@ def grouped_forward(
     keep a cache) every row runs in full instead.
     ``output``: the attribute of the model's output to reduce (``last_hidden_state`` for a decoder).
     """
-    from transformers import DynamicCache
-
     T = completion_ids.shape[1]
     row_prompt_mask = prompt_mask.index_select(0, row_prompt)
     full_mask = torch.cat([row_prompt_mask, completion_mask.to(row_prompt_mask.dtype)], dim=1)
@@ -166,6 +165,24 @@ def grouped_forward(
     if replays_layers_without_cache(model):
         full_ids = torch.cat([prompt_ids.index_select(0, row_prompt), completion_ids], dim=1)
         return _full_forward(model, full_ids, full_mask, T, reduce, output)
+    with _casts_shared(prompt_ids.device):
+        return _cached_forward(model, prompt_ids, prompt_mask, row_prompt, completion_ids, full_mask, reduce, output)
+
+
+def _casts_shared(device: torch.device):
+    """Autocast's weight cache on for a region that runs the model twice (prompts, then completions): each
+    weight is cast once for both forwards, and saved once for the backward. rlft's own regions run the model
+    once and leave the cache off (:func:`rlft.models.precision.autocast`)."""
+    if not torch.is_autocast_enabled(device.type):
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.get_autocast_dtype(device.type), cache_enabled=True)
+
+
+def _cached_forward(model, prompt_ids, prompt_mask, row_prompt, completion_ids, full_mask, reduce, output: str):
+    """:func:`grouped_forward` without rlft's attention: the prompts first, the completions on their KV cache."""
+    from transformers import DynamicCache
+
+    T = completion_ids.shape[1]
     cache = DynamicCache()
     keep = {"logits_to_keep": 1} if output == "logits" else {}
     prefill = getattr(
