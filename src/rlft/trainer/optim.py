@@ -70,4 +70,7 @@ def clipped_step(optimizer, scheduler, params: list[torch.nn.Parameter], max_gra
         stats["skipped_updates"] = 1.0
     if scheduler is not None:
         scheduler.step()
+    # The gradients are spent: freed now, not at the next step's first backward, so the rollout,
+    # scoring and evaluation in between have their memory (6.8 GB at 1.7B parameters in fp32).
+    optimizer.zero_grad(set_to_none=True)
     return stats
