@@ -152,7 +152,8 @@ class RolloutConfig(Section):
     decode_copy: bool = Field(
         True,
         description="With model.dtype bf16, generate from a bf16 copy of the weights refreshed after each "
-        "optimizer step (2 bytes a parameter; the reference model is kept in bf16, which pays for it). False: "
+        "optimizer step (2 bytes a parameter while generating: it is freed for the update and made again for the "
+        "next rollout; the reference model is kept in bf16, which pays for it). False: "
         "generate from the fp32 weights under autocast, which casts every weight at every token.",
     )
     fused_decode: bool = Field(

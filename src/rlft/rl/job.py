@@ -105,7 +105,7 @@ class RLJob:
         CLOCK.reset()
         t0 = time.perf_counter()
         collected = self.collector.collect()
-        getattr(self.engine, "release_memory", lambda: None)()  # vllm: its GPU memory goes to the update
+        self.engine.release_memory()  # what only generation needs goes to the update
         t_gen = time.perf_counter() - t0
         batch = UpdateBatch.from_rollout(collected.rollout)
         excluded = self._exclusion.assess(collected.rollout.finish_reasons, collected.scored.failed)

@@ -157,3 +157,8 @@ class RolloutEngine(Protocol):
     example as an episode."""
 
     def run(self, examples: list, sampling: SamplingParams) -> RolloutBatch: ...
+
+    def release_memory(self) -> None:
+        """Called between a step's rollout and its update: give the update whatever memory only
+        generation needs (a decode copy of the weights, vLLM's weights and KV cache); the next
+        :meth:`run` takes it back."""

@@ -96,6 +96,12 @@ class HFGenerateEngine:
         with phase("weight_sync"):
             return self._copy.current()
 
+    def release_memory(self) -> None:
+        """Between a rollout and the update: free the decode copy until the next generation remakes it
+        (the update's optimizer step changes every trained weight, so it would be remade anyway)."""
+        if self._copy is not None:
+            self._copy.release()
+
     @contextlib.contextmanager
     def generating(self, model: torch.nn.Module | None = None):
         """Yield the module to generate with (``model``, else :meth:`decode_model`): eval mode, no

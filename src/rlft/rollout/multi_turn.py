@@ -76,6 +76,10 @@ class EpisodeRunner:
             self._finish_workers(episodes)
         return self._batch(episodes)
 
+    def release_memory(self) -> None:
+        """The engine's memory to the update between rollouts (:meth:`NativeEngine.release_memory`)."""
+        self.engine.release_memory()
+
     # ------------------------------------------------------------------ start and end
 
     def _start(self, examples: list, sampling: SamplingParams) -> list[Episode]:

@@ -105,6 +105,12 @@ class NativeEngine(HFGenerateEngine):
             self._fused[1].refresh()
         return self._fused
 
+    def release_memory(self) -> None:
+        """Also the fused decode's packed weights (the CPU's private bf16 copies)."""
+        super().release_memory()
+        if self._fused is not None:
+            self._fused[1].release()
+
     def kernels(self):
         """rlft's native CPU kernels for the fused decode, or None (off, not a CPU, or they do not build here)."""
         if not self.native_kernels or self.device.type != "cpu":

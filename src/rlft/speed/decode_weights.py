@@ -51,23 +51,44 @@ class DecodeWeights:
         from rlft.speed.fused_decode import fuse_projections, unsupported_reason
 
         lora = _mergeable_lora_layers(source)
-        base = frozen_copy(source)
+        base = frozen_copy(source, dtype)
         self.module = cast_linears(base.merge_and_unload() if lora else base, dtype)
         if unsupported_reason(self.module) is None:
             fuse_projections(self.module)  # q/k/v and gate/up as one matmul each in the fused decode
         self._entries = _entries(source, self.module, lora or {})
-        self._watch = ChangeWatch([e.sources for e in self._entries])
+        # PEFT merged the adapters into bf16 weights: the first current() merges again at full precision
+        self._watch = ChangeWatch([e.sources for e in self._entries], start_changed=bool(lora))
 
     @property
     def merged_lora(self) -> bool:
         return not hasattr(self.module, "peft_config") and any(len(e.sources) > 1 for e in self._entries)
 
     def current(self) -> nn.Module:
-        """The copy, first refreshed from every source tensor that changed since the last call."""
+        """The copy, first refreshed from every source tensor that changed since the last call (all of
+        them after :meth:`release`)."""
+        changed = self._watch.changed()
         with torch.no_grad():
-            for i in self._watch.changed():
+            if self._released:
+                for storage, nbytes in self._released:
+                    storage.resize_(nbytes)
+                changed, self._released = range(len(self._entries)), []
+            for i in changed:
                 self._entries[i].dst.copy_(self._entries[i].make())
         return self.module
+
+    def release(self) -> None:
+        """Free the copy's own tensors until the next :meth:`current` remakes them, the module and its
+        tensors staying as they are (their storage resized to nothing, as FSDP frees unsharded
+        parameters): between a rollout and the update, whose optimizer step changes every trained
+        weight anyway, the update gets their memory. Tensors read from the source are kept."""
+        if self._released:
+            return
+        storages = {e.dst.untyped_storage().data_ptr(): e.dst.untyped_storage() for e in self._entries}
+        self._released = [(s, s.nbytes()) for s in storages.values() if s.nbytes()]
+        for storage, _ in self._released:
+            storage.resize_(0)
+
+    _released: list = []  # (storage, its size) freed by release()
 
 
 _PEFT_PREFIX = "base_model.model."
@@ -133,17 +154,32 @@ def _merged_weight(layer: nn.Module) -> torch.Tensor:
 
 def frozen_copy(source: nn.Module, linear_dtype: torch.dtype | None = None) -> nn.Module:
     """A deep copy of ``source`` without gradients, frozen, in eval mode; with ``linear_dtype`` its
-    Linear weights are stored in that dtype (:func:`cast_linears`)."""
+    Linear weights are stored in that dtype (:func:`cast_linears`), copied straight into it: a copy
+    at full precision first would briefly hold another fp32 model (32 GB for an 8B LoRA policy's base,
+    more than the whole update needs)."""
     grads = {p: p.grad for p in source.parameters()}
     for p in grads:
         p.grad = None  # don't deep-copy gradients
     try:
-        module = copy.deepcopy(source)
+        module = copy.deepcopy(source, _cast_linears_memo(source, linear_dtype) if linear_dtype else None)
     finally:
         for p, g in grads.items():
             p.grad = g
     module.requires_grad_(False).eval()
     return cast_linears(module, linear_dtype) if linear_dtype is not None else module
+
+
+def _cast_linears_memo(source: nn.Module, dtype: torch.dtype) -> dict[int, nn.Parameter]:
+    """A ``copy.deepcopy`` memo that copies each Linear weight and bias as its cast to ``dtype``, except a
+    weight another module shares (an LM head tied to the embedding), which keeps its precision."""
+    shared = {id(p) for m in source.modules() if not isinstance(m, nn.Linear) for p in m.parameters(recurse=False)}
+    return {
+        id(p): nn.Parameter(p.detach().to(dtype, copy=True), requires_grad=False)
+        for m in source.modules()
+        if isinstance(m, nn.Linear)
+        for p in (m.weight, m.bias)
+        if p is not None and p.is_floating_point() and id(p) not in shared
+    }
 
 
 def cast_linears(module: nn.Module, dtype: torch.dtype) -> nn.Module:

@@ -216,11 +216,24 @@ class FusedDecoder:
         )
 
     def refresh(self) -> None:
-        """Remake the packed copy of every weight that changed since the last rollout."""
+        """Remake the packed copy of every weight that changed since the last rollout (all of them after
+        :meth:`release`)."""
         if self._watch is not None:
-            for i in self._watch.changed():
+            changed = self._watch.changed()
+            for i in range(len(self._matmuls)) if self._released else changed:
                 self._matmuls[i].repack()
                 self._loop = None
+            self._released = False
+
+    def release(self) -> None:
+        """Free the packed copies until the next :meth:`refresh` remakes them (between a rollout and the
+        update, whose optimizer step changes every trained weight anyway)."""
+        if self._watch is not None:
+            for m in self._matmuls:
+                m._packed = m.bias = None  # repack() makes both again
+            self._loop, self._released = None, True
+
+    _released = False
 
     def _layer_loop(self):
         """The layer weights for :meth:`CpuKernels.decode_layers_bf16`, or None where a layer's matmul is not
