@@ -41,14 +41,16 @@ def test_breakdown_is_pinned_on_the_tiny_model(tiny_config):
     assert (g.forward_tokens, g.scored_tokens) == (16 * 6 + 2 * 10, 16 * 6)
     kept = {"weights": 87424, "optimizer": 174848, "reference": 57088, "decode weights": 43392}
     # the head's logits: hidden states and a chunk of fp32 logits, and the 96 x 102 probabilities kept in bf16
+    # the update: the decode copy freed for it, no weight casts kept (its layers recompute them), and in the
+    # second of its 2 passes of 16 rows the gradients of the first
     assert est.phases["update"] == {
         **kept,
+        "decode weights": 0,
         "gradients": 87424,
         # 116 tokens x 1.15 x (2 layers x (fp32 4 x 5 x 32 + bf16 q, o, attention, down 4 x 32, k and v 2 x 16,
         # gate and up 2 x 64) + one replayed layer (4 x 15 x 32 fp32 + (32 + 4 x 64) bf16 units))
         "activations": int(116 * 1.15 * (2 * (640 + 2 * (128 + 32 + 128)) + 1920 + 2 * 288)),
         "logits": 135936 + 96 * 102 * 2,
-        "autocast weights": 43392,
     }
     # the GPU's graphed decode: each of the 4 prompts' 10 positions cached once, then 32 rows x 6
     # completion positions, allocated once; 2 layers x 2 kv heads x 8 dims, keys and values, in bf16
@@ -56,6 +58,7 @@ def test_breakdown_is_pinned_on_the_tiny_model(tiny_config):
     tiny_config["model"]["gradient_checkpointing"] = False  # everything kept: 2 layers x 2496 bytes a token
     plain = estimate_memory(load_config(data=tiny_config), T4, prompt_tokens=10)
     assert plain.geometry.recompute == "off" and plain.phases["update"]["activations"] == int(116 * 1.15 * 2 * 2496)
+    assert plain.phases["update"]["autocast weights"] == 43392  # kept for the backward when nothing is recomputed
     tiny_config["model"]["gradient_checkpointing"] = "auto"
     tiny_config["rollout"] = {"cuda_graphs": False}  # the eager decode: every row's prompt, in a cache grown by blocks
     eager = estimate_memory(load_config(data=tiny_config), T4, prompt_tokens=10)
@@ -63,6 +66,23 @@ def test_breakdown_is_pinned_on_the_tiny_model(tiny_config):
     assert set(est.phases) == {"rollout", "scoring", "update", "evaluation"}
     assert est.peak_phase == "update" and est.peak == GiB // 2 + sum(est.phases["update"].values())
     assert est.fits
+
+
+def test_one_pass_holds_its_activations_and_its_gradients_at_different_times(tiny_config):
+    """The optimizer step's only pass starts without gradients (freed after every step) and the backward frees
+    the activations as it makes them: the update peaks at the larger of the two ends, not their sum."""
+    tiny_config["algorithm"]["micro_batch_size"] = 32
+    est = estimate_memory(load_config(data=tiny_config), T4, prompt_tokens=10)
+    update = est.phases["update"]
+    assert est.geometry.micro_rows == 32
+    forward_end = update["activations"] + update["logits"]
+    backward_end = 87424 + update["activations"] // 2  # every gradient, and one of the 2 layers replayed
+    head_gradient = 4 * 102 * 32  # the tied head's weight gradient comes first, beside every activation
+    assert update["gradients"] == max(head_gradient, backward_end - forward_end)
+    assert forward_end + update["gradients"] == max(forward_end + head_gradient, backward_end)
+    tiny_config["algorithm"]["micro_batch_size"] = 8
+    passes = estimate_memory(load_config(data=tiny_config), T4, prompt_tokens=10).phases["update"]
+    assert passes["gradients"] == 87424  # a later pass runs beside the gradients of the first
 
 
 def test_no_reference_without_kl_and_none_under_lora(tiny_config):

@@ -89,11 +89,12 @@ def auto_recompute(device_type: str, fits: Callable[[str], bool]) -> Recompute:
     return next((m for m in modes if fits(m)), "full")
 
 
-def resident_bytes(params: int, trainable: int, reference: bool, decode_copy: bool) -> int:
-    """What a run keeps all the time, for the activation budget: fp32 weights, the trained parameters'
-    fp32 gradients and two AdamW moments (under LoRA the adapter's alone), and 4 bytes a parameter for a
-    KL reference copy and for the rollout's decode copy each (both at most that)."""
-    return params * (4 + (4 if reference else 0) + (4 if decode_copy else 0)) + 12 * trainable
+def resident_bytes(params: int, trainable: int, reference: bool) -> int:
+    """What the update holds beside its activations, for the activation budget: fp32 weights, the trained
+    parameters' fp32 gradients and two AdamW moments (under LoRA the adapter's alone), and 4 bytes a
+    parameter for a KL reference copy (at most that). Not the rollout's decode copy: the engine frees it
+    for the update (:meth:`rlft.rollout.base.RolloutEngine.release_memory`)."""
+    return params * (4 + (4 if reference else 0)) + 12 * trainable
 
 
 def device_memory_bytes(device: torch.device) -> int:

@@ -86,7 +86,7 @@ def rl_phases(
     rows = alg.rollout_batch_size * alg.num_generations
     update_rows = alg.mini_batch_size or rows
     seq = prompt_tokens + new
-    resident = resident_bytes(shape.params, shape.trainable, alg.uses_reference() and not lora, cfg.rollout.decode_copy)
+    resident = resident_bytes(shape.params, shape.trainable, alg.uses_reference() and not lora)
     # 'auto' recomputes when the longest sequence the config allows does not fit, and selectively on a GPU
     longest = cfg.data.max_prompt_length + new
     fits = lambda mode: _budget_tokens(shape, device, resident, compute_bytes, mode) >= longest  # noqa: E731
@@ -108,24 +108,28 @@ def rl_phases(
         group=alg.num_generations,
         **_eval_geometry(cfg, new),
     )
+    from rlft.speed.fused_decode import SUPPORTED
+
+    r = cfg.rollout  # the native engine's fused decode of a Llama-family model: graphed on a GPU, packed on a CPU
+    fused = r.engine == "native" and r.fused_decode and shape.model_type in SUPPORTED
+    graphed = fused and device.kind == "cuda" and r.cuda_graphs
+    decode_copy = decode_copy_bytes(shape, compute_bytes, lora, packed=fused and device.kind == "cpu")
     kept = {
         **trained_bytes(shape),
         "reference": reference_bytes(shape, compute_bytes, lora) if alg.uses_reference() else 0,
-        "decode weights": decode_copy_bytes(shape, compute_bytes, lora) if cfg.rollout.decode_copy else 0,
+        "decode weights": decode_copy if r.decode_copy else 0,
         **_critic_kept(cfg, shape),
     }
-    from rlft.speed.fused_decode import SUPPORTED
-
-    r = cfg.rollout  # the graphed decode: the native engine's fused decode of a Llama-family model on a GPU
-    graphed = device.kind == "cuda" and r.engine == "native" and r.fused_decode and r.cuda_graphs
-    graphed = graphed and shape.model_type in SUPPORTED
+    # the decode copy is freed for the update (rlft.rollout.base.RolloutEngine.release_memory)
+    trained = {**kept, "decode weights": 0}
+    one_pass = micro >= update_rows
     phases: Phases = {
         "rollout": {**kept, **generation_bytes(shape, rows, g.prompts, prompt_tokens, new, compute_bytes, graphed)},
         "scoring": {**kept, **scoring_bytes(shape, g)},
-        "update": {**kept, **update_bytes(shape, g)},
+        "update": {**trained, **update_bytes(shape, g, one_pass=one_pass)},
     }
     if separate_critic(alg):
-        phases["critic update"] = {**kept, **update_bytes(shape, g, head=False)}
+        phases["critic update"] = {**trained, **update_bytes(shape, g, head=False, one_pass=one_pass)}
     if g.eval_rows:
         phases["evaluation"] = {
             **kept,
@@ -186,7 +190,7 @@ def _supervised(
         recompute=recompute,
     )
     kept = {**trained_bytes(shape), "reference": reference_bytes(shape, compute_bytes, lora) if reference else 0}
-    phases: Phases = {"update": {**kept, **update_bytes(shape, g, head=head)}}
+    phases: Phases = {"update": {**kept, **update_bytes(shape, g, head=head, one_pass=micro >= rows)}}
     if reference:
         phases["scoring"] = {**kept, **scoring_bytes(shape, g)}
     return g, phases

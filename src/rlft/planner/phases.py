@@ -160,18 +160,28 @@ def trained_bytes(shape: ModelShape) -> dict[str, int]:
     return {"weights": 4 * shape.params, "optimizer": 8 * shape.trainable}
 
 
-def update_bytes(shape: ModelShape, g: Geometry, head: bool = True) -> dict[str, int]:
+def update_bytes(shape: ModelShape, g: Geometry, head: bool = True, one_pass: bool = False) -> dict[str, int]:
     """A backward over one micro-batch, gradients accumulating: gradients (fp32, trainable
-    parameters), the micro-batch's activations, and the head's log-prob buffers (``head``)."""
-    out = {
-        "gradients": 4 * shape.trainable,
-        "activations": activation_bytes(shape, g.forward_tokens, g.compute_bytes, g.recompute),
-    }
+    parameters), the micro-batch's activations, and the head's log-prob buffers (``head``).
+
+    ``one_pass``: the optimizer step's only forward/backward. Its gradients do not exist at the
+    forward's end (they are freed after every step, :func:`rlft.trainer.optim.clipped_step`) and
+    the backward allocates them layer by layer as it frees the activations, so the pass peaks at
+    the larger of the forward's end (every activation, and the LM head's weight gradient, the
+    backward's first) and the backward's end (every gradient and one layer's recomputation): the
+    gradient term is what the backward's end holds beyond the forward's. Passes after a first one
+    run with the gradients already there."""
+    out = {"activations": activation_bytes(shape, g.forward_tokens, g.compute_bytes, g.recompute)}
     if head:
         out["logits"] = head_bytes(shape, g.scored_tokens, g.compute_bytes)
-    if g.compute_bytes == 2:  # autocast keeps a bf16 cast of each weight for the backward
+    if g.compute_bytes == 2 and g.recompute == "off":  # autograd keeps each weight's bf16 cast for the backward
         out["autocast weights"] = 2 * shape.linear_params
-    return out
+    gradients = 4 * shape.trainable
+    if one_pass:
+        last_layer = out["activations"] // shape.layers
+        head_gradient = 4 * shape.vocab * shape.hidden if shape.trainable == shape.params else 0
+        gradients = max(head_gradient, gradients + last_layer - sum(out.values()))
+    return {"gradients": gradients, **out}
 
 
 def scoring_bytes(shape: ModelShape, g: Geometry) -> dict[str, int]:
@@ -192,10 +202,14 @@ def reference_bytes(shape: ModelShape, compute_bytes: int, lora: bool) -> int:
     return 4 * shape.params
 
 
-def decode_copy_bytes(shape: ModelShape, compute_bytes: int, lora: bool) -> int:
-    """The rollout's bf16 weights (packed copies of every Linear; a LoRA policy is first merged into a
-    plain bf16 module, which is packed in turn). Nothing in fp32: decoding reads the weights in place."""
+def decode_copy_bytes(shape: ModelShape, compute_bytes: int, lora: bool, packed: bool) -> int:
+    """The rollout's bf16 weights. ``packed``: a CPU's fused decode, which multiplies packed copies of
+    every Linear (made straight from a full policy; a LoRA policy is first merged into a plain bf16
+    module, which is packed in turn). Elsewhere (a GPU) the bf16 module copy alone, LoRA merged into
+    it, embeddings and norms read from the policy's own tensors. Nothing in fp32."""
     if compute_bytes != 2:
         return 0
-    packed = 2 * shape.linear_params
-    return packed + (2 * shape.linear_params + 4 * (shape.params - shape.untied_linear_params) if lora else 0)
+    linear = 2 * shape.linear_params
+    if not packed:
+        return linear
+    return linear + (linear + 4 * (shape.params - shape.untied_linear_params) if lora else 0)

@@ -110,7 +110,7 @@ def _activation_budget(cfg: RLConfig, parts: ModelParts, longest: int, log: bool
 
     params = sum(p.numel() for p in parts.model.parameters())
     trainable = sum(p.numel() for p in parts.model.parameters() if p.requires_grad)
-    resident = resident_bytes(params, trainable, parts.reference is not None, cfg.rollout.decode_copy)
+    resident = resident_bytes(params, trainable, parts.reference is not None)
     budget = lambda mode: activation_token_budget(  # noqa: E731
         parts.model,
         device=parts.device,
