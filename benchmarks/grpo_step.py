@@ -46,12 +46,14 @@ def _peak_rss_mb() -> float:
 
 
 def _peaks(opts: dict) -> dict:
-    """The worker's peak memory: resident set, and on a GPU the most the framework allocated there."""
+    """The worker's peak memory: resident set, and on a GPU the most the framework allocated there (its
+    tensors) and the most PyTorch's caching allocator held (those, and the free blocks it kept)."""
     out = {"peak_rss_mb": _peak_rss_mb()}
     if opts["device"] == "cuda":
         import torch
 
         out["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
+        out["peak_gpu_reserved_mb"] = torch.cuda.max_memory_reserved() / 2**20
     return out
 
 
@@ -583,6 +585,8 @@ def _print_case(
         tps = f"{r['tokens_per_s']:.0f} generated tok/s" if r["tokens_per_s"] else "tok/s n/a"
         gen = f", rollout {r['generation_seconds']:.2f} s" if "generation_seconds" in r else ""
         gpu = f"  peak GPU {r['peak_gpu_mb']:7.0f} MB" if "peak_gpu_mb" in r else ""
+        if "peak_gpu_reserved_mb" in r:
+            gpu += f" (reserved {r['peak_gpu_reserved_mb']:.0f} MB)"
         if "estimate_mb" in r:
             measured = r.get("peak_gpu_mb", r["peak_rss_mb"])
             gpu += f" (rlft estimate {r['estimate_mb']:.0f} MB: {r['estimate_mb'] / measured:.2f}x)"
