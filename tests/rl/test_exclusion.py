@@ -258,7 +258,7 @@ def test_an_excluded_row_leaves_the_update_as_without_it(tiny_model_dir, aggrega
     import dataclasses
 
     from tests.rl.test_update import _batch as update_batch
-    from tests.rl.test_update import _model, _updater
+    from tests.rl.test_update import _model, _updater, step_grads
 
     base = _model(tiny_model_dir)
     batch = update_batch([1.0, -0.5, -1.0, 0.25, 0.0, 0.5])
@@ -279,7 +279,7 @@ def test_an_excluded_row_leaves_the_update_as_without_it(tiny_model_dir, aggrega
         up = _updater(model)
         up.p = dataclasses.replace(up.p, aggregation=aggregation)
         up.update(b, kl_coef=0.0)
-        grads.append([p.grad.clone() for p in model.parameters()])
+        grads.append(step_grads(up))
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-4)
 
@@ -292,7 +292,7 @@ def test_an_in_step_filler_pass_over_an_excluded_row_adds_nothing(tiny_model_dir
 
     from rlft.distributed.strategy import Strategy
     from tests.rl.test_update import _batch as update_batch
-    from tests.rl.test_update import _model, _updater
+    from tests.rl.test_update import _model, _updater, step_grads
 
     base = _model(tiny_model_dir)
     grads = []
@@ -304,7 +304,7 @@ def test_an_in_step_filler_pass_over_an_excluded_row_adds_nothing(tiny_model_dir
         up = _updater(model)
         up.p = dataclasses.replace(up.p, aggregation="seq_mean_token_mean")
         up.update(batch, kl_coef=0.0)
-        grads.append([p.grad.clone() for p in model.parameters()])
+        grads.append(step_grads(up))
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-4)
 
@@ -314,7 +314,7 @@ def test_filler_passes_over_a_share_with_every_row_excluded_give_a_zero_gradient
 
     from rlft.distributed.strategy import Strategy
     from tests.rl.test_update import _batch as update_batch
-    from tests.rl.test_update import _model, _updater
+    from tests.rl.test_update import _model, _updater, step_grads
 
     monkeypatch.setattr(Strategy, "micro_batch_rounds", lambda self, n, dist: n + 2)
     batch = update_batch([0.3, 1.0, -1.0, 0.25, 0.0, 0.5])
@@ -324,7 +324,7 @@ def test_filler_passes_over_a_share_with_every_row_excluded_give_a_zero_gradient
     up = _updater(model)
     up.p = dataclasses.replace(up.p, kl_in_loss=True)
     up.update(batch, kl_coef=0.1)
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    grads = step_grads(up)
     assert grads and all(torch.equal(g, torch.zeros_like(g)) for g in grads)
 
 

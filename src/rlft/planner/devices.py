@@ -32,7 +32,10 @@ CATALOG: dict[str, float] = {
     "V100-16GB": 16,
 }
 CUDA_CONTEXT_BYTES = int(0.5 * GiB)
-RUN_OVERHEAD_BYTES = 100 * 2**20  # the CUDA context and cuBLAS workspaces, outside PyTorch's allocator
+RUN_OVERHEAD_BYTES = 100 * 2**20  # what a CPU run adds to its imports as it goes (python_runtime_bytes)
+# The least a CPU training process holds beside its tensors: 0.45 GiB was measured on AVX2 and in fp32; with native
+# bf16, oneDNN's and rlft's bf16 kernels add to it (benchmarks/memory_estimate.py's tiny bf16 case, 2026-12-06).
+MIN_CPU_RUNTIME_BYTES = int(0.5 * GiB)
 
 
 @dataclass(frozen=True)
@@ -111,9 +114,9 @@ def python_runtime_bytes() -> int:
     """What an rlft training process holds beside its tensors: the interpreter, torch, transformers
     and their libraries (resident pages of this process, which has imported them), plus what a run
     adds as it goes (thread stacks and arenas, oneDNN's kernels, tokenizer caches: 100 MB measured
-    on a tiny model), at least 0.45 GB."""
+    on a tiny model), at least :data:`MIN_CPU_RUNTIME_BYTES`."""
     import psutil
     import torch  # noqa: F401  (imported, so its libraries count)
     import transformers  # noqa: F401
 
-    return max(psutil.Process().memory_info().rss + RUN_OVERHEAD_BYTES, int(0.45 * GiB))
+    return max(psutil.Process().memory_info().rss + RUN_OVERHEAD_BYTES, MIN_CPU_RUNTIME_BYTES)

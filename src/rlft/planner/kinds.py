@@ -122,7 +122,7 @@ def rl_phases(
     }
     # the decode copy is freed for the update (rlft.rollout.base.RolloutEngine.release_memory)
     trained = {**kept, "decode weights": 0}
-    one_pass = micro >= update_rows
+    one_pass = micro >= update_rows and device.kind == "cuda"  # see update_bytes
     phases: Phases = {
         "rollout": {**kept, **generation_bytes(shape, rows, g.prompts, prompt_tokens, new, compute_bytes, graphed)},
         "scoring": {**kept, **scoring_bytes(shape, g)},
@@ -190,7 +190,8 @@ def _supervised(
         recompute=recompute,
     )
     kept = {**trained_bytes(shape), "reference": reference_bytes(shape, compute_bytes, lora) if reference else 0}
-    phases: Phases = {"update": {**kept, **update_bytes(shape, g, head=head, one_pass=micro >= rows)}}
+    one_pass = micro >= rows and device.kind == "cuda"  # see update_bytes
+    phases: Phases = {"update": {**kept, **update_bytes(shape, g, head=head, one_pass=one_pass)}}
     if reference:
         phases["scoring"] = {**kept, **scoring_bytes(shape, g)}
     return g, phases

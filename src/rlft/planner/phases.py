@@ -95,11 +95,17 @@ class Geometry:
         return self.micro_rows * (self.new_tokens or self.seq)
 
 
+def _layer_per_token(shape: ModelShape, compute_bytes: int) -> int:
+    """What one decoder layer keeps a token when it keeps everything (or replays its forward)."""
+    h, inter = shape.hidden, shape.intermediate
+    lora = ACT_LORA_HIDDEN * h if shape.trainable < shape.params else 0
+    return 4 * ACT_FP32_HIDDEN * h + (ACT_HIDDEN * h + lora + ACT_INTER * inter) * compute_bytes
+
+
 def activation_bytes(shape: ModelShape, tokens: int, compute_bytes: int, recompute: str) -> int:
     """Activations ``tokens`` positions keep for the backward through the decoder layers."""
     h, inter, kv = shape.hidden, shape.intermediate, shape.kv_heads * shape.head_dim
-    lora = ACT_LORA_HIDDEN * h if shape.trainable < shape.params else 0
-    layer = 4 * ACT_FP32_HIDDEN * h + (ACT_HIDDEN * h + lora + ACT_INTER * inter) * compute_bytes
+    layer = _layer_per_token(shape, compute_bytes)
     selective = 4 * SEL_FP32_HIDDEN * h + (SEL_HIDDEN * h + 2 * kv + 2 * inter) * compute_bytes
     per_token = {
         "off": shape.layers * layer,
@@ -164,13 +170,15 @@ def update_bytes(shape: ModelShape, g: Geometry, head: bool = True, one_pass: bo
     """A backward over one micro-batch, gradients accumulating: gradients (fp32, trainable
     parameters), the micro-batch's activations, and the head's log-prob buffers (``head``).
 
-    ``one_pass``: the optimizer step's only forward/backward. Its gradients do not exist at the
-    forward's end (they are freed after every step, :func:`rlft.trainer.optim.clipped_step`) and
+    ``one_pass``: the optimizer step's only forward/backward, on a GPU. Its gradients do not exist at
+    the forward's end (they are freed after every step, :func:`rlft.trainer.optim.clipped_step`) and
     the backward allocates them layer by layer as it frees the activations, so the pass peaks at
     the larger of the forward's end (every activation, and the LM head's weight gradient, the
-    backward's first) and the backward's end (every gradient and one layer's recomputation): the
-    gradient term is what the backward's end holds beyond the forward's. Passes after a first one
-    run with the gradients already there."""
+    backward's first) and the backward's end (every gradient and one layer's forward): the gradient
+    term is what the backward's end holds beyond the forward's. Passes after a first one run with
+    the gradients already there. A CPU's peak is its resident set, which keeps what glibc's heap could
+    not reuse: there the activations and gradients were measured to coexist
+    (``benchmarks/memory_estimate.py``'s one-pass cases), so the caller leaves ``one_pass`` off."""
     out = {"activations": activation_bytes(shape, g.forward_tokens, g.compute_bytes, g.recompute)}
     if head:
         out["logits"] = head_bytes(shape, g.scored_tokens, g.compute_bytes)
@@ -178,7 +186,9 @@ def update_bytes(shape: ModelShape, g: Geometry, head: bool = True, one_pass: bo
         out["autocast weights"] = 2 * shape.linear_params
     gradients = 4 * shape.trainable
     if one_pass:
-        last_layer = out["activations"] // shape.layers
+        last_layer = int(
+            ACTIVATION_MARGIN[g.compute_bytes] * g.forward_tokens * _layer_per_token(shape, g.compute_bytes)
+        )
         head_gradient = 4 * shape.vocab * shape.hidden if shape.trainable == shape.params else 0
         gradients = max(head_gradient, gradients + last_layer - sum(out.values()))
     return {"gradients": gradients, **out}
