@@ -272,3 +272,20 @@ def test_the_planner_head_constants_are_the_ones_the_head_uses():
 
     assert phases.HEAD_CHUNK_ELEMENTS == head._CHUNK_ELEMENTS
     assert phases.HEAD_KEPT_PROBS_BYTES == logprobs.KEPT_PROBS_BYTES
+
+
+def test_the_update_holds_of_the_decode_copy_only_what_the_step_does_not_rewrite(tiny_config):
+    """The engine frees the decode copy's Linears the optimizer step rewrites (RolloutEngine.release_memory)."""
+
+    def decode_weights(**model) -> tuple[int, int]:
+        tiny_config["model"].update(model)
+        phases = estimate_memory(load_config(data=tiny_config), T4, prompt_tokens=10).phases
+        return phases["rollout"]["decode weights"], phases["update"]["decode weights"]
+
+    assert decode_weights(lora=None) == (43392, 0)  # every Linear trains
+    head = 2 * 102 * 32  # the LM head is no LoRA target: its copy stays
+    rollout, update = decode_weights(lora={"r": 4})
+    assert rollout >= 43392 and update == head
+    rollout, update = decode_weights(lora={"r": 4, "target_modules": ["q_proj", "v_proj"]})
+    assert rollout == update  # a fused q/k/v with a frozen k: nothing freed
+    assert decode_weights(lora=None, dtype="fp32") == (0, 0)  # no copy to free

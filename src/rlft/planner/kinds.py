@@ -120,8 +120,8 @@ def rl_phases(
         "decode weights": decode_copy if r.decode_copy else 0,
         **_critic_kept(cfg, shape),
     }
-    # the decode copy is freed for the update (rlft.rollout.base.RolloutEngine.release_memory)
-    trained = {**kept, "decode weights": 0}
+    copy = kept["decode weights"]
+    trained = {**kept, "decode weights": copy - min(copy, _decode_copy_released(cfg, shape))}
     one_pass = micro >= update_rows and device.kind == "cuda"  # see update_bytes
     phases: Phases = {
         "rollout": {**kept, **generation_bytes(shape, rows, g.prompts, prompt_tokens, new, compute_bytes, graphed)},
@@ -138,6 +138,16 @@ def rl_phases(
             ),
         }
     return g, phases
+
+
+def _decode_copy_released(cfg, shape: ModelShape) -> int:
+    """What of the decode copy the engine frees for the update (rlft.rollout.base.RolloutEngine.release_memory):
+    the Linears an optimizer step rewrites. Under LoRA on every Linear that is all but the LM head (a LoRA on
+    some Linears is taken to free nothing: a fused q/k/v with one frozen part stays whole)."""
+    lora = cfg.model.lora
+    if lora is None:
+        return 2 * shape.linear_params
+    return 2 * (shape.linear_params - shape.vocab * shape.hidden) if lora.target_modules == "all-linear" else 0
 
 
 def separate_critic(algorithm) -> bool:

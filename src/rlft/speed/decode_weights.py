@@ -58,6 +58,7 @@ class DecodeWeights:
         self._entries = _entries(source, self.module, lora or {})
         # PEFT merged the adapters into bf16 weights: the first current() merges again at full precision
         self._watch = ChangeWatch([e.sources for e in self._entries], start_changed=bool(lora))
+        self._released: list[tuple[torch.UntypedStorage, int, list[int]]] = []  # (storage, size, its entries)
 
     @property
     def merged_lora(self) -> bool:
@@ -66,29 +67,36 @@ class DecodeWeights:
     def current(self) -> nn.Module:
         """The copy, first refreshed from every source tensor that changed since the last call (all of
         them after :meth:`release`)."""
-        changed = self._watch.changed()
+        changed = set(self._watch.changed())
         with torch.no_grad():
-            if self._released:
-                for storage, nbytes in self._released:
-                    storage.resize_(nbytes)
-                changed, self._released = range(len(self._entries)), []
-            for i in changed:
+            for storage, nbytes, entries in self._released:
+                storage.resize_(nbytes)
+                changed.update(entries)
+            self._released = []
+            for i in sorted(changed):
                 self._entries[i].dst.copy_(self._entries[i].make())
         return self.module
 
     def release(self) -> None:
-        """Free the copy's own tensors until the next :meth:`current` remakes them, the module and its
-        tensors staying as they are (their storage resized to nothing, as FSDP frees unsharded
-        parameters): between a rollout and the update, whose optimizer step changes every trained
-        weight anyway, the update gets their memory. Tensors read from the source are kept."""
+        """Free the copy's tensors that the next optimizer step rewrites (those made from a trained parameter)
+        until the next :meth:`current` remakes them: between a rollout and the update, the update gets their
+        memory, and the copy does no work it would not have done. The module and its tensors stay as they are,
+        their storage resized to nothing (as FSDP frees unsharded parameters); a storage shared with a frozen
+        tensor (a fused q/k/v with a frozen k) is kept, as is everything read from the source."""
         if self._released:
             return
-        storages = {e.dst.untyped_storage().data_ptr(): e.dst.untyped_storage() for e in self._entries}
-        self._released = [(s, s.nbytes()) for s in storages.values() if s.nbytes()]
-        for storage, _ in self._released:
+        groups: dict[int, tuple[torch.UntypedStorage, list[int]]] = {}
+        for i, e in enumerate(self._entries):
+            storage = e.dst.untyped_storage()
+            groups.setdefault(storage.data_ptr(), (storage, []))[1].append(i)
+        trained = [any(t.requires_grad for t in e.sources) for e in self._entries]
+        self._released = [
+            (storage, storage.nbytes(), entries)
+            for storage, entries in groups.values()
+            if storage.nbytes() and all(trained[i] for i in entries)
+        ]
+        for storage, _, _ in self._released:
             storage.resize_(0)
-
-    _released: list = []  # (storage, its size) freed by release()
 
 
 _PEFT_PREFIX = "base_model.model."

@@ -188,6 +188,7 @@ class FusedDecoder:
         self._watch = ChangeWatch([m.sources for m in self._matmuls], start_changed=True) if pack_dtype else None
         self.kernels = kernels if kernels is not None and self._kernels_apply() else None
         self._loop = None  # the layer weights for the one-call layer loop, made after a refresh
+        self._released: set[int] = set()  # the matmuls whose packed copy release() freed
 
     def _kernels_apply(self) -> bool:
         """Whether the native kernels (:mod:`rlft.speed.kernels`) can run this model's decode step."""
@@ -219,21 +220,21 @@ class FusedDecoder:
         """Remake the packed copy of every weight that changed since the last rollout (all of them after
         :meth:`release`)."""
         if self._watch is not None:
-            changed = self._watch.changed()
-            for i in range(len(self._matmuls)) if self._released else changed:
+            for i in sorted(set(self._watch.changed()) | self._released):
                 self._matmuls[i].repack()
                 self._loop = None
-            self._released = False
+            self._released = set()
 
     def release(self) -> None:
-        """Free the packed copies until the next :meth:`refresh` remakes them (between a rollout and the
-        update, whose optimizer step changes every trained weight anyway)."""
+        """Free the packed copies of trained parameters until the next :meth:`refresh` remakes them: between
+        a rollout and the update, whose optimizer step rewrites those parameters anyway. Copies packed from
+        frozen tensors (a LoRA policy's merged module) are kept."""
         if self._watch is not None:
-            for m in self._matmuls:
-                m._packed = m.bias = None  # repack() makes both again
-            self._loop, self._released = None, True
-
-    _released = False
+            for i, m in enumerate(self._matmuls):
+                if m._packed is not None and all(t.requires_grad for t in m.sources):
+                    m._packed = m.bias = None  # repack() makes both again
+                    self._released.add(i)
+            self._loop = None
 
     def _layer_loop(self):
         """The layer weights for :meth:`CpuKernels.decode_layers_bf16`, or None where a layer's matmul is not
