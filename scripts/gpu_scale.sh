@@ -2,7 +2,8 @@
 # rlft against TRL at the sizes people train, on one CUDA GPU in bf16 (issue 37), in at most 8 minutes:
 #   1. rlft check-env, and the GPU tests (tests/speed/test_graphed_rows.py: the captured token, sampling
 #      included, against the eager one; tests/models/test_checkpointing.py: selective recomputation against
-#      keeping every activation, with PyTorch's fused attention), where pytest is installed;
+#      keeping every activation, with PyTorch's fused attention; tests/speed/test_decode_weights.py: the decode
+#      copy freed for the update and the next rollout's graphs reading it again), where pytest is installed;
 #   2. SmolLM2-1.7B's shape, 8 prompts x 8 completions of 128 new tokens (10 steps: the whole process is
 #      timed too), then of 512: TRL and rlft stepped in turn (each row prints decode GB/s and update
 #      TFLOP/s against the GPU's measured bandwidth and bf16 matmul peak, peak GPU memory, and
@@ -63,7 +64,8 @@ status=0
 if "$PY" -c "import pytest" >/dev/null 2>&1; then
   log "the GPU tests"
   timeout "$(left 60)" "$PY" -m pytest -q -p no:cacheprovider -p no:randomly -k "captured or cuda" \
-    tests/speed/test_graphed_rows.py tests/models/test_checkpointing.py >"$OUT/gpu_tests.log" 2>&1
+    tests/speed/test_graphed_rows.py tests/models/test_checkpointing.py tests/speed/test_decode_weights.py \
+    >"$OUT/gpu_tests.log" 2>&1
   rc=$?
   tail -3 "$OUT/gpu_tests.log"
   "$PY" -c 'import json, sys; print(json.dumps({"exit": int(sys.argv[1]), "tail": open(sys.argv[2]).read()[-3000:]}))' \

@@ -115,3 +115,27 @@ def test_a_released_engine_samples_what_an_unreleased_one_samples(tiny_model_dir
         fused = engines[0]._fused[1]
         assert fused.head._packed is None and all(la.qkv._packed is None for la in fused.layers)
         _step(model, opt, runs[0].input_ids)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the graphed decode over the bf16 module copy needs a GPU")
+def test_on_cuda_a_released_copy_decodes_through_the_graphs_what_a_kept_one_decodes(tiny_model_dir):
+    """On a GPU the decode copy is the bf16 module, read in place by the graphed decode: freed for the update,
+    its storage comes back at another address, and the graphs captured for the next rollout read it there."""
+    cuda = torch.device("cuda")
+    model = load_policy(ModelConfig(path=str(tiny_model_dir), dtype="bf16"), cuda, model_dir=tiny_model_dir)
+    tok = load_tokenizer(tiny_model_dir)
+    engines = [
+        NativeEngine(model, tok, max_prompt_length=64, autocast_dtype=torch.bfloat16, decode_copy=True)
+        for _ in range(2)
+    ]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    for _ in range(2):
+        runs = [
+            engine.generate(["hello there", "abc"], SamplingParams(max_new_tokens=20, n=2, seed=5))
+            for engine in engines
+        ]
+        assert torch.equal(runs[0].completion_ids, runs[1].completion_ids)
+        assert torch.equal(runs[0].logprobs, runs[1].logprobs)
+        engines[0].release_memory()
+        assert _own_bytes(engines[0]._copy) == 0
+        _step(model, opt, runs[0].input_ids)
