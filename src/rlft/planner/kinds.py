@@ -108,20 +108,7 @@ def rl_phases(
         group=alg.num_generations,
         **_eval_geometry(cfg, new),
     )
-    from rlft.speed.fused_decode import SUPPORTED
-
-    r = cfg.rollout  # the native engine's fused decode of a Llama-family model: graphed on a GPU, packed on a CPU
-    fused = r.engine == "native" and r.fused_decode and shape.model_type in SUPPORTED
-    graphed = fused and device.kind == "cuda" and r.cuda_graphs
-    decode_copy = decode_copy_bytes(shape, compute_bytes, lora, packed=fused and device.kind == "cpu")
-    kept = {
-        **trained_bytes(shape),
-        "reference": reference_bytes(shape, compute_bytes, lora) if alg.uses_reference() else 0,
-        "decode weights": decode_copy if r.decode_copy else 0,
-        **_critic_kept(cfg, shape),
-    }
-    copy = kept["decode weights"]
-    trained = {**kept, "decode weights": copy - min(copy, _decode_copy_released(cfg, shape))}
+    kept, trained, graphed = _rl_kept(cfg, shape, device, compute_bytes)
     one_pass = micro >= update_rows and device.kind == "cuda"  # see update_bytes
     phases: Phases = {
         "rollout": {**kept, **generation_bytes(shape, rows, g.prompts, prompt_tokens, new, compute_bytes, graphed)},
@@ -138,6 +125,26 @@ def rl_phases(
             ),
         }
     return g, phases
+
+
+def _rl_kept(cfg, shape: ModelShape, device: DeviceSpec, compute_bytes: int) -> tuple[dict, dict, bool]:
+    """What an RL step keeps through its phases; the same in the update, where the engine has freed the decode
+    copy's Linears the optimizer step rewrites (rlft.rollout.base.RolloutEngine.release_memory); and whether
+    the decode runs as CUDA graphs."""
+    from rlft.speed.fused_decode import SUPPORTED
+
+    r, lora = cfg.rollout, cfg.model.lora is not None
+    # the native engine's fused decode of a Llama-family model: graphed on a GPU, packed on a CPU
+    fused = r.engine == "native" and r.fused_decode and shape.model_type in SUPPORTED
+    graphed = fused and device.kind == "cuda" and r.cuda_graphs
+    copy = decode_copy_bytes(shape, compute_bytes, lora, packed=fused and device.kind == "cpu") if r.decode_copy else 0
+    kept = {
+        **trained_bytes(shape),
+        "reference": reference_bytes(shape, compute_bytes, lora) if cfg.algorithm.uses_reference() else 0,
+        "decode weights": copy,
+        **_critic_kept(cfg, shape),
+    }
+    return kept, {**kept, "decode weights": copy - min(copy, _decode_copy_released(cfg, shape))}, graphed
 
 
 def _decode_copy_released(cfg, shape: ModelShape) -> int:

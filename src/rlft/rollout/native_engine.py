@@ -82,7 +82,8 @@ class NativeEngine(HFGenerateEngine):
         bf16 copies made straight from the policy's weights (no module copy). Otherwise the decode
         copy (a merged LoRA policy, or no packing here). bf16 autocast over fp32 weights (no
         decode copy) takes the generic path, which casts them."""
-        from rlft.speed.fused_decode import FusedDecoder, can_pack, unsupported_reason
+        from rlft.speed.fused_decode import FusedDecoder, unsupported_reason
+        from rlft.speed.packed_matmul import can_pack
 
         if not self.fused_decode or (self.autocast_dtype is not None and not self.decode_copy):
             return None

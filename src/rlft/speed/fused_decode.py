@@ -6,7 +6,7 @@ weights and to framework overhead around ~15 small modules per layer. This forwa
 * under bf16 on CPUs where oneDNN packs bf16, multiplies bf16 copies of the policy's weights in
   oneDNN's blocked layout (1.4-1.7x ``torch.mm`` for 16 rows of SmolLM2's shapes), made straight
   from the fp32 weights and remade only for tensors an optimizer stepped: no module copy, the
-  embedding and norms read in place (:class:`_Matmul`, :meth:`FusedDecoder.refresh`);
+  embedding and norms read in place (:class:`DecodeMatmul`, :meth:`FusedDecoder.refresh`);
 * writes keys and values in place into a preallocated cache grown a block of columns at a time
   (:class:`StaticKV`) instead of concatenating a growing cache at every token, and attends over
   each layer's keys as one contiguous block (no per-step copy of a strided slice);
@@ -29,7 +29,7 @@ from torch import nn
 
 from rlft.speed.change_watch import ChangeWatch
 from rlft.speed.decode_attention import cached_attention
-from rlft.speed.fast_linear import matmul_weight_t  # CPU GEMMs stream cold weights faster as W @ x.T
+from rlft.speed.packed_matmul import DecodeMatmul
 from rlft.speed.static_kv import StaticKV, count_kv_read
 
 SUPPORTED = ("llama", "mistral", "qwen2")
@@ -93,79 +93,21 @@ def _weights(owner: nn.Module, fused_attr: str, linears: list[nn.Linear]):
     return [m.weight for m in linears], (None if biases[0] is None else biases)
 
 
-def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
-    """True when oneDNN can multiply weights of ``dtype`` prepacked here (CPU, fp32 or native bf16)."""
-    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
-        return False
-    if dtype == torch.bfloat16:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    return dtype == torch.float32
-
-
-class _Matmul:
-    """``x [M, K] -> x @ W.T (+ b) [M, N]`` for W the row-concatenation of ``weights`` (b of ``biases``).
-
-    With ``pack_dtype`` the product runs on a private copy of W in that dtype, made by :meth:`repack`
-    (the decoder calls it when the weights changed): in oneDNN's blocked layout, or, in bf16 with
-    ``thin`` (the native kernels where their AVX512-BF16 matmul is the faster one), in that
-    kernel's layout. Otherwise on the weights as they are, small inputs through the weight-first
-    product (CPU GEMMs stream a cold weight faster as ``W @ x.T``)."""
-
-    def __init__(
-        self, weights: list[torch.Tensor], biases: list[torch.Tensor] | None, pack_dtype: torch.dtype | None, thin=None
-    ):
-        self.weights, self.biases = weights, biases
-        self.pack_dtype = pack_dtype
-        self.dtype = pack_dtype or weights[0].dtype
-        self._packed: torch.Tensor | None = None
-        self.bias = None if biases is None or pack_dtype else _cat(biases)
-        fits = thin is not None and thin.thin_matmul_takes(sum(w.shape[0] for w in weights), weights[0].shape[1])
-        self.thin = thin if fits and pack_dtype == torch.bfloat16 else None
-
-    @property
-    def sources(self) -> list[torch.Tensor]:
-        return self.weights + (self.biases or [])
-
-    def repack(self) -> None:
-        with torch.no_grad():
-            if self.thin is not None:  # one pass from the sources, into the last refresh's buffer
-                self._packed = self.thin.pack_bf16(self.weights, self._packed)
-            else:  # oneDNN: the batch-size hint only picks a blocking; any row count is computed correctly
-                self._packed = torch.ops.mkldnn._reorder_linear_weight(_cat(self.weights).to(self.pack_dtype), 16)
-            self.bias = None if self.biases is None else _cat(self.biases).to(self.pack_dtype)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.to(self.dtype)
-        if self.thin is not None:
-            out = self.thin.matmul_bf16(x, self._packed)
-        elif self.pack_dtype is not None:
-            out = torch.ops.mkldnn._linear_pointwise(x, self._packed, None, "none", [], "")
-        elif len(self.weights) == 1:
-            out = matmul_weight_t(x, self.weights[0])
-        else:
-            out = torch.cat([matmul_weight_t(x, w) for w in self.weights], -1)
-        return out if self.bias is None else out + self.bias
-
-
-def _cat(tensors: list[torch.Tensor]) -> torch.Tensor:
-    return tensors[0].detach() if len(tensors) == 1 else torch.cat([t.detach() for t in tensors])
-
-
 @dataclass
 class _Layer:
     ln1: torch.Tensor
     ln2: torch.Tensor
-    qkv: _Matmul
-    o: _Matmul
-    gate_up: _Matmul
-    down: _Matmul
+    qkv: DecodeMatmul
+    o: DecodeMatmul
+    gate_up: DecodeMatmul
+    down: DecodeMatmul
 
 
 class FusedDecoder:
     """``prefill(...)`` and ``step(tokens, positions, kv)``: next-token logits (float32) for a static cache.
 
     ``pack_dtype``: multiply private copies of the weights in that dtype, prepacked (see
-    :class:`_Matmul`); then ``model`` may be the fp32 policy itself: the copies are remade by
+    :class:`DecodeMatmul`); then ``model`` may be the fp32 policy itself: the copies are remade by
     :meth:`refresh` for the tensors an optimizer stepped, and nothing else is duplicated (the
     embedding and norms are read in place). Without it, matmul inputs are rounded to the dtype
     of the weights as they are (fp32 policy, or the bf16 decode copy). Keys and values are cached
@@ -177,7 +119,7 @@ class FusedDecoder:
         self.rotary = base.rotary_emb
         self.norm, self.eps = base.norm.weight, base.norm.variance_epsilon
         thin = kernels if kernels is not None and self.embed.device.type == "cpu" else None
-        self.head = _Matmul([model.lm_head.weight], None, pack_dtype, thin)
+        self.head = DecodeMatmul([model.lm_head.weight], None, pack_dtype, thin)
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
@@ -210,10 +152,10 @@ class FusedDecoder:
         return _Layer(
             layer.input_layernorm.weight,
             layer.post_attention_layernorm.weight,
-            _Matmul(qkv, qkv_bias, pack_dtype, thin),
-            _Matmul([attn.o_proj.weight], None, pack_dtype, thin),
-            _Matmul(gate_up, None, pack_dtype, thin),
-            _Matmul([mlp.down_proj.weight], None, pack_dtype, thin),
+            DecodeMatmul(qkv, qkv_bias, pack_dtype, thin),
+            DecodeMatmul([attn.o_proj.weight], None, pack_dtype, thin),
+            DecodeMatmul(gate_up, None, pack_dtype, thin),
+            DecodeMatmul([mlp.down_proj.weight], None, pack_dtype, thin),
         )
 
     def refresh(self) -> None:
