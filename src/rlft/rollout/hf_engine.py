@@ -97,8 +97,8 @@ class HFGenerateEngine:
             return self._copy.current()
 
     def release_memory(self) -> None:
-        """Between a rollout and the update: free the decode copy until the next generation remakes it
-        (the update's optimizer step changes every trained weight, so it would be remade anyway)."""
+        """Between a rollout and the update: free the decode copy's tensors the update's optimizer step
+        rewrites (they would be remade for the next generation anyway) until that generation remakes them."""
         if self._copy is not None:
             self._copy.release()
 

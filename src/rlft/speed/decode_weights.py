@@ -65,8 +65,8 @@ class DecodeWeights:
         return not hasattr(self.module, "peft_config") and any(len(e.sources) > 1 for e in self._entries)
 
     def current(self) -> nn.Module:
-        """The copy, first refreshed from every source tensor that changed since the last call (all of
-        them after :meth:`release`)."""
+        """The copy, first refreshed from every source tensor that changed since the last call, and remade
+        where :meth:`release` freed it."""
         changed = set(self._watch.changed())
         with torch.no_grad():
             for storage, nbytes, entries in self._released:

@@ -159,8 +159,8 @@ class FusedDecoder:
         )
 
     def refresh(self) -> None:
-        """Remake the packed copy of every weight that changed since the last rollout (all of them after
-        :meth:`release`)."""
+        """Remake the packed copy of every weight that changed since the last rollout, and those
+        :meth:`release` freed."""
         if self._watch is not None:
             for i in sorted(set(self._watch.changed()) | self._released):
                 self._matmuls[i].repack()
