@@ -73,7 +73,7 @@ def test_a_full_disk_fails_with_a_fix(tiny_config, tmp_path, monkeypatch):
     usage = shutil.disk_usage(tmp_path)
     monkeypatch.setattr(run_checks.shutil, "disk_usage", lambda p: usage._replace(free=1024))
     disk = _by_name(doctor(str(path)))["disk"]
-    assert disk.status == FAIL and "0.0 GB free" in disk.detail
+    assert disk.status == FAIL and "0.0 GiB free" in disk.detail
     assert "train.save_optimizer=false" in disk.fix and "train.keep_last=1" in disk.fix
 
 

@@ -19,7 +19,7 @@ def test_the_token_budget_is_half_the_memory_left_after_the_model_states(monkeyp
     tokens, why = memory.activation_token_budget(
         _Model(), device=torch.device("cpu"), compute_bytes=2, resident_bytes=2 * 2**30
     )
-    assert tokens == (2 * 2**30) // per_token and f"up to {tokens} tokens" in why and "of 6 GB" in why
+    assert tokens == (2 * 2**30) // per_token and f"up to {tokens} tokens" in why and "of 6 GiB" in why
     # rows follow the batch's length: short rows, more of them; never zero, never more than the batch
     assert memory.rows_for(tokens, 64, 100) == min(64, tokens // 100)
     assert memory.rows_for(tokens, 64, 1000) == tokens // 1000 < memory.rows_for(tokens, 64, 100)

@@ -32,7 +32,7 @@ class Check:
 
 
 def _gb(n: float) -> str:
-    return f"{n / 2**30:.1f} GB"
+    return f"{n / 2**30:.1f} GiB"
 
 
 def check_python() -> Check:

@@ -119,7 +119,7 @@ def activation_token_budget(
     tokens = int(budget // per_token)
     why = (
         f"up to {tokens} tokens per forward/backward (about {per_token / 2**20:.1f} MB of activations a token; "
-        f"budget {budget / 2**30:.1f} GB of {total / 2**30:.0f} GB)"
+        f"budget {budget / 2**30:.1f} GiB of {total / 2**30:.0f} GiB)"
     )
     return tokens, why
 

@@ -91,14 +91,15 @@ class MemoryEstimate:
             parts = sorted(((k, v) for k, v in self.phases[name].items() if v), key=lambda kv: -kv[1])
             detail = ", ".join(f"{k} {gb(v)}" for k, v in parts)
             mark = "  <- peak" if name == self.peak_phase else ""
-            out.append(f"  {name:<14} {gb(total):>9}  = runtime {gb(self.runtime)}, {detail}{mark}")
+            out.append(f"  {name:<14} {gb(total):>10}  = runtime {gb(self.runtime)}, {detail}{mark}")
         verdict = "fits" if self.fits else "does NOT fit"
         out.append(f"predicted peak: {gb(self.peak)} in {self.peak_phase}: {verdict} {self.device.name}")
         return out + [f"note: {n}" for n in self.notes]
 
 
 def gb(n: int | float) -> str:
-    return f"{n / GiB:.2f} GB"
+    """Bytes in GiB, the unit of PyTorch's and nvidia-smi's memory figures (a "141 GB" H200 has 131 GiB)."""
+    return f"{n / GiB:.2f} GiB"
 
 
 def compute_bytes(cfg, device: DeviceSpec) -> int:

@@ -138,8 +138,8 @@ class Trainer:
         self.log.info(f"config loaded: {self.config_source} -> run directory {self.run_dir.root}")
         if memory is not None:
             self.log.info(
-                f"memory: predicted peak {memory.peak_bytes / 2**30:.2f} GB ({memory.peak_phase}) of "
-                f"{memory.device_bytes / 2**30:.1f} GB on {memory.device}"
+                f"memory: predicted peak {memory.peak_bytes / 2**30:.2f} GiB ({memory.peak_phase}) of "
+                f"{memory.device_bytes / 2**30:.1f} GiB on {memory.device}"
             )
         log_plan(self._plan, self.resume_from, self.log)
         if self._plan.restart_root is not None and self.dist.is_main:
