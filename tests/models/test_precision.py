@@ -70,3 +70,45 @@ def test_a_process_adopts_rank_zeros_measurement(monkeypatch):
     assert precision.resolve_dtype("auto", torch.device("cpu")) == "bf16"
     precision.adopt_bf16_speedup(0.5)
     assert precision.resolve_dtype("auto", torch.device("cpu")) == "fp32"
+
+
+def _lora_logprobs_and_grads(model):
+    from rlft.models.logprobs import grouped_completion_logprobs
+    from tests.models.test_checkpointing import _batch
+
+    prompt_ids, prompt_mask, row_prompt, comp_ids, comp_mask = _batch()
+    model.train()
+    with precision.autocast(torch.bfloat16, torch.device("cpu")):
+        lp, _ = grouped_completion_logprobs(
+            model, prompt_ids, prompt_mask, row_prompt, comp_ids, comp_mask, temperature=0.7, loss_mask=comp_mask
+        )
+    (lp * comp_mask).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+    model.zero_grad(set_to_none=True)
+    return lp.detach(), grads
+
+
+def test_a_lora_base_stored_in_the_compute_dtype_gives_the_same_numbers_in_half_the_memory(tiny_model_dir):
+    """Under bf16 autocast a frozen fp32 weight is only used through its bf16 cast: storing the cast gives
+    bit-identical log-probs and adapter gradients. The adapters keep fp32; a head tied to the embedding too."""
+    from rlft.config.schema import ModelConfig
+    from rlft.models.loading import load_policy
+
+    cfg = ModelConfig(path=str(tiny_model_dir), dtype="fp32", lora={"r": 4, "alpha": 8})
+    fp32_base = load_policy(cfg, torch.device("cpu"), model_dir=tiny_model_dir)
+    model = load_policy(cfg, torch.device("cpu"), model_dir=tiny_model_dir)
+    with torch.no_grad():  # LoRA's B starts at zero: give the adapters a say in the outputs
+        for a, b in zip(fp32_base.parameters(), model.parameters(), strict=True):
+            if a.requires_grad:
+                a.normal_(0, 0.05)
+                b.copy_(a)
+    base = [p for n, p in model.named_parameters() if "base_layer.weight" in n]
+    freed = precision.frozen_linears_in(model, torch.bfloat16)
+    assert freed == 2 * sum(p.numel() for p in base) and {p.dtype for p in base} == {torch.bfloat16}
+    assert all(p.dtype == torch.float32 for p in model.parameters() if p.requires_grad)
+    assert model.get_input_embeddings().weight.dtype == torch.float32  # tied to the head: kept
+    lp_a, grads_a = _lora_logprobs_and_grads(fp32_base)
+    lp_b, grads_b = _lora_logprobs_and_grads(model)
+    assert torch.equal(lp_a, lp_b)
+    assert grads_a.keys() == grads_b.keys() and all(torch.equal(grads_a[n], grads_b[n]) for n in grads_a)
+    assert precision.frozen_linears_in(model, torch.bfloat16) == 0  # already there

@@ -151,3 +151,22 @@ def autocast(dtype: torch.dtype | None, device: torch.device):
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=dtype, cache_enabled=False)
+
+
+def frozen_linears_in(model: torch.nn.Module, dtype: torch.dtype) -> int:
+    """Store the frozen Linear weights of ``model`` (a LoRA policy's base) in the autocast ``dtype``; returns
+    the bytes this frees.
+
+    Under autocast a frozen fp32 Linear weight is only ever used through its ``dtype`` cast, made again in
+    every forward (and in every recomputation): storing the cast gives bit-identical outputs and gradients,
+    half the memory (16 GB less for an 8B base) and no cast traffic. Trained parameters keep their fp32
+    master weights, and a weight shared with another kind of module (an LM head tied to the embedding)
+    keeps its precision."""
+    from rlft.speed.decode_weights import linear_only_params
+
+    freed = 0
+    for p in linear_only_params(model):
+        if not p.requires_grad and p.dtype != dtype:
+            freed += p.numel() * (p.element_size() - torch.empty(0, dtype=dtype).element_size())
+            p.data = p.data.to(dtype)
+    return freed

@@ -139,12 +139,18 @@ def _rl_kept(cfg, shape: ModelShape, device: DeviceSpec, compute_bytes: int) -> 
     graphed = fused and device.kind == "cuda" and r.cuda_graphs
     copy = decode_copy_bytes(shape, compute_bytes, lora, packed=fused and device.kind == "cpu") if r.decode_copy else 0
     kept = {
-        **trained_bytes(shape),
+        **trained_bytes(shape, _frozen_linear_bytes(cfg, compute_bytes)),
         "reference": reference_bytes(shape, compute_bytes, lora) if cfg.algorithm.uses_reference() else 0,
         "decode weights": copy,
         **_critic_kept(cfg, shape),
     }
     return kept, {**kept, "decode weights": copy - min(copy, _decode_copy_released(cfg, shape))}, graphed
+
+
+def _frozen_linear_bytes(cfg, compute_bytes: int) -> int:
+    """Bytes a LoRA base's Linear weight takes a parameter: the compute dtype's, except under fsdp2
+    (rlft.trainer.parts.build_model)."""
+    return compute_bytes if cfg.model.lora is not None and cfg.distributed.strategy != "fsdp2" else 4
 
 
 def _decode_copy_released(cfg, shape: ModelShape) -> int:
@@ -206,7 +212,10 @@ def _supervised(
         compute_bytes=compute_bytes,
         recompute=recompute,
     )
-    kept = {**trained_bytes(shape), "reference": reference_bytes(shape, compute_bytes, lora) if reference else 0}
+    kept = {
+        **trained_bytes(shape, _frozen_linear_bytes(cfg, compute_bytes)),
+        "reference": reference_bytes(shape, compute_bytes, lora) if reference else 0,
+    }
     one_pass = micro >= rows and device.kind == "cuda"  # see update_bytes
     phases: Phases = {"update": {**kept, **update_bytes(shape, g, head=head, one_pass=one_pass)}}
     if reference:

@@ -177,16 +177,25 @@ def frozen_copy(source: nn.Module, linear_dtype: torch.dtype | None = None) -> n
     return cast_linears(module, linear_dtype) if linear_dtype is not None else module
 
 
-def _cast_linears_memo(source: nn.Module, dtype: torch.dtype) -> dict[int, nn.Parameter]:
-    """A ``copy.deepcopy`` memo that copies each Linear weight and bias as its cast to ``dtype``, except a
-    weight another module shares (an LM head tied to the embedding), which keeps its precision."""
-    shared = {id(p) for m in source.modules() if not isinstance(m, nn.Linear) for p in m.parameters(recurse=False)}
-    return {
-        id(p): nn.Parameter(p.detach().to(dtype, copy=True), requires_grad=False)
-        for m in source.modules()
+def linear_only_params(module: nn.Module) -> list[nn.Parameter]:
+    """Every Linear's weight and bias that no other kind of module shares (not an LM head tied to the
+    embedding): the parameters that may be stored in a matmul dtype without changing anything else."""
+    shared = {id(p) for m in module.modules() if not isinstance(m, nn.Linear) for p in m.parameters(recurse=False)}
+    found = {
+        id(p): p
+        for m in module.modules()
         if isinstance(m, nn.Linear)
         for p in (m.weight, m.bias)
         if p is not None and p.is_floating_point() and id(p) not in shared
+    }
+    return list(found.values())
+
+
+def _cast_linears_memo(source: nn.Module, dtype: torch.dtype) -> dict[int, nn.Parameter]:
+    """A ``copy.deepcopy`` memo that copies each Linear weight and bias as its cast to ``dtype`` (a weight
+    another module shares keeps its precision)."""
+    return {
+        id(p): nn.Parameter(p.detach().to(dtype, copy=True), requires_grad=False) for p in linear_only_params(source)
     }
 
 

@@ -38,9 +38,10 @@ class ModelParts:
 
 def build_model(model_cfg: ModelConfig, *, with_reference: bool = False) -> ModelParts:
     """The model, its tokenizer and (``with_reference``) the frozen reference policy."""
+    from rlft.distributed.context import current
     from rlft.models.loading import load_policy, load_tokenizer, resolve_device
     from rlft.models.merge import ensure_merged
-    from rlft.models.precision import autocast_dtype, dtype_advice, dtype_reason
+    from rlft.models.precision import autocast_dtype, dtype_advice, dtype_reason, frozen_linears_in
     from rlft.models.reference import make_reference
     from rlft.models.save import is_adapter_dir
     from rlft.models.sources import resolve_model_dir
@@ -52,6 +53,10 @@ def build_model(model_cfg: ModelConfig, *, with_reference: bool = False) -> Mode
     tokenizer = load_tokenizer(model_dir)
     model = load_policy(model_cfg, device, model_dir=model_dir)
     autocast, warning = autocast_dtype(model_cfg.dtype, device)
+    # fsdp2 shards each layer's parameters as one flat tensor of a single dtype: a LoRA layer's base and
+    # adapter stay alike there
+    if autocast is not None and model_cfg.lora is not None and current().strategy != "fsdp2":
+        frozen_linears_in(model, autocast)
     reference = make_reference(model, autocast) if with_reference else None
     if warning or (warning := dtype_advice(model_cfg.dtype, device)):
         get_logger().warning(warning)
