@@ -159,7 +159,7 @@ def frozen_linears_in(model: torch.nn.Module, dtype: torch.dtype) -> int:
 
     Under autocast a frozen fp32 Linear weight is only ever used through its ``dtype`` cast, made again in
     every forward (and in every recomputation): storing the cast gives bit-identical outputs and gradients,
-    half the memory (16 GB less for an 8B base) and no cast traffic. Trained parameters keep their fp32
+    half the memory (about 15 GB less for an 8B base) and no cast traffic. Trained parameters keep their fp32
     master weights, and a weight shared with another kind of module (an LM head tied to the embedding)
     keeps its precision."""
     from rlft.speed.decode_weights import linear_only_params
