@@ -32,8 +32,9 @@ def test_forced_bf16_autocast_trains(tiny_config, monkeypatch, algorithm):
 
 def _decode_only_bytes(engine) -> int:
     """Bytes of what only generation reads: the bf16 module copy's own tensors and the packed decode weights."""
-    copies = [e.dst for e in engine._copy._entries] if engine._copy is not None else []
-    own = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in copies}.values())
+    from tests.speed.test_decode_weights import _own_bytes
+
+    own = _own_bytes(engine._copy) if engine._copy is not None else 0
     if engine._fused is not None:  # oneDNN's packed weights are opaque tensors: no storage to ask
         packed = [m._packed for m in engine._fused[1]._matmuls if m._packed is not None]
         own += sum(t.numel() * t.element_size() for t in packed)

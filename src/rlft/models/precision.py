@@ -167,6 +167,6 @@ def frozen_linears_in(model: torch.nn.Module, dtype: torch.dtype) -> int:
     freed = 0
     for p in linear_only_params(model):
         if not p.requires_grad and p.dtype != dtype:
-            freed += p.numel() * (p.element_size() - torch.empty(0, dtype=dtype).element_size())
+            freed += p.numel() * (p.element_size() - dtype.itemsize)
             p.data = p.data.to(dtype)
     return freed
