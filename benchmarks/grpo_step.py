@@ -102,7 +102,11 @@ def rlft_config(opts: dict, workdir: Path) -> dict:
             # CPU, where a long batch goes in passes that are as fast and take less memory
             "micro_batch_size": opts.get("micro_batch") or "auto",
         },
-        "rollout": {"engine": opts["engine"], "cuda_graphs": opts.get("cuda_graphs", True)},
+        "rollout": {
+            "engine": opts["engine"],
+            "cuda_graphs": opts.get("cuda_graphs", True),
+            "compile_decode": opts.get("compile_decode", False),
+        },
         "reward": {"functions": [{"type": "custom", "function": f"{HERE / 'workload.py'}:e_density"}]},
         "train": {
             "epochs": 100000,
@@ -240,7 +244,17 @@ def _rlft_eager_worker(conn, opts: dict) -> None:
     _rlft_worker(conn, {**opts, "cuda_graphs": False})
 
 
-WORKERS = {"rlft": _rlft_worker, "trl": _trl_worker, "rlft-eager": _rlft_eager_worker}
+def _rlft_compiled_worker(conn, opts: dict) -> None:
+    """rlft with its decode layers compiled by torch.compile (rollout.compile_decode: true), for the A/B."""
+    _rlft_worker(conn, {**opts, "compile_decode": True})
+
+
+WORKERS = {
+    "rlft": _rlft_worker,
+    "trl": _trl_worker,
+    "rlft-eager": _rlft_eager_worker,
+    "rlft-compiled": _rlft_compiled_worker,
+}
 
 
 class _Turns:
@@ -625,11 +639,22 @@ def _print_case(
             f"  rlft vs rlft-eager (CUDA graphs off): "
             f"{res['rlft-eager']['step_seconds'] / res['rlft']['step_seconds']:.2f}x"
         )
-    if "rlft" in res and "phases" in res["rlft"]:
-        print_phases(res["rlft"]["phases"], dtype, peaks, *sizes, lora=lora)
+    if "rlft" in res and "rlft-compiled" in res:
+        ph = [res[k].get("phases", {}) for k in ("rlft", "rlft-compiled")]
+        decode = ph[0].get("time/decode", 0) / max(ph[1].get("time/decode", 0), 1e-9)
+        print(
+            f"  rlft-compiled vs rlft (decode layers compiled): "
+            f"{res['rlft']['step_seconds'] / res['rlft-compiled']['step_seconds']:.2f}x a step, {decode:.2f}x the "
+            f"decode; whole process {res['rlft']['process_seconds'] / res['rlft-compiled']['process_seconds']:.2f}x"
+        )
+    for name in ("rlft", "rlft-compiled"):
+        if name in res and "phases" in res[name]:
+            print_phases(res[name]["phases"], dtype, peaks, *sizes, lora=lora, label=name)
 
 
-def print_phases(ph: dict, dtype: str, peaks: dict, weights: float, params: float, lora: bool = False) -> None:
+def print_phases(
+    ph: dict, dtype: str, peaks: dict, weights: float, params: float, lora: bool = False, label: str = "rlft"
+) -> None:
     """rlft's step split by phase, each against its floor: matmul phases in TFLOP/s against the
     measured matmul peak, decode and optimizer in GB/s against the measured read bandwidth. With ``lora``
     the frozen weights get no gradient (the policy's backward is one matmul a weight, not two) and the
@@ -655,7 +680,7 @@ def print_phases(ph: dict, dtype: str, peaks: dict, weights: float, params: floa
     }
     total = sum(v for k, v in ph.items() if k.startswith("time/"))
     print(
-        f"  rlft per phase ({dtype}, median of timed steps; floors: matmul {peak:.3f} TFLOP/s, "
+        f"  {label} per phase ({dtype}, median of timed steps; floors: matmul {peak:.3f} TFLOP/s, "
         f"read bandwidth {bw:.1f} GB/s)"
     )
     tokens = {name: ph.get(f"work/{name}_tokens", 0) for name in ("prefill", "decode", "reference", "policy")}

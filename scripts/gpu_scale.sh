@@ -3,13 +3,15 @@
 #   1. rlft check-env, and the GPU tests (tests/speed/test_graphed_rows.py: the captured token, sampling
 #      included, against the eager one; tests/models/test_checkpointing.py: selective recomputation against
 #      keeping every activation, with PyTorch's fused attention; tests/speed/test_decode_weights.py: the decode
-#      copy freed for the update and the next rollout's graphs reading it again), where pytest is installed;
+#      copy freed for the update and the next rollout's graphs reading it again; tests/speed/test_decode_layer.py:
+#      the compiled decode layers captured in the graph), where pytest is installed;
 #   2. SmolLM2-1.7B's shape, 8 prompts x 8 completions of 128 new tokens (10 steps: the whole process is
 #      timed too), then of 512: TRL and rlft stepped in turn (each row prints decode GB/s and update
 #      TFLOP/s against the GPU's measured bandwidth and bf16 matmul peak, peak GPU memory, and
 #      `rlft estimate`'s prediction of it);
 #   3. the same at up to 512 tokens with completions ending at EOS at mixed lengths (chance 1/256 a
-#      token: mean ~220), rlft alone;
+#      token: mean ~220), rlft alone, and rlft-compiled beside it: the decode layers compiled by torch.compile
+#      (rollout.compile_decode, off by default until this row measures it; compilation is in the whole process);
 #   4. Llama-3-8B's shape with LoRA r=16, 8 x 8 x 256 tokens, rlft alone;
 #   5. SmolLM2-360M's shape at 128 tokens, 10 steps, TRL and rlft;
 #   6. where time is left, 1.7B at 128 tokens again with rlft's update keeping every activation
@@ -18,6 +20,8 @@
 #   7. where time is left, 1.7B at 128 tokens with the update in two passes of 32 rows
 #      (--rlft-micro-batch 32) instead of one: what a split costs, against models/memory.py's
 #      GPU_FULL_SPEED_FLOP (1e14: passes of at least ~9.7k tokens at 1.7B; reasoned, not measured).
+# Each row's workers hold their models on the GPU at once (1.7B: TRL's ~47 GiB beside rlft's): it takes an
+# H200's 141 GB (the device tool's kind nvidia-h200), not an 80 GB H100.
 # The weights are seeded random ones (benchmarks/shapes.py): the machine reaches no model hub. The
 # config and tokenizer come from RLFT_BENCH_MODEL (a SmolLM2 directory; default: the built-in one). A
 # row whose budget has run out is skipped and said so. Each row's log goes to $OUT (default
@@ -63,8 +67,9 @@ grep -i -E "torch|cuda|gpu|bf16" "$OUT/check_env.txt" | head -6
 status=0
 if "$PY" -c "import pytest" >/dev/null 2>&1; then
   log "the GPU tests"
-  timeout "$(left 60)" "$PY" -m pytest -q -p no:cacheprovider -p no:randomly -k "captured or cuda" \
+  timeout "$(left 100)" "$PY" -m pytest -q -p no:cacheprovider -p no:randomly -k "captured or cuda" \
     tests/speed/test_graphed_rows.py tests/models/test_checkpointing.py tests/speed/test_decode_weights.py \
+    tests/speed/test_decode_layer.py \
     >"$OUT/gpu_tests.log" 2>&1
   rc=$?
   tail -3 "$OUT/gpu_tests.log"
@@ -77,7 +82,7 @@ else
 fi
 row 1.7b-128 150 smollm2-1.7b 128 --frameworks "${FRAMEWORKS[@]}" --steps 9 || status=1
 row 1.7b-512 170 smollm2-1.7b 512 --frameworks "${FRAMEWORKS[@]}" || status=1
-row 1.7b-eos-512 90 smollm2-1.7b 512 --frameworks rlft --eos-rate 0.0039 || status=1
+row 1.7b-eos-512 120 smollm2-1.7b 512 --frameworks rlft rlft-compiled --eos-rate 0.0039 || status=1
 row 8b-lora-256 130 llama3-8b 256 --frameworks rlft --lora-rank 16 || status=1
 row 360m-128 80 smollm2-360m 128 --frameworks "${FRAMEWORKS[@]}" --steps 9 || status=1
 row 1.7b-128-keep-all 70 smollm2-1.7b 128 --frameworks rlft --rlft-gradient-checkpointing off || true

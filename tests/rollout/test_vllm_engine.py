@@ -42,7 +42,7 @@ def test_vllm_is_a_registered_engine_name_and_validates(tiny_config):
     cfg = load_config(data=_rl_data(tiny_config, vllm_gpu_memory_utilization=0.5))
     assert cfg.rollout.engine == "vllm"
     assert cfg.rollout.engine_options() == {"gpu_memory_utilization": 0.5, "sleep_between_steps": True}
-    assert load_config(data=tiny_config).rollout.engine_options() == {"cuda_graphs": True}
+    assert load_config(data=tiny_config).rollout.engine_options() == {"cuda_graphs": True, "compile_decode": False}
 
 
 def test_vllm_with_model_device_cpu_is_refused_at_config_load(tiny_config):

@@ -160,9 +160,10 @@ def test_step_at_writes_the_column_it_is_given_as_step_writes_its_own(wide_head_
     torch.testing.assert_close(caches[0].v[:, :, :, :n], caches[1].v[:, :, :, :n], atol=1e-6, rtol=1e-6)
 
 
-def test_cuda_graphs_is_a_native_engine_option():
-    assert RolloutConfig().engine_options() == {"cuda_graphs": True}
-    assert RolloutConfig(cuda_graphs=False).engine_options() == {"cuda_graphs": False}
+def test_cuda_graphs_and_compile_decode_are_native_engine_options():
+    assert RolloutConfig().engine_options() == {"cuda_graphs": True, "compile_decode": False}
+    options = RolloutConfig(cuda_graphs=False, compile_decode=True).engine_options()
+    assert options == {"cuda_graphs": False, "compile_decode": True}
     assert RolloutConfig(engine="hf").engine_options() == {}
 
 

@@ -17,7 +17,7 @@ GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
 # Each rollout engine's own keyword arguments -> the rollout: field that sets it (the engines are
 # rlft.rollout.ENGINES; a test keeps the two lists of names the same).
 ENGINE_OPTIONS: dict[str, dict[str, str]] = {
-    "native": {"cuda_graphs": "cuda_graphs"},
+    "native": {"cuda_graphs": "cuda_graphs", "compile_decode": "compile_decode"},
     "hf": {},
     "vllm": {
         "gpu_memory_utilization": "vllm_gpu_memory_utilization",
@@ -167,6 +167,14 @@ class RolloutConfig(Section):
         description="engine native on a CUDA GPU: capture the fused decode step as a CUDA graph once per rollout "
         "and replay it for every token (one launch instead of hundreds; finished rows stay in the batch, masked). "
         "False: launch the step's kernels one by one.",
+    )
+    compile_decode: bool = Field(
+        False,
+        description="engine native, fused decode on a GPU: compile each decode layer's work between its matmuls "
+        "with torch.compile (norms, rotary, attention, SiLU and residual adds fused into a few kernels; one "
+        "compilation for every layer, window and batch, once per process: seconds to a minute at start-up). Off by "
+        "default until its speed-up on a GPU is measured (scripts/gpu_scale.sh's rlft-compiled rows); where "
+        "compiling fails, the layer runs as PyTorch ops with one warning.",
     )
     vllm_gpu_memory_utilization: float = Field(
         0.3,

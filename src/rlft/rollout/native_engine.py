@@ -24,10 +24,20 @@ from rlft.speed.graphed_rows import GraphedRows, graphs_apply
 class NativeEngine(HFGenerateEngine):
     """Same interface and tokenisation as :class:`HFGenerateEngine`; a faster decode loop."""
 
-    def __init__(self, model, tokenizer, *, native_kernels: bool = True, cuda_graphs: bool = True, **kwargs):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        native_kernels: bool = True,
+        cuda_graphs: bool = True,
+        compile_decode: bool = False,
+        **kwargs,
+    ):
         super().__init__(model, tokenizer, **kwargs)
         self.native_kernels = native_kernels  # rlft's C kernels (decode glue, sampling) where they build and are on
         self.cuda_graphs = cuda_graphs  # on a CUDA GPU, the fused decode step replayed as one graph
+        self.compile_decode = compile_decode  # the fused decode's layers compiled (rlft.speed.decode_layer)
 
     # inference_mode skips autograd's per-op bookkeeping (version counters, views), which adds up
     # over ~200 small ops per decode step; its tensors are cloned before leaving generate().
@@ -101,7 +111,8 @@ class NativeEngine(HFGenerateEngine):
         if reason is not None:
             return None
         if self._fused is None or self._fused[0] is not source:
-            self._fused = (source, FusedDecoder(source, pack_dtype=pack, kernels=self.kernels()))
+            decoder = FusedDecoder(source, pack_dtype=pack, kernels=self.kernels(), compiled=self.compile_decode)
+            self._fused = (source, decoder)
         with phase("weight_sync"):
             self._fused[1].refresh()
         return self._fused

@@ -68,23 +68,36 @@ def _bias(valid: torch.Tensor) -> torch.Tensor:
     return bias.masked_fill_(~valid, float("-inf"))[:, None, None]
 
 
-def cached_attention(kv: StaticKV, col: int | torch.Tensor, window: int, prompt: StaticKV | None = None):
-    """A decode step's attention over ``kv`` for ``FusedDecoder._layers_torch``: the step's keys and
-    values written at column ``col`` (an int, or a [1] device tensor), its queries attending to the
-    first ``window`` columns, after the group's ``prompt`` cache where there is one."""
-    bias = _bias(kv.valid[:, :window])
-    prompt_bias = None if prompt is None else _bias(prompt.valid[:, : prompt.length])
+class CachedAttention:
+    """A decode step's attention over ``kv`` for ``FusedDecoder._layers_torch``: :meth:`write` puts layer i's
+    new keys and values at column ``col`` (an int, or a [1] device tensor) and returns what its queries
+    read, the first ``window`` columns, after the group's ``prompt`` cache where there is one."""
 
-    def attention(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        _put_column(kv.k[i], col, k)
-        _put_column(kv.v[i], col, v)
-        keys, values = kv.k[i, :, :, :window], kv.v[i, :, :, :window]
-        if prompt is None:
-            return attend(q, keys, values, bias)
-        n = prompt.length
-        return attend_shared_prompt(q, prompt.k[i, :, :, :n], prompt.v[i, :, :, :n], prompt_bias, keys, values, bias)
+    def __init__(self, kv: StaticKV, col: int | torch.Tensor, window: int, prompt: StaticKV | None = None):
+        self.kv, self.col, self.window, self.prompt = kv, col, window, prompt
+        self.bias = _bias(kv.valid[:, :window])
+        self.prompt_bias = None if prompt is None else _bias(prompt.valid[:, : prompt.length])
 
-    return attention
+    def write(self, i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        """k/v [B, KVH, D] -> (keys, values, bias, prompt keys, prompt values, prompt bias), the arguments
+        of :func:`attend_cached` after the query (the prompt's three None without a prompt cache)."""
+        kv, window = self.kv, self.window
+        _put_column(kv.k[i], self.col, k)
+        _put_column(kv.v[i], self.col, v)
+        own = (kv.k[i, :, :, :window], kv.v[i, :, :, :window], self.bias)
+        if self.prompt is None:
+            return (*own, None, None, None)
+        n = self.prompt.length
+        return (*own, self.prompt.k[i, :, :, :n], self.prompt.v[i, :, :, :n], self.prompt_bias)
+
+
+def attend_cached(q: torch.Tensor, read: tuple[torch.Tensor | None, ...]) -> torch.Tensor:
+    """q [B, H, D] over ``read`` (:meth:`CachedAttention.write`): :func:`attend`, or
+    :func:`attend_shared_prompt` where there is a prompt cache -> [B, H * D]."""
+    keys, values, bias, prompt_keys, prompt_values, prompt_bias = read
+    if prompt_keys is None:
+        return attend(q, keys, values, bias)
+    return attend_shared_prompt(q, prompt_keys, prompt_values, prompt_bias, keys, values, bias)
 
 
 def _put_column(cache: torch.Tensor, col: int | torch.Tensor, value: torch.Tensor) -> None:

@@ -28,7 +28,8 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from rlft.speed.change_watch import ChangeWatch
-from rlft.speed.decode_attention import cached_attention
+from rlft.speed.decode_attention import CachedAttention
+from rlft.speed.decode_layer import layer_steps, rms_norm, rotate
 from rlft.speed.packed_matmul import DecodeMatmul
 from rlft.speed.static_kv import StaticKV, count_kv_read
 
@@ -113,7 +114,7 @@ class FusedDecoder:
     of the weights as they are (fp32 policy, or the bf16 decode copy). Keys and values are cached
     in the matmul dtype."""
 
-    def __init__(self, model: nn.Module, pack_dtype: torch.dtype | None = None, kernels=None):
+    def __init__(self, model: nn.Module, pack_dtype: torch.dtype | None = None, kernels=None, compiled: bool = False):
         base, config = model.model, model.config
         self.embed = base.embed_tokens.weight
         self.rotary = base.rotary_emb
@@ -131,6 +132,9 @@ class FusedDecoder:
         self.kernels = kernels if kernels is not None and self._kernels_apply() else None
         self._loop = None  # the layer weights for the one-call layer loop, made after a refresh
         self._released: set[int] = set()  # the matmuls whose packed copy release() freed
+        # the layers between the matmuls compiled (rlft.speed.decode_layer), where the matmuls are plain products
+        # of the weights as they are: a packed CPU copy is oneDNN's or rlft's own kernel, which Inductor cannot fuse
+        self.compiled = compiled and pack_dtype is None
 
     def _kernels_apply(self) -> bool:
         """Whether the native kernels (:mod:`rlft.speed.kernels`) can run this model's decode step."""
@@ -204,7 +208,7 @@ class FusedDecoder:
         return StaticKV(len(self.layers), rows, self.kv_heads, capacity, self.head_dim, self.cache_dtype, self.device)
 
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), weight, self.eps)  # Hugging Face's fp32 RMSNorm, one kernel
+        return rms_norm(x, weight, self.eps)
 
     def prefill(
         self,
@@ -238,10 +242,9 @@ class FusedDecoder:
         kv.reserve(C + T)
         x = self.embed.index_select(0, ids.reshape(-1)).float()  # [U * T, hidden]
         cos, sin = self._rotary(x, positions)  # [U, T, H + KVH, D]
-        qk = torch.empty(U, T, H + KVH, D, dtype=self.cache_dtype, device=ids.device)
         for i, layer in enumerate(self.layers):
             qkv = layer.qkv(self._rms(x, layer.ln1)).view(U, T, -1)
-            _rotate(qkv[..., : (H + KVH) * D].view(U, T, H + KVH, D), cos, sin, out=qk)
+            qk = rotate(qkv[..., : (H + KVH) * D].view(U, T, H + KVH, D), cos, sin, self.cache_dtype)
             q, k = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2)
             v = qkv[..., (H + KVH) * D :].view(U, T, KVH, D).transpose(1, 2).to(self.cache_dtype)
             kv.k[i, :, :, C : C + T] = k.repeat_interleave(repeat, 0)
@@ -277,7 +280,7 @@ class FusedDecoder:
         if self.kernels is not None:
             hidden = self._layers_native(x, cos, sin, kv, col)
         else:
-            hidden = self._layers_torch(x, cos, sin, cached_attention(kv, col, kv.allocated))
+            hidden = self._layers_torch(x, cos, sin, CachedAttention(kv, col, kv.allocated))
         kv.length = col + 1
         count_kv_read(kv, tokens.shape[0], kv.allocated)
         # the usual orientation for the head: sampling reads its [B, V] output row by row
@@ -301,7 +304,7 @@ class FusedDecoder:
         (:func:`attend_shared_prompt`; ``kv`` then holds the completions only)."""
         kv.valid.index_fill_(1, column, True)
         x, cos, sin = self._embed(tokens, positions)
-        hidden = self._layers_torch(x, cos, sin, cached_attention(kv, column, window, prompt))
+        hidden = self._layers_torch(x, cos, sin, CachedAttention(kv, column, window, prompt))
         return self.head(hidden).to(torch.float32, memory_format=torch.contiguous_format)
 
     def _embed(self, tokens: torch.Tensor, positions: torch.Tensor):
@@ -311,19 +314,16 @@ class FusedDecoder:
         cos, sin = (t[:, 0] for t in self._rotary(x, positions[:, None]))
         return x, cos, sin
 
-    def _layers_torch(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention) -> torch.Tensor:
-        """Every layer on the residual x [B, hidden] (fp32, updated in place) with PyTorch ops; returns the
-        final norm's output. ``attention(i, q, k, v)``: layer i's new keys and values written to the
-        cache and its queries attended, q [B, H, D], k/v [B, KVH, D] -> [B, H * D] (:func:`cached_attention`)."""
-        B, H, KVH, D = x.shape[0], self.heads, self.kv_heads, self.head_dim
-        qk = torch.empty(B, H + KVH, D, dtype=self.cache_dtype, device=x.device)
+    def _layers_torch(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention: CachedAttention):
+        """Every layer on the residual x [B, hidden] (fp32) with PyTorch ops, compiled where ``self.compiled``;
+        returns the final norm's output. ``attention`` writes each layer's new keys and values into the
+        cache between the layer's two halves (:mod:`rlft.speed.decode_layer`)."""
+        layer_in, layer_out = layer_steps(self.compiled)
+        mm = _weights_of if self.compiled else _as_is
         for i, layer in enumerate(self.layers):
-            qkv = layer.qkv(self._rms(x, layer.ln1))
-            _rotate(qkv[:, : (H + KVH) * D].view(B, H + KVH, D), cos, sin, out=qk)  # q and k at once
-            attn = attention(i, qk[:, :H], qk[:, H:], qkv[:, (H + KVH) * D :].view(B, KVH, D))
-            x.add_(layer.o(attn))  # fp32 residual += the bf16 output, promoted
-            gate, up = layer.gate_up(self._rms(x, layer.ln2)).chunk(2, dim=-1)
-            x.add_(layer.down(F.silu(gate) * up))
+            q, k, v = layer_in(x, layer.ln1, mm(layer.qkv), cos, sin, self.eps, self.heads)
+            read = attention.write(i, k, v)
+            x = layer_out(x, q, read, mm(layer.o), layer.ln2, mm(layer.gate_up), mm(layer.down), self.eps)
         return self._rms(x, self.norm)
 
     def _layers_native(
@@ -353,10 +353,10 @@ class FusedDecoder:
         return hidden
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """``out = x * cos + rotate_half(x) * sin``: the rotary embedding of x [..., heads, D] with tables
-    from :meth:`FusedDecoder._rotary`. Computed in the tables' fp32 and rounded once into ``out``,
-    as Hugging Face's forward rounds q and k once for attention; three kernels instead of six."""
-    half = x.shape[-1] // 2
-    swapped = x.unflatten(-1, (2, half)).flip(-2).flatten(-2)
-    return torch.addcmul(x * cos, swapped, sin, out=out)
+def _as_is(m: DecodeMatmul) -> DecodeMatmul:
+    return m
+
+
+def _weights_of(m: DecodeMatmul) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...] | None]:
+    """A plain matmul as the tensors a compiled layer multiplies (:data:`rlft.speed.decode_layer.Matmul`)."""
+    return tuple(m.weights), None if m.biases is None else tuple(m.biases)

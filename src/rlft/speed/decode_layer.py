@@ -1,0 +1,127 @@
+"""One decode layer of :class:`rlft.speed.fused_decode.FusedDecoder` as two pure functions of tensors,
+run as they are or compiled by ``torch.compile`` (``rollout.compile_decode``).
+
+A layer's decode step at 1-8B on a GPU is four matmuls that stream the layer's weights, and some thirty
+small kernels between them: norms, casts, rotary, the attention's copies, scores, softmax and value
+products, SiLU, residual adds. Replayed in a CUDA graph each still costs a few microseconds, which is as
+long as the matmuls take at 64 rows (a 1.7B layer's 134 MB of bf16 weights stream in ~30 us), so the
+step runs well below the memory roofline. Compiled, Inductor fuses the work between the matmuls into a
+few kernels a layer and leaves the matmuls to cuBLAS.
+
+The layer is split where its keys and values are written into the cache (an in-place write the caller
+makes between the two halves), so the compiled functions mutate nothing. Every layer calls the same two
+functions with its own weights as arguments, and they are compiled with dynamic shapes: one compiled
+artifact serves every layer, every attention window and every rollout's batch and prompt width (the
+second half is compiled once more for the window that reaches the cache's capacity, whose slice is
+contiguous), instead of a compilation per layer (which would also exhaust Dynamo's recompile limit).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+
+from rlft.speed.decode_attention import attend_cached
+
+log = logging.getLogger("rlft")
+
+# A matmul x [M, K] -> [M, N]: a callable (:class:`rlft.speed.packed_matmul.DecodeMatmul`, run as it is), or
+# (weights, biases or None), the output being the concatenation of each weight's product (what compiles).
+Matmul = Callable[[torch.Tensor], torch.Tensor] | tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...] | None]
+
+
+def _apply(m: Matmul, x: torch.Tensor) -> torch.Tensor:
+    if not isinstance(m, tuple):
+        return m(x)
+    weights, biases = m
+    x = x.to(weights[0].dtype)
+    outs = [F.linear(x, w, None if biases is None else biases[j]) for j, w in enumerate(weights)]
+    return outs[0] if len(outs) == 1 else torch.cat(outs, -1)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)  # Hugging Face's fp32 RMSNorm, one kernel
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x * cos + rotate_half(x) * sin``: the rotary embedding of x [..., heads, D] with tables from
+    :meth:`FusedDecoder._rotary` (rotate_half's sign folded into sin), computed in the tables' fp32 and
+    rounded once to ``dtype``, as Hugging Face's forward rounds q and k once for attention. Eagerly three
+    kernels instead of six (the rounding is the last one's store); compiled, Inductor fuses them."""
+    half = x.shape[-1] // 2
+    swapped = x.unflatten(-1, (2, half)).flip(-2).flatten(-2)
+    if torch.compiler.is_compiling():  # out= is a mutation the compiled function must not make
+        return torch.addcmul(x * cos, swapped, sin).to(dtype)
+    return torch.addcmul(x * cos, swapped, sin, out=torch.empty(x.shape, dtype=dtype, device=x.device))
+
+
+def layer_in(
+    x: torch.Tensor, ln1: torch.Tensor, qkv: Matmul, cos: torch.Tensor, sin: torch.Tensor, eps: float, heads: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A layer's queries and new keys and values: x [B, hidden] (fp32 residual), cos/sin [B, H + KVH, D]
+    -> q [B, H, D], k [B, KVH, D] (rotated, q scaled by 1/sqrt(D)), v [B, KVH, D], in the matmuls' dtype."""
+    B, HD = x.shape[0], cos.shape[-2] * cos.shape[-1]
+    out = _apply(qkv, rms_norm(x, ln1, eps))
+    D = cos.shape[-1]
+    qk = rotate(out[:, :HD].view(B, -1, D), cos, sin, out.dtype)
+    return qk[:, :heads], qk[:, heads:], out[:, HD:].view(B, -1, D)
+
+
+def layer_out(
+    x: torch.Tensor,
+    q: torch.Tensor,
+    read: tuple[torch.Tensor | None, ...],
+    o: Matmul,
+    ln2: torch.Tensor,
+    gate_up: Matmul,
+    down: Matmul,
+    eps: float,
+) -> torch.Tensor:
+    """The rest of the layer after the cache write: attention of q [B, H, D] over ``read`` (keys, values,
+    bias, then the group prompt's keys, values and bias or three Nones: :meth:`rlft.speed.decode_attention.
+    CachedAttention.write`), the output projection, the MLP and both residual adds -> the new x [B, hidden]."""
+    x = x + _apply(o, attend_cached(q, read))  # fp32 residual + the bf16 output, promoted
+    gate, up = _apply(gate_up, rms_norm(x, ln2, eps)).chunk(2, dim=-1)
+    return x + _apply(down, F.silu(gate) * up)
+
+
+class _Compiled:
+    """``fn`` compiled by ``torch.compile`` on its first call (dynamic shapes, one graph); where compiling
+    fails (no C++ compiler or Triton, an operation Dynamo cannot trace), ``fn`` itself from then on, with
+    one warning. Only compilation errors fall back: an error of the computation itself is raised."""
+
+    def __init__(self, fn: Callable[..., Any]):
+        self.fn, self.compiled, self.failed = fn, None, False
+
+    def __call__(self, *args):
+        if self.failed:
+            return self.fn(*args)
+        if self.compiled is None:
+            self.compiled = torch.compile(self.fn, dynamic=True, fullgraph=True)
+        try:
+            return self.compiled(*args)
+        except torch._dynamo.exc.TorchDynamoException as exc:
+            self.failed = True
+            why = (str(exc).strip().splitlines() or [""])[0][:300]
+            log.warning(
+                f"rollout: the decode layer could not be compiled ({type(exc).__name__}: {why}); "
+                f"decoding with PyTorch's eager ops (rollout.compile_decode: false silences this)"
+            )
+            return self.fn(*args)
+
+
+_COMPILED: tuple[_Compiled, _Compiled] | None = None  # one per process: every decoder shares its artifacts
+
+
+def layer_steps(compiled: bool) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """(:func:`layer_in`, :func:`layer_out`), compiled when ``compiled``."""
+    global _COMPILED
+    if not compiled:
+        return layer_in, layer_out
+    if _COMPILED is None:
+        _COMPILED = (_Compiled(layer_in), _Compiled(layer_out))
+    return _COMPILED
