@@ -296,8 +296,10 @@ def _recv(conn) -> dict:
 # ---------------------------------------------------------------------------- coordinator
 
 
-def _run_workers(cases: list[tuple[str, dict]], warmup: int, steps: int) -> list[dict]:
-    """Step one worker per (framework, options) case in turn, ``warmup + steps`` rounds; one result per case."""
+def _run_workers(cases: list[tuple[str, dict]], warmup: int, steps: int, deadline: float | None = None) -> list[dict]:
+    """Step one worker per (framework, options) case in turn, ``warmup + steps`` rounds; one result per case.
+    ``deadline`` (a ``time.time()``): after the first timed round, no round starts that the last one's length
+    says would end past it; the results are then those of the rounds done (a row cut short, not lost)."""
     ctx = mp.get_context("spawn")
     procs, conns = [], []
     for name, opts in cases:
@@ -310,7 +312,12 @@ def _run_workers(cases: list[tuple[str, dict]], warmup: int, steps: int) -> list
         _recv(parent)  # ready: loaded one at a time so loading does not contend either
     runs = [{"times": [], "tokens": [], "cpu": [0.0, 0.0], "gen": [], "phases": []} for _ in cases]
     # whole process: launch to the end of the last step, less the time spent waiting for the others' turns
+    last_round = 0.0
     for i in range(warmup + steps):
+        started = time.time()
+        if deadline is not None and i > warmup and started + last_round > deadline:
+            print(f"  deadline: stopped after {i - warmup} of {steps} timed steps", file=sys.stderr, flush=True)
+            break
         for (name, opts), conn, run in zip(cases, conns, runs):
             conn.send("step")
             r = _recv(conn)
@@ -328,6 +335,7 @@ def _run_workers(cases: list[tuple[str, dict]], warmup: int, steps: int) -> list
                 file=sys.stderr,
                 flush=True,
             )
+        last_round = time.time() - started
     out = []
     for proc, conn, run in zip(procs, conns, runs):
         conn.send("stop")
@@ -338,11 +346,11 @@ def _run_workers(cases: list[tuple[str, dict]], warmup: int, steps: int) -> list
             "step_seconds": statistics.median(times),
             "all_step_seconds": times,
             **peaks,
-            "cpu_user_s_per_step": run["cpu"][0] / steps,
-            "cpu_system_s_per_step": run["cpu"][1] / steps,
+            "cpu_user_s_per_step": run["cpu"][0] / len(times),
+            "cpu_system_s_per_step": run["cpu"][1] / len(times),
             "tokens_per_s": (sum(toks) / sum(times[: len(toks)])) if toks else None,
             "process_seconds": run["process_seconds"],
-            "process_steps": warmup + steps,
+            "process_steps": warmup + len(times),
         }
         if run["gen"]:
             r["generation_seconds"] = statistics.median(run["gen"])
@@ -388,6 +396,7 @@ def _resolve_model(
 
 
 def main(argv: list[str] | None = None) -> int:
+    launched = time.time()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m-instruct", help="built-in name, HF directory, or 'tiny'")
     ap.add_argument(
@@ -459,6 +468,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--frameworks", nargs="+", default=["trl", "rlft"], choices=sorted(WORKERS))
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument(
+        "--deadline",
+        type=float,
+        help="seconds from the start: take no step that would end past this (after the first timed one); the "
+        "results are the steps done, so a row run under a time limit is cut short rather than lost",
+    )
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument(
         "--interleave",
@@ -575,7 +590,8 @@ def main(argv: list[str] | None = None) -> int:
     groups = [a.dtype] if a.interleave else [[d] for d in a.dtype]
     for dtypes in groups:
         cases = [(name, options[d]) for d in dtypes for name in a.frameworks]
-        for (name, opts), res in zip(cases, _run_workers(cases, a.warmup, a.steps)):
+        deadline = None if a.deadline is None else launched + a.deadline
+        for (name, opts), res in zip(cases, _run_workers(cases, a.warmup, a.steps, deadline)):
             results["results"].setdefault(opts["dtype"], {})[name] = res
     for dtype in a.dtype:
         _print_case(dtype, results["results"][dtype], flops[True], peaks, sizes, a.lora_rank > 0)

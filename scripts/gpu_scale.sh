@@ -9,11 +9,11 @@
 #      timed too), then of 512: TRL and rlft stepped in turn (each row prints decode GB/s and update
 #      TFLOP/s against the GPU's measured bandwidth and bf16 matmul peak, peak GPU memory, and
 #      `rlft estimate`'s prediction of it);
-#   3. the same at up to 512 tokens with completions ending at EOS at mixed lengths (chance 1/256 a
-#      token: mean ~220), rlft alone, and rlft-compiled beside it: the decode layers compiled by torch.compile
+#   3. Llama-3-8B's shape with LoRA r=16, 8 x 8 x 256 tokens, rlft alone;
+#   4. SmolLM2-360M's shape at 128 tokens, 10 steps, TRL and rlft;
+#   5. 1.7B at up to 512 tokens with completions ending at EOS at mixed lengths (chance 1/256 a token:
+#      mean ~220), rlft, and rlft-compiled beside it: the decode layers compiled by torch.compile
 #      (rollout.compile_decode, off by default until this row measures it; compilation is in the whole process);
-#   4. Llama-3-8B's shape with LoRA r=16, 8 x 8 x 256 tokens, rlft alone;
-#   5. SmolLM2-360M's shape at 128 tokens, 10 steps, TRL and rlft;
 #   6. where time is left, 1.7B at 128 tokens again with rlft's update keeping every activation
 #      (--rlft-gradient-checkpointing off) instead of its default selective recomputation on a GPU
 #      (rlft.models.checkpointing): what selective costs in time and saves in peak memory;
@@ -24,7 +24,8 @@
 # H200's 141 GB (the device tool's kind nvidia-h200), not an 80 GB H100.
 # The weights are seeded random ones (benchmarks/shapes.py): the machine reaches no model hub. The
 # config and tokenizer come from RLFT_BENCH_MODEL (a SmolLM2 directory; default: the built-in one). A
-# row whose budget has run out is skipped and said so. Each row's log goes to $OUT (default
+# row whose budget has run out is skipped and said so; one that would outrun its limit stops stepping in time
+# to report the steps it took (grpo_step.py --deadline). Each row's log goes to $OUT (default
 # ./gpu-scale-out), and every row's results with check-env's report to $OUT/results.json.
 #   bash scripts/gpu_scale.sh
 # On a lent machine that reaches no registry: `bash scripts/gpu_carry.sh` gathers SmolLM2's config and
@@ -80,13 +81,14 @@ if "$PY" -c "import pytest" >/dev/null 2>&1; then
 else
   log "pytest is not installed here: the GPU tests are not run"
 fi
-row 1.7b-128 150 smollm2-1.7b 128 --frameworks "${FRAMEWORKS[@]}" --steps 9 || status=1
-row 1.7b-512 170 smollm2-1.7b 512 --frameworks "${FRAMEWORKS[@]}" || status=1
-row 1.7b-eos-512 120 smollm2-1.7b 512 --frameworks rlft rlft-compiled --eos-rate 0.0039 || status=1
-row 8b-lora-256 130 llama3-8b 256 --frameworks rlft --lora-rank 16 || status=1
-row 360m-128 80 smollm2-360m 128 --frameworks "${FRAMEWORKS[@]}" --steps 9 || status=1
-row 1.7b-128-keep-all 70 smollm2-1.7b 128 --frameworks rlft --rlft-gradient-checkpointing off || true
-row 1.7b-128-2passes 70 smollm2-1.7b 128 --frameworks rlft --rlft-micro-batch $((ROWS * 4)) || true
+# in the order of issue 37's Done-when: the rows against TRL and the 8B row first, the A/B rows where time is left
+row 1.7b-128 140 smollm2-1.7b 128 --frameworks "${FRAMEWORKS[@]}" --steps 9 || status=1
+row 1.7b-512 140 smollm2-1.7b 512 --frameworks "${FRAMEWORKS[@]}" || status=1
+row 8b-lora-256 90 llama3-8b 256 --frameworks rlft --lora-rank 16 || status=1
+row 360m-128 70 smollm2-360m 128 --frameworks "${FRAMEWORKS[@]}" --steps 9 || status=1
+row 1.7b-eos-512 100 smollm2-1.7b 512 --frameworks rlft rlft-compiled --eos-rate 0.0039 || status=1
+row 1.7b-128-keep-all 60 smollm2-1.7b 128 --frameworks rlft --rlft-gradient-checkpointing off || true
+row 1.7b-128-2passes 60 smollm2-1.7b 128 --frameworks rlft --rlft-micro-batch $((ROWS * 4)) || true
 "$PY" - "$OUT" <<'EOF'
 import json, sys
 from pathlib import Path
