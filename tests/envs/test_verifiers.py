@@ -157,7 +157,7 @@ def test_the_config_takes_the_rubric_as_a_reward_and_checks_it(tmp_path):
 def test_the_rubric_runs_under_a_time_limit_like_any_users_code():
     """A rubric is the user's code run in the trainer's process: a hung one fails the run, named."""
     from rlft.config.rewards import VerifiersReward
-    from rlft.rewards.manager import named_rewards
+    from rlft.rewards.specs import named_rewards
 
     (reward,) = named_rewards([VerifiersReward(type="verifiers", env=REVERSE, timeout=42)])
     assert (reward.name, reward.timeout) == ("verifiers", 42)

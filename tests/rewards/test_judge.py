@@ -43,7 +43,7 @@ def test_unparsable_verdicts_get_the_fallback_and_are_counted():
     assert fn(["p1", "p2", "p3", "p4"], ["a", "b", "c", "d"]) == [1.0, -1.0, 0.5, -1.0]
     assert fn.last_metrics == {"unparsable": 0.5}
     assert "Request:\np2" in asked[1] and "Response:\nb" in asked[1]
-    manager = RewardManager([__import__("rlft.rewards.manager", fromlist=["NamedReward"]).NamedReward("judge", fn)])
+    manager = RewardManager([__import__("rlft.rewards.specs", fromlist=["NamedReward"]).NamedReward("judge", fn)])
     assert manager.score(["p"] * 4, ["a"] * 4).extra == {"reward/judge/unparsable": 0.5}
 
 

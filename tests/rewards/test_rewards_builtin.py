@@ -27,7 +27,7 @@ def test_registry_covers_schema_types():
 
     members = get_args(get_args(RewardSpec)[0])
     schema_types = {get_args(m.model_fields["type"].annotation)[0] for m in members}
-    from rlft.rewards.manager import REWARD_BUILDERS
+    from rlft.rewards.specs import REWARD_BUILDERS
 
     assert set(BUILTIN_REWARDS) | set(REWARD_BUILDERS) == schema_types
     assert not set(BUILTIN_REWARDS) & set(REWARD_BUILDERS)

@@ -348,7 +348,8 @@ class _Engine:
 def test_dynamic_sampling_drops_a_group_whose_counted_rows_tie():
     """Group 0's rewards differ only on its timed-out row: with exclusion it has no signal and is dropped."""
     from rlft.data.sampler import PromptSampler
-    from rlft.rewards.manager import NamedReward, RewardManager
+    from rlft.rewards.manager import RewardManager
+    from rlft.rewards.specs import NamedReward
     from rlft.rl.collect import CollectParams, RolloutCollector
     from rlft.rollout import SamplingParams
 

@@ -10,7 +10,8 @@ import pytest
 from rlft.envs.snapshot import LostEnvironment
 from rlft.envs.spec import EnvironmentSpec
 from rlft.errors import EnvironmentFailure
-from rlft.rewards.manager import NamedReward, RewardManager
+from rlft.rewards.manager import RewardManager
+from rlft.rewards.specs import NamedReward
 from rlft.rollout.base import SamplingParams
 from tests.rollout.test_multi_turn import Ex, call, make_runner
 

@@ -50,24 +50,27 @@ def check_env(verbose: bool = False) -> dict:
     info["optional"] = {m: importlib.util.find_spec(m) is not None for m in optional}
     info["ok"] = not info["missing_required"]
     if verbose:
-        device = ", ".join(info["gpu_names"]) if info["cuda_available"] else "CPU"
-        print(
-            f"python {info['python']} | torch {info['torch']} | device: {device} | "
-            f"CUDA available: {info['cuda_available']} | GPUs: {info['gpu_count']}"
-        )
-        print(
-            f"CPU threads: {info['cpu_threads']} of {info['cpu_count']} cores | bf16 on CPU: {info['bf16_cpu']} "
-            f"({_bf16_verdict(info['bf16_cpu_speedup'])})"
-        )
-        if info["thread_warning"]:
-            print("WARNING: " + info["thread_warning"])
-        print(f"CPU kernels: {info['native_kernels']}")
-        print(
-            "required packages: " + ("all present" if info["ok"] else "MISSING " + ", ".join(info["missing_required"]))
-        )
-        print("optional: " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in info["optional"].items()))
-        print(f"CPU: {info['cpu_model']}; disk, the service port and a run's memory plan: rlft doctor [--config X]")
+        _print(info)
     return info
+
+
+def _print(info: dict) -> None:
+    """:func:`check_env`'s report, a line per subject."""
+    device = ", ".join(info["gpu_names"]) if info["cuda_available"] else "CPU"
+    print(
+        f"python {info['python']} | torch {info['torch']} | device: {device} | "
+        f"CUDA available: {info['cuda_available']} | GPUs: {info['gpu_count']}"
+    )
+    print(
+        f"CPU threads: {info['cpu_threads']} of {info['cpu_count']} cores | bf16 on CPU: {info['bf16_cpu']} "
+        f"({_bf16_verdict(info['bf16_cpu_speedup'])})"
+    )
+    if info["thread_warning"]:
+        print("WARNING: " + info["thread_warning"])
+    print(f"CPU kernels: {info['native_kernels']}")
+    print("required packages: " + ("all present" if info["ok"] else "MISSING " + ", ".join(info["missing_required"])))
+    print("optional: " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in info["optional"].items()))
+    print(f"CPU: {info['cpu_model']}; disk, the service port and a run's memory plan: rlft doctor [--config X]")
 
 
 def _cpu_bf16() -> bool:

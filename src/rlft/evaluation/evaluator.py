@@ -8,6 +8,7 @@ give sampled accuracy, the unbiased pass@k and sampled mean rewards.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -215,6 +216,21 @@ def _greedy_result(
     )
 
 
+def _judged(
+    text: str, finish: str, length: int, rewards: dict[str, float], total: float, accuracy_reward: str, threshold: float
+) -> dict:
+    """One scored completion's record; ``correct`` when the accuracy reward reaches ``threshold``."""
+    accuracy = rewards[accuracy_reward]
+    return {
+        "completion": text,
+        "rewards": rewards,
+        "reward": total,
+        "length": length,
+        "finish_reason": finish,
+        "correct": accuracy is not None and accuracy >= threshold,
+    }
+
+
 def evaluate(
     engine: RolloutEngine,
     examples,
@@ -242,17 +258,7 @@ def evaluate(
     ks = _checked_pass_k(num_samples, pass_k, accuracy_reward, names)
     start = time.perf_counter()
     samples: list[dict] = []
-
-    def judged(text: str, finish: str, length: int, rewards: dict[str, float], total: float) -> dict:
-        return {
-            "completion": text,
-            "rewards": rewards,
-            "reward": total,
-            "length": length,
-            "finish_reason": finish,
-            "correct": rewards[accuracy_reward] is not None and rewards[accuracy_reward] >= success_threshold,
-        }
-
+    judged = functools.partial(_judged, accuracy_reward=accuracy_reward, threshold=success_threshold)
     with _seeded(seed):
         greedy_params = SamplingParams(max_new_tokens=max_new_tokens, n=1, greedy=greedy)
         for _, ex, text, finish, length, rewards, total, episode in _generate_scored(

@@ -10,7 +10,8 @@ from functools import lru_cache
 from rlft.config.schema import DataConfig, RLConfig
 from rlft.envs.spec import environment_spec
 from rlft.errors import EnvironmentFailure
-from rlft.rewards.manager import NamedReward, RewardManager
+from rlft.rewards.manager import RewardManager
+from rlft.rewards.specs import NamedReward
 
 ENV_REWARD = "environment"
 ENVIRONMENTS_PARAM = "environments"  # TRL's name for the episodes' environment instances
@@ -75,7 +76,7 @@ def _environment_reward(prompts, completions, environment_reward, **_):
 
 def reward_manager(cfg: RLConfig) -> RewardManager:
     """The configured rewards, plus the environment's get_reward() (named ``environment``) if it has one."""
-    from rlft.rewards.manager import named_rewards
+    from rlft.rewards.specs import named_rewards
 
     rewards = named_rewards(cfg.reward.functions)
     env = cfg.environment

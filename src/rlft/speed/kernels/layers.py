@@ -93,41 +93,8 @@ class DecodeKernels(NativeLibrary):
         cos/sin and valid as :meth:`decode_attention` takes them; out [B, hidden] bf16 gets the final
         norm's output. ``weights`` from :meth:`LayerWeights.of`."""
         hidden, H, KVH, D, inter = weights.dims
-        B = x.shape[0]
-        check(
-            x,
-            torch.float32,
-            final_norm,
-            torch.float32,
-            cos,
-            torch.float32,
-            sin,
-            torch.float32,
-            keys,
-            torch.bfloat16,
-            values,
-            torch.bfloat16,
-            valid,
-            torch.bool,
-            out,
-            torch.bfloat16,
-        )
-        L, A = len(weights.tensors[0]), keys.shape[3]
-        if (
-            x.shape != (B, hidden)
-            or out.shape != x.shape
-            or final_norm.shape != (hidden,)
-            or keys.shape != (L, B, KVH, A, D)
-            or values.shape != keys.shape
-            or valid.shape != (B, A)
-            or cos.shape != (B, H + KVH, D)
-            or sin.shape != cos.shape
-            or not 0 <= col < A
-        ):
-            raise ValueError(
-                f"decode_layers: shapes do not agree: x {tuple(x.shape)}, keys {tuple(keys.shape)}, "
-                f"cos {tuple(cos.shape)}, valid {tuple(valid.shape)}, out {tuple(out.shape)}, col {col}"
-            )
+        B, L, A = x.shape[0], len(weights.tensors[0]), keys.shape[3]
+        _check_decode_layers(weights, x, final_norm, cos, sin, keys, values, valid, col, out)
         scratch = torch.empty(self._lib.rlft_decode_scratch_elements(B, hidden, H, KVH, D, inter), dtype=torch.bfloat16)
         self._lib.rlft_decode_layers_bf16(
             x.data_ptr(),
@@ -192,3 +159,26 @@ class LayerWeights:
             raise ValueError("decode_layers: every layer needs each of its six weights")
         pointers = tuple((ctypes.c_void_p * len(ts))(*(t.data_ptr() for t in ts)) for ts in tensors)
         return cls(tensors, (hidden, H, KVH, D, inter), pointers)
+
+
+def _check_decode_layers(weights, x, final_norm, cos, sin, keys, values, valid, col: int, out) -> None:
+    """:meth:`decode_layers_bf16`'s arguments: dtypes, and shapes that agree with each other and the weights."""
+    hidden, H, KVH, D, _ = weights.dims
+    B, L, A = x.shape[0], len(weights.tensors[0]), keys.shape[3]
+    f32, bf16 = torch.float32, torch.bfloat16
+    check(x, f32, final_norm, f32, cos, f32, sin, f32, keys, bf16, values, bf16, valid, torch.bool, out, bf16)
+    if (
+        x.shape != (B, hidden)
+        or out.shape != x.shape
+        or final_norm.shape != (hidden,)
+        or keys.shape != (L, B, KVH, A, D)
+        or values.shape != keys.shape
+        or valid.shape != (B, A)
+        or cos.shape != (B, H + KVH, D)
+        or sin.shape != cos.shape
+        or not 0 <= col < A
+    ):
+        raise ValueError(
+            f"decode_layers: shapes do not agree: x {tuple(x.shape)}, keys {tuple(keys.shape)}, "
+            f"cos {tuple(cos.shape)}, valid {tuple(valid.shape)}, out {tuple(out.shape)}, col {col}"
+        )
