@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from rlft.config.schema import ModelConfig
 from rlft.distributed import Dist
@@ -53,3 +54,14 @@ def test_a_batch_that_does_not_split_into_whole_shares_is_refused():
     assert Dist(rank=1, world_size=2).shard([0, 1, 2, 3], "x") == [2, 3]
     with pytest.raises(UsageError, match="algorithm.rollout_batch_size.*4 is not divisible by the 3 processes"):
         dist.shard([0, 1, 2, 3], "algorithm.rollout_batch_size")
+
+
+def test_compiled_uniforms_are_the_same_numbers_for_every_seed_with_one_compilation():
+    """rollout.compile_decode compiles the counter hash: integer arithmetic, so bit for bit the same, and the
+    seed (a new one every batch) and the rows are arguments of one compilation, not baked into one each."""
+    before = counters["stats"]["unique_graphs"]
+    for seed, n in [(7, 64), (8, 10), (2**40 + 3, 33), (12345, 64)]:
+        rows, t = torch.arange(100, 100 + n), torch.tensor([5])
+        assert torch.equal(row_uniforms(seed, rows, t, compiled=True), row_uniforms(seed, rows, t))
+        assert torch.equal(row_uniforms(seed, rows, 9, compiled=True), row_uniforms(seed, rows, 9))
+    assert counters["stats"]["unique_graphs"] - before <= 2

@@ -44,8 +44,9 @@ def test_the_compiled_layers_decode_what_the_eager_layers_decode(wide_head_model
     assert len(rows.windows) == 5 and len(rows.fused.layers) >= 2
     assert not any(c.failed for c in decode_layer._COMPILED)
     # each half compiled once, dynamic in the window, and the second again where the window reaches the cache's
-    # capacity (its keys' slice is then contiguous); a compilation per layer would have made one per weight
-    assert 2 <= _compiled_graphs() - before <= 4, _compiled_graphs() - before
+    # capacity (its keys' slice is then contiguous), and the seeded uniforms once; a compilation per layer
+    # would have made one per weight
+    assert 3 <= _compiled_graphs() - before <= 5, _compiled_graphs() - before
     assert torch.equal(out[True].completion_ids, out[False].completion_ids)
     assert out[True].finish_reasons == out[False].finish_reasons
     m = out[True].completion_mask.bool()

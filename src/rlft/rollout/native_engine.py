@@ -77,7 +77,9 @@ class NativeEngine(HFGenerateEngine):
         count("prefill_tokens", prompt_ids.numel())
         eos = torch.tensor(self.eos_ids, device=prompt_ids.device)
         with phase("decode"):
-            return rows.decode(logits, TokenDraw(sampling, eos, self.pad_id, self.kernels()))
+            # the uniforms compiled where the fused decoder's layers are
+            compiled = bool(getattr(getattr(rows, "fused", None), "compiled", False))
+            return rows.decode(logits, TokenDraw(sampling, eos, self.pad_id, self.kernels(), compiled))
 
     def _static_rows(self, fused, n: int, rows: int, capacity: int):
         """The fused decoder's rows: replayed as a CUDA graph on a GPU, else finished rows leave the batch."""
@@ -134,13 +136,15 @@ class NativeEngine(HFGenerateEngine):
     _fused: tuple | None = None  # (the module it reads, FusedDecoder)
 
 
-def draw_tokens(logits, rows, t, sampling: SamplingParams, eos, kernels=None) -> tuple[torch.Tensor, torch.Tensor]:
+def draw_tokens(
+    logits, rows, t, sampling: SamplingParams, eos, kernels=None, compiled: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The next token of each of a batch's ``rows`` [B] (their numbers in the rollout) at token ``t``:
     logits [B, V] -> tokens [B], log-probs [B] (:func:`sample_next`, with the rows' own uniforms when
     the rollout is seeded). ``t``: an int, or a [1] long tensor on the device for a loop replayed as a
     CUDA graph, where every step must be the same operations (end-of-sequence is then suppressed on
-    the device while ``t < min_new_tokens``)."""
-    u = None if sampling.seed is None else row_uniforms(sampling.seed, sampling.row_offset + rows, t)
+    the device while ``t < min_new_tokens``). ``compiled``: the seeded uniforms compiled (:func:`row_uniforms`)."""
+    u = None if sampling.seed is None else row_uniforms(sampling.seed, sampling.row_offset + rows, t, compiled)
     if isinstance(t, int):
         return sample_next(logits, sampling, eos if t < sampling.min_new_tokens else None, u, kernels)
     early = t < sampling.min_new_tokens if sampling.min_new_tokens else None
@@ -156,13 +160,14 @@ class TokenDraw:
     eos: torch.Tensor
     pad: int
     kernels: object = None  # rlft's native CPU kernels (used by a loop on the host's schedule, int t)
+    compiled: bool = False  # the seeded uniforms compiled, as the fused decode's layers are (rollout.compile_decode)
 
     @property
     def steps(self) -> int:
         return self.sampling.max_new_tokens
 
     def __call__(self, logits, rows, t) -> tuple[torch.Tensor, torch.Tensor]:
-        return draw_tokens(logits, rows, t, self.sampling, self.eos, self.kernels)
+        return draw_tokens(logits, rows, t, self.sampling, self.eos, self.kernels, self.compiled)
 
 
 class _DroppingRows:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from rlft.rollout.base import SamplingParams
+from rlft.speed.compiled import Compiled
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -55,19 +56,27 @@ def batch_seed(seed: int, *position: int) -> int:
     return _key(seed, *position)
 
 
-def row_uniforms(seed: int, rows: torch.Tensor, position: int | torch.Tensor) -> torch.Tensor:
+def row_uniforms(seed: int, rows: torch.Tensor, position: int | torch.Tensor, compiled: bool = False) -> torch.Tensor:
     """One uniform in [0, 1) [N] float64 for each global row number in ``rows`` [N] at token
     ``position`` (a scalar, or [N]), a pure function of (seed, row, position).
 
     A counter-based stream: a process that holds only some rows, or decodes them in another
     order or batch, draws exactly what one process holding all of them would (two 32-bit hashes
-    of the counter make 53 random bits)."""
-    rows = rows.to(torch.long)
+    of the counter make 53 random bits). ``compiled``: the hashes' ~80 elementwise integer operations
+    in one compiled kernel (``rollout.compile_decode``: the graphed GPU decode runs them every token);
+    integer arithmetic, so the numbers are the same bit for bit."""
     pos = torch.as_tensor(position, dtype=torch.long, device=rows.device)
-    base = _fmix32(_mul32(rows & _M32, 0x9E3779B1) ^ _mul32(pos & _M32, 0x85EBCA77) ^ _key(seed))
+    return (_COUNTER_UNIFORMS if compiled else _counter_uniforms)(rows.to(torch.long), pos, _key(seed))
+
+
+def _counter_uniforms(rows: torch.Tensor, pos: torch.Tensor, key: int) -> torch.Tensor:
+    base = _fmix32(_mul32(rows & _M32, 0x9E3779B1) ^ _mul32(pos & _M32, 0x85EBCA77) ^ key)
     hi = _fmix32(base ^ 0x68E31DA4)
     lo = _fmix32(base ^ 0xB5297A4D)
     return (hi.double() * 2.0**21 + (lo >> 11).double()) * 2.0**-53
+
+
+_COUNTER_UNIFORMS = Compiled(_counter_uniforms, "the rows' seeded uniforms")
 
 
 def sample_categorical(probs: torch.Tensor, u: torch.Tensor | None = None) -> torch.Tensor:

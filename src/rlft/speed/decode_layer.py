@@ -18,16 +18,14 @@ contiguous), instead of a compilation per layer (which would also exhaust Dynamo
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F  # noqa: N812
 
+from rlft.speed.compiled import Compiled
 from rlft.speed.decode_attention import attend_cached
-
-log = logging.getLogger("rlft")
 
 # A matmul x [M, K] -> [M, N]: a callable (:class:`rlft.speed.packed_matmul.DecodeMatmul`, run as it is), or
 # (weights, biases or None), the output being the concatenation of each weight's product (what compiles).
@@ -89,32 +87,7 @@ def layer_out(
     return x + _apply(down, F.silu(gate) * up)
 
 
-class _Compiled:
-    """``fn`` compiled by ``torch.compile`` on its first call (dynamic shapes, one graph); where compiling
-    fails (no C++ compiler or Triton, an operation Dynamo cannot trace), ``fn`` itself from then on, with
-    one warning. Only compilation errors fall back: an error of the computation itself is raised."""
-
-    def __init__(self, fn: Callable[..., Any]):
-        self.fn, self.compiled, self.failed = fn, None, False
-
-    def __call__(self, *args):
-        if self.failed:
-            return self.fn(*args)
-        if self.compiled is None:
-            self.compiled = torch.compile(self.fn, dynamic=True, fullgraph=True)
-        try:
-            return self.compiled(*args)
-        except torch._dynamo.exc.TorchDynamoException as exc:
-            self.failed = True
-            why = (str(exc).strip().splitlines() or [""])[0][:300]
-            log.warning(
-                f"rollout: the decode layer could not be compiled ({type(exc).__name__}: {why}); "
-                f"decoding with PyTorch's eager ops (rollout.compile_decode: false silences this)"
-            )
-            return self.fn(*args)
-
-
-_COMPILED: tuple[_Compiled, _Compiled] | None = None  # one per process: every decoder shares its artifacts
+_COMPILED: tuple[Compiled, Compiled] | None = None  # one per process: every decoder shares its artifacts
 
 
 def layer_steps(compiled: bool) -> tuple[Callable[..., Any], Callable[..., Any]]:
@@ -123,5 +96,5 @@ def layer_steps(compiled: bool) -> tuple[Callable[..., Any], Callable[..., Any]]
     if not compiled:
         return layer_in, layer_out
     if _COMPILED is None:
-        _COMPILED = (_Compiled(layer_in), _Compiled(layer_out))
+        _COMPILED = (Compiled(layer_in), Compiled(layer_out))
     return _COMPILED

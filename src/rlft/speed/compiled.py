@@ -1,0 +1,39 @@
+"""A function compiled by ``torch.compile`` where it can be, run as it is where it cannot
+(``rollout.compile_decode``: the decode layers of :mod:`rlft.speed.decode_layer` and the rows' seeded
+uniforms of :func:`rlft.rollout.sampling.row_uniforms`)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+log = logging.getLogger("rlft")
+
+
+class Compiled:
+    """``fn`` compiled by ``torch.compile`` on its first call (dynamic shapes, one graph); where compiling
+    fails (no C++ compiler or Triton, an operation Dynamo cannot trace), ``fn`` itself from then on, with
+    one warning naming ``what``. Only compilation errors fall back: an error of the computation itself is
+    raised."""
+
+    def __init__(self, fn: Callable[..., Any], what: str = "the decode layer"):
+        self.fn, self.what, self.compiled, self.failed = fn, what, None, False
+
+    def __call__(self, *args):
+        if self.failed:
+            return self.fn(*args)
+        if self.compiled is None:
+            self.compiled = torch.compile(self.fn, dynamic=True, fullgraph=True)
+        try:
+            return self.compiled(*args)
+        except torch._dynamo.exc.TorchDynamoException as exc:
+            self.failed = True
+            why = (str(exc).strip().splitlines() or [""])[0][:300]
+            log.warning(
+                f"rollout: {self.what} could not be compiled ({type(exc).__name__}: {why}); "
+                f"decoding with PyTorch's eager ops (rollout.compile_decode: false silences this)"
+            )
+            return self.fn(*args)
