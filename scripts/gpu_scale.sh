@@ -4,7 +4,8 @@
 #      included, against the eager one; tests/models/test_checkpointing.py: selective recomputation against
 #      keeping every activation, with PyTorch's fused attention; tests/speed/test_decode_weights.py: the decode
 #      copy freed for the update and the next rollout's graphs reading it again; tests/speed/test_decode_layer.py:
-#      the compiled decode layers captured in the graph), where pytest is installed;
+#      the compiled decode layers captured in the graph; tests/speed/test_fused_norm.py: the update's RMSNorm as
+#      PyTorch's fused CUDA kernel against Hugging Face's), where pytest is installed;
 #   2. SmolLM2-1.7B's shape, 8 prompts x 8 completions of 128 new tokens (10 steps: the whole process is
 #      timed too), then of 512: TRL and rlft stepped in turn (each row prints decode GB/s and update
 #      TFLOP/s against the GPU's measured bandwidth and bf16 matmul peak, peak GPU memory, and
@@ -70,7 +71,7 @@ if "$PY" -c "import pytest" >/dev/null 2>&1; then
   log "the GPU tests"
   timeout "$(left 100)" "$PY" -m pytest -q -p no:cacheprovider -p no:randomly -k "captured or cuda" \
     tests/speed/test_graphed_rows.py tests/models/test_checkpointing.py tests/speed/test_decode_weights.py \
-    tests/speed/test_decode_layer.py \
+    tests/speed/test_decode_layer.py tests/speed/test_fused_norm.py \
     >"$OUT/gpu_tests.log" 2>&1
   rc=$?
   tail -3 "$OUT/gpu_tests.log"

@@ -45,6 +45,7 @@ def build_model(model_cfg: ModelConfig, *, with_reference: bool = False) -> Mode
     from rlft.models.reference import make_reference
     from rlft.models.save import is_adapter_dir
     from rlft.models.sources import resolve_model_dir
+    from rlft.speed.fused_norm import fuse_rms_norms
 
     device = resolve_device(model_cfg.device)
     model_dir = resolve_model_dir(model_cfg.path)
@@ -52,6 +53,7 @@ def build_model(model_cfg: ModelConfig, *, with_reference: bool = False) -> Mode
         model_dir = ensure_merged(model_dir)
     tokenizer = load_tokenizer(model_dir)
     model = load_policy(model_cfg, device, model_dir=model_dir)
+    fuse_rms_norms(model)  # before the reference copy, which keeps it
     autocast, warning = autocast_dtype(model_cfg.dtype, device)
     # fsdp2 shards each layer's parameters as one flat tensor of a single dtype: a LoRA layer's base and
     # adapter stay alike there
