@@ -66,10 +66,13 @@ def row_uniforms(seed: int, rows: torch.Tensor, position: int | torch.Tensor, co
     in one compiled kernel (``rollout.compile_decode``: the graphed GPU decode runs them every token);
     integer arithmetic, so the numbers are the same bit for bit."""
     pos = torch.as_tensor(position, dtype=torch.long, device=rows.device)
-    return (_COUNTER_UNIFORMS if compiled else _counter_uniforms)(rows.to(torch.long), pos, _key(seed))
+    # the seed's key as a device tensor (a fill, which a CUDA graph captures), not a Python int: a compiled
+    # kernel then reads it from memory instead of taking a 32-bit value as a (possibly int32) scalar argument
+    key = torch.full((1,), _key(seed), dtype=torch.long, device=rows.device)
+    return (_COUNTER_UNIFORMS if compiled else _counter_uniforms)(rows.to(torch.long), pos, key)
 
 
-def _counter_uniforms(rows: torch.Tensor, pos: torch.Tensor, key: int) -> torch.Tensor:
+def _counter_uniforms(rows: torch.Tensor, pos: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
     base = _fmix32(_mul32(rows & _M32, 0x9E3779B1) ^ _mul32(pos & _M32, 0x85EBCA77) ^ key)
     hi = _fmix32(base ^ 0x68E31DA4)
     lo = _fmix32(base ^ 0xB5297A4D)
