@@ -271,3 +271,26 @@ def test_the_one_call_layer_loop_decodes_bit_for_bit_what_the_per_layer_calls_de
     assert torch.equal(out[True].completion_ids, out[False].completion_ids)
     assert torch.equal(out[True].logprobs, out[False].logprobs)
     assert len(set(out[True].completion_mask.sum(-1).tolist())) >= 4
+
+
+def test_a_step_gathering_its_rotary_tables_is_the_step_computing_them(tiny_model_dir):
+    """The rotary tables made once for every position of a rollout: each position's values are exactly the
+    ones a step computes for it, so a step that gathers them gives the same logits bit for bit."""
+    model, _ = _policy(tiny_model_dir)
+    fused = FusedDecoder(model)
+    table = fused.rotary_table(40)
+    assert table[0].shape == (40, fused.heads + fused.kv_heads, fused.head_dim)
+    assert fused.rotary_table(30) is table  # kept: a shorter rollout gathers from the same tables
+    positions = torch.tensor([0, 7, 39, 12])
+    x = torch.zeros(4, 1)
+    cos, sin = (t[:, 0] for t in fused._rotary(x, positions[:, None]))
+    assert torch.equal(table[0][positions], cos) and torch.equal(table[1][positions], sin)
+    ids, mask = torch.tensor([[0, 5, 6, 7], [8, 9, 10, 11]]), torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    caches, logits = [fused.new_cache(2, 12) for _ in range(2)], []
+    with torch.no_grad():
+        for kv, tables in zip(caches, (None, table)):
+            fused.prefill(ids, mask, kv)
+            logits.append(fused.step(torch.tensor([3, 4]), mask.sum(-1), kv, tables))
+    assert torch.equal(logits[0], logits[1])
+    model.model.rotary_emb.rope_type = "dynamic"  # its frequencies change with the sequence's length
+    assert FusedDecoder(model).rotary_table(40) is None

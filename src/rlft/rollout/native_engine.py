@@ -238,6 +238,7 @@ class _StaticRows(_DroppingRows):
     def prefill(self, prompt_ids, prompt_mask) -> torch.Tensor:
         logits = self.fused.prefill(prompt_ids, prompt_mask, self.kv, self.n)
         self.positions = prompt_mask.sum(-1).repeat_interleave(self.n, 0)
+        self.table = self.fused.rotary_table(self.kv.capacity)  # a row's positions stay below the capacity
         return logits
 
     def select(self, keep: torch.Tensor) -> None:
@@ -245,7 +246,7 @@ class _StaticRows(_DroppingRows):
         self.positions = self.positions[keep]
 
     def step(self, tok: torch.Tensor) -> torch.Tensor:
-        logits = self.fused.step(tok, self.positions, self.kv)
+        logits = self.fused.step(tok, self.positions, self.kv, self.table)
         self.positions = self.positions + 1
         return logits
 

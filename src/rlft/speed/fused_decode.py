@@ -132,6 +132,7 @@ class FusedDecoder:
         self.kernels = kernels if kernels is not None and self._kernels_apply() else None
         self._loop = None  # the layer weights for the one-call layer loop, made after a refresh
         self._released: set[int] = set()  # the matmuls whose packed copy release() freed
+        self._table: tuple[torch.Tensor, torch.Tensor] | None = None  # rotary_table()'s, kept between rollouts
         # the layers between the matmuls compiled (rlft.speed.decode_layer), where the matmuls are plain products
         # of the weights as they are: a packed CPU copy is oneDNN's or rlft's own kernel, which Inductor cannot fuse
         self.compiled = compiled and pack_dtype is None
@@ -271,12 +272,28 @@ class FusedDecoder:
         heads[: self.heads] = self.scale
         return cos.float().unsqueeze(-2) * heads, sin.float().unsqueeze(-2) * heads
 
-    def step(self, tokens: torch.Tensor, positions: torch.Tensor, kv: StaticKV) -> torch.Tensor:
-        """tokens, positions: [B]; writes the tokens' keys/values at column ``kv.length``."""
+    def rotary_table(self, positions: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The rotary tables of every position below ``positions`` ([positions, H + KVH, D] each, as
+        :meth:`_rotary` makes them: a position's values do not depend on the others'), kept for the next
+        rollout; a step gathers its rows' from them, two kernels instead of about fourteen. None where
+        the model's rotary embedding changes with the sequence's length (dynamic, longrope)."""
+        if getattr(self.rotary, "rope_type", "default") in ("dynamic", "longrope"):
+            return None
+        if self._table is None or self._table[0].shape[0] < positions:
+            x = torch.empty(1, dtype=torch.float32, device=self.device)  # the dtype and device the tables take
+            cos, sin = self._rotary(x, torch.arange(positions, device=self.device)[None])
+            self._table = (cos[0], sin[0])
+        return self._table
+
+    def step(
+        self, tokens: torch.Tensor, positions: torch.Tensor, kv: StaticKV, table: tuple | None = None
+    ) -> torch.Tensor:
+        """tokens, positions: [B]; writes the tokens' keys/values at column ``kv.length``. ``table``: from
+        :meth:`rotary_table`, covering every position in ``positions`` (else the tables are computed)."""
         col = kv.length
         kv.reserve(col + 1)
         kv.valid[:, col] = True
-        x, cos, sin = self._embed(tokens, positions)
+        x, cos, sin = self._embed(tokens, positions, table)
         if self.kernels is not None:
             hidden = self._layers_native(x, cos, sin, kv, col)
         else:
@@ -294,6 +311,7 @@ class FusedDecoder:
         column: torch.Tensor,
         window: int,
         prompt: StaticKV | None = None,
+        table: tuple | None = None,
     ) -> torch.Tensor:
         """:meth:`step` at the cache column held in ``column`` (a [1] long tensor on the device) rather
         than ``kv.length``, with PyTorch ops only and no value read back to the host: every shape and
@@ -301,16 +319,18 @@ class FusedDecoder:
         be allocated to its capacity; attention reads its first ``window`` columns (masked by
         ``kv.valid``), which must include ``column``; advancing ``column`` and ``kv.length`` is the
         caller's. ``prompt``: the G groups' prompt cache, read before each row's own columns
-        (:func:`attend_shared_prompt`; ``kv`` then holds the completions only)."""
+        (:func:`attend_shared_prompt`; ``kv`` then holds the completions only). ``table``: as :meth:`step`'s."""
         kv.valid.index_fill_(1, column, True)
-        x, cos, sin = self._embed(tokens, positions)
+        x, cos, sin = self._embed(tokens, positions, table)
         hidden = self._layers_torch(x, cos, sin, CachedAttention(kv, column, window, prompt))
         return self.head(hidden).to(torch.float32, memory_format=torch.contiguous_format)
 
-    def _embed(self, tokens: torch.Tensor, positions: torch.Tensor):
+    def _embed(self, tokens: torch.Tensor, positions: torch.Tensor, table: tuple | None = None):
         """The residual x [B, hidden] (fp32, a new tensor: it is updated in place) and the rotary
-        tables [B, H + KVH, D] of one decode step."""
+        tables [B, H + KVH, D] of one decode step (gathered from ``table`` where given)."""
         x = self.embed.index_select(0, tokens).float()
+        if table is not None:
+            return x, table[0].index_select(0, positions), table[1].index_select(0, positions)
         cos, sin = (t[:, 0] for t in self._rotary(x, positions[:, None]))
         return x, cos, sin
 

@@ -75,6 +75,7 @@ class GraphedRows:
         self.kv = self.fused.new_cache(self.rows, self.capacity - width)
         self.kv.reserve(self.kv.capacity)
         self.positions = prompt_mask.sum(-1).repeat_interleave(self.n, 0)
+        self.table = self.fused.rotary_table(self.capacity)  # a row's positions stay below the capacity
         return logits
 
     def decode(self, logits: torch.Tensor, draw) -> tuple[torch.Tensor, ...]:
@@ -114,7 +115,9 @@ class GraphedRows:
 
     def _token(self) -> None:
         """One token: the step on the last one's tokens, then its draw; what the graph captures."""
-        logits = self.fused.step_at(self.tokens, self.positions, self.kv, self.column, self.window, self.prompt)
+        logits = self.fused.step_at(
+            self.tokens, self.positions, self.kv, self.column, self.window, self.prompt, self.table
+        )
         self.positions.add_(1)
         self.column.add_(1)
         self._record(logits)
