@@ -9,12 +9,14 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
+import rlft.rollout.sampling as sampling_module
 import rlft.speed.decode_layer as decode_layer
 from rlft.config.schema import ModelConfig
 from rlft.models.loading import load_policy, load_tokenizer
 from rlft.rollout import SamplingParams
+from rlft.rollout.sampling import SAMPLE_NEXT_COMPILED
 from rlft.speed.fused_decode import FusedDecoder
-from rlft.speed.graphed_rows import GraphedRows
+from rlft.speed.graphed_rows import _ENDS_COMPILED, GraphedRows
 
 from .test_fused_decode import _policy
 from .test_graphed_rows import _generate
@@ -26,11 +28,13 @@ def _compiled_graphs() -> int:
     return counters["stats"]["unique_graphs"]
 
 
-def test_the_compiled_layers_decode_what_the_eager_layers_decode(wide_head_model_dir, monkeypatch):
+def test_the_compiled_layers_decode_what_the_eager_layers_decode(tmp_path, monkeypatch):
     """A whole rollout through the GPU's fixed batch (run eagerly here): five attention windows, a group's
-    prompt cached once, rows ending at mixed lengths. The compiled layers draw the same tokens, and
-    one compilation of each half serves every layer, window and step."""
-    model, tok = _policy(wide_head_model_dir)
+    prompt cached once, rows ending at mixed lengths. The compiled layers, draw and ends give the same
+    tokens, and one compilation of each function serves every layer, window and step."""
+    from rlft.models.tiny import build_tiny_model_dir
+
+    model, tok = _policy(build_tiny_model_dir(tmp_path / "model", hidden_size=256, num_layers=4))
     sampling = SamplingParams(max_new_tokens=40, n=3, temperature=0.9, seed=3)
     out, made = {}, {}
     before = _compiled_graphs()
@@ -41,12 +45,14 @@ def test_the_compiled_layers_decode_what_the_eager_layers_decode(wide_head_model
         )
     rows = made[True][0]
     assert rows.fused.compiled and not made[False][0].fused.compiled
-    assert len(rows.windows) == 5 and len(rows.fused.layers) >= 2
-    assert not any(c.failed for c in decode_layer._COMPILED)
-    # each half compiled once, dynamic in the window, and the second again where the window reaches the cache's
-    # capacity (its keys' slice is then contiguous), and the seeded uniforms once; a compilation per layer
-    # would have made one per weight
-    assert 3 <= _compiled_graphs() - before <= 5, _compiled_graphs() - before
+    assert len(rows.windows) == 5 and len(rows.fused.layers) == 4
+    for fn in (*decode_layer._COMPILED, sampling_module._COUNTER_UNIFORMS, SAMPLE_NEXT_COMPILED, _ENDS_COMPILED):
+        assert fn.compiled is not None and not fn.failed, fn.what
+    # six functions (the layer's two halves, the uniforms, the draw, the rows' ends), each compiled once, with
+    # dynamic shapes; the second half again where the window reaches the cache's capacity (its keys' slice is
+    # then contiguous), and on a CPU the draw again for the step's logits, which the CPU's weight-first head
+    # leaves transposed. A compilation per layer would have made four of each half.
+    assert 6 <= _compiled_graphs() - before <= 8, _compiled_graphs() - before
     assert torch.equal(out[True].completion_ids, out[False].completion_ids)
     assert out[True].finish_reasons == out[False].finish_reasons
     m = out[True].completion_mask.bool()

@@ -15,7 +15,7 @@ import torch
 from rlft.models.logprobs import cache_kwargs, position_ids_from_mask
 from rlft.rollout.base import RolloutBatch, SamplingParams
 from rlft.rollout.hf_engine import HFGenerateEngine
-from rlft.rollout.sampling import row_uniforms, sample_next
+from rlft.rollout.sampling import SAMPLE_NEXT_COMPILED, row_uniforms, sample_next
 from rlft.speed.clock import count, phase
 from rlft.speed.fast_linear import weight_first_linears
 from rlft.speed.graphed_rows import GraphedRows, graphs_apply
@@ -143,12 +143,14 @@ def draw_tokens(
     logits [B, V] -> tokens [B], log-probs [B] (:func:`sample_next`, with the rows' own uniforms when
     the rollout is seeded). ``t``: an int, or a [1] long tensor on the device for a loop replayed as a
     CUDA graph, where every step must be the same operations (end-of-sequence is then suppressed on
-    the device while ``t < min_new_tokens``). ``compiled``: the seeded uniforms compiled (:func:`row_uniforms`)."""
+    the device while ``t < min_new_tokens``). ``compiled``: the seeded uniforms (:func:`row_uniforms`) and, with
+    a device ``t``, the draw itself compiled."""
     u = None if sampling.seed is None else row_uniforms(sampling.seed, sampling.row_offset + rows, t, compiled)
     if isinstance(t, int):
         return sample_next(logits, sampling, eos if t < sampling.min_new_tokens else None, u, kernels)
     early = t < sampling.min_new_tokens if sampling.min_new_tokens else None
-    return sample_next(logits, sampling, None if early is None else eos, u, suppress_while=early)
+    sample = SAMPLE_NEXT_COMPILED if compiled else sample_next
+    return sample(logits, sampling, None if early is None else eos, u, None, early)
 
 
 @dataclass

@@ -144,6 +144,12 @@ def sample_next(
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 
+# sample_next compiled (rollout.compile_decode: the graphed GPU decode draws every token with it); called
+# positionally. Its SamplingParams is guarded by the values it reads (a new temperature compiles again), not
+# by identity, so every rollout's params reuse the compilation.
+SAMPLE_NEXT_COMPILED = Compiled(sample_next, "the token's draw")
+
+
 def _fill(x: torch.Tensor, ids: torch.Tensor, value: float, when: torch.Tensor | None) -> torch.Tensor:
     """x [N, V] with the columns ``ids`` set to ``value`` (where ``when``, a device bool, is true)."""
     if when is None:

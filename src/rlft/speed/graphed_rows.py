@@ -36,6 +36,7 @@ import logging
 import torch
 
 from rlft.speed.clock import count
+from rlft.speed.compiled import Compiled
 from rlft.speed.static_kv import count_kv_read
 
 log = logging.getLogger("rlft")
@@ -104,12 +105,12 @@ class GraphedRows:
     def _record(self, logits: torch.Tensor) -> None:
         """Draw every row's token at ``self.t`` from logits [R, V] and record it; device operations only."""
         tok, lp = self.draw(logits, self.all_rows, self.t)
-        new_end = (tok[:, None] == self.draw.eos).any(-1) & ~self.ended
-        tok = tok.masked_fill(self.ended, self.draw.pad)
+        ends = _ENDS_COMPILED if self.fused.compiled else ends_at
+        tok, lp, lengths, ended = ends(tok, lp, self.t, self.ended, self.lengths, self.draw.eos, self.draw.pad)
         self.out.index_copy_(1, self.t, tok[:, None])
-        self.out_logprobs.index_copy_(1, self.t, lp.masked_fill(self.ended, 0.0)[:, None])
-        self.lengths.copy_(torch.where(new_end, self.t + 1, self.lengths))
-        self.ended.logical_or_(new_end)
+        self.out_logprobs.index_copy_(1, self.t, lp[:, None])
+        self.lengths.copy_(lengths)
+        self.ended.copy_(ended)
         self.tokens.copy_(tok)
         self.t.add_(1)
 
@@ -180,3 +181,28 @@ class GraphedRows:
             self.graphs = False
             torch.cuda.synchronize()
             self._token()
+
+
+def ends_at(
+    tok: torch.Tensor,
+    lp: torch.Tensor,
+    t: torch.Tensor,
+    ended: torch.Tensor,
+    lengths: torch.Tensor,
+    eos: torch.Tensor,
+    pad: int,
+) -> tuple[torch.Tensor, ...]:
+    """The token ``t`` ([1]) drawn for each row, tok/lp [R], against the rows' ends: a row that had ended
+    records padding and log-prob 0; one that draws an end-of-sequence id (``eos`` [K]) ends, its length
+    t + 1. Returns the tokens, log-probs, lengths [R] and ended [R] to record; pure (compiled where the
+    layers are)."""
+    new_end = (tok[:, None] == eos).any(-1) & ~ended
+    return (
+        tok.masked_fill(ended, pad),
+        lp.masked_fill(ended, 0.0),
+        torch.where(new_end, t + 1, lengths),
+        ended | new_end,
+    )
+
+
+_ENDS_COMPILED = Compiled(ends_at, "the rows' ends")
