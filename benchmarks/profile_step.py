@@ -1,11 +1,19 @@
-"""Where an rlft GRPO step spends its time: torch profiler table of one step of the benchmark workload.
+"""Where an rlft GRPO step spends its time: the torch profiler's table of one step of the benchmark workload.
+
+On a CPU the table is sorted by the operators' own CPU time; on a CUDA GPU by their own GPU time, with the
+number of GPU kernels the step launched. A CUDA graph replays its kernels out of the profiler's sight, so
+``--no-cuda-graphs`` profiles the decode kernel by kernel: how many small kernels a token takes, and how
+long each runs, which the graph's replay does not remove.
 
 python benchmarks/profile_step.py [--model smollm2-135m-instruct] [--rows 25] [--dtype bf16] [--max-new-tokens 256]
+python benchmarks/profile_step.py --device cuda --dtype bf16 --shape smollm2-1.7b --prompts 8 --max-new-tokens 128 \
+    --no-cuda-graphs --json profile.json
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -16,46 +24,73 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from grpo_step import _resolve_model, rlft_config  # noqa: E402
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="smollm2-135m-instruct")
-    ap.add_argument("--rows", type=int, default=25)
-    ap.add_argument("--steps", type=int, default=2, help="timed steps before the profiled one")
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2-135m-instruct", help="built-in name, HF directory, or 'tiny'")
+    ap.add_argument("--shape", help="a shape of benchmarks/shapes.py, built with seeded random weights")
+    ap.add_argument("--shape-overrides", type=json.loads, help="JSON config fields over the shape's")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    ap.add_argument("--prompts", type=int, default=2)
+    ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=2, help="timed steps before the profiled one")
+    ap.add_argument("--no-cuda-graphs", action="store_true", help="the decode kernel by kernel (rollout.cuda_graphs)")
+    ap.add_argument("--compile-decode", action="store_true", help="rollout.compile_decode: true")
+    ap.add_argument("--rows", type=int, default=25)
     ap.add_argument("--shapes", type=int, default=0, help="also list the top N ops by input shape")
-    a = ap.parse_args()
-    from torch.profiler import profile, record_function
+    ap.add_argument("--json", help="also write the step's times, the kernel count and the tables here")
+    a = ap.parse_args(argv)
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     from rlft import Trainer
 
+    random = bool(a.shape or a.shape_overrides)
     opts = dict(
-        model_dir=_resolve_model(a.model),
+        model_dir=_resolve_model(a.model, random, a.shape, a.shape_overrides, a.device, a.dtype),
         dtype=a.dtype,
-        prompts=2,
-        group_size=8,
+        device=a.device,
+        prompts=a.prompts,
+        group_size=a.group_size,
         max_new_tokens=a.max_new_tokens,
         beta=0.04,
         fixed_length=True,
         engine="native",
         threads=2,
+        cuda_graphs=not a.no_cuda_graphs,
+        compile_decode=a.compile_decode,
     )
     trainer = Trainer(config=rlft_config(opts, Path(tempfile.mkdtemp())))
     trainer.setup()
+    steps = []
     for _ in range(a.steps):
         t0 = time.perf_counter()
         m = trainer.train_step()
-        print(
-            f"step {time.perf_counter() - t0:.2f}s (generation {m['generation_seconds']:.2f}s, "
-            f"update {m['update_seconds']:.2f}s)"
-        )
-    with profile(record_shapes=True) as prof:
+        steps.append(time.perf_counter() - t0)
+        print(f"step {steps[-1]:.2f}s (generation {m['generation_seconds']:.2f}s, update {m['update_seconds']:.2f}s)")
+    cuda = a.device == "cuda"
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+    with profile(activities=activities, record_shapes=bool(a.shapes)) as prof:
         with record_function("train_step"):
             trainer.train_step()
-    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=a.rows))
+        if cuda:
+            torch.cuda.synchronize()
+    sort = "self_device_time_total" if cuda else "self_cpu_time_total"
+    tables = {"by_operator": prof.key_averages().table(sort_by=sort, row_limit=a.rows)}
     if a.shapes:
-        print(prof.key_averages(group_by_input_shape=True).table(sort_by="self_cpu_time_total", row_limit=a.shapes))
+        tables["by_shape"] = prof.key_averages(group_by_input_shape=True).table(sort_by=sort, row_limit=a.shapes)
+    for table in tables.values():
+        print(table)
+    kernels = [e for e in prof.events() if cuda and e.device_type == torch.autograd.DeviceType.CUDA]
+    if cuda:
+        print(f"GPU kernels in the profiled step: {len(kernels)}, {sum(e.device_time for e in kernels) / 1e3:.1f} ms")
+    if a.json:
+        out = {"step_seconds": steps, "gpu_kernels": len(kernels), "tables": tables, "options": vars(a)}
+        out["gpu_kernel_ms"] = sum(e.device_time for e in kernels) / 1e3
+        Path(a.json).write_text(json.dumps(out, indent=1))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -20,7 +20,10 @@
 #      (rlft.models.checkpointing): what selective costs in time and saves in peak memory;
 #   7. where time is left, 1.7B at 128 tokens with the update in two passes of 32 rows
 #      (--rlft-micro-batch 32) instead of one: what a split costs, against models/memory.py's
-#      GPU_FULL_SPEED_FLOP (1e14: passes of at least ~9.7k tokens at 1.7B; reasoned, not measured).
+#      GPU_FULL_SPEED_FLOP (1e14: passes of at least ~9.7k tokens at 1.7B; reasoned, not measured);
+#   8. where time is left, one 1.7B step at 128 tokens under the torch profiler with the decode out of its CUDA
+#      graph (benchmarks/profile_step.py --no-cuda-graphs): the GPU kernels a step launches and the top ones by
+#      GPU time, for the decode's small kernels against its matmuls.
 # Each row's workers hold their models on the GPU at once (1.7B: TRL's ~47 GiB beside rlft's): it takes an
 # H200's 141 GB (the device tool's kind nvidia-h200), not an 80 GB H100.
 # The weights are seeded random ones (benchmarks/shapes.py): the machine reaches no model hub. The
@@ -90,6 +93,19 @@ row 360m-128 70 smollm2-360m 128 --frameworks "${FRAMEWORKS[@]}" --steps 9 || st
 row 1.7b-eos-512 100 smollm2-1.7b 512 --frameworks rlft rlft-compiled --eos-rate 0.0039 || status=1
 row 1.7b-128-keep-all 60 smollm2-1.7b 128 --frameworks rlft --rlft-gradient-checkpointing off || true
 row 1.7b-128-2passes 60 smollm2-1.7b 128 --frameworks rlft --rlft-micro-batch $((ROWS * 4)) || true
+limit=$(left 70)
+if [ "$limit" -ge 45 ]; then  # the decode kernel by kernel: what a token's small kernels cost, which a graph keeps
+  log "profile-1.7b-128: profile_step.py, one step with the decode out of its graph (at most ${limit}s)"
+  extra=()
+  [ -n "$OVERRIDES" ] && extra=(--shape-overrides "$OVERRIDES")
+  timeout "$limit" "$PY" benchmarks/profile_step.py --device "$DEVICE" --dtype bf16 --model "$MODEL" \
+    --shape smollm2-1.7b "${extra[@]}" --prompts "$ROWS" --max-new-tokens "${TOKENS:-128}" --steps 1 \
+    --no-cuda-graphs --rows 30 --json "$OUT/profile-1.7b-128.json" >"$OUT/profile.log" 2>&1 || log "FAIL: profile"
+  grep -E "kernels in the profiled|^step " "$OUT/profile.log"
+  rm -f "$OUT/profile.log"
+else
+  log "SKIP profile-1.7b-128: ${limit}s of the budget left"
+fi
 "$PY" - "$OUT" <<'EOF'
 import json, sys
 from pathlib import Path
