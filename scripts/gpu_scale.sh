@@ -29,8 +29,8 @@
 # The weights are seeded random ones (benchmarks/shapes.py): the machine reaches no model hub. The
 # config and tokenizer come from RLFT_BENCH_MODEL (a SmolLM2 directory; default: the built-in one). A
 # row whose budget has run out is skipped and said so; one that would outrun its limit stops stepping in time
-# to report the steps it took (grpo_step.py --deadline). Each row's log goes to $OUT (default
-# ./gpu-scale-out), and every row's results with check-env's report to $OUT/results.json.
+# to report the steps it took (grpo_step.py --deadline). Everything ends in one file, $OUT/results.json
+# ($OUT default ./gpu-scale-out): check-env's report, every row's results and its log.
 #   bash scripts/gpu_scale.sh
 # On a lent machine that reaches no registry: `bash scripts/gpu_carry.sh` gathers SmolLM2's config and
 # tokenizer and the wheels that machine lacks (pydantic for rlft, TRL and datasets for TRL's rows) into
@@ -114,9 +114,12 @@ out = Path(sys.argv[1])
 parts = [p for p in sorted(out.glob("*.json")) if p.name != "results.json"]
 rows = {p.stem: json.loads(p.read_text()) for p in parts}
 env = out / "check_env.txt"
-results = {"check_env": env.read_text() if env.exists() else None, "rows": rows}
+logs = sorted(out.glob("*.log"))
+# each row's log without TRL's per-step metric dicts (its tables are in the row's JSON)
+texts = {p.stem: "\n".join(x for x in p.read_text().splitlines() if not x.startswith("{'")) for p in logs}
+results = {"check_env": env.read_text() if env.exists() else None, "rows": rows, "logs": texts}
 (out / "results.json").write_text(json.dumps(results, indent=1))
-for p in [*parts, env]:  # all in results.json: the device tool brings back at most 8 files
+for p in [*parts, env, *logs]:  # all in results.json: the device tool brings back at most 8 files
     p.unlink(missing_ok=True)
 print(f"results.json: {', '.join(rows) or 'no rows'}")
 EOF
