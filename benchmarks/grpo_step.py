@@ -129,11 +129,12 @@ def _rlft_worker(conn, opts: dict) -> None:
 
     config = rlft_config(opts, Path(tempfile.mkdtemp(prefix="rlft-bench-")))
     trainer = Trainer(config=config)
-    trainer.setup()
     from rlft.planner.estimate import estimate_memory
 
-    # what `rlft estimate` predicts for this run's peak: GPU memory on a GPU, else the process's
+    # what `rlft estimate` predicts for this run's peak: GPU memory on a GPU, else the process's resident set;
+    # before the model loads, as `rlft estimate` runs (a CPU's estimate counts the resident set it starts from)
     estimate_mb = estimate_memory(trainer.cfg, opts["device"]).peak / 2**20
+    trainer.setup()
     from rlft.models.checkpointing import recompute_mode
 
     recompute = recompute_mode(trainer.job.parts.model)  # what model.gradient_checkpointing came to
