@@ -302,6 +302,20 @@ def test_check_env(tmp_path):
     assert ("CPU kernels: native CPU kernels (" in proc.stdout) == (compiler() is not None), proc.stdout
 
 
+def test_check_env_says_whether_the_gpu_can_compile_the_decode(monkeypatch):
+    import sys
+
+    import torch
+
+    from rlft import check_env
+    from rlft.doctor import check_env as module
+
+    assert (check_env()["gpu_compile"] is None) == (not torch.cuda.is_available())  # said on a GPU machine only
+    # a GPU machine without Triton: the decode layers stay eager, and check-env says how to get it
+    monkeypatch.setitem(sys.modules, "triton", None)  # import triton fails
+    assert "no Triton" in module._gpu_compile() and "pip install triton" in module._gpu_compile()
+
+
 def test_check_env_warns_about_oversubscribed_threads():
     import torch
 

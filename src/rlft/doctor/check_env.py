@@ -35,6 +35,7 @@ def check_env(verbose: bool = False) -> dict:
 
     kernels = cpu_kernels()  # built here on first use (about a second), then cached for the machine
     info["native_kernels"] = kernels.describe() if kernels is not None else f"unavailable: {unavailable_reason()}"
+    info["gpu_compile"] = _gpu_compile() if info["cuda_available"] else None
     cores = physical_cores()
     info["physical_cores"] = cores
     # rlft's trainer sets one thread per physical core (rlft.speed.threads); this says what torch does unset
@@ -68,9 +69,20 @@ def _print(info: dict) -> None:
     if info["thread_warning"]:
         print("WARNING: " + info["thread_warning"])
     print(f"CPU kernels: {info['native_kernels']}")
+    if info["gpu_compile"]:
+        print(f"torch.compile on the GPU (rollout.compile_decode): {info['gpu_compile']}")
     print("required packages: " + ("all present" if info["ok"] else "MISSING " + ", ".join(info["missing_required"])))
     print("optional: " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in info["optional"].items()))
     print(f"CPU: {info['cpu_model']}; disk, the service port and a run's memory plan: rlft doctor [--config X]")
+
+
+def _gpu_compile() -> str:
+    """Whether torch.compile can make GPU kernels here: Inductor writes them in Triton."""
+    try:
+        import triton
+    except ImportError:
+        return "no Triton, so the decode layers run as PyTorch's eager ops (pip install triton)"
+    return f"Triton {triton.__version__}"
 
 
 def _cpu_bf16() -> bool:
