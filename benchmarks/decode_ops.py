@@ -1,0 +1,160 @@
+"""How many operations the GPU decode's token runs, as PyTorch ops and with rollout.compile_decode.
+
+A CUDA graph replays every kernel of a token; each still costs a few microseconds on the GPU, so their
+number, not their launch, is what the graph leaves. This counts them on any machine: one rollout through
+the GPU's fixed batch (:class:`rlft.speed.graphed_rows.GraphedRows`, run eagerly, not captured) under the
+torch profiler, and the operations that would each be a kernel (leaf operators that are not views, and
+Inductor's generated kernels) per token and per layer, eager and compiled, over a bf16 decode copy as on
+a GPU. Off a GPU Inductor writes C++
+rather than Triton and fuses a little differently, so the compiled count is indicative.
+
+    python benchmarks/decode_ops.py [--layers 4 8] [--tokens 24]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+# operators that return a view or only metadata: no kernel of their own
+VIEWS = {
+    "aten::view",
+    "aten::_unsafe_view",
+    "aten::t",
+    "aten::transpose",
+    "aten::permute",
+    "aten::slice",
+    "aten::select",
+    "aten::unsqueeze",
+    "aten::squeeze",
+    "aten::expand",
+    "aten::as_strided",
+    "aten::reshape",
+    "aten::split",
+    "aten::split_with_sizes",
+    "aten::chunk",
+    "aten::unflatten",
+    "aten::flatten",
+    "aten::alias",
+    "aten::detach",
+    "aten::lift_fresh",
+    "aten::empty",
+    "aten::empty_strided",
+    "aten::empty_like",
+    "aten::new_empty",
+    "aten::narrow",
+    "aten::resolve_conj",
+    "aten::resolve_neg",
+    "aten::_reshape_alias",
+    "aten::unbind",
+    "aten::result_type",
+    "aten::scalar_tensor",
+    "aten::item",
+    "aten::_local_scalar_dense",
+}
+# one fused kernel on a GPU, its composite operations on a CPU: counted once, as on the GPU
+FUSED_ON_GPU = {"aten::rms_norm", "aten::_fused_rms_norm"}
+
+
+def count_ops(run) -> dict[str, int]:
+    """The operators ``run()`` dispatched that would each be a GPU kernel, by name: leaf operators that are
+    not views and read a tensor with at least one dimension (0-d ones are the host's: the seed's hash),
+    Inductor's generated kernels, and :data:`FUSED_ON_GPU` once each."""
+    import torch._inductor.config as inductor
+
+    inductor.cpp.enable_kernel_profile = True  # each generated C++ kernel as a profiler event
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        run()
+    inside_fused: set[int] = set()
+    for e in prof.events():
+        if e.name in FUSED_ON_GPU:
+            stack = list(e.cpu_children)
+            while stack:
+                child = stack.pop()
+                inside_fused.add(id(child))
+                stack.extend(child.cpu_children)
+    counts: dict[str, int] = {}
+    for e in prof.events():
+        kernel = "cpp_fused" in e.name or e.name.startswith("triton_")
+        if not (kernel or e.name.startswith("aten::")) or id(e) in inside_fused or e.name in VIEWS or _no_op(e):
+            continue
+        # a leaf: none of what it calls is an operator of its own (views and no-ops aside)
+        leaf = e.name in FUSED_ON_GPU or not any(
+            c.name.startswith("aten::") and c.name not in VIEWS and not _no_op(c) for c in e.cpu_children
+        )
+        on_device = kernel or any(len(shape) > 0 for shape in e.input_shapes if isinstance(shape, list))
+        if leaf and on_device:
+            counts[e.name] = counts.get(e.name, 0) + 1
+    return counts
+
+
+def _no_op(e) -> bool:
+    """A ``to`` or ``contiguous`` that returned its input (it called nothing)."""
+    return e.name in ("aten::to", "aten::contiguous") and not e.cpu_children
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--layers", type=int, nargs=2, default=[4, 8], help="two depths: per layer and the rest")
+    ap.add_argument("--tokens", type=int, default=24)
+    ap.add_argument("--top", type=int, default=12, help="list the most frequent operators (of the deeper model)")
+    a = ap.parse_args(argv)
+    import rlft.rollout.native_engine as native_engine
+    from rlft.speed import packed_matmul
+    from rlft.speed.graphed_rows import GraphedRows
+
+    # the GPU's rows on this machine: the same token, run eagerly instead of captured, over the bf16 module
+    # copy the GPU decodes from (not the CPU's packed bf16 matmuls)
+    native_engine.graphs_apply = lambda device: True
+    native_engine.GraphedRows = lambda *args, **kw: GraphedRows(*args, graphs=False, **kw)
+    packed_matmul.can_pack = lambda dtype, device: False
+    counts = {(layers, c): per_token(layers, a.tokens, c) for layers in a.layers for c in (False, True)}
+    shallow, deep = a.layers
+    for compiled in (False, True):
+        totals = [sum(counts[layers, compiled].values()) for layers in a.layers]
+        per_layer = (totals[1] - totals[0]) / (deep - shallow)
+        name = "compiled (rollout.compile_decode)" if compiled else "eager"
+        print(
+            f"{name}: {per_layer:.1f} operations a layer and {totals[0] - shallow * per_layer:.0f} outside the "
+            f"layers, a token ({totals[0]:.0f} at {shallow} layers, {totals[1]:.0f} at {deep})"
+        )
+        for op, n in sorted(counts[deep, compiled].items(), key=lambda kv: -kv[1])[: a.top]:
+            print(f"  {n:6.1f}  {op}")
+    eager, compiled = (sum(counts[deep, c].values()) for c in (False, True))
+    print(f"compiled / eager at {deep} layers: {compiled / eager:.2f} of the operations a token")
+    return 0
+
+
+def per_token(layers: int, tokens: int, compiled: bool) -> dict[str, float]:
+    """The operations of a decode token (:func:`count_ops`), by name, of a random Llama of ``layers`` layers."""
+    from rlft.config.schema import ModelConfig
+    from rlft.models.loading import load_policy, load_tokenizer
+    from rlft.models.tiny import build_tiny_model_dir
+    from rlft.rollout import NativeEngine, SamplingParams
+
+    model_dir = build_tiny_model_dir(Path(tempfile.mkdtemp()) / "model", hidden_size=256, num_layers=layers)
+    model = load_policy(ModelConfig(path=str(model_dir), dtype="fp32"), torch.device("cpu"), model_dir=model_dir)
+    engine = NativeEngine(
+        model,
+        load_tokenizer(model_dir),
+        max_prompt_length=64,
+        autocast_dtype=torch.bfloat16,
+        decode_copy=True,
+        native_kernels=False,
+        compile_decode=compiled,
+    )
+    prompts = ["hello there", "a longer prompt for the group"]
+    sampling = SamplingParams(max_new_tokens=tokens, min_new_tokens=tokens, n=4, temperature=0.9, seed=1)
+    engine.generate(prompts, sampling)  # compiles (where asked) and warms up outside the count
+    whole = count_ops(lambda: engine.generate(prompts, sampling))
+    short = SamplingParams(**{**vars(sampling), "max_new_tokens": 1, "min_new_tokens": 1})
+    first = count_ops(lambda: engine.generate(prompts, short))  # the rollout less its decode steps
+    return {k: (v - first.get(k, 0)) / (tokens - 1) for k, v in whole.items() if v > first.get(k, 0)}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
