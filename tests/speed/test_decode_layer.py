@@ -102,7 +102,8 @@ def test_a_compiled_layer_that_cannot_compile_runs_eagerly_with_one_warning(monk
     assert layer_in.failed
     expected = decode_layer.layer_in(x, ln, qkv, cos, sin, 1e-6, 2)
     for out in got:
-        assert all(torch.equal(a, b) for a, b in zip(out, expected))
+        assert out[3] is None and expected[3] is None  # no prompt cache: no grouped queries
+        assert all(torch.equal(a, b) for a, b in zip(out[:3], expected[:3]))
     warnings = [r.getMessage() for r in caplog.records if "could not be compiled" in r.getMessage()]
     assert len(warnings) == 1 and "compile_decode" in warnings[0], warnings
 

@@ -40,16 +40,18 @@ def attend_shared_prompt(
     keys: torch.Tensor,
     values: torch.Tensor,
     bias: torch.Tensor,
+    grouped: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """:func:`attend` over a group's prompt cache followed by each row's own cache.
 
     q [N, H, D] with N = G * n, rows grouped (row r is in group r // n); prompt_keys/prompt_values
-    [G, KVH, P, D], prompt_bias [G, 1, 1, P]; keys/values [N, KVH, W, D], bias [N, 1, 1, W] -> [N, H * D]."""
+    [G, KVH, P, D], prompt_bias [G, 1, 1, P]; keys/values [N, KVH, W, D], bias [N, 1, 1, W] -> [N, H * D].
+    ``grouped``: q as :func:`grouped_queries` lays it out, where the caller made it already."""
     N, H, D = q.shape
     G, KVH, P, _ = prompt_keys.shape
     n, g, W = N // G, H // KVH, keys.shape[2]
-    # a group's n rows x g heads of one kv head are one [n * g, D] matrix against the prompt's keys
-    grouped = q.view(G, n, KVH, g, D).transpose(1, 2).reshape(G, KVH, n * g, D)
+    if grouped is None:
+        grouped = grouped_queries(q, G, KVH)
     prompt_scores = torch.add(prompt_bias, torch.matmul(grouped, prompt_keys.transpose(-1, -2)))
     prompt_scores = prompt_scores.view(G, KVH, n, g, P).transpose(1, 2).reshape(N, KVH, g, P)
     own_scores = torch.add(bias, torch.matmul(q.view(N, KVH, g, D), keys.transpose(-1, -2)))
@@ -59,6 +61,14 @@ def attend_shared_prompt(
     from_prompt = torch.matmul(on_prompt, prompt_values).view(G, KVH, n, g, D).transpose(1, 2)
     out = from_prompt.reshape(N, KVH, g, D).float() + torch.matmul(on_own, values).float()
     return out.to(values.dtype).reshape(N, H * D)
+
+
+def grouped_queries(q: torch.Tensor, groups: int, kv_heads: int) -> torch.Tensor:
+    """q [N, H, D] (N = groups * n rows) -> [groups, KVH, n * H / KVH, D]: a group's n rows x the H / KVH query
+    heads of one kv head as one matrix, which reads the group's prompt keys once (a copy: a transpose)."""
+    N, H, D = q.shape
+    n, g = N // groups, H // kv_heads
+    return q.view(groups, n, kv_heads, g, D).transpose(1, 2).reshape(groups, kv_heads, n * g, D)
 
 
 def _bias(valid: torch.Tensor) -> torch.Tensor:
@@ -74,6 +84,7 @@ class CachedAttention:
 
     def __init__(self, kv: StaticKV, col: int | torch.Tensor, window: int, prompt: StaticKV | None = None):
         self.kv, self.col, self.window, self.prompt = kv, col, window, prompt
+        self.groups = 0 if prompt is None else prompt.k.shape[1]  # the prompt cache's rows: one a group
         self.bias = _bias(kv.valid[:, :window])
         self.prompt_bias = None if prompt is None else _bias(prompt.valid[:, : prompt.length])
 
@@ -90,13 +101,16 @@ class CachedAttention:
         return (*own, self.prompt.k[i, :, :, :n], self.prompt.v[i, :, :, :n], self.prompt_bias)
 
 
-def attend_cached(q: torch.Tensor, read: tuple[torch.Tensor | None, ...]) -> torch.Tensor:
+def attend_cached(
+    q: torch.Tensor, read: tuple[torch.Tensor | None, ...], grouped: torch.Tensor | None = None
+) -> torch.Tensor:
     """q [B, H, D] over ``read`` (:meth:`CachedAttention.write`): :func:`attend`, or
-    :func:`attend_shared_prompt` where there is a prompt cache -> [B, H * D]."""
+    :func:`attend_shared_prompt` where there is a prompt cache (``grouped`` its grouped queries if made) ->
+    [B, H * D]."""
     keys, values, bias, prompt_keys, prompt_values, prompt_bias = read
     if prompt_keys is None:
         return attend(q, keys, values, bias)
-    return attend_shared_prompt(q, prompt_keys, prompt_values, prompt_bias, keys, values, bias)
+    return attend_shared_prompt(q, prompt_keys, prompt_values, prompt_bias, keys, values, bias, grouped)
 
 
 def _put_column(cache: torch.Tensor, col: int | torch.Tensor, value: torch.Tensor) -> None:

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 from rlft.speed.compiled import Compiled
-from rlft.speed.decode_attention import attend_cached
+from rlft.speed.decode_attention import attend_cached, grouped_queries
 
 # A matmul x [M, K] -> [M, N]: a callable (:class:`rlft.speed.packed_matmul.DecodeMatmul`, run as it is), or
 # (weights, biases or None), the output being the concatenation of each weight's product (what compiles).
@@ -58,20 +58,32 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.d
 
 
 def layer_in(
-    x: torch.Tensor, ln1: torch.Tensor, qkv: Matmul, cos: torch.Tensor, sin: torch.Tensor, eps: float, heads: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    x: torch.Tensor,
+    ln1: torch.Tensor,
+    qkv: Matmul,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+    heads: int,
+    groups: int = 0,
+) -> tuple[torch.Tensor, ...]:
     """A layer's queries and new keys and values: x [B, hidden] (fp32 residual), cos/sin [B, H + KVH, D]
-    -> q [B, H, D], k [B, KVH, D] (rotated, q scaled by 1/sqrt(D)), v [B, KVH, D], in the matmuls' dtype."""
+    -> q [B, H, D] (contiguous), k [B, KVH, D] (rotated, q scaled by 1/sqrt(D)), v [B, KVH, D], in the
+    matmuls' dtype, and with a prompt cache of ``groups`` groups q's :func:`grouped_queries` (else None).
+    Compiled, both layouts of q are written by the rotary's own kernel instead of copies of their own."""
     B, HD = x.shape[0], cos.shape[-2] * cos.shape[-1]
     out = _apply(qkv, rms_norm(x, ln1, eps))
     D = cos.shape[-1]
     qk = rotate(out[:, :HD].view(B, -1, D), cos, sin, out.dtype)
-    return qk[:, :heads], qk[:, heads:], out[:, HD:].view(B, -1, D)
+    q = qk[:, :heads].contiguous()  # the score products take it as it is (a slice of q and k is copied there)
+    grouped = grouped_queries(q, groups, cos.shape[-2] - heads) if groups else None
+    return q, qk[:, heads:], out[:, HD:].view(B, -1, D), grouped
 
 
 def layer_out(
     x: torch.Tensor,
     q: torch.Tensor,
+    grouped: torch.Tensor | None,
     read: tuple[torch.Tensor | None, ...],
     o: Matmul,
     ln2: torch.Tensor,
@@ -79,10 +91,11 @@ def layer_out(
     down: Matmul,
     eps: float,
 ) -> torch.Tensor:
-    """The rest of the layer after the cache write: attention of q [B, H, D] over ``read`` (keys, values,
-    bias, then the group prompt's keys, values and bias or three Nones: :meth:`rlft.speed.decode_attention.
-    CachedAttention.write`), the output projection, the MLP and both residual adds -> the new x [B, hidden]."""
-    x = x + _apply(o, attend_cached(q, read))  # fp32 residual + the bf16 output, promoted
+    """The rest of the layer after the cache write: attention of q [B, H, D] (``grouped`` as
+    :func:`layer_in` returns it) over ``read`` (keys, values, bias, then the group prompt's keys, values and
+    bias or three Nones: :meth:`rlft.speed.decode_attention.CachedAttention.write`), the output projection,
+    the MLP and both residual adds -> the new x [B, hidden]."""
+    x = x + _apply(o, attend_cached(q, read, grouped))  # fp32 residual + the bf16 output, promoted
     gate, up = _apply(gate_up, rms_norm(x, ln2, eps)).chunk(2, dim=-1)
     return x + _apply(down, F.silu(gate) * up)
 

@@ -341,9 +341,9 @@ class FusedDecoder:
         layer_in, layer_out = layer_steps(self.compiled)
         mm = _weights_of if self.compiled else _as_is
         for i, layer in enumerate(self.layers):
-            q, k, v = layer_in(x, layer.ln1, mm(layer.qkv), cos, sin, self.eps, self.heads)
+            q, k, v, grouped = layer_in(x, layer.ln1, mm(layer.qkv), cos, sin, self.eps, self.heads, attention.groups)
             read = attention.write(i, k, v)
-            x = layer_out(x, q, read, mm(layer.o), layer.ln2, mm(layer.gate_up), mm(layer.down), self.eps)
+            x = layer_out(x, q, grouped, read, mm(layer.o), layer.ln2, mm(layer.gate_up), mm(layer.down), self.eps)
         return self._rms(x, self.norm)
 
     def _layers_native(
