@@ -95,12 +95,12 @@ def test_a_compiled_layer_that_cannot_compile_runs_eagerly_with_one_warning(monk
     monkeypatch.setattr(torch._inductor.config, "force_disable_caches", True)
     monkeypatch.setattr(torch._inductor.config.cpp, "cxx", ("/nonexistent/c++",))
     layer_in, _ = decode_layer.layer_steps(compiled=True)
-    x, ln, cos, sin = torch.randn(2, 8), torch.ones(8), torch.randn(2, 3, 4), torch.randn(2, 3, 4)
+    h, cos, sin = torch.randn(2, 8), torch.randn(2, 3, 4), torch.randn(2, 3, 4)
     qkv = ((torch.randn(16, 8),), None)
     with caplog.at_level(logging.WARNING, logger="rlft"):
-        got = [layer_in(x, ln, qkv, cos, sin, 1e-6, 2) for _ in range(2)]
+        got = [layer_in(h, qkv, cos, sin, 2) for _ in range(2)]
     assert layer_in.failed
-    expected = decode_layer.layer_in(x, ln, qkv, cos, sin, 1e-6, 2)
+    expected = decode_layer.layer_in(h, qkv, cos, sin, 2)
     for out in got:
         assert out[3] is None and expected[3] is None  # no prompt cache: no grouped queries
         assert all(torch.equal(a, b) for a, b in zip(out[:3], expected[:3]))

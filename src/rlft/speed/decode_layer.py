@@ -58,21 +58,19 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.d
 
 
 def layer_in(
-    x: torch.Tensor,
-    ln1: torch.Tensor,
+    h: torch.Tensor,
     qkv: Matmul,
     cos: torch.Tensor,
     sin: torch.Tensor,
-    eps: float,
     heads: int,
     groups: int = 0,
 ) -> tuple[torch.Tensor, ...]:
-    """A layer's queries and new keys and values: x [B, hidden] (fp32 residual), cos/sin [B, H + KVH, D]
-    -> q [B, H, D] (contiguous), k [B, KVH, D] (rotated, q scaled by 1/sqrt(D)), v [B, KVH, D], in the
-    matmuls' dtype, and with a prompt cache of ``groups`` groups q's :func:`grouped_queries` (else None).
-    Compiled, both layouts of q are written by the rotary's own kernel instead of copies of their own."""
-    B, HD = x.shape[0], cos.shape[-2] * cos.shape[-1]
-    out = _apply(qkv, rms_norm(x, ln1, eps))
+    """A layer's queries and new keys and values from its normalised input h [B, hidden], cos/sin
+    [B, H + KVH, D] -> q [B, H, D] (contiguous), k [B, KVH, D] (rotated, q scaled by 1/sqrt(D)), v [B, KVH, D],
+    in the matmuls' dtype, and with a prompt cache of ``groups`` groups q's :func:`grouped_queries` (else
+    None). Compiled, both layouts of q are written by the rotary's own kernel instead of copies of their own."""
+    B, HD = h.shape[0], cos.shape[-2] * cos.shape[-1]
+    out = _apply(qkv, h)
     D = cos.shape[-1]
     qk = rotate(out[:, :HD].view(B, -1, D), cos, sin, out.dtype)
     q = qk[:, :heads].contiguous()  # the score products take it as it is (a slice of q and k is copied there)
@@ -89,15 +87,20 @@ def layer_out(
     ln2: torch.Tensor,
     gate_up: Matmul,
     down: Matmul,
+    after: torch.Tensor,
     eps: float,
-) -> torch.Tensor:
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The rest of the layer after the cache write: attention of q [B, H, D] (``grouped`` as
     :func:`layer_in` returns it) over ``read`` (keys, values, bias, then the group prompt's keys, values and
     bias or three Nones: :meth:`rlft.speed.decode_attention.CachedAttention.write`), the output projection,
-    the MLP and both residual adds -> the new x [B, hidden]."""
+    the MLP and both residual adds -> the new residual x [B, hidden] and its norm by ``after`` (the next
+    layer's input norm, or the model's final one) rounded to the matmuls' ``dtype``, which is all the next
+    matmul reads of it: compiled, the last residual add, that norm and the rounding are one kernel."""
     x = x + _apply(o, attend_cached(q, read, grouped))  # fp32 residual + the bf16 output, promoted
     gate, up = _apply(gate_up, rms_norm(x, ln2, eps)).chunk(2, dim=-1)
-    return x + _apply(down, F.silu(gate) * up)
+    x = x + _apply(down, F.silu(gate) * up)
+    return x, rms_norm(x, after, eps).to(dtype)
 
 
 _COMPILED: tuple[Compiled, Compiled] | None = None  # one per process: every decoder shares its artifacts

@@ -336,15 +336,29 @@ class FusedDecoder:
 
     def _layers_torch(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention: CachedAttention):
         """Every layer on the residual x [B, hidden] (fp32) with PyTorch ops, compiled where ``self.compiled``;
-        returns the final norm's output. ``attention`` writes each layer's new keys and values into the
-        cache between the layer's two halves (:mod:`rlft.speed.decode_layer`)."""
+        returns the final norm's output in the matmuls' dtype. ``attention`` writes each layer's new keys and
+        values into the cache between the layer's two halves (:mod:`rlft.speed.decode_layer`)."""
         layer_in, layer_out = layer_steps(self.compiled)
         mm = _weights_of if self.compiled else _as_is
+        h = self._rms(x, self.layers[0].ln1).to(self.cache_dtype)  # the matmuls' dtype: all they read of it
         for i, layer in enumerate(self.layers):
-            q, k, v, grouped = layer_in(x, layer.ln1, mm(layer.qkv), cos, sin, self.eps, self.heads, attention.groups)
+            after = self.layers[i + 1].ln1 if i + 1 < len(self.layers) else self.norm
+            q, k, v, grouped = layer_in(h, mm(layer.qkv), cos, sin, self.heads, attention.groups)
             read = attention.write(i, k, v)
-            x = layer_out(x, q, grouped, read, mm(layer.o), layer.ln2, mm(layer.gate_up), mm(layer.down), self.eps)
-        return self._rms(x, self.norm)
+            x, h = layer_out(
+                x,
+                q,
+                grouped,
+                read,
+                mm(layer.o),
+                layer.ln2,
+                mm(layer.gate_up),
+                mm(layer.down),
+                after,
+                self.eps,
+                self.cache_dtype,
+            )
+        return h
 
     def _layers_native(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: StaticKV, col: int
