@@ -97,13 +97,16 @@ def test_a_compiled_layer_that_cannot_compile_runs_eagerly_with_one_warning(monk
     layer_in, _ = decode_layer.layer_steps(compiled=True)
     h, cos, sin = torch.randn(2, 8), torch.randn(2, 3, 4), torch.randn(2, 3, 4)
     qkv = ((torch.randn(16, 8),), None)
+    caches = [torch.zeros(2, 1, 5, 4) for _ in range(4)]  # keys and values [B, KVH, A, D], twice
     with caplog.at_level(logging.WARNING, logger="rlft"):
-        got = [layer_in(h, qkv, cos, sin, 2) for _ in range(2)]
+        got = [layer_in(h, qkv, cos, sin, 2, 0, caches[0], caches[1], 3) for _ in range(2)]
     assert layer_in.failed
-    expected = decode_layer.layer_in(h, qkv, cos, sin, 2)
-    for out in got:
-        assert out[3] is None and expected[3] is None  # no prompt cache: no grouped queries
-        assert all(torch.equal(a, b) for a, b in zip(out[:3], expected[:3]))
+    expected = decode_layer.layer_in(h, qkv, cos, sin, 2, 0, caches[2], caches[3], 3)
+    for q, grouped in got:
+        assert grouped is None and expected[1] is None  # no prompt cache: no grouped queries
+        assert torch.equal(q, expected[0])
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+    assert caches[0][:, :, 3].abs().sum() > 0 and caches[0][:, :, :3].abs().sum() == 0  # column 3 alone
     warnings = [r.getMessage() for r in caplog.records if "could not be compiled" in r.getMessage()]
     assert len(warnings) == 1 and "compile_decode" in warnings[0], warnings
 

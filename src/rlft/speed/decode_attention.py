@@ -78,9 +78,10 @@ def _bias(valid: torch.Tensor) -> torch.Tensor:
 
 
 class CachedAttention:
-    """A decode step's attention over ``kv`` for ``FusedDecoder._layers_torch``: :meth:`write` puts layer i's
-    new keys and values at column ``col`` (an int, or a [1] device tensor) and returns what its queries
-    read, the first ``window`` columns, after the group's ``prompt`` cache where there is one."""
+    """A decode step's attention over ``kv`` for ``FusedDecoder._layers_torch``: layer i's new keys and values
+    go to :meth:`caches` at column ``col`` (an int, or a [1] device tensor; :func:`put_column`), and its
+    queries read :meth:`read`, the first ``window`` columns, after the group's ``prompt`` cache where there
+    is one."""
 
     def __init__(self, kv: StaticKV, col: int | torch.Tensor, window: int, prompt: StaticKV | None = None):
         self.kv, self.col, self.window, self.prompt = kv, col, window, prompt
@@ -88,12 +89,14 @@ class CachedAttention:
         self.bias = _bias(kv.valid[:, :window])
         self.prompt_bias = None if prompt is None else _bias(prompt.valid[:, : prompt.length])
 
-    def write(self, i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        """k/v [B, KVH, D] -> (keys, values, bias, prompt keys, prompt values, prompt bias), the arguments
-        of :func:`attend_cached` after the query (the prompt's three None without a prompt cache)."""
+    def caches(self, i: int) -> tuple[torch.Tensor, torch.Tensor, int | torch.Tensor]:
+        """Layer i's keys and values [B, KVH, A, D] and the column this step writes."""
+        return self.kv.k[i], self.kv.v[i], self.col
+
+    def read(self, i: int) -> tuple[torch.Tensor | None, ...]:
+        """(keys, values, bias, prompt keys, prompt values, prompt bias) of layer i: the arguments of
+        :func:`attend_cached` after the query (the prompt's three None without a prompt cache)."""
         kv, window = self.kv, self.window
-        _put_column(kv.k[i], self.col, k)
-        _put_column(kv.v[i], self.col, v)
         own = (kv.k[i, :, :, :window], kv.v[i, :, :, :window], self.bias)
         if self.prompt is None:
             return (*own, None, None, None)
@@ -113,7 +116,7 @@ def attend_cached(
     return attend_shared_prompt(q, prompt_keys, prompt_values, prompt_bias, keys, values, bias, grouped)
 
 
-def _put_column(cache: torch.Tensor, col: int | torch.Tensor, value: torch.Tensor) -> None:
+def put_column(cache: torch.Tensor, col: int | torch.Tensor, value: torch.Tensor) -> None:
     """``cache`` [B, KVH, A, D] at column ``col`` = ``value`` [B, KVH, D]. A tensor ``col`` ([1], on the
     device) is written by ``index_copy_``, which never reads it back to the host (graph capture)."""
     if isinstance(col, int):

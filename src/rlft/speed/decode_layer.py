@@ -8,8 +8,9 @@ long as the matmuls take at 64 rows (a 1.7B layer's 134 MB of bf16 weights strea
 step runs well below the memory roofline. Compiled, Inductor fuses the work between the matmuls into a
 few kernels a layer and leaves the matmuls to cuBLAS.
 
-The layer is split where its keys and values are written into the cache (an in-place write the caller
-makes between the two halves), so the compiled functions mutate nothing. Every layer calls the same two
+The layer is split where its keys and values have been written into the cache: the first half writes them
+(Inductor turns the write into a store of the one column, in place, in the rotary's kernel), the second
+reads the cache's window. Every layer calls the same two
 functions with its own weights as arguments, and they are compiled with dynamic shapes: one compiled
 artifact serves every layer, every attention window and every rollout's batch and prompt width (the
 second half is compiled once more for the window that reaches the cache's capacity, whose slice is
@@ -25,7 +26,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 from rlft.speed.compiled import Compiled
-from rlft.speed.decode_attention import attend_cached, grouped_queries
+from rlft.speed.decode_attention import attend_cached, grouped_queries, put_column
 
 # A matmul x [M, K] -> [M, N]: a callable (:class:`rlft.speed.packed_matmul.DecodeMatmul`, run as it is), or
 # (weights, biases or None), the output being the concatenation of each weight's product (what compiles).
@@ -63,19 +64,24 @@ def layer_in(
     cos: torch.Tensor,
     sin: torch.Tensor,
     heads: int,
-    groups: int = 0,
-) -> tuple[torch.Tensor, ...]:
-    """A layer's queries and new keys and values from its normalised input h [B, hidden], cos/sin
-    [B, H + KVH, D] -> q [B, H, D] (contiguous), k [B, KVH, D] (rotated, q scaled by 1/sqrt(D)), v [B, KVH, D],
-    in the matmuls' dtype, and with a prompt cache of ``groups`` groups q's :func:`grouped_queries` (else
-    None). Compiled, both layouts of q are written by the rotary's own kernel instead of copies of their own."""
+    groups: int,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    col: int | torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A layer's queries, and its new keys and values written into ``k_cache``/``v_cache`` [B, KVH, A, D] at
+    column ``col`` (:func:`rlft.speed.decode_attention.put_column`), from its normalised input h [B, hidden]
+    and cos/sin [B, H + KVH, D] -> q [B, H, D] (contiguous, rotated, scaled by 1/sqrt(D)) in the matmuls'
+    dtype, and with a prompt cache of ``groups`` groups q's :func:`grouped_queries` (else None). Compiled, the
+    rotary's kernel writes both layouts of q and the keys' column, and Inductor writes the cache in place."""
     B, HD = h.shape[0], cos.shape[-2] * cos.shape[-1]
     out = _apply(qkv, h)
     D = cos.shape[-1]
     qk = rotate(out[:, :HD].view(B, -1, D), cos, sin, out.dtype)
+    put_column(k_cache, col, qk[:, heads:])
+    put_column(v_cache, col, out[:, HD:].view(B, -1, D))
     q = qk[:, :heads].contiguous()  # the score products take it as it is (a slice of q and k is copied there)
-    grouped = grouped_queries(q, groups, cos.shape[-2] - heads) if groups else None
-    return q, qk[:, heads:], out[:, HD:].view(B, -1, D), grouped
+    return q, grouped_queries(q, groups, cos.shape[-2] - heads) if groups else None
 
 
 def layer_out(
@@ -93,7 +99,7 @@ def layer_out(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The rest of the layer after the cache write: attention of q [B, H, D] (``grouped`` as
     :func:`layer_in` returns it) over ``read`` (keys, values, bias, then the group prompt's keys, values and
-    bias or three Nones: :meth:`rlft.speed.decode_attention.CachedAttention.write`), the output projection,
+    bias or three Nones: :meth:`rlft.speed.decode_attention.CachedAttention.read`), the output projection,
     the MLP and both residual adds -> the new residual x [B, hidden] and its norm by ``after`` (the next
     layer's input norm, or the model's final one) rounded to the matmuls' ``dtype``, which is all the next
     matmul reads of it: compiled, the last residual add, that norm and the rounding are one kernel."""

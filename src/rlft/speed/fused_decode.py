@@ -336,15 +336,15 @@ class FusedDecoder:
 
     def _layers_torch(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention: CachedAttention):
         """Every layer on the residual x [B, hidden] (fp32) with PyTorch ops, compiled where ``self.compiled``;
-        returns the final norm's output in the matmuls' dtype. ``attention`` writes each layer's new keys and
-        values into the cache between the layer's two halves (:mod:`rlft.speed.decode_layer`)."""
+        returns the final norm's output in the matmuls' dtype. ``attention`` gives each layer's cache, which the
+        first half of the layer writes and the second reads (:mod:`rlft.speed.decode_layer`)."""
         layer_in, layer_out = layer_steps(self.compiled)
         mm = _weights_of if self.compiled else _as_is
         h = self._rms(x, self.layers[0].ln1).to(self.cache_dtype)  # the matmuls' dtype: all they read of it
         for i, layer in enumerate(self.layers):
             after = self.layers[i + 1].ln1 if i + 1 < len(self.layers) else self.norm
-            q, k, v, grouped = layer_in(h, mm(layer.qkv), cos, sin, self.heads, attention.groups)
-            read = attention.write(i, k, v)
+            q, grouped = layer_in(h, mm(layer.qkv), cos, sin, self.heads, attention.groups, *attention.caches(i))
+            read = attention.read(i)
             x, h = layer_out(
                 x,
                 q,
