@@ -107,7 +107,7 @@ class CachedAttention:
 def attend_cached(
     q: torch.Tensor, read: tuple[torch.Tensor | None, ...], grouped: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """q [B, H, D] over ``read`` (:meth:`CachedAttention.write`): :func:`attend`, or
+    """q [B, H, D] over ``read`` (:meth:`CachedAttention.read`): :func:`attend`, or
     :func:`attend_shared_prompt` where there is a prompt cache (``grouped`` its grouped queries if made) ->
     [B, H * D]."""
     keys, values, bias, prompt_keys, prompt_values, prompt_bias = read

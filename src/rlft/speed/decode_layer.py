@@ -8,13 +8,13 @@ long as the matmuls take at 64 rows (a 1.7B layer's 134 MB of bf16 weights strea
 step runs well below the memory roofline. Compiled, Inductor fuses the work between the matmuls into a
 few kernels a layer and leaves the matmuls to cuBLAS.
 
-The layer is split where its keys and values have been written into the cache: the first half writes them
-(Inductor turns the write into a store of the one column, in place, in the rotary's kernel), the second
-reads the cache's window. Every layer calls the same two
-functions with its own weights as arguments, and they are compiled with dynamic shapes: one compiled
-artifact serves every layer, every attention window and every rollout's batch and prompt width (the
-second half is compiled once more for the window that reaches the cache's capacity, whose slice is
-contiguous), instead of a compilation per layer (which would also exhaust Dynamo's recompile limit).
+The layer is split at its cache: the first half writes the step's keys and values into it (Inductor turns
+the write into a store of the one column, in place, in the rotary's kernel), the second reads the cache's
+window and ends with the next layer's norm. Every layer calls the same two functions with its own weights
+and cache as arguments, and they are compiled with dynamic shapes: one compiled artifact serves every
+layer, every attention window and every rollout's batch and prompt width (the second half is compiled
+once more for the window that reaches the cache's capacity, whose slice is contiguous), instead of a
+compilation per layer (which would also exhaust Dynamo's recompile limit).
 """
 
 from __future__ import annotations
