@@ -4,7 +4,9 @@ Each framework runs in its own worker process (so its peak memory is its own) an
 take turns: after a warm-up, step i of TRL, then step i of rlft, and so on, so that any drift
 of the machine hits both alike.  Only one worker computes at a time.  With ``--interleave`` the
 dtypes take turns too (a worker per framework and dtype, all loaded at once): the way to compare
-rlft bf16 with rlft fp32, which the last line of the report does.
+rlft bf16 with rlft fp32, which the last line of the report does.  With ``--one-at-a-time`` each
+worker instead runs all its steps alone and exits before the next one loads: for a GPU too small
+to hold both frameworks' models at once.
 
 Workload (the defaults): SmolLM2-135M-Instruct, 2 prompts x 8 completions, exactly 32 new
 tokens (EOS is suppressed until then, so both do the same arithmetic), temperature 1.0,
@@ -297,6 +299,20 @@ def _recv(conn) -> dict:
 # ---------------------------------------------------------------------------- coordinator
 
 
+def _run_cases(
+    cases: list[tuple[str, dict]], warmup: int, steps: int, deadline: float | None, one_at_a_time: bool
+) -> list[dict]:
+    """The cases' results, their workers all loaded and stepped in turn, or with ``one_at_a_time`` each run to
+    its end alone, the time left to ``deadline`` shared evenly among the workers still to run."""
+    if not one_at_a_time:
+        return _run_workers(cases, warmup, steps, deadline)
+    out = []
+    for k, case in enumerate(cases):
+        share = None if deadline is None else time.time() + (deadline - time.time()) / (len(cases) - k)
+        out += _run_workers([case], warmup, steps, share)
+    return out
+
+
 def _run_workers(cases: list[tuple[str, dict]], warmup: int, steps: int, deadline: float | None = None) -> list[dict]:
     """Step one worker per (framework, options) case in turn, ``warmup + steps`` rounds; one result per case.
     ``deadline`` (a ``time.time()``): after the first timed round, no round starts that the last one's length
@@ -482,8 +498,17 @@ def main(argv: list[str] | None = None) -> int:
         help="with several --dtype: keep a worker per dtype and framework alive and step all of them in "
         "turn, so drift of the machine hits every dtype alike (needs all their memory at once)",
     )
+    ap.add_argument(
+        "--one-at-a-time",
+        action="store_true",
+        help="run each framework's worker to its end before the next one loads, instead of all loaded and "
+        "stepped in turn: for a device that cannot hold them at once (two 1.7B workers on an 80 GB GPU); "
+        "drift of the machine then no longer hits them alike",
+    )
     ap.add_argument("--json", help="also write the results here")
     a = ap.parse_args(argv)
+    if a.one_at_a_time and a.interleave:
+        ap.error("--one-at-a-time and --interleave ask for opposite things: choose one")
     import torch
 
     torch.set_num_threads(a.threads)
@@ -592,7 +617,7 @@ def main(argv: list[str] | None = None) -> int:
     for dtypes in groups:
         cases = [(name, options[d]) for d in dtypes for name in a.frameworks]
         deadline = None if a.deadline is None else launched + a.deadline
-        for (name, opts), res in zip(cases, _run_workers(cases, a.warmup, a.steps, deadline)):
+        for (name, opts), res in zip(cases, _run_cases(cases, a.warmup, a.steps, deadline, a.one_at_a_time)):
             results["results"].setdefault(opts["dtype"], {})[name] = res
     for dtype in a.dtype:
         _print_case(dtype, results["results"][dtype], flops[True], peaks, sizes, a.lora_rank > 0)

@@ -25,8 +25,10 @@
 #   8. where time is left, one 1.7B step at 128 tokens under the torch profiler with the decode out of its CUDA
 #      graph (benchmarks/profile_step.py --no-cuda-graphs): the GPU kernels a step launches and the top ones by
 #      GPU time, for the decode's small kernels against its matmuls.
-# Each row's workers hold their models on the GPU at once (1.7B: TRL's ~47 GiB beside rlft's): it takes an
-# H200's 141 GB (the device tool's kind nvidia-h200), not an 80 GB H100.
+# Each row's workers hold their models on the GPU at once (1.7B: TRL's ~47 GiB beside rlft's), which takes an
+# H200's 141 GB (the device tool's kind nvidia-h200). On a GPU of less than 120 GiB (an 80 GB H100) each worker
+# runs its steps alone instead (grpo_step.py --one-at-a-time; RLFT_SCALE_ONE_AT_A_TIME=1 forces it), so the
+# rows fit, though the machine's drift then no longer hits both frameworks alike.
 # The weights are seeded random ones (benchmarks/shapes.py): the machine reaches no model hub. The
 # config and tokenizer come from RLFT_BENCH_MODEL (a SmolLM2 directory; default: the built-in one). A
 # row whose budget has run out is skipped and said so; one that would outrun its limit stops stepping in time
@@ -58,13 +60,23 @@ if ! "$PY" -c "import trl" >/dev/null 2>&1; then
   FRAMEWORKS=(rlft)
 fi
 
+ALONE=()  # each worker alone where the GPU cannot hold two 1.7B workers at once
+gpu_mib=0
+[ "$DEVICE" = cuda ] && gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
+if [ "${RLFT_SCALE_ONE_AT_A_TIME:-0}" = 1 ] || { [ "${gpu_mib:-0}" -gt 0 ] && [ "$gpu_mib" -lt 122880 ]; }; then
+  why="GPU memory ${gpu_mib} MiB"
+  [ "${RLFT_SCALE_ONE_AT_A_TIME:-0}" = 1 ] && why="RLFT_SCALE_ONE_AT_A_TIME=1"
+  log "$why: each row's workers run one at a time (grpo_step.py --one-at-a-time)"
+  ALONE=(--one-at-a-time)
+fi
+
 row() {  # row NAME SECONDS SHAPE NEW_TOKENS ARGS...: one row of the table, $ROWS x 8 completions
   local name=$1 seconds=$2 shape=$3 tokens=${TOKENS:-$4}
   shift 4
   local extra=()
   [ -n "$OVERRIDES" ] && extra=(--shape-overrides "$OVERRIDES")
   bench "$name" "$seconds" --model "$MODEL" --shape "$shape" "${extra[@]}" --prompts "$ROWS" --group-size 8 \
-    --max-new-tokens "$tokens" --warmup 1 --steps 2 "$@"
+    --max-new-tokens "$tokens" --warmup 1 --steps 2 "${ALONE[@]}" "$@"
 }
 
 log "rlft check-env"

@@ -153,3 +153,28 @@ def test_update_passes_reports_activations_that_fall_with_more_passes(capsys):
     ]
     kept = {int(r[1]): int(r[6].split()[0]) for r in rows}
     assert [int(r[2]) for r in rows] == [1, 4] and kept[4] < kept[16]
+
+
+def test_one_at_a_time_runs_each_worker_alone_and_shares_the_time_left(monkeypatch):
+    bench = _load("grpo_step")
+    calls = []
+
+    def fake_workers(cases, warmup, steps, deadline=None):
+        calls.append(([name for name, _ in cases], deadline))
+        return [{"framework": name} for name, _ in cases]
+
+    monkeypatch.setattr(bench, "_run_workers", fake_workers)
+    monkeypatch.setattr(bench.time, "time", lambda: 100.0)
+    cases = [("trl", {}), ("rlft", {})]
+    out = bench._run_cases(cases, 1, 2, 160.0, one_at_a_time=True)
+    assert [r["framework"] for r in out] == ["trl", "rlft"]
+    # alone, one after the other; the first may use half the 60 s left, the last whatever remains
+    assert calls == [(["trl"], 130.0), (["rlft"], 160.0)]
+    calls.clear()
+    bench._run_cases(cases, 1, 2, None, one_at_a_time=False)
+    assert calls == [(["trl", "rlft"], None)]
+
+
+def test_one_at_a_time_and_interleave_are_refused_together():
+    with pytest.raises(SystemExit):
+        _load("grpo_step").main(["--model", "tiny", "--one-at-a-time", "--interleave"])
