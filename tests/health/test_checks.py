@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlft.health import CHECKS
+from rlft.config.schema import HealthConfig
+from rlft.health import CHECKS, HealthMonitor
 from tests.health.streams import found, healthy_row, run
 
 NAN = float("nan")
@@ -132,6 +133,58 @@ def test_a_drop_within_the_noise_band_of_both_accuracies_is_not_flagged():
 def test_accuracy_falling_with_a_flat_training_reward_is_not_hacking():
     monitor = run({"reward/mean": 0.3}, start=1, evals=[(10, 0.6, 200), (30, 0.2, 200), (50, 0.2, 200)])
     assert monitor.findings == []
+
+
+def test_another_reward_rising_on_the_held_out_prompts_is_named_as_reward_hacking():
+    evals = [(10, 0.6, 200, {"correct": 0.6, "format": 0.5}), (30, 0.3, 200, {"correct": 0.3, "format": 0.9})]
+    (f,) = run(evals=evals).findings
+    assert (f.check, f.step, f.severity) == ("accuracy_falls", 30, "warning")
+    assert "on the same held-out prompts format 0.500 -> 0.900" in f.message and "(reward hacking)" in f.message
+    assert f.knob.startswith("reward.functions")
+
+
+def test_a_fall_with_no_other_reward_rising_is_a_held_out_regression_not_hacking():
+    evals = [(10, 0.6, 200, {"correct": 0.6, "format": 1.0}), (30, 0.3, 200, {"correct": 0.3, "format": 1.0})]
+    (f,) = run(evals=evals).findings
+    assert "no other reward rose on the held-out prompts (format 1.000 -> 1.000)" in f.message
+    assert "not reward hacking" in f.message and "algorithm.learning_rate" in f.knob
+    # a task reward alone: nothing else could have been pleased instead
+    (f,) = run(evals=[(10, 0.6, 200, {"correct": 0.6}), (30, 0.3, 200, {"correct": 0.3})]).findings
+    assert "no other reward rose on the held-out prompts, so this is not reward hacking" in f.message
+
+
+def test_accuracy_back_within_noise_of_its_best_recovers_the_finding():
+    fall = [(10, 0.6, 200), (30, 0.3, 200)]
+    monitor = run(evals=[*fall, (40, 0.55, 200)])  # 5 points under the best: within 2 standard errors
+    (f,) = monitor.findings
+    assert (f.step, f.severity, f.recovered_step, f.standing) == (30, "warning", 40, None)
+    assert monitor.verdict == "healthy" and "recovered at step 40" in f.line()
+    assert monitor.conclusion().startswith("finished, healthy: accuracy_falls at step 30, recovered at step 40")
+    # still 20 points under it: not back, and a second fall in a row
+    monitor = run(evals=[*fall, (40, 0.4, 200)])
+    assert monitor.verdict == "unhealthy" and monitor.findings[0].recovered_step is None
+    # under it while the training reward stays flat: no new fall, but not back either
+    monitor = run({"reward/mean": 0.35}, start=31, evals=[*fall, (40, 0.4, 200)])
+    assert monitor.verdict == "warnings" and monitor.findings[0].recovered_step is None
+
+
+def test_an_unhealthy_fall_the_run_came_back_from_leaves_a_warning():
+    monitor = run(evals=[(10, 0.6, 200), (30, 0.3, 200), (40, 0.3, 200), (50, 0.7, 200)])
+    (f,) = monitor.findings
+    assert (f.severity, f.recovered_step, f.standing) == ("unhealthy", 50, "warning")
+    assert monitor.verdict == "warnings"
+    assert "accuracy_falls from step 30 (recovered at step 50)" in monitor.conclusion()
+
+
+def test_a_fall_after_a_recovery_stands_again_and_is_said_again():
+    said = []
+    monitor = HealthMonitor(HealthConfig(), task_reward="correct")
+    for step in range(1, 61):
+        monitor.observe_step(step, {**healthy_row(step), "reward/mean": 0.3 + 0.01 * step})
+        if step in (10, 20, 30, 40):
+            said += monitor.observe_eval(step, {10: 0.6, 20: 0.3, 30: 0.62, 40: 0.3}[step], 200)
+    assert [(f.step, f.last_step, f.recovered_step) for f in said] == [(20, 20, None), (20, 20, 30), (20, 40, None)]
+    assert monitor.verdict == "warnings"
 
 
 def test_a_rate_waits_for_a_whole_window_of_steps():

@@ -1,8 +1,9 @@
-"""The demo's healthy run gets no false alarm: ``configs/minimal_example.yaml`` as shipped, a real run
-(0 -> 98 % held-out on 50 prompts, metrics every step), replayed through the same checks as live.
+"""The demo's healthy runs get no false alarm: ``configs/minimal_example.yaml`` as shipped, real runs
+replayed through the same checks as live.
 
-fixtures/demo_healthy holds that run's metrics.jsonl, config.yaml, run.json and eval/step-N.json
-(without the eval samples, which diagnose does not read)."""
+fixtures/demo_healthy (0 -> 98 % held-out on 50 prompts, metrics every step) and fixtures/demo_dip (0 ->
+48 -> 28 -> 74 -> ... -> 94 %, metrics every 5 steps) hold those runs' metrics.jsonl, config.yaml, run.json
+and eval/step-N.json (without the eval samples, which diagnose does not read)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from rlft.cli.main import main
 from rlft.health.report import diagnose
 
 FIXTURE = Path(__file__).parent / "fixtures" / "demo_healthy"
+DIP = Path(__file__).parent / "fixtures" / "demo_dip"
 
 
 def test_the_demos_healthy_run_is_healthy_with_no_warning(tmp_path, capsys):
@@ -38,3 +40,18 @@ def test_the_same_run_logged_every_ten_steps_is_healthy_too(tmp_path):
             mean = {k: sum(r[k] for r in chunk if k in r) / sum(k in r for r in chunk) for k in keys}
             f.write(json.dumps({**mean, "step": end}) + "\n")
     assert diagnose(run, plots=False).findings == []
+
+
+def test_the_demos_one_eval_dip_is_a_regression_it_recovered_from_not_reward_hacking(tmp_path, capsys):
+    """Live, that run ended "finished with health warnings: accuracy_falls ... (reward hacking)". Its
+    held-out format reward stayed at 1.0 while the accuracy fell 48 -> 28 % and came back at 74 %."""
+    run = shutil.copytree(DIP, tmp_path / "dip")
+    d = diagnose(run, plots=False)
+    assert d.verdict == "healthy" and d.evals == 9
+    (f,) = d.findings
+    assert (f.check, f.step, f.severity, f.recovered_step) == ("accuracy_falls", 20, "warning", 30)
+    assert "no other reward rose on the held-out prompts (bare_number 1.000 -> 1.000)" in f.message
+    assert "not reward hacking" in f.message and "algorithm.learning_rate" in f.knob
+    assert main(["diagnose", str(run), "--no-plots"]) == 0
+    report = (run / "health" / "report.md").read_text()
+    assert "**Verdict: healthy**" in report and "1 of them recovered" in report and "Recovered at step 30." in report

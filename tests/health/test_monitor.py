@@ -29,6 +29,7 @@ def said():
     log.addHandler(handler)
     yield log, handler.lines
     log.removeHandler(handler)
+    log.setLevel(logging.NOTSET)
 
 
 def test_no_signal_keeps_saying_so_while_it_lasts(said):
@@ -82,6 +83,25 @@ def test_sparse_healthy_rows_give_no_finding():
     for step in range(10, 101, 10):
         monitor.observe_step(step, healthy_row(step), span=10)
     assert monitor.findings == []
+
+
+def test_a_recovery_is_logged_once_and_the_run_ends_healthy(said):
+    log, lines = said
+    log.setLevel(logging.INFO)  # a recovery is said at INFO, as rlft's own logger shows it
+    monitor = HealthMonitor(log=log, task_reward="correct")
+    for step in range(1, 41):
+        monitor.observe_step(step, {**healthy_row(step), "reward/mean": 0.3 + 0.01 * step})
+        if step in (10, 20, 30, 35):
+            accuracy = {10: 0.6, 20: 0.3, 30: 0.61, 35: 0.62}[step]
+            monitor.observe_eval(step, accuracy, 200, {"correct": accuracy, "format": 1.0})
+    health = [line for line in lines if "[accuracy_falls]" in line]
+    assert len(health) == 2 and "health, step 20 [accuracy_falls]: held-out accuracy fell to 30.0%" in health[0]
+    assert health[1] == (
+        "health, step 30 [accuracy_falls]: recovered: held-out accuracy is back to 61.0%, within the noise band "
+        "of its best (60.0% at step 10)"
+    )
+    summary = monitor.summary()
+    assert summary["verdict"] == "healthy" and summary["findings"][0]["recovered_step"] == 30
 
 
 def test_unknown_check_names_are_refused():

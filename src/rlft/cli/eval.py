@@ -165,7 +165,9 @@ def run_watch_flags(path: str) -> list[str]:
     payload = json.loads(evals[-1][1].read_text())
     if "health" in payload:
         return [
-            f"run health ({ck.name}'s run, {f['severity']}, step {f['step']}, {f['check']}): {f['message']}"
+            f"run health ({ck.name}'s run, {f['severity']}, step {f['step']}"
+            f"{'' if f.get('recovered_step') is None else ', recovered at step ' + str(f['recovered_step'])}"
+            f", {f['check']}): {f['message']}"
             for f in payload["health"].get("findings", [])
         ]
     return [

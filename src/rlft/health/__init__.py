@@ -2,7 +2,7 @@
 
     monitor = HealthMonitor(cfg.train.health, task_reward="correct", log=logger)
     monitor.observe_step(step, metrics)         # each training step: new findings are logged
-    monitor.observe_eval(step, accuracy, n)     # each held-out evaluation
+    monitor.observe_eval(step, accuracy, n, rewards)  # each held-out evaluation (rewards: each one's mean)
     monitor.verdict                             # "healthy" | "warnings" | "unhealthy"
 
 ``rlft diagnose RUN_DIR`` (:mod:`rlft.health.report`) replays a finished run's ``metrics.jsonl`` and

@@ -50,11 +50,15 @@ class HealthMonitor:
         self.stream.add(step, metrics, span)
         return self._record([c.on_step(step, metrics, span, self.stream) for c in self.checks.values()])
 
-    def observe_eval(self, step: int, accuracy: float | None, num_prompts: int | None = None) -> list[Finding]:
-        """A held-out evaluation at ``step``: its accuracy over ``num_prompts`` prompts."""
+    def observe_eval(
+        self, step: int, accuracy: float | None, num_prompts: int | None = None, rewards: dict | None = None
+    ) -> list[Finding]:
+        """A held-out evaluation at ``step``: its accuracy over ``num_prompts`` prompts, and each reward's
+        mean over its completions (``rewards``, where known)."""
         if accuracy is None:
             return []
-        return self._record([c.on_eval(step, accuracy, num_prompts, self.stream) for c in self.checks.values()])
+        seen = [c.on_eval(step, accuracy, num_prompts, self.stream, rewards) for c in self.checks.values()]
+        return self._record(seen)
 
     def _record(self, seen: list[Finding | None]) -> list[Finding]:
         said = []
@@ -62,6 +66,13 @@ class HealthMonitor:
             if f is None:
                 continue
             old = self._findings.get(f.check)
+            if f.recovered_step is not None:  # the problem is gone: said once, kept on the finding
+                if old is not None and old.recovered_step is None:
+                    self._findings[f.check] = dataclasses.replace(old, recovered_step=f.recovered_step)
+                    said.append(self._findings[f.check])
+                    if self.log is not None:
+                        self.log.info(f"health, step {f.step} [{f.check}]: recovered: {f.message}")
+                continue
             if old is None:
                 merged = f
             else:  # the first step stays; the latest message and the worst severity win
@@ -70,7 +81,8 @@ class HealthMonitor:
             merged = dataclasses.replace(merged, last_step=f.step)
             self._findings[f.check] = merged
             worse = old is not None and old.severity != merged.severity
-            if old is None or worse or f.step - self._said.get(f.check, f.step) >= self.t.repeat_every:
+            again = old is not None and old.recovered_step is not None  # back after it had recovered
+            if old is None or worse or again or f.step - self._said.get(f.check, f.step) >= self.t.repeat_every:
                 self._said[f.check] = f.step
                 said.append(merged)
                 self._say(merged, f.step)
@@ -86,8 +98,11 @@ class HealthMonitor:
 
     @property
     def findings(self) -> list[Finding]:
-        """One finding per check that fired, unhealthy first, then by the step first seen."""
-        return sorted(self._findings.values(), key=lambda f: (f.severity != "unhealthy", f.step, f.check))
+        """One finding per check that fired: those standing unhealthy first, those the run recovered from
+        last, each group by the step first seen."""
+        return sorted(
+            self._findings.values(), key=lambda f: (f.standing != "unhealthy", f.standing is None, f.step, f.check)
+        )
 
     @property
     def verdict(self) -> str:

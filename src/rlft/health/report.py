@@ -94,8 +94,13 @@ def replay(
 
 
 def _observe_eval(monitor: HealthMonitor, record: dict) -> None:
-    n = record.get("num_prompts")
-    monitor.observe_eval(int(record["step"]), float(record["accuracy"]), n if isinstance(n, int) else None)
+    n, rewards = record.get("num_prompts"), record.get("rewards")
+    monitor.observe_eval(
+        int(record["step"]),
+        float(record["accuracy"]),
+        n if isinstance(n, int) else None,
+        {k: finite(v) for k, v in rewards.items()} if isinstance(rewards, dict) else None,
+    )
 
 
 def diagnose(run_dir: str | Path, out: str | Path | None = None, plots: bool = True) -> Diagnosis:
@@ -130,12 +135,14 @@ def _run_info(run_dir: Path) -> dict:
 def render_markdown(d: Diagnosis, info: dict) -> str:
     """The one-page report: verdict, each finding (what, where, the knob, its plot), then the overview."""
     bad = sum(f.severity == "unhealthy" for f in d.findings)
+    healed = sum(f.recovered_step is not None for f in d.findings)
     lines = [
         f"# Health report: {d.run_dir.name}",
         "",
         f"**Verdict: {d.verdict}** - {len(d.findings)} finding(s): {bad} unhealthy, "
-        f"{len(d.findings) - bad} warning(s); from {d.steps_logged} logged rows of metrics.jsonl (last step "
-        f"{info.get('step', '?')}) and {d.evals} evaluation(s).",
+        f"{len(d.findings) - bad} warning(s){f', {healed} of them recovered' if healed else ''}; from "
+        f"{d.steps_logged} logged rows of metrics.jsonl (last step {info.get('step', '?')}) and {d.evals} "
+        "evaluation(s).",
         "",
     ]
     if info.get("status"):
@@ -148,7 +155,8 @@ def render_markdown(d: Diagnosis, info: dict) -> str:
     if d.findings:
         lines += ["| # | check | severity | first seen | last seen | knob |", "|---|---|---|---|---|---|"]
         lines += [
-            f"| {i} | {f.check} | {f.severity} | step {f.step} | step {f.last_step or f.step} | {f.knob} |"
+            f"| {i} | {f.check} | {f.severity} | step {f.step} | step {f.last_step or f.step}"
+            f"{f', recovered at step {f.recovered_step}' if f.recovered_step is not None else ''} | {f.knob} |"
             for i, f in enumerate(d.findings, 1)
         ]
         lines.append("")
@@ -159,6 +167,7 @@ def render_markdown(d: Diagnosis, info: dict) -> str:
             "",
             f.message + ".",
             "",
+            *([f"Recovered at step {f.recovered_step}.", ""] if f.recovered_step is not None else []),
             f"Knob: `{f.knob}`.",
             "",
         ]

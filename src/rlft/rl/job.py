@@ -212,7 +212,7 @@ class RLJob:
         res = evaluate_generations(
             self.engine, self.eval_set.examples, self.rewards, self.cfg, self.generation(self.cfg).max_new_tokens
         )
-        self.health.observe_eval(step, res.accuracy, res.num_prompts)
+        self.health.observe_eval(step, res.accuracy, res.num_prompts, res.rewards)
         payload = {**res.summary(), "health": self.health.summary(), "samples": res.samples}
         return EvalRecord(res, f"{res.metrics_line()} ({res.seconds:.0f}s)", payload)
 

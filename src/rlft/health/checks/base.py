@@ -39,7 +39,10 @@ class Check:
     def on_step(self, step: int, metrics: dict, span: int, stream: Stream) -> Finding | None:
         return None
 
-    def on_eval(self, step: int, accuracy: float, num_prompts: int | None, stream: Stream) -> Finding | None:
+    def on_eval(
+        self, step: int, accuracy: float, num_prompts: int | None, stream: Stream, rewards: dict | None = None
+    ) -> Finding | None:
+        """``rewards``: each reward's mean over the evaluation's greedy completions, where known."""
         return None
 
     def solved(self, stream: Stream, window: int | None = None, metrics: dict | None = None) -> bool:
@@ -53,6 +56,10 @@ class Check:
         value = metrics.get(key) if metrics is not None else stream.recent(key, window)
         start = stream.start(key)
         return value is not None and start is not None and start < self.t.solved <= value
+
+    def recovered(self, step: int, message: str) -> Finding:
+        """The report that the problem this check found earlier is gone (``message`` says how)."""
+        return Finding(self.name, step, self.severity, message, self.knob, self.metrics, recovered_step=step)
 
     def found(
         self,

@@ -5,6 +5,16 @@ points, so one eval 16 points below the best is within noise (the difference of 
 has a standard error of ~10 points). A drop counts only beyond ``accuracy_z`` standard errors of that
 difference (and at least ``accuracy_drop``), while the training reward rose by ``reward_rise``: one
 such eval is a warning, ``accuracy_evals`` in a row make the run unhealthy.
+
+Two causes look alike in those numbers, and the evaluation's own rewards tell them apart:
+
+- reward hacking: on the held-out prompts another reward (a format bonus, a reward model) rose while
+  the accuracy fell, so the policy learnt to please that reward instead of solving the task;
+- a held-out regression: no other reward rose there (the held-out reward fell with the accuracy), so
+  the policy got worse on prompts it does not train on: an update too large, or over-fitting.
+
+When the accuracy is back within the noise band of its best, the finding is marked recovered: a dip
+the run came back from does not leave it with a warning.
 """
 
 from __future__ import annotations
@@ -15,6 +25,11 @@ from dataclasses import dataclass
 from rlft.health.checks.base import Check, register
 from rlft.health.findings import Finding
 
+REGRESSION_KNOB = (
+    "algorithm.learning_rate, algorithm.kl_coef (smaller updates, a closer reference); "
+    "eval.max_samples (more eval prompts narrow the noise band)"
+)
+
 
 @dataclass
 class _Best:
@@ -22,6 +37,7 @@ class _Best:
     step: int
     num_prompts: int | None
     reward: float | None  # the training reward then (None: before the first step)
+    rewards: dict | None  # each reward's mean over that evaluation's completions, where known
 
 
 def noise_band(best: float, n_best: int | None, now: float, n_now: int | None, z: float) -> float:
@@ -44,29 +60,69 @@ class AccuracyFalls(Check):
         super().__init__(*args, **kw)
         self.best: _Best | None = None
         self.falls = 0  # evaluations in a row beyond the noise band
+        self.fallen = False  # a fall was reported and the accuracy has not come back since
 
-    def on_eval(self, step, accuracy, num_prompts, stream) -> Finding | None:
+    def on_eval(self, step, accuracy, num_prompts, stream, rewards=None) -> Finding | None:
         t = self.t
         reward = stream.recent("reward/mean")
-        if self.best is None or accuracy > self.best.accuracy:
-            self.best, self.falls = _Best(accuracy, step, num_prompts, reward), 0
-            return None
         best = self.best
+        band = 0.0 if best is None else noise_band(best.accuracy, best.num_prompts, accuracy, num_prompts, t.accuracy_z)
+        back = best is not None and best.accuracy - accuracy <= max(t.accuracy_drop, band)
+        if self.fallen and back:
+            self.fallen, self.falls = False, 0
+            if accuracy > best.accuracy:
+                self.best = _Best(accuracy, step, num_prompts, reward, rewards)
+            return self.recovered(
+                step,
+                f"held-out accuracy is back to {accuracy:.1%}, within the noise band of its best "
+                f"({best.accuracy:.1%} at step {best.step})",
+            )
+        if best is None or accuracy > best.accuracy:
+            self.best, self.falls = _Best(accuracy, step, num_prompts, reward, rewards), 0
+            return None
         reward_then = best.reward if best.reward is not None else stream.start("reward/mean")
-        band = noise_band(best.accuracy, best.num_prompts, accuracy, num_prompts, t.accuracy_z)
-        drop = best.accuracy - accuracy
         rose = reward is not None and reward_then is not None and reward > reward_then + t.reward_rise
-        if not (drop > max(t.accuracy_drop, band) and rose):
+        if back or not rose:
             self.falls = 0
             return None
         self.falls += 1
-        severity = "unhealthy" if self.falls >= t.accuracy_evals else "warning"
+        self.fallen = True
         where = f"{num_prompts} prompts, noise band ±{band:.1%}" if band else "eval size unknown"
+        fell = (
+            f"held-out accuracy fell to {accuracy:.1%} (best {best.accuracy:.1%} at step {best.step}; {where}) in "
+            f"{self.falls} evaluation(s) in a row while the training reward rose from {reward_then:.3f} to "
+            f"{reward:.3f}"
+        )
+        why, knob = self._cause(best.rewards, rewards)
         return self.found(
             step,
-            f"held-out accuracy fell to {accuracy:.1%} (best {best.accuracy:.1%} at step "
-            f"{best.step}; {where}) in {self.falls} evaluation(s) in a row while the training reward "
-            f"rose from {reward_then:.3f} to {reward:.3f}: the policy may be learning to please the "
-            f"reward, not the task (reward hacking)",
-            severity=severity,
+            f"{fell}: {why}",
+            severity="unhealthy" if self.falls >= t.accuracy_evals else "warning",
+            knob=knob,
+        )
+
+    def _cause(self, then: dict | None, now: dict | None) -> tuple[str, str]:
+        """What the held-out rewards say of a fall: (the message's reason, the knob)."""
+        if then is None or now is None or self.task_reward is None:
+            return "the policy may be learning to please the reward, not the task (reward hacking)", self.knob
+        others = {
+            k: (then[k], now[k])
+            for k in sorted(set(then) & set(now))
+            if k != self.task_reward and then[k] is not None and now[k] is not None
+        }
+        risen = {k: v for k, v in others.items() if v[1] > v[0] + self.t.reward_rise}
+        if risen:
+            shown = ", ".join(f"{k} {a:.3f} -> {b:.3f}" for k, (a, b) in risen.items())
+            return (
+                f"on the same held-out prompts {shown}: the policy is learning to please "
+                f"{'that reward' if len(risen) == 1 else 'those rewards'}, not the task (reward hacking)",
+                self.knob,
+            )
+        shown = ", ".join(f"{k} {a:.3f} -> {b:.3f}" for k, (a, b) in others.items())
+        return (
+            "no other reward rose on the held-out prompts"
+            + (f" ({shown})" if shown else "")
+            + ", so this is not reward hacking: the policy got worse on prompts it does not train on "
+            "(updates too large, or over-fitting the training prompts)",
+            REGRESSION_KNOB,
         )

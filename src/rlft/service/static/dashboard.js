@@ -198,7 +198,8 @@
     return el("div", { class: "health-details" },
       el("span", { class: `badge health-${job.health}`, text: job.health }),
       ...findings.map((f) => el("div", { class: `finding finding-${f.severity}` },
-        el("strong", { text: `${f.check} (${f.severity}, step ${f.step})` }),
+        el("strong", { text: `${f.check} (${f.severity}, step ${f.step}` +
+          (f.recovered_step != null ? `, recovered at step ${f.recovered_step})` : ")") }),
         el("span", { text: `: ${f.message}. ` }), el("span", { class: "knob", text: `Knob: ${f.knob}` }))),
       ...(findings.length ? [el("div", { class: "hint", text: `rlft diagnose ${job.run_dir} writes the report with plots` })] : []));
   }
