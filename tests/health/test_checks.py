@@ -160,6 +160,8 @@ def test_accuracy_back_within_noise_of_its_best_recovers_the_finding():
     assert (f.step, f.severity, f.recovered_step, f.standing) == (30, "warning", 40, None)
     assert monitor.verdict == "healthy" and "recovered at step 40" in f.line()
     assert monitor.conclusion().startswith("finished, healthy: accuracy_falls at step 30, recovered at step 40")
+    said = monitor.checks["accuracy_falls"].on_eval(50, 0.45, 200, monitor.stream)
+    assert said is not None and said.recovered_step is None  # a new fall beyond noise after it
     # still 20 points under it: not back, and a second fall in a row
     monitor = run(evals=[*fall, (40, 0.4, 200)])
     assert monitor.verdict == "unhealthy" and monitor.findings[0].recovered_step is None

@@ -97,8 +97,8 @@ def test_a_recovery_is_logged_once_and_the_run_ends_healthy(said):
     health = [line for line in lines if "[accuracy_falls]" in line]
     assert len(health) == 2 and "health, step 20 [accuracy_falls]: held-out accuracy fell to 30.0%" in health[0]
     assert health[1] == (
-        "health, step 30 [accuracy_falls]: recovered: held-out accuracy is back to 61.0%, within the noise band "
-        "of its best (60.0% at step 10)"
+        "health, step 30 [accuracy_falls]: recovered: held-out accuracy is back to 61.0%, above its best before "
+        "the fall (60.0% at step 10)"
     )
     summary = monitor.summary()
     assert summary["verdict"] == "healthy" and summary["findings"][0]["recovered_step"] == 30

@@ -72,9 +72,10 @@ class AccuracyFalls(Check):
             self.fallen, self.falls = False, 0
             if accuracy > best.accuracy:
                 self.best = _Best(accuracy, step, num_prompts, reward, rewards)
+            where = "above" if accuracy > best.accuracy else "within the noise band of"
             return self.recovered(
                 step,
-                f"held-out accuracy is back to {accuracy:.1%}, within the noise band of its best "
+                f"held-out accuracy is back to {accuracy:.1%}, {where} its best before the fall "
                 f"({best.accuracy:.1%} at step {best.step})",
             )
         if best is None or accuracy > best.accuracy:
