@@ -294,3 +294,53 @@ def test_a_step_gathering_its_rotary_tables_is_the_step_computing_them(tiny_mode
     assert torch.equal(logits[0], logits[1])
     model.model.rotary_emb.rope_type = "dynamic"  # its frequencies change with the sequence's length
     assert FusedDecoder(model).rotary_table(40) is None
+
+
+def _qwen2_dir(tiny_model_dir, tmp_path):
+    """A tiny random Qwen2 (q/k/v biases) with the tiny model's tokenizer."""
+    from transformers import AutoConfig, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    llama = AutoConfig.from_pretrained(tiny_model_dir)
+    keep = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+    config = Qwen2Config(
+        **{k: getattr(llama, k) for k in keep},
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        eos_token_id=llama.eos_token_id,
+        pad_token_id=llama.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config)
+    with torch.no_grad():
+        for layer in model.model.layers:  # biases that matter: random, not zeros
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.5)
+    model.save_pretrained(tmp_path)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(tmp_path)
+    return tmp_path
+
+
+def test_a_biased_models_fused_decode_follows_its_biases_between_rollouts(tiny_model_dir, tmp_path):
+    model, tok = _policy(_qwen2_dir(tiny_model_dir, tmp_path))
+    engine = NativeEngine(model, tok, max_prompt_length=64, autocast_dtype=None)
+    for _ in range(2):
+        torch.manual_seed(3)
+        r = engine.generate(PROMPTS, SamplingParams(max_new_tokens=6, n=2))
+        assert isinstance(engine._fused[1], FusedDecoder) and engine._fused[0] is model
+        m = r.completion_mask.bool()
+        torch.testing.assert_close(r.logprobs[m], _forward_logprobs(model, r, False)[m], atol=1e-5, rtol=1e-5)
+        with torch.no_grad():  # an optimizer step: the weights and biases change in place
+            for layer in model.model.layers:
+                layer.self_attn.k_proj.bias.add_(0.7)
+                layer.self_attn.v_proj.bias.add_(-0.5)
+
+
+def test_a_llama_with_output_or_mlp_biases_is_not_fused(tiny_model_dir):
+    from transformers import AutoConfig, LlamaForCausalLM
+
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+    assert unsupported_reason(LlamaForCausalLM(config)) is None
+    config.attention_bias = True  # q/k/v and o_proj: the fused decode adds q/k/v biases only
+    assert "biases on the output or MLP projections" in unsupported_reason(LlamaForCausalLM(config))
+    config.attention_bias, config.mlp_bias = False, True
+    assert "biases on the output or MLP projections" in unsupported_reason(LlamaForCausalLM(config))

@@ -56,6 +56,9 @@ def unsupported_reason(model: nn.Module) -> str | None:
     layers = getattr(getattr(model, "model", None), "layers", None)
     if not layers or any(hasattr(layer.self_attn, "q_norm") for layer in layers):
         return "an unexpected layer layout"
+    unbiased = ("self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+    if any(getattr(layer.get_submodule(name), "bias", None) is not None for layer in layers for name in unbiased):
+        return "biases on the output or MLP projections (Llama's attention_bias / mlp_bias)"
     return None
 
 

@@ -39,7 +39,7 @@ class DecodeMatmul:
         self.pack_dtype = pack_dtype
         self.dtype = pack_dtype or weights[0].dtype
         self._packed: torch.Tensor | None = None
-        self.bias = None if biases is None or pack_dtype else _cat(biases)
+        self._packed_bias: torch.Tensor | None = None
         fits = thin is not None and thin.thin_matmul_takes(sum(w.shape[0] for w in weights), weights[0].shape[1])
         self.thin = thin if fits and pack_dtype == torch.bfloat16 else None
 
@@ -47,16 +47,25 @@ class DecodeMatmul:
     def sources(self) -> list[torch.Tensor]:
         return self.weights + (self.biases or [])
 
+    @property
+    def bias(self) -> torch.Tensor | None:
+        """The packed copy's bias, or, on the weights as they are, the live biases now: a concatenation made
+        once would keep the first rollout's q/k/v biases while the weights they go with change."""
+        if self.biases is None:
+            return None
+        return self._packed_bias if self.pack_dtype is not None else _cat(self.biases)
+
     def repack(self) -> None:
         with torch.no_grad():
             if self.thin is not None:  # one pass from the sources, into the last refresh's buffer
                 self._packed = self.thin.pack_bf16(self.weights, self._packed)
             else:  # oneDNN: the batch-size hint only picks a blocking; any row count is computed correctly
                 self._packed = torch.ops.mkldnn._reorder_linear_weight(_cat(self.weights).to(self.pack_dtype), 16)
-            self.bias = None if self.biases is None else _cat(self.biases).to(self.pack_dtype)
+            self._packed_bias = None if self.biases is None else _cat(self.biases).to(self.pack_dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         x = x.to(self.dtype)
+        bias = self.bias
         if self.thin is not None:
             out = self.thin.matmul_bf16(x, self._packed)
         elif self.pack_dtype is not None:
@@ -65,7 +74,7 @@ class DecodeMatmul:
             out = matmul_weight_t(x, self.weights[0])
         else:
             out = torch.cat([matmul_weight_t(x, w) for w in self.weights], -1)
-        return out if self.bias is None else out + self.bias
+        return out if bias is None else out + bias
 
 
 def _cat(tensors: list[torch.Tensor]) -> torch.Tensor:
