@@ -111,6 +111,24 @@ def test_a_compiled_layer_that_cannot_compile_runs_eagerly_with_one_warning(monk
     assert len(warnings) == 1 and "compile_decode" in warnings[0], warnings
 
 
+def test_more_variants_than_dynamos_recompile_limit_run_eagerly_with_one_warning(monkeypatch, caplog):
+    """Each sampling setting the draw branches on (greedy, top-k, top-p, a suppressed EOS) is a variant of
+    the compiled draw; past the limit, fullgraph raises a plain Exception, which must fall back as any
+    other failed compilation does, not end the rollout."""
+    from rlft.speed.compiled import Compiled
+
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    # Dynamo's tracing alone (backend "eager"): the limit is Dynamo's, whatever compiles the graphs
+    draw = Compiled(lambda x, greedy: x.argmax(-1) if greedy else (x * 2).argmin(-1), "the draw", backend="eager")
+    x = torch.randn(3, 5)
+    with caplog.at_level(logging.WARNING, logger="rlft"):
+        got = [draw(x, greedy) for greedy in (True, False, True)]
+    assert draw.failed
+    assert [g.tolist() for g in got] == [x.argmax(-1).tolist(), x.argmin(-1).tolist(), x.argmax(-1).tolist()]
+    warnings = [r.getMessage() for r in caplog.records if "the draw could not be compiled" in r.getMessage()]
+    assert len(warnings) == 1 and "FailOnRecompileLimitHit" in warnings[0], warnings
+
+
 def test_a_packed_cpu_decoder_keeps_its_packed_matmuls(wide_head_model_dir):
     """A packed copy is multiplied by oneDNN or rlft's kernel, which Inductor does not fuse: not compiled."""
     model, _ = _policy(wide_head_model_dir)

@@ -157,6 +157,7 @@ class GraphedRows:
     def _capture(self, warmup: int) -> None:
         """Capture the token and replay it once (this token's result). The warm-up runs before the
         capture write the same cache column from the same inputs; the rest of what they change is put back."""
+        before: list[torch.Tensor] | None = None
         try:
             before = [x.clone() for x in self._state()]
             side = torch.cuda.Stream()
@@ -180,6 +181,9 @@ class GraphedRows:
             )
             self.graphs = False
             torch.cuda.synchronize()
+            if before is not None:  # a warm-up that failed half-way may have moved the positions and column
+                for x, saved in zip(self._state(), before):
+                    x.copy_(saved)
             self._token()
 
 
