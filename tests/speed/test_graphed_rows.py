@@ -190,3 +190,73 @@ def test_the_captured_graph_decodes_what_the_eager_static_step_decodes(
     assert out[True].finish_reasons == out[False].finish_reasons
     m = out[True].completion_mask.bool()
     torch.testing.assert_close(out[True].logprobs[m], out[False].logprobs[m], atol=1e-5, rtol=1e-5)
+
+
+def _cuda_forward_logprobs(model, r, autocast: bool, temperature: float = 1.0) -> torch.Tensor:
+    """The model's own forward's log-probs of the rollout's completions, on the GPU (an independent
+    reference: not the decode's code)."""
+    from rlft.models.logprobs import completion_logprobs
+
+    cuda = torch.device("cuda")
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+        lp, _ = completion_logprobs(
+            model, r.input_ids.to(cuda), r.attention_mask.to(cuda), r.completion_ids.shape[1], temperature=temperature
+        )
+    return lp.float().cpu()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingParams(max_new_tokens=40, n=3, temperature=0.8, top_k=20, top_p=0.9, seed=7),
+        SamplingParams(max_new_tokens=40, n=3, greedy=True),
+        SamplingParams(max_new_tokens=40, n=3, temperature=1.0),  # unseeded: torch.rand inside the graph
+    ],
+    ids=["top_k_top_p", "greedy", "unseeded"],
+)
+def test_the_captured_graph_across_windows_gives_the_models_own_log_probs(wide_head_model_dir, monkeypatch, sampling):
+    """Captured again as the attention's window grows (16 columns: three windows in 40 tokens), with the
+    samplers a graph holds, against the model's forward rather than the decode's own eager step."""
+    cuda = torch.device("cuda")
+    model = load_policy(
+        ModelConfig(path=str(wide_head_model_dir), dtype="fp32", device="cuda"), cuda, model_dir=wide_head_model_dir
+    )
+    tok = load_tokenizer(wide_head_model_dir)
+    monkeypatch.setattr(GraphedRows, "WINDOW", 16)
+    out, _, made = _generate(model, tok, monkeypatch, True, sampling, graphs=True)
+    assert made[0].graph is not None and len(made[0].windows) >= 3, made[0].windows
+    m = out.completion_mask.bool()
+    ref = _cuda_forward_logprobs(model, out, False, 1.0 if sampling.greedy else sampling.temperature)
+    torch.testing.assert_close(out.logprobs[m].cpu(), ref[m], atol=1e-4, rtol=1e-4)
+    if not sampling.greedy:  # drawn, not a constant: rows differ
+        assert len({tuple(row) for row in out.completion_ids.tolist()}) > 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+def test_one_engines_graphs_follow_the_weights_over_rollouts_with_the_copy_released_between(
+    wide_head_model_dir, monkeypatch
+):
+    """As training runs it: bf16 decode copy, released for each update and made again, the optimizer
+    changing the weights in between; every rollout's log-probs are the autocast forward's (bf16 rounding)."""
+    cuda = torch.device("cuda")
+    model = load_policy(
+        ModelConfig(path=str(wide_head_model_dir), dtype="bf16", device="cuda"), cuda, model_dir=wide_head_model_dir
+    )
+    tok = load_tokenizer(wide_head_model_dir)
+    monkeypatch.setattr(GraphedRows, "WINDOW", 16)
+    made = _graphed_everywhere(monkeypatch, graphs=True)
+    engine = NativeEngine(
+        model, tok, max_prompt_length=64, autocast_dtype=torch.bfloat16, decode_copy=True, native_kernels=False
+    )
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    for rollout in range(3):
+        r = engine.generate(PROMPTS, SamplingParams(max_new_tokens=40, n=3, temperature=0.9, seed=3))
+        assert len(made) == rollout + 1 and made[-1].graph is not None
+        m = r.completion_mask.bool()
+        diff = (r.logprobs.cpu() - _cuda_forward_logprobs(model, r, True, 0.9))[m].abs()
+        assert diff.max() < 2e-2 and diff.mean() < 3e-3, (rollout, diff.max(), diff.mean())
+        engine.release_memory()  # what the trainer does before its update
+        model(input_ids=r.input_ids.to(cuda)).logits.float().pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()

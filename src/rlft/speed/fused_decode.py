@@ -182,7 +182,7 @@ class FusedDecoder:
         if self._watch is not None:
             for i, m in enumerate(self._matmuls):
                 if m._packed is not None and all(t.requires_grad for t in m.sources):
-                    m._packed = m.bias = None  # repack() makes both again
+                    m._packed = m._packed_bias = None  # repack() makes both again
                     self._released.add(i)
             self._loop = None
 
