@@ -234,7 +234,7 @@ def test_the_captured_graph_across_windows_gives_the_models_own_log_probs(wide_h
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
-def test_one_engines_graphs_follow_the_weights_over_rollouts_with_the_copy_released_between(
+def test_one_engines_captured_graphs_follow_the_weights_over_rollouts_with_the_copy_released_between(
     wide_head_model_dir, monkeypatch
 ):
     """As training runs it: bf16 decode copy, released for each update and made again, the optimizer
