@@ -260,3 +260,26 @@ def test_one_engines_captured_graphs_follow_the_weights_over_rollouts_with_the_c
         model(input_ids=r.input_ids.to(cuda)).logits.float().pow(2).mean().backward()
         opt.step()
         opt.zero_grad()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+def test_a_biased_models_captured_graph_gives_its_own_log_probs(tiny_model_dir, tmp_path, monkeypatch):
+    """Qwen2's q/k/v biases inside the captured step, against the model's forward, before and after the
+    biases change in place (an optimizer step)."""
+    from .test_fused_decode import _qwen2_dir
+
+    cuda = torch.device("cuda")
+    path = _qwen2_dir(tiny_model_dir, tmp_path)
+    model = load_policy(ModelConfig(path=str(path), dtype="fp32", device="cuda"), cuda, model_dir=path)
+    tok = load_tokenizer(path)
+    made = _graphed_everywhere(monkeypatch, graphs=True)
+    engine = NativeEngine(model, tok, max_prompt_length=64, autocast_dtype=None, native_kernels=False)
+    for _ in range(2):
+        r = engine.generate(PROMPTS, SamplingParams(max_new_tokens=24, n=2, temperature=0.9, seed=5))
+        assert made[-1].graph is not None
+        m = r.completion_mask.bool()
+        ref = _cuda_forward_logprobs(model, r, False, 0.9)
+        torch.testing.assert_close(r.logprobs[m].cpu(), ref[m], atol=1e-4, rtol=1e-4)
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.k_proj.bias.add_(0.7)
