@@ -34,6 +34,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -57,6 +58,15 @@ def _peaks(opts: dict) -> dict:
         out["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
         out["peak_gpu_reserved_mb"] = torch.cuda.max_memory_reserved() / 2**20
     return out
+
+
+def _synchronize(opts: dict) -> None:
+    """On a GPU, wait for the step's queued kernels: Hugging Face's loop ends a step with its optimizer's
+    kernels still queued, and the next worker's turn would time them as its own."""
+    if opts["device"] == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
 
 
 def _cpu_seconds() -> tuple[float, float]:
@@ -140,12 +150,14 @@ def _rlft_worker(conn, opts: dict) -> None:
     from rlft.models.checkpointing import recompute_mode
 
     recompute = recompute_mode(trainer.job.parts.model)  # what model.gradient_checkpointing came to
-    conn.send({"ready": True})
+    conn.send({"ready": True, "estimate_mb": estimate_mb, "recompute": recompute})
     while conn.recv() == "step":
         t0, cpu0 = time.perf_counter(), _cpu_seconds()
         m = trainer.train_step()
+        _synchronize(opts)
         conn.send(
             {
+                **_peaks(opts),  # so far: a row cut short still reports them
                 "seconds": time.perf_counter() - t0,
                 "tokens": m["completion_len/mean"] * opts["prompts"] * opts["group_size"],
                 "generation_seconds": m["generation_seconds"],
@@ -158,7 +170,7 @@ def _rlft_worker(conn, opts: dict) -> None:
                 },
             }
         )
-    conn.send({**_peaks(opts), "estimate_mb": estimate_mb, "recompute": recompute})
+    conn.send(_peaks(opts))
 
 
 def _trl_worker(conn, opts: dict) -> None:
@@ -187,8 +199,10 @@ def _trl_worker(conn, opts: dict) -> None:
             self._wait(control)
 
         def on_step_end(self, args, st, control, **kw):
+            _synchronize(opts)
             conn.send(
                 {
+                    **_peaks(opts),
                     "seconds": time.perf_counter() - state["t0"],
                     "tokens": float(opts["prompts"] * opts["group_size"] * T) if opts["fixed_length"] else None,
                     "cpu": [b - a for a, b in zip(state["cpu0"], _cpu_seconds())],
@@ -300,23 +314,37 @@ def _recv(conn) -> dict:
 
 
 def _run_cases(
-    cases: list[tuple[str, dict]], warmup: int, steps: int, deadline: float | None, one_at_a_time: bool
+    cases: list[tuple[str, dict]],
+    warmup: int,
+    steps: int,
+    deadline: float | None,
+    one_at_a_time: bool,
+    on_round: Callable[[list[dict]], None] | None = None,
 ) -> list[dict]:
     """The cases' results, their workers all loaded and stepped in turn, or with ``one_at_a_time`` each run to
-    its end alone, the time left to ``deadline`` shared evenly among the workers still to run."""
+    its end alone, the time left to ``deadline`` shared evenly among the workers still to run. ``on_round``
+    gets the results so far after every timed round (the cases run so far)."""
     if not one_at_a_time:
-        return _run_workers(cases, warmup, steps, deadline)
-    out = []
+        return _run_workers(cases, warmup, steps, deadline, on_round)
+    out: list[dict] = []
     for k, case in enumerate(cases):
         share = None if deadline is None else time.time() + (deadline - time.time()) / (len(cases) - k)
-        out += _run_workers([case], warmup, steps, share)
+        report = None if on_round is None else (lambda partial, done=list(out): on_round(done + partial))
+        out += _run_workers([case], warmup, steps, share, report)
     return out
 
 
-def _run_workers(cases: list[tuple[str, dict]], warmup: int, steps: int, deadline: float | None = None) -> list[dict]:
+def _run_workers(
+    cases: list[tuple[str, dict]],
+    warmup: int,
+    steps: int,
+    deadline: float | None = None,
+    on_round: Callable[[list[dict]], None] | None = None,
+) -> list[dict]:
     """Step one worker per (framework, options) case in turn, ``warmup + steps`` rounds; one result per case.
     ``deadline`` (a ``time.time()``): after the first timed round, no round starts that the last one's length
-    says would end past it; the results are then those of the rounds done (a row cut short, not lost)."""
+    says would end past it; the results are then those of the rounds done (a row cut short, not lost).
+    ``on_round`` gets the results so far after each timed round (for a row its time limit may yet kill)."""
     ctx = mp.get_context("spawn")
     procs, conns = [], []
     for name, opts in cases:
@@ -326,8 +354,10 @@ def _run_workers(cases: list[tuple[str, dict]], warmup: int, steps: int, deadlin
         procs[-1].start()
         child.close()  # so a crashed worker shows up as EOFError here instead of a hang
         conns.append(parent)
-        _recv(parent)  # ready: loaded one at a time so loading does not contend either
-    runs = [{"times": [], "tokens": [], "cpu": [0.0, 0.0], "gen": [], "phases": []} for _ in cases]
+        ready = _recv(parent)  # loaded one at a time so loading does not contend either
+        ready.pop("ready")
+        procs[-1].info = ready  # rlft's estimate and recompute mode
+    runs = [{"times": [], "tokens": [], "cpu": [0.0, 0.0], "gen": [], "phases": [], "peaks": {}} for _ in cases]
     # whole process: launch to the end of the last step, less the time spent waiting for the others' turns
     last_round = 0.0
     for i in range(warmup + steps):
@@ -339,6 +369,7 @@ def _run_workers(cases: list[tuple[str, dict]], warmup: int, steps: int, deadlin
             conn.send("step")
             r = _recv(conn)
             run["process_seconds"] = r["process_seconds"]
+            run["peaks"] = {k: v for k, v in r.items() if k.startswith("peak_")}
             if i >= warmup:
                 run["times"].append(r["seconds"])
                 run["tokens"].append(r["tokens"])
@@ -353,31 +384,38 @@ def _run_workers(cases: list[tuple[str, dict]], warmup: int, steps: int, deadlin
                 flush=True,
             )
         last_round = time.time() - started
+        if on_round is not None and i >= warmup:
+            on_round([{**_summary(run, warmup), **proc.info, "partial": True} for proc, run in zip(procs, runs)])
     out = []
     for proc, conn, run in zip(procs, conns, runs):
         conn.send("stop")
-        peaks = _recv(conn)
+        run["peaks"] = _recv(conn)
         proc.join(timeout=60)
-        times, toks = run["times"], [t for t in run["tokens"] if t is not None]
-        r = {
-            "step_seconds": statistics.median(times),
-            "all_step_seconds": times,
-            **peaks,
-            "cpu_user_s_per_step": run["cpu"][0] / len(times),
-            "cpu_system_s_per_step": run["cpu"][1] / len(times),
-            "tokens_per_s": (sum(toks) / sum(times[: len(toks)])) if toks else None,
-            "process_seconds": run["process_seconds"],
-            "process_steps": warmup + len(times),
-        }
-        if run["gen"]:
-            r["generation_seconds"] = statistics.median(run["gen"])
-        if run["phases"]:
-            r["phases"] = {
-                k: statistics.median(p.get(k, 0.0) for p in run["phases"])
-                for k in sorted({k for p in run["phases"] for k in p})
-            }
-        out.append(r)
+        out.append({**_summary(run, warmup), **proc.info})
     return out
+
+
+def _summary(run: dict, warmup: int) -> dict:
+    """One worker's result from its timed steps so far (medians) and its latest peaks."""
+    times, toks = run["times"], [t for t in run["tokens"] if t is not None]
+    r = {
+        "step_seconds": statistics.median(times),
+        "all_step_seconds": times,
+        **run["peaks"],
+        "cpu_user_s_per_step": run["cpu"][0] / len(times),
+        "cpu_system_s_per_step": run["cpu"][1] / len(times),
+        "tokens_per_s": (sum(toks) / sum(times[: len(toks)])) if toks else None,
+        "process_seconds": run["process_seconds"],
+        "process_steps": warmup + len(times),
+    }
+    if run["gen"]:
+        r["generation_seconds"] = statistics.median(run["gen"])
+    if run["phases"]:
+        r["phases"] = {
+            k: statistics.median(p.get(k, 0.0) for p in run["phases"])
+            for k in sorted({k for p in run["phases"] for k in p})
+        }
+    return r
 
 
 def _prompt_tokens(model_dir: str) -> int:
@@ -617,7 +655,15 @@ def main(argv: list[str] | None = None) -> int:
     for dtypes in groups:
         cases = [(name, options[d]) for d in dtypes for name in a.frameworks]
         deadline = None if a.deadline is None else launched + a.deadline
-        for (name, opts), res in zip(cases, _run_cases(cases, a.warmup, a.steps, deadline, a.one_at_a_time)):
+
+        def save_partial(partial: list[dict], cases=cases) -> None:  # what a killed row leaves behind
+            for (name, opts), res in zip(cases, partial):
+                results["results"].setdefault(opts["dtype"], {})[name] = res
+            if a.json:
+                _write_json(a.json, {**results, "partial": True})
+
+        runs = _run_cases(cases, a.warmup, a.steps, deadline, a.one_at_a_time, save_partial)
+        for (name, opts), res in zip(cases, runs):
             results["results"].setdefault(opts["dtype"], {})[name] = res
     for dtype in a.dtype:
         _print_case(dtype, results["results"][dtype], flops[True], peaks, sizes, a.lora_rank > 0)
@@ -629,8 +675,15 @@ def main(argv: list[str] | None = None) -> int:
             f"({how})"
         )
     if a.json:
-        Path(a.json).write_text(json.dumps(results, indent=2))
+        _write_json(a.json, results)
     return 0
+
+
+def _write_json(path: str, data: dict) -> None:
+    """Written whole or not at all: a row killed while writing keeps its previous file."""
+    tmp = Path(f"{path}.tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
 
 
 def _print_case(
@@ -645,7 +698,13 @@ def _print_case(
             gpu += f" (reserved {r['peak_gpu_reserved_mb']:.0f} MB)"
         if "estimate_mb" in r:
             measured = r.get("peak_gpu_mb", r["peak_rss_mb"])
-            gpu += f" (rlft estimate {r['estimate_mb']:.0f} MB: {r['estimate_mb'] / measured:.2f}x)"
+            gpu += f" (rlft estimate {r['estimate_mb']:.0f} MB: {r['estimate_mb'] / measured:.2f}x"
+            if "peak_gpu_reserved_mb" in r:  # what nvidia-smi shows: the allocator's reserve and the CUDA context
+                from rlft.planner.devices import CUDA_CONTEXT_BYTES
+
+                seen = r["peak_gpu_reserved_mb"] + CUDA_CONTEXT_BYTES / 2**20
+                gpu += f" of allocated, {r['estimate_mb'] / seen:.2f}x of reserved + CUDA context"
+            gpu += ")"
         if "recompute" in r:
             gpu += f"  recompute {r['recompute']}"
         print(

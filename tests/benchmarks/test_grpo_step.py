@@ -159,7 +159,7 @@ def test_one_at_a_time_runs_each_worker_alone_and_shares_the_time_left(monkeypat
     bench = _load("grpo_step")
     calls = []
 
-    def fake_workers(cases, warmup, steps, deadline=None):
+    def fake_workers(cases, warmup, steps, deadline=None, on_round=None):
         calls.append(([name for name, _ in cases], deadline))
         return [{"framework": name} for name, _ in cases]
 
@@ -178,3 +178,23 @@ def test_one_at_a_time_runs_each_worker_alone_and_shares_the_time_left(monkeypat
 def test_one_at_a_time_and_interleave_are_refused_together():
     with pytest.raises(SystemExit):
         _load("grpo_step").main(["--model", "tiny", "--one-at-a-time", "--interleave"])
+
+
+def test_a_row_leaves_its_results_so_far_after_every_timed_round(tmp_path, monkeypatch):
+    """A row its time limit kills still has a file: written whole after each timed round, marked partial
+    until the last one."""
+    bench = _load("grpo_step")
+    written = []
+    real = bench._write_json
+    monkeypatch.setattr(
+        bench, "_write_json", lambda path, data: (written.append(json.loads(json.dumps(data))), real(path, data))
+    )
+    out = tmp_path / "row.json"
+    args = ["--model", "tiny", "--frameworks", "rlft", "--warmup", "1", "--steps", "2", "--max-new-tokens", "4"]
+    assert bench.main([*args, "--dtype", "fp32", "--json", str(out)]) == 0
+    assert [d.get("partial", False) for d in written] == [True, True, False]
+    steps = [len(d["results"]["fp32"]["rlft"]["all_step_seconds"]) for d in written]
+    assert steps == [1, 2, 2]
+    first = written[0]["results"]["fp32"]["rlft"]
+    assert first["partial"] and first["peak_rss_mb"] > 0 and first["estimate_mb"] > 0 and first["recompute"] == "off"
+    assert json.loads(out.read_text()) == written[-1] and not (tmp_path / "row.json.tmp").exists()
