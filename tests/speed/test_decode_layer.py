@@ -92,13 +92,13 @@ def test_a_compiled_step_gives_the_eager_steps_logits(wide_head_model_dir, dtype
 def test_a_compiled_layer_that_cannot_compile_runs_eagerly_with_one_warning(monkeypatch, caplog):
     """Inductor's C++ compiler missing (and nothing cached): the layer runs as PyTorch ops, said once."""
     monkeypatch.setattr(decode_layer, "_COMPILED", None)  # fresh torch.compile objects: Dynamo traces anew
-    monkeypatch.setattr(torch._inductor.config, "force_disable_caches", True)
-    monkeypatch.setattr(torch._inductor.config.cpp, "cxx", ("/nonexistent/c++",))
     layer_in, _ = decode_layer.layer_steps(compiled=True)
     h, cos, sin = torch.randn(2, 8), torch.randn(2, 3, 4), torch.randn(2, 3, 4)
     qkv = ((torch.randn(16, 8),), None)
     caches = [torch.zeros(2, 1, 5, 4) for _ in range(4)]  # keys and values [B, KVH, A, D], twice
-    with caplog.at_level(logging.WARNING, logger="rlft"):
+    # config.patch, not monkeypatch: undoing a config module's setattr deletes the key for later tests
+    broken = torch._inductor.config.patch({"force_disable_caches": True, "cpp.cxx": ("/nonexistent/c++",)})
+    with caplog.at_level(logging.WARNING, logger="rlft"), broken:
         got = [layer_in(h, qkv, cos, sin, 2, 0, caches[0], caches[1], 3) for _ in range(2)]
     assert layer_in.failed
     expected = decode_layer.layer_in(h, qkv, cos, sin, 2, 0, caches[2], caches[3], 3)
@@ -111,17 +111,17 @@ def test_a_compiled_layer_that_cannot_compile_runs_eagerly_with_one_warning(monk
     assert len(warnings) == 1 and "compile_decode" in warnings[0], warnings
 
 
-def test_more_variants_than_dynamos_recompile_limit_run_eagerly_with_one_warning(monkeypatch, caplog):
+def test_more_variants_than_dynamos_recompile_limit_run_eagerly_with_one_warning(caplog):
     """Each sampling setting the draw branches on (greedy, top-k, top-p, a suppressed EOS) is a variant of
     the compiled draw; past the limit, fullgraph raises a plain Exception, which must fall back as any
     other failed compilation does, not end the rollout."""
     from rlft.speed.compiled import Compiled
 
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
     # Dynamo's tracing alone (backend "eager"): the limit is Dynamo's, whatever compiles the graphs
     draw = Compiled(lambda x, greedy: x.argmax(-1) if greedy else (x * 2).argmin(-1), "the draw", backend="eager")
     x = torch.randn(3, 5)
-    with caplog.at_level(logging.WARNING, logger="rlft"):
+    # config.patch, not monkeypatch: the config module's undo through setattr would delete the key
+    with caplog.at_level(logging.WARNING, logger="rlft"), torch._dynamo.config.patch(recompile_limit=1):
         got = [draw(x, greedy) for greedy in (True, False, True)]
     assert draw.failed
     assert [g.tolist() for g in got] == [x.argmax(-1).tolist(), x.argmin(-1).tolist(), x.argmax(-1).tolist()]
