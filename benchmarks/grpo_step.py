@@ -347,7 +347,8 @@ def _run_workers(
     ``on_round`` gets the results so far after each timed round (for a row its time limit may yet kill)."""
     ctx = mp.get_context("spawn")
     procs, conns = [], []
-    for name, opts in cases:
+    runs = [{"times": [], "tokens": [], "cpu": [0.0, 0.0], "gen": [], "phases": [], "peaks": {}} for _ in cases]
+    for (name, opts), run in zip(cases, runs):
         parent, child = ctx.Pipe()
         opts = {**opts, "launched_at": time.time()}
         procs.append(ctx.Process(target=_worker, args=(child, name, opts), daemon=True))
@@ -355,9 +356,7 @@ def _run_workers(
         child.close()  # so a crashed worker shows up as EOFError here instead of a hang
         conns.append(parent)
         ready = _recv(parent)  # loaded one at a time so loading does not contend either
-        ready.pop("ready")
-        procs[-1].info = ready  # rlft's estimate and recompute mode
-    runs = [{"times": [], "tokens": [], "cpu": [0.0, 0.0], "gen": [], "phases": [], "peaks": {}} for _ in cases]
+        run["info"] = {k: v for k, v in ready.items() if k != "ready"}  # rlft's estimate and recompute mode
     # whole process: launch to the end of the last step, less the time spent waiting for the others' turns
     last_round = 0.0
     for i in range(warmup + steps):
@@ -385,13 +384,13 @@ def _run_workers(
             )
         last_round = time.time() - started
         if on_round is not None and i >= warmup:
-            on_round([{**_summary(run, warmup), **proc.info, "partial": True} for proc, run in zip(procs, runs)])
+            on_round([{**_summary(run, warmup), **run["info"], "partial": True} for run in runs])
     out = []
     for proc, conn, run in zip(procs, conns, runs):
         conn.send("stop")
         run["peaks"] = _recv(conn)
         proc.join(timeout=60)
-        out.append({**_summary(run, warmup), **proc.info})
+        out.append({**_summary(run, warmup), **run["info"]})
     return out
 
 
