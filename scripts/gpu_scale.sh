@@ -4,7 +4,8 @@
 #      included, against the eager one; tests/models/test_checkpointing.py: selective recomputation against
 #      keeping every activation, with PyTorch's fused attention; tests/speed/test_decode_weights.py: the decode
 #      copy freed for the update and the next rollout's graphs reading it again; tests/speed/test_fused_norm.py:
-#      the update's RMSNorm as PyTorch's fused CUDA kernel against Hugging Face's), where pytest is installed;
+#      the update's RMSNorm as PyTorch's fused CUDA kernel against Hugging Face's; tests/models/test_loading.py:
+#      a LoRA base cast on its way, never held in fp32 on the GPU), where pytest is installed;
 #      the compiled decode's own (tests/speed/test_decode_layer.py: the compiled layers captured in the graph)
 #      runs just before row 5, whose rlft-compiled worker then finds its compilations cached;
 #   2. SmolLM2-1.7B's shape, 8 prompts x 8 completions of 128 new tokens (10 steps: the whole process is
@@ -103,7 +104,8 @@ gpu_tests() {  # gpu_tests NAME SECONDS K-EXPRESSION FILES...: pytest's CUDA cas
 
 status=0
 gpu_tests gpu_tests 90 "(captured or cuda) and not compiled" tests/speed/test_graphed_rows.py \
-  tests/models/test_checkpointing.py tests/speed/test_decode_weights.py tests/speed/test_fused_norm.py || status=1
+  tests/models/test_checkpointing.py tests/models/test_loading.py tests/speed/test_decode_weights.py \
+  tests/speed/test_fused_norm.py || status=1
 # in the order of issue 37's Done-when: the rows against TRL and the 8B row first, the A/B rows where time is left
 row 1.7b-128 140 smollm2-1.7b 128 --frameworks "${FRAMEWORKS[@]}" --steps 9 || status=1
 # 512 tokens: TRL's peak beside rlft's (61 GiB estimated) could pass even an H200's memory, one at a time

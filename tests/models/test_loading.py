@@ -69,6 +69,68 @@ def test_lora_only_adapter_params_trainable(tiny_dir):
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
 
 
+def _old_way(cfg, device, model_dir, dtype):
+    """What loading did before the frozen weights were cast on their way: the whole fp32 model onto the device
+    (adapters applied there), then the frozen Linears cast."""
+    from rlft.models.loading import apply_lora, load_model_dir
+    from rlft.models.precision import frozen_linears_in
+
+    model = apply_lora(load_model_dir(model_dir).to(device), cfg.lora)
+    frozen_linears_in(model, dtype)
+    return model
+
+
+def _same_state(a, b):
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for name in sa:
+        assert sa[name].dtype == sb[name].dtype and torch.equal(sa[name], sb[name]), name
+    assert [n for n, p in a.named_parameters() if p.requires_grad] == [
+        n for n, p in b.named_parameters() if p.requires_grad
+    ]
+
+
+def test_a_lora_base_cast_on_its_way_is_the_model_the_old_way_built(tiny_dir):
+    cfg = ModelConfig(path=str(tiny_dir), dtype="bf16", lora=LoraConfig(r=4, alpha=8))
+    torch.manual_seed(0)
+    old = _old_way(cfg, CPU, tiny_dir, torch.bfloat16)
+    torch.manual_seed(0)
+    new = load_policy(cfg, CPU, frozen_dtype=torch.bfloat16)
+    _same_state(old, new)  # the adapters' initialisation included: PEFT draws them from the CPU's generator
+    base = [p for n, p in new.named_parameters() if "base_layer.weight" in n]
+    assert base and {p.dtype for p in base} == {torch.bfloat16}
+    assert {p.dtype for p in new.parameters() if p.requires_grad} == {torch.float32}
+    assert new.get_input_embeddings().weight.dtype == torch.float32  # tied to the head: kept
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_a_lora_base_never_holds_its_fp32_copy_on_the_gpu(tiny_dir):
+    """Loaded the old way, an 8B LoRA base took 32 GB of GPU memory before it settled at 16: no 24 GB GPU
+    could load what ``rlft estimate`` said fits it. Now the GPU's peak is what it keeps, plus at most one
+    weight in flight."""
+    cuda = torch.device("cuda")
+    cfg = ModelConfig(path=str(tiny_dir), dtype="bf16", lora=LoraConfig(r=4, alpha=8))
+    peaks = []
+    for way in (_old_way, None):
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        torch.manual_seed(0)
+        if way is None:
+            model = load_policy(cfg, cuda, frozen_dtype=torch.bfloat16)
+        else:
+            old = way(cfg, cuda, tiny_dir, torch.bfloat16)
+        torch.cuda.synchronize()
+        peaks.append(torch.cuda.max_memory_allocated() - before)
+    kept = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])  # tied: once
+    largest = max(p.numel() * 4 for p in model.parameters())
+    frozen = sum(p.numel() for n, p in model.named_parameters() if "base_layer.weight" in n)
+    assert peaks[1] <= kept + largest, (peaks, kept, largest)
+    assert peaks[0] >= peaks[1] + 2 * frozen - largest, peaks  # the old way held every frozen weight in fp32
+    _same_state(old, model)
+
+
 def test_lora_explicit_targets(tiny_dir):
     cfg = ModelConfig(path=str(tiny_dir), lora=LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
     model = load_policy(cfg, CPU)

@@ -93,25 +93,38 @@ def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def load_policy(cfg: ModelConfig, device: torch.device, model_dir: str | Path | None = None) -> PreTrainedModel:
+def load_policy(
+    cfg: ModelConfig,
+    device: torch.device,
+    model_dir: str | Path | None = None,
+    frozen_dtype: torch.dtype | None = None,
+) -> PreTrainedModel:
     """Load the policy described by ``cfg`` onto ``device`` (fp32, SDPA attention).
 
     ``model_dir`` skips resolving ``cfg.path`` again when the caller already did
     (:func:`rlft.models.sources.resolve_model_dir`).  Enables gradient checkpointing
     (non-reentrant) and wraps the model in a PEFT LoRA adapter when the config
-    asks for it.  The returned model is in eval mode; the trainer switches it to
-    train mode for the update.
+    asks for it.  ``frozen_dtype``: store a LoRA base's frozen Linear weights in
+    this dtype (the autocast one, :func:`rlft.models.precision.frozen_linears_in`).
+    The model is assembled on the CPU and moved weight by weight, each frozen one
+    cast on its way, so ``device`` never holds a copy it will not keep: an 8B base
+    arrives as its 16 GB of bf16, not as 32 GB of fp32 first (which no 24 GB GPU
+    holds). The returned model is in eval mode; the trainer switches it to train
+    mode for the update.
     """
+    from rlft.models.precision import frozen_linears_in
+
     if model_dir is None:
         model_dir = resolve_model_dir(cfg.path)
     model = load_model_dir(model_dir)
-    model.to(device)
     mode = configured_mode(cfg.gradient_checkpointing)  # None ("auto"): decided by the job from its memory budget
     if mode not in (None, "off"):
         enable_gradient_checkpointing(model, mode)
-    if cfg.lora is not None:
+    if cfg.lora is not None:  # on the CPU, as on any device: PEFT initialises the adapters with the CPU's generator
         model = apply_lora(model, cfg.lora)
-    return model
+    if frozen_dtype is not None:
+        frozen_linears_in(model, frozen_dtype, device)
+    return model.to(device)
 
 
 def load_model_dir(model_dir: str | Path) -> PreTrainedModel:

@@ -153,20 +153,21 @@ def autocast(dtype: torch.dtype | None, device: torch.device):
     return torch.autocast(device_type=device.type, dtype=dtype, cache_enabled=False)
 
 
-def frozen_linears_in(model: torch.nn.Module, dtype: torch.dtype) -> int:
-    """Store the frozen Linear weights of ``model`` (a LoRA policy's base) in the autocast ``dtype``; returns
-    the bytes this frees.
+def frozen_linears_in(model: torch.nn.Module, dtype: torch.dtype, device: torch.device | None = None) -> int:
+    """Store the frozen Linear weights of ``model`` (a LoRA policy's base) in the autocast ``dtype``, moved to
+    ``device`` if given; returns the bytes this frees.
 
     Under autocast a frozen fp32 Linear weight is only ever used through its ``dtype`` cast, made again in
     every forward (and in every recomputation): storing the cast gives bit-identical outputs and gradients,
     half the memory (about 15 GB less for an 8B base) and no cast traffic. Trained parameters keep their fp32
     master weights, and a weight shared with another kind of module (an LM head tied to the embedding)
-    keeps its precision."""
+    keeps its precision. With ``device`` each weight is cast on its way there, so ``device`` never holds its
+    fp32 copy (:func:`rlft.models.loading.load_policy`)."""
     from rlft.speed.decode_weights import linear_only_params
 
     freed = 0
     for p in linear_only_params(model):
-        if not p.requires_grad and p.dtype != dtype:
+        if not p.requires_grad and (p.dtype != dtype or (device is not None and p.device != device)):
             freed += p.numel() * (p.element_size() - dtype.itemsize)
-            p.data = p.data.to(dtype)
+            p.data = p.data.to(device=device, dtype=dtype)
     return freed

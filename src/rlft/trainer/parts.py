@@ -41,7 +41,7 @@ def build_model(model_cfg: ModelConfig, *, with_reference: bool = False) -> Mode
     from rlft.distributed.context import current
     from rlft.models.loading import load_policy, load_tokenizer, resolve_device
     from rlft.models.merge import ensure_merged
-    from rlft.models.precision import autocast_dtype, dtype_advice, dtype_reason, frozen_linears_in
+    from rlft.models.precision import autocast_dtype, dtype_advice, dtype_reason
     from rlft.models.reference import make_reference
     from rlft.models.save import is_adapter_dir
     from rlft.models.sources import resolve_model_dir
@@ -52,13 +52,12 @@ def build_model(model_cfg: ModelConfig, *, with_reference: bool = False) -> Mode
     if is_adapter_dir(model_dir):  # e.g. a checkpoint of a LoRA SFT run: start from the merged weights
         model_dir = ensure_merged(model_dir)
     tokenizer = load_tokenizer(model_dir)
-    model = load_policy(model_cfg, device, model_dir=model_dir)
-    fuse_rms_norms(model)  # before the reference copy, which keeps it
     autocast, warning = autocast_dtype(model_cfg.dtype, device)
     # fsdp2 shards each layer's parameters as one flat tensor of a single dtype: a LoRA layer's base and
     # adapter stay alike there
-    if autocast is not None and model_cfg.lora is not None and current().strategy != "fsdp2":
-        frozen_linears_in(model, autocast)
+    lora_base_in = autocast if model_cfg.lora is not None and current().strategy != "fsdp2" else None
+    model = load_policy(model_cfg, device, model_dir=model_dir, frozen_dtype=lora_base_in)
+    fuse_rms_norms(model)  # before the reference copy, which keeps it
     reference = make_reference(model, autocast) if with_reference else None
     if warning or (warning := dtype_advice(model_cfg.dtype, device)):
         get_logger().warning(warning)
