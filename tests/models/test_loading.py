@@ -70,24 +70,40 @@ def test_lora_only_adapter_params_trainable(tiny_dir):
 
 
 def _old_way(cfg, device, model_dir, dtype):
-    """What loading did before the frozen weights were cast on their way: the whole fp32 model onto the device
-    (adapters applied there), then the frozen Linears cast."""
+    """What loading did before weights were cast on their way: the whole fp32 model onto the device (adapters
+    applied there), then the frozen Linears cast."""
     from rlft.models.loading import apply_lora, load_model_dir
-    from rlft.models.precision import frozen_linears_in
+    from rlft.models.precision import place_weights
 
-    model = apply_lora(load_model_dir(model_dir).to(device), cfg.lora)
-    frozen_linears_in(model, dtype)
-    return model
+    return place_weights(apply_lora(load_model_dir(model_dir).to(device), cfg.lora), device, dtype)
 
 
-def _same_state(a, b):
+def _same_state(a, b, *, rounded=None):
+    """``a`` and ``b`` hold the same tensors, dtypes and trainable names (``rounded``: the names whose values in
+    ``b`` are ``a``'s rounded to that dtype)."""
     sa, sb = a.state_dict(), b.state_dict()
     assert sa.keys() == sb.keys()
     for name in sa:
-        assert sa[name].dtype == sb[name].dtype and torch.equal(sa[name], sb[name]), name
+        want = sa[name]
+        if rounded is not None and "lora_A" in name:
+            want = want.to(rounded).to(want.dtype)
+        assert want.dtype == sb[name].dtype and torch.equal(want, sb[name]), name
     assert [n for n, p in a.named_parameters() if p.requires_grad] == [
         n for n, p in b.named_parameters() if p.requires_grad
     ]
+    assert dict(a.named_buffers()).keys() == dict(b.named_buffers()).keys()
+    for (name, x), y in zip(a.named_buffers(), b.buffers(), strict=True):
+        assert x.dtype == y.dtype and torch.equal(x, y), name
+
+
+def _saved_in_bf16(model_dir, out):
+    from rlft.models.loading import load_model_dir
+
+    load_model_dir(model_dir).to(torch.bfloat16).save_pretrained(out)
+    for f in model_dir.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "chat_template")):
+            (out / f.name).write_bytes(f.read_bytes())
+    return out
 
 
 def test_a_lora_base_cast_on_its_way_is_the_model_the_old_way_built(tiny_dir):
@@ -101,6 +117,51 @@ def test_a_lora_base_cast_on_its_way_is_the_model_the_old_way_built(tiny_dir):
     assert base and {p.dtype for p in base} == {torch.bfloat16}
     assert {p.dtype for p in new.parameters() if p.requires_grad} == {torch.float32}
     assert new.get_input_embeddings().weight.dtype == torch.float32  # tied to the head: kept
+
+
+def test_a_bf16_checkpoint_trains_from_what_an_fp32_load_gives(tiny_dir, tmp_path):
+    """Read in bf16 and widened, the weights are the fp32 load's bit for bit (widening is exact). A LoRA's
+    initial A is PEFT's draw rounded to bf16, as for any bf16 base."""
+    from transformers import AutoModelForCausalLM
+
+    bf16_dir = _saved_in_bf16(tiny_dir, tmp_path / "bf16")
+    fp32_load = AutoModelForCausalLM.from_pretrained(bf16_dir, dtype=torch.float32)
+    model = load_policy(ModelConfig(path=str(bf16_dir)), CPU)
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    for (name, p), q in zip(fp32_load.named_parameters(), model.parameters(), strict=True):
+        assert torch.equal(p, q), name
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # still tied
+    assert model.config.dtype == torch.float32
+
+    cfg = ModelConfig(path=str(bf16_dir), dtype="bf16", lora=LoraConfig(r=4, alpha=8))
+    torch.manual_seed(0)
+    old = _old_way(cfg, CPU, bf16_dir, torch.bfloat16)
+    torch.manual_seed(0)
+    _same_state(old, load_policy(cfg, CPU, frozen_dtype=torch.bfloat16), rounded=torch.bfloat16)
+
+
+def test_computed_buffers_are_an_fp32_loads_not_a_bf16_ones(tmp_path):
+    """Gemma scales its embeddings by sqrt(hidden), a buffer computed at construction: transformers computes it in
+    the dtype it loads in, so a plain bf16 load makes sqrt(3072) = 55.43 into 55.5."""
+    from transformers import AutoModelForCausalLM, GemmaConfig
+
+    from rlft.models.loading import load_model_dir
+
+    config = GemmaConfig(
+        hidden_size=3072, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+        head_dim=8, vocab_size=64,
+    )  # fmt: skip
+    AutoModelForCausalLM.from_config(config).to(torch.bfloat16).save_pretrained(tmp_path)
+    plain_bf16 = dict(AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16).named_buffers())
+    fp32_load = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    model = load_model_dir(tmp_path)
+    scale = dict(model.named_buffers())["model.embed_tokens.embed_scale"]
+    assert plain_bf16["model.embed_tokens.embed_scale"].item() == 55.5  # what this guards against
+    assert scale.dtype == torch.float32 and scale.item() == pytest.approx(3072**0.5, rel=1e-7)
+    for (name, x), y in zip(fp32_load.named_buffers(), model.buffers(), strict=True):
+        assert x.dtype == y.dtype and torch.equal(x, y), name
+    for (name, p), q in zip(fp32_load.named_parameters(), model.parameters(), strict=True):
+        assert torch.equal(p, q), name
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -1,8 +1,9 @@
 """Loading the policy model and its tokenizer from a local model directory.
 
-Weights are always loaded in fp32 (they are the optimizer's master weights);
-``model.dtype`` in the config only selects the autocast dtype, which the trainer
-applies.  Nothing here ever contacts a model hub: files are loaded with
+Weights are read in the dtype their checkpoint stores and trained in fp32 (the
+optimizer's master weights; a LoRA base's frozen Linears may stay in the compute
+dtype); ``model.dtype`` in the config only selects the autocast dtype, which the
+trainer applies.  Nothing here ever contacts a model hub: files are loaded with
 ``local_files_only=True`` and Hugging Face offline mode switched on for the
 duration of the call.
 """
@@ -99,48 +100,85 @@ def load_policy(
     model_dir: str | Path | None = None,
     frozen_dtype: torch.dtype | None = None,
 ) -> PreTrainedModel:
-    """Load the policy described by ``cfg`` onto ``device`` (fp32, SDPA attention).
+    """Load the policy described by ``cfg`` onto ``device`` (fp32 master weights, SDPA attention).
 
     ``model_dir`` skips resolving ``cfg.path`` again when the caller already did
     (:func:`rlft.models.sources.resolve_model_dir`).  Enables gradient checkpointing
     (non-reentrant) and wraps the model in a PEFT LoRA adapter when the config
     asks for it.  ``frozen_dtype``: store a LoRA base's frozen Linear weights in
-    this dtype (the autocast one, :func:`rlft.models.precision.frozen_linears_in`).
-    The model is assembled on the CPU and moved weight by weight, each frozen one
-    cast on its way, so ``device`` never holds a copy it will not keep: an 8B base
-    arrives as its 16 GB of bf16, not as 32 GB of fp32 first (which no 24 GB GPU
-    holds). The returned model is in eval mode; the trainer switches it to train
+    this dtype (the autocast one): :func:`rlft.models.precision.place_weights`
+    moves the checkpoint's weights to ``device`` as they are stored and widens
+    there only those that train.  PEFT draws a LoRA's initial A in fp32 and rounds
+    it to its base's dtype, as it does in any framework that loads a bf16 base in
+    bf16. The returned model is in eval mode; the trainer switches it to train
     mode for the update.
     """
-    from rlft.models.precision import frozen_linears_in
+    from rlft.models.precision import place_weights
 
     if model_dir is None:
         model_dir = resolve_model_dir(cfg.path)
-    model = load_model_dir(model_dir)
+    model = load_stored(model_dir)
     mode = configured_mode(cfg.gradient_checkpointing)  # None ("auto"): decided by the job from its memory budget
     if mode not in (None, "off"):
         enable_gradient_checkpointing(model, mode)
-    if cfg.lora is not None:  # on the CPU, as on any device: PEFT initialises the adapters with the CPU's generator
+    if cfg.lora is not None:
         model = apply_lora(model, cfg.lora)
-    if frozen_dtype is not None:
-        frozen_linears_in(model, frozen_dtype, device)
-    return model.to(device)
+    return place_weights(model, device, frozen_dtype)
 
 
-def load_model_dir(model_dir: str | Path) -> PreTrainedModel:
-    """Load a causal LM from a local directory in fp32 with rlft's attention (SDPA for long blocks; on cpu)."""
+def load_model_dir(model_dir: str | Path, device: torch.device | str = "cpu") -> PreTrainedModel:
+    """Load a causal LM from a local directory onto ``device`` in fp32 with rlft's attention (SDPA for
+    long blocks; on cpu)."""
+    from rlft.models.precision import place_weights
+
+    return place_weights(load_stored(model_dir), device)
+
+
+def load_stored(model_dir: str | Path) -> PreTrainedModel:
+    """A causal LM from a local directory, on the CPU with rlft's attention, its weights in the dtype its
+    checkpoint stores them in: a bf16 checkpoint loads in half the memory and time of an fp32 load, and
+    :func:`rlft.models.precision.place_weights` widens the weights where they train.
+
+    The buffers a model computes rather than loads (rotary frequencies, Gemma's embedding scale) are those
+    an fp32 load computes: loaded in bf16, transformers computes them in bf16 (Gemma's sqrt(3072) = 55.43
+    becomes 55.5)."""
     from transformers import AutoModelForCausalLM
 
     model_dir = Path(model_dir).resolve()
     try:
         with hub_offline():
             model = AutoModelForCausalLM.from_pretrained(
-                str(model_dir), local_files_only=True, dtype=torch.float32, attn_implementation="sdpa"
+                str(model_dir), local_files_only=True, dtype="auto", attn_implementation="sdpa"
             )
     except Exception as exc:  # OSError, ValueError, KeyError ... from transformers
         raise ModelError(f"Could not load a causal language model from {model_dir}: {exc}") from exc
+    if any(p.is_floating_point() and p.dtype != torch.float32 for p in model.parameters()):
+        _buffers_as_fp32_computes_them(model)
     use_rlft_attention(model)
     return model.eval()
+
+
+def _buffers_as_fp32_computes_them(model: PreTrainedModel) -> None:
+    """Give ``model`` (loaded in a reduced dtype) the float buffers an fp32 load has: the computed ones from a
+    copy of the model built in fp32 with its parameters on the meta device (no memory), the loaded ones
+    widened."""
+    import copy
+
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    with init_empty_weights(include_buffers=False):
+        fp32 = AutoModelForCausalLM.from_config(copy.deepcopy(model.config), dtype=torch.float32)
+    computed = dict(fp32.named_buffers(remove_duplicate=False))
+    for name, buffer in model.named_buffers(remove_duplicate=False):
+        if not buffer.is_floating_point():
+            continue
+        owner_name, _, leaf = name.rpartition(".")
+        owner = model.get_submodule(owner_name)
+        # a computed buffer may be fp32 and still have gone through the reduced dtype (a Python float made a
+        # tensor in the default dtype): each is taken from the fp32 build, whatever its dtype
+        loaded = leaf not in owner._non_persistent_buffers_set
+        owner.register_buffer(leaf, buffer.float() if loaded else computed[name].clone(), persistent=loaded)
 
 
 def apply_lora(model: PreTrainedModel, lora: LoraConfig):

@@ -153,21 +153,33 @@ def autocast(dtype: torch.dtype | None, device: torch.device):
     return torch.autocast(device_type=device.type, dtype=dtype, cache_enabled=False)
 
 
-def frozen_linears_in(model: torch.nn.Module, dtype: torch.dtype, device: torch.device | None = None) -> int:
-    """Store the frozen Linear weights of ``model`` (a LoRA policy's base) in the autocast ``dtype``, moved to
-    ``device`` if given; returns the bytes this frees.
+def place_weights(
+    model: torch.nn.Module, device: torch.device | str, frozen_dtype: torch.dtype | None = None
+) -> torch.nn.Module:
+    """Move ``model`` to ``device`` one parameter at a time, each made fp32 there (the optimizer's master
+    weights), except, with ``frozen_dtype``, the frozen Linear weights (a LoRA policy's base), which are
+    stored in that autocast dtype. Returns ``model``.
+
+    A weight is narrowed before it moves and widened after, so a bf16 checkpoint crosses to a GPU in half
+    the bytes of fp32, and no device ever holds an fp32 copy of a weight it keeps in bf16 (an 8B LoRA base
+    arrives as its 16 GB, not as 32 GB first, which no 24 GB GPU holds).
 
     Under autocast a frozen fp32 Linear weight is only ever used through its ``dtype`` cast, made again in
     every forward (and in every recomputation): storing the cast gives bit-identical outputs and gradients,
-    half the memory (about 15 GB less for an 8B base) and no cast traffic. Trained parameters keep their fp32
-    master weights, and a weight shared with another kind of module (an LM head tied to the embedding)
-    keeps its precision. With ``device`` each weight is cast on its way there, so ``device`` never holds its
-    fp32 copy (:func:`rlft.models.loading.load_policy`)."""
+    half the memory and no cast traffic. Trained parameters keep fp32, and a weight shared with another
+    kind of module (an LM head tied to the embedding) keeps its precision."""
     from rlft.speed.decode_weights import linear_only_params
 
-    freed = 0
-    for p in linear_only_params(model):
-        if not p.requires_grad and (p.dtype != dtype or (device is not None and p.device != device)):
-            freed += p.numel() * (p.element_size() - dtype.itemsize)
-            p.data = p.data.to(device=device, dtype=dtype)
-    return freed
+    frozen = set()
+    if frozen_dtype is not None:
+        frozen = {id(p) for p in linear_only_params(model) if not p.requires_grad}
+    for p in model.parameters():  # a tied weight once
+        if not p.is_floating_point():
+            continue
+        dtype = frozen_dtype if id(p) in frozen else torch.float32
+        narrowing = dtype.itemsize <= p.dtype.itemsize
+        p.data = p.data.to(device, dtype) if narrowing else p.data.to(device).to(dtype)
+    config = getattr(model, "config", None)
+    if config is not None:  # what an fp32 load says: the master weights' dtype
+        config.dtype = torch.float32
+    return model.to(device)  # the buffers

@@ -163,7 +163,7 @@ def generation_bytes(
 def trained_bytes(shape: ModelShape, frozen_linear_bytes: int = 4) -> dict[str, int]:
     """What a trained model keeps between steps: fp32 master weights and AdamW's two fp32 moments
     (allocated at the first optimizer step, kept from then on). ``frozen_linear_bytes``: what a LoRA
-    base's Linear weights take a parameter (the compute dtype's, :func:`rlft.models.precision.frozen_linears_in`)."""
+    base's Linear weights take a parameter (the compute dtype's, :func:`rlft.models.precision.place_weights`)."""
     frozen_linear = shape.untied_linear_params - shape.trainable if shape.trainable < shape.params else 0
     weights = 4 * shape.params - (4 - frozen_linear_bytes) * frozen_linear
     return {"weights": weights, "optimizer": 8 * shape.trainable}

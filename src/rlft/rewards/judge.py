@@ -160,7 +160,7 @@ def _local(name: str, spec: Any) -> Callable[[list[str]], list[str]]:
     model_dir = resolve_model_dir(spec.model)
     tokenizer = load_tokenizer(model_dir)
     device = resolve_device("auto")
-    model = load_model_dir(model_dir).to(device).requires_grad_(False)
+    model = load_model_dir(model_dir, device).requires_grad_(False)
 
     @torch.no_grad()
     def ask(questions: list[str]) -> list[str]:
