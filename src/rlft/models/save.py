@@ -113,7 +113,7 @@ def load_for_inference(
         from peft import PeftModel
 
         base_dir = adapter_base_dir(path)
-        base = load_model_dir(base_dir)
+        base = load_model_dir(base_dir, device or "cpu")
         with hub_offline(), quiet_peft():
             model = PeftModel.from_pretrained(base, str(path), is_trainable=False)
         if merge:
@@ -121,10 +121,8 @@ def load_for_inference(
         tok_dir = path if _has_tokenizer(path) else base_dir
     else:
         model_dir = resolve_model_dir(str(path))
-        model = load_model_dir(model_dir)
+        model = load_model_dir(model_dir, device or "cpu")
         tok_dir = model_dir
-    if device is not None:
-        model.to(device)
     return model.eval(), load_tokenizer(tok_dir)
 
 

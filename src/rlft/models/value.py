@@ -83,7 +83,7 @@ def build_value_model(kind: str, policy: nn.Module, model_dir: str | Path, *, re
     if kind == "value_head":
         backbone = decoder_of(policy)
         return ValueModel(backbone, backbone.config.hidden_size, train_backbone=False).to(device)
-    lm = load_model_dir(model_dir)
+    lm = load_model_dir(model_dir, device)
     if recompute != "off":
         enable_gradient_checkpointing(lm, recompute)
     backbone = decoder_of(lm)
