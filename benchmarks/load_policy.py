@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args(argv)
     overrides = json.loads(a.shape_overrides) if a.shape_overrides else None
-    model_dir = _resolve_model(a.model, False, a.shape, overrides, "cpu", a.save_dtype)
+    model_dir = _resolve_model(a.model, False, a.shape, overrides, a.device, a.save_dtype)  # as grpo_step.py: shared
     import rlft
 
     print(f"rlft from {Path(rlft.__file__).parent}; model {model_dir}; device {a.device}; LoRA r={a.lora_rank}")

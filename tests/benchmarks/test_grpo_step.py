@@ -198,3 +198,12 @@ def test_a_row_leaves_its_results_so_far_after_every_timed_round(tmp_path, monke
     first = written[0]["results"]["fp32"]["rlft"]
     assert first["partial"] and first["peak_rss_mb"] > 0 and first["estimate_mb"] > 0 and first["recompute"] == "off"
     assert json.loads(out.read_text()) == written[-1] and not (tmp_path / "row.json.tmp").exists()
+
+
+def test_load_policy_reports_the_time_and_peak_of_a_runs_load(tiny_model_dir, capsys):
+    """benchmarks/load_policy.py on an 8B shape made small, saved in bf16, with LoRA: each round in its process."""
+    args = ["--model", str(tiny_model_dir), "--shape", "llama3-8b", "--shape-overrides", json.dumps(TWO_LAYERS)]
+    assert _load("load_policy").main([*args, "--lora-rank", "4", "--rounds", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert "LoRA r=4" in printed and "round 1: " in printed and "the model keeps" in printed
+    assert "median: " in printed and " MB" in printed.split("median: ")[1]
