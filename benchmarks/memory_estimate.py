@@ -32,6 +32,8 @@ BASE = {
     "eval": {"before_training": False, "after_training": False},
 }
 
+REWARD_MODEL = "<reward model>"  # in a case's overrides: the built-in model with a new score head, made once
+
 # name -> (model, overrides). "tiny" is a random 4-layer Llama of hidden size 256; "135m" the built-in SmolLM2.
 CASES: dict[str, tuple[str, dict]] = {
     "tiny fp32 full kl0 32": (
@@ -75,14 +77,47 @@ CASES: dict[str, tuple[str, dict]] = {
         "135m",
         {"model.dtype": "fp32", "algorithm.kl_coef": 0.0, "algorithm.max_new_tokens": 32, "model.lora": {"r": 16}},
     ),
+    # RLHF: SmolLM2-135M with a one-output score head as the reward model, beside the policy
+    "135m bf16 full kl 32 reward model": (
+        "135m",
+        {
+            "algorithm.kl_coef": 0.04,
+            "algorithm.max_new_tokens": 32,
+            "reward.functions+": {"type": "model", "name": "rm", "path": REWARD_MODEL, "output": "standardized"},
+        },
+    ),
 }
 
 
 def _set(tree: dict, dotted: str, value) -> None:
+    """Set ``tree``'s ``dotted`` key to ``value``; a key ending in ``+`` appends ``value`` to its list."""
     *parents, last = dotted.split(".")
     for p in parents:
         tree = tree.setdefault(p, {})
-    tree[last] = value
+    if last.endswith("+"):
+        tree[last[:-1]].append(value)
+    else:
+        tree[last] = value
+
+
+def reward_model_dir(work: Path) -> Path:
+    """The built-in model as a sequence classifier with one output (a new, seeded score head), once per run."""
+    out = work / "reward-model"
+    if not out.exists():
+        import torch
+        from transformers import AutoModelForSequenceClassification
+
+        from rlft.models.loading import load_tokenizer
+        from rlft.models.sources import resolve_model_dir
+
+        src = resolve_model_dir("smollm2-135m-instruct")
+        torch.manual_seed(0)
+        tokenizer = load_tokenizer(src)
+        model = AutoModelForSequenceClassification.from_pretrained(src, num_labels=1, dtype=torch.float32)
+        model.config.pad_token_id = tokenizer.pad_token_id
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+    return out
 
 
 def write_config(work: Path, model: str, overrides: dict) -> Path:
@@ -102,6 +137,8 @@ def write_config(work: Path, model: str, overrides: dict) -> Path:
     }
     cfg["train"]["output_dir"] = str(work / "runs")
     for key, value in overrides.items():
+        if isinstance(value, dict) and value.get("path") == REWARD_MODEL:
+            value = {**value, "path": str(reward_model_dir(work))}
         _set(cfg, key, value)
     new = cfg["algorithm"]["max_new_tokens"]
     cfg["algorithm"]["min_new_tokens"] = new  # every completion runs to the limit: the worst case

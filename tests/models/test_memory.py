@@ -108,3 +108,33 @@ def test_the_budget_counts_gradients_and_moments_for_trained_parameters_only():
     model on a 141 GB GPU a one-token budget (one row a pass, every layer recomputed)."""
     assert memory.resident_bytes(10**9, 10**9, reference=True) == 20 * 10**9
     assert memory.resident_bytes(10**9, 10**6, reference=False) == 4 * 10**9 + 12 * 10**6
+
+
+def test_the_runs_budget_leaves_out_a_reward_model_beside_the_policy(
+    tiny_config, tiny_model_dir, tmp_path, monkeypatch
+):
+    """A reward model on the run's device keeps its fp32 weights all run long: the update's activations get what is
+    left after it, as the planner says (rlft.planner.scorers)."""
+    from transformers import AutoModelForSequenceClassification
+
+    from rlft import Trainer
+    from rlft.models.loading import load_tokenizer
+
+    rm = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=1)
+    rm.config.pad_token_id = load_tokenizer(tiny_model_dir).pad_token_id
+    rm.save_pretrained(tmp_path / "rm")
+    load_tokenizer(tiny_model_dir).save_pretrained(tmp_path / "rm")
+    rm_bytes = 4 * sum(p.numel() for p in rm.parameters())
+    monkeypatch.setattr(memory, "device_memory_bytes", lambda device: 64 * 2**20)
+    tiny_config["algorithm"]["micro_batch_size"] = "auto"
+    budgets = []
+    for name, extra in (("plain", []), ("rm", [{"type": "model", "name": "rm", "path": str(tmp_path / "rm")}])):
+        tiny_config["reward"]["functions"] += extra
+        tiny_config["train"]["run_name"] = name
+        trainer = Trainer(config=tiny_config)
+        trainer.setup()
+        budgets.append(trainer.job.updater.p.micro_batch_tokens)
+    per_token = memory.activation_bytes_per_token(
+        trainer.job.parts.model.config, 2 if trainer.job.parts.autocast_dtype else 4
+    )
+    assert abs((budgets[0] - budgets[1]) - rm_bytes / 2 / per_token) <= 1, (budgets, rm_bytes, per_token)

@@ -289,3 +289,57 @@ def test_the_update_holds_of_the_decode_copy_only_what_the_step_does_not_rewrite
     rollout, update = decode_weights(lora={"r": 4, "target_modules": ["q_proj", "v_proj"]})
     assert rollout == update  # a fused q/k/v with a frozen k: nothing freed
     assert decode_weights(lora=None, dtype="fp32") == (0, 0)  # no copy to free
+
+
+def _reward_model_dir(tiny_model_dir, path, **sizes):
+    """The tiny model's config (with ``sizes``) as a one-output sequence classifier's (all the planner reads)."""
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    config.update(architectures=["LlamaForSequenceClassification"], num_labels=1, **sizes)
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+def test_a_reward_model_or_local_judge_on_the_runs_device_is_counted(tiny_config, tiny_model_dir, tmp_path):
+    """Their fp32 weights beside the policy in every phase, and their scoring batch in a phase of its own: an RLHF
+    run with a 1.7B reward model on the GPU holds 6.8 GB more than its policy's plan."""
+    plain = estimate_memory(load_config(data=tiny_config), T4, prompt_tokens=10)
+    rm = _reward_model_dir(tiny_model_dir, tmp_path / "rm")
+    tiny_config["reward"]["functions"].append({"type": "model", "path": str(rm), "name": "rm"})
+    est = estimate_memory(load_config(data=tiny_config), T4, prompt_tokens=10)
+    rm_weights = 4 * (21856 + 32)  # the tied LM head was counted once as the embedding; a 32 x 1 score head instead
+    assert all(est.phases[name]["reward models"] == rm_weights for name in plain.phases)
+    assert {name: sum(p.values()) - rm_weights for name, p in est.phases.items() if name != "reward"} == {
+        name: sum(p.values()) for name, p in plain.phases.items()
+    }
+    # what the rollout keeps, and 16 sequences of up to 10 + 6 tokens in fp32: gate, up and their product (3 x 64)
+    # and 6 hidden-wide tensors (6 x 32)
+    kept = {k: v for k, v in est.phases["rollout"].items() if k not in ("kv cache", "prefill", "logits")}
+    assert est.phases["reward"] == {**kept, "reward model forward": 16 * 16 * (3 * 64 + 6 * 32) * 4}
+    tiny_config["reward"]["functions"][-1]["device"] = "cpu"  # beside a GPU run: not on its device
+    assert estimate_memory(load_config(data=tiny_config), T4, prompt_tokens=10).phases == plain.phases
+    cpu = DeviceSpec("cpu", "cpu", 16 * 10**9, GiB // 2)
+    assert estimate_memory(load_config(data=tiny_config), cpu, prompt_tokens=10).phases["update"]["reward models"] == (
+        rm_weights
+    )
+    tiny_config["reward"]["functions"][-1] = {"type": "judge", "model": str(tiny_model_dir)}
+    judged = estimate_memory(load_config(data=tiny_config), T4, prompt_tokens=10)
+    assert judged.phases["update"]["reward models"] == 4 * 21856
+    assert judged.phases["reward"]["reward model forward"] > 0
+
+
+def test_a_reward_model_that_does_not_fit_beside_the_policy_is_advised_onto_the_cpu(
+    tiny_config, tiny_model_dir, tmp_path
+):
+    # SmolLM2-1.7B's layers: 6.4 GB of fp32 weights beside a policy of a few kilobytes
+    sizes = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=24, num_attention_heads=32, head_dim=64)
+    rm = _reward_model_dir(tiny_model_dir, tmp_path / "rm", num_key_value_heads=32, **sizes)
+    tiny_config["reward"]["functions"].append({"type": "model", "path": str(rm)})
+    cfg = load_config(data=tiny_config)
+    est = estimate_memory(cfg, T4, prompt_tokens=10)
+    # a GPU just too small for the plan with the reward model, big enough without it
+    small = replace(T4, total=est.peak - 1000)
+    knobs = advise(cfg, estimate_memory(cfg, small, prompt_tokens=10))
+    assert "reward.functions.1.device=cpu" in [k.setting for k in knobs]
+    assert knobs[-1].peak <= small.total
+    assert not any("reward" in k.setting for k in advise(cfg, estimate_memory(cfg, replace(small, kind="cpu"))))

@@ -2,7 +2,8 @@
 predicted peak once it (and every knob before it) is applied.
 
 The order puts first what leaves the training mathematically the same and only costs time (a
-smaller micro-batch, gradient checkpointing, decoding without the bf16 copy), then the numerics
+smaller micro-batch, gradient checkpointing, decoding without the bf16 copy, a reward model on the
+CPU), then the numerics
 (bf16), then what changes what is trained (LoRA), and last what changes the data a step sees
 (fewer prompts per step, shorter completions and prompts).
 """
@@ -68,6 +69,13 @@ def _candidates(cfg, est: MemoryEstimate) -> list[tuple[str, object, str]]:
     rollout = getattr(cfg, "rollout", None)
     if rollout is not None and est.geometry.compute_bytes == 2 and rollout.decode_copy:
         out.append(("rollout.decode_copy", False, "no bf16 copy of the weights for decoding: a slower rollout"))
+    reward = getattr(cfg, "reward", None)
+    if reward is not None and est.device.kind == "cuda":
+        out += [
+            (f"reward.functions.{i}.device", "cpu", "the reward model scores on the CPU: slower rewards")
+            for i, spec in enumerate(reward.functions)
+            if spec.type == "model" and spec.device != "cpu"
+        ]
     if est.geometry.compute_bytes == 4:
         out.append(("model.dtype", "bf16", "bf16 compute (fp32 master weights): slightly different numerics"))
     if cfg.model.lora is None:
@@ -161,7 +169,7 @@ def _with(cfg, path: str, value):
     node = data
     *parents, last = path.split(".")
     for part in parents:
-        node = node[part]
+        node = node[int(part)] if isinstance(node, list) else node[part]  # reward.functions.0.device
     node[last] = value
     return type(cfg).model_validate(data)
 

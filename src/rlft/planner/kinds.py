@@ -20,6 +20,7 @@ from rlft.planner.phases import (
     trained_bytes,
     update_bytes,
 )
+from rlft.planner.scorers import scorer_bytes
 from rlft.planner.shape import ModelShape
 
 
@@ -78,7 +79,8 @@ def _recompute(setting, device: DeviceSpec, fits=None) -> str:
 def rl_phases(
     cfg, shape: ModelShape, device: DeviceSpec, prompt_tokens: int, compute_bytes: int
 ) -> tuple[Geometry, Phases]:
-    """Rollout, scoring, update (and a separate critic's update), and evaluation."""
+    """Rollout, reward models' scoring (:mod:`rlft.planner.scorers`), scoring, update (and a separate critic's
+    update), and evaluation."""
     from rlft.models.memory import resident_bytes
 
     alg, lora = cfg.algorithm, cfg.model.lora is not None
@@ -86,7 +88,8 @@ def rl_phases(
     rows = alg.rollout_batch_size * alg.num_generations
     update_rows = alg.mini_batch_size or rows
     seq = prompt_tokens + new
-    resident = resident_bytes(shape.params, shape.trainable, alg.uses_reference() and not lora)
+    scorers, scoring = scorer_bytes(cfg, device.kind, seq)
+    resident = resident_bytes(shape.params, shape.trainable, alg.uses_reference() and not lora) + scorers
     # 'auto' recomputes when the longest sequence the config allows does not fit, and selectively on a GPU
     longest = cfg.data.max_prompt_length + new
     fits = lambda mode: _budget_tokens(shape, device, resident, compute_bytes, mode) >= longest  # noqa: E731
@@ -109,12 +112,16 @@ def rl_phases(
         **_eval_geometry(cfg, new),
     )
     kept, trained, graphed = _rl_kept(cfg, shape, device, compute_bytes)
+    if scorers:
+        kept, trained = {**kept, "reward models": scorers}, {**trained, "reward models": scorers}
     one_pass = micro >= update_rows and device.kind == "cuda"  # see update_bytes
     phases: Phases = {
         "rollout": {**kept, **generation_bytes(shape, rows, g.prompts, prompt_tokens, new, compute_bytes, graphed)},
         "scoring": {**kept, **scoring_bytes(shape, g)},
         "update": {**trained, **update_bytes(shape, g, one_pass=one_pass)},
     }
+    if scoring:
+        phases["reward"] = {**kept, "reward model forward": scoring}
     if separate_critic(alg):
         phases["critic update"] = {**trained, **update_bytes(shape, g, head=False, one_pass=one_pass)}
     if g.eval_rows:

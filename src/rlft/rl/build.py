@@ -107,10 +107,12 @@ def _activation_budget(cfg: RLConfig, parts: ModelParts, longest: int, log: bool
     longest length the run can produce does not fit the budget otherwise (:mod:`rlft.models.checkpointing`)."""
     from rlft.models.checkpointing import enable_gradient_checkpointing, recompute_mode
     from rlft.models.memory import activation_token_budget, auto_recompute, resident_bytes
+    from rlft.planner.scorers import scorer_bytes
 
     params = sum(p.numel() for p in parts.model.parameters())
     trainable = sum(p.numel() for p in parts.model.parameters() if p.requires_grad)
-    resident = resident_bytes(params, trainable, parts.reference is not None)
+    scorers, _ = scorer_bytes(cfg, parts.device.type, longest)  # reward models and judges beside the policy
+    resident = resident_bytes(params, trainable, parts.reference is not None) + scorers
     budget = lambda mode: activation_token_budget(  # noqa: E731
         parts.model,
         device=parts.device,

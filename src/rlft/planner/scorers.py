@@ -1,0 +1,51 @@
+"""The models a run's rewards load into its own process, and the memory they take on the run's device.
+
+A reward model (``type: model``, :mod:`rlft.rewards.model_reward`) and a local judge (``type: judge`` with
+``model``, :mod:`rlft.rewards.judge`) each keep their fp32 weights from the first step to the last, beside the
+policy, and while they score, one batch's forward: a reward model's ``batch_size`` sequences, a judge's
+generation over its batch of rubric prompts. One on another device (a reward model's ``device: cpu`` beside a
+GPU run) takes nothing from the run's.
+"""
+
+from __future__ import annotations
+
+from rlft.config.sections import ModelConfig
+from rlft.planner.phases import DECODE_LOGIT_COPIES, forward_bytes, kv_bytes
+from rlft.planner.shape import ModelShape, model_shape
+
+JUDGE_BATCH = 8  # rlft.rewards.judge._local: questions per generate call
+RUBRIC_TOKENS = 128  # a rubric's own words around the prompt and the completion, rounded up
+
+
+def scorer_bytes(cfg, device_kind: str, seq: int) -> tuple[int, int]:
+    """(the weights every scorer on a device of ``device_kind`` (``cpu``, ``cuda``) keeps, the largest one's
+    scoring batch) in bytes, for a run whose prompt and completion take up to ``seq`` tokens."""
+    kept = work = 0
+    for spec in cfg.reward.functions:
+        if spec.type == "model" and _on(spec.device, device_kind):
+            shape = model_shape(ModelConfig(path=str(spec.path)))
+            kept += 4 * _classifier_params(shape)
+            work = max(work, forward_bytes(shape, spec.batch_size * min(seq, spec.max_length), 4))
+        elif spec.type == "judge" and spec.model is not None and _on("auto", device_kind):
+            shape = model_shape(ModelConfig(path=str(spec.model)))
+            kept += 4 * shape.params
+            tokens = RUBRIC_TOKENS + seq * (cfg.algorithm.num_generations if spec.mode == "group" else 1)
+            work = max(
+                work,
+                kv_bytes(shape, JUDGE_BATCH, tokens + spec.max_new_tokens, 4)
+                + forward_bytes(shape, JUDGE_BATCH * tokens, 4)
+                + DECODE_LOGIT_COPIES * 4 * JUDGE_BATCH * shape.vocab,
+            )
+    return kept, work
+
+
+def _classifier_params(shape: ModelShape) -> int:
+    """A sequence classifier's parameters from its causal LM's shape: a one-output score head in place of the LM
+    head (which, tied to the embedding, was counted once as it)."""
+    return shape.params - (0 if shape.tied_embeddings else shape.vocab * shape.hidden) + shape.hidden
+
+
+def _on(where: str, device_kind: str) -> bool:
+    """Whether a scorer placed at ``where`` (``auto``, ``cpu``, ``cuda``, ``cuda:N``) shares the run's device:
+    ``auto`` is the GPU where the run has one, as the run's own ``auto``."""
+    return where == "auto" or where.partition(":")[0] == device_kind
