@@ -128,7 +128,8 @@ def test_the_runs_budget_leaves_out_a_reward_model_beside_the_policy(
     monkeypatch.setattr(memory, "device_memory_bytes", lambda device: 64 * 2**20)
     tiny_config["algorithm"]["micro_batch_size"] = "auto"
     budgets = []
-    for name, extra in (("plain", []), ("rm", [{"type": "model", "name": "rm", "path": str(tmp_path / "rm")}])):
+    spec = {"type": "model", "name": "rm", "path": str(tmp_path / "rm"), "dtype": "fp32"}
+    for name, extra in (("plain", []), ("rm", [spec])):
         tiny_config["reward"]["functions"] += extra
         tiny_config["train"]["run_name"] = name
         trainer = Trainer(config=tiny_config)

@@ -307,7 +307,9 @@ def test_a_reward_model_or_local_judge_on_the_runs_device_is_counted(tiny_config
     rm = _reward_model_dir(tiny_model_dir, tmp_path / "rm")
     tiny_config["reward"]["functions"].append({"type": "model", "path": str(rm), "name": "rm"})
     est = estimate_memory(load_config(data=tiny_config), T4, prompt_tokens=10)
-    rm_weights = 4 * (21856 + 32)  # the tied LM head was counted once as the embedding; a 32 x 1 score head instead
+    # the tied LM head was counted once as the embedding, a 32 x 1 score head instead; on a GPU dtype auto is bf16:
+    # the Linears' 18,432 + 32 weights in bf16, the embedding and the norms (3,424) in fp32
+    rm_weights = 2 * (18432 + 32) + 4 * 3424
     assert all(est.phases[name]["reward models"] == rm_weights for name in plain.phases)
     assert {name: sum(p.values()) - rm_weights for name, p in est.phases.items() if name != "reward"} == {
         name: sum(p.values()) for name, p in plain.phases.items()
@@ -316,11 +318,14 @@ def test_a_reward_model_or_local_judge_on_the_runs_device_is_counted(tiny_config
     # and 6 hidden-wide tensors (6 x 32)
     kept = {k: v for k, v in est.phases["rollout"].items() if k not in ("kv cache", "prefill", "logits")}
     assert est.phases["reward"] == {**kept, "reward model forward": 16 * 16 * (3 * 64 + 6 * 32) * 4}
+    tiny_config["reward"]["functions"][-1]["dtype"] = "fp32"
+    fp32 = estimate_memory(load_config(data=tiny_config), T4, prompt_tokens=10)
+    assert fp32.phases["update"]["reward models"] == 4 * (21856 + 32)
     tiny_config["reward"]["functions"][-1]["device"] = "cpu"  # beside a GPU run: not on its device
     assert estimate_memory(load_config(data=tiny_config), T4, prompt_tokens=10).phases == plain.phases
     cpu = DeviceSpec("cpu", "cpu", 16 * 10**9, GiB // 2)
     assert estimate_memory(load_config(data=tiny_config), cpu, prompt_tokens=10).phases["update"]["reward models"] == (
-        rm_weights
+        4 * (21856 + 32)
     )
     tiny_config["reward"]["functions"][-1] = {"type": "judge", "model": str(tiny_model_dir)}
     judged = estimate_memory(load_config(data=tiny_config), T4, prompt_tokens=10)

@@ -138,6 +138,45 @@ def test_model_reward_output_transforms_are_pinned_by_values():
     assert transform(torch.tensor([100.0]), "standardized", 1.0, stats).tolist() == [1.0]  # 1.79 before the clip
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_a_reward_model_in_bf16_keeps_half_its_weights_and_scores_as_fp32_does_to_a_few_digits(
+    native, tiny_model_dir, tmp_path, caplog, monkeypatch
+):
+    """``dtype: bf16``: its Linear weights stored in bf16 and a bf16 autocast forward, the embedding in fp32; the
+    scores near fp32's. Where the CPU has no native bf16 it scores in fp32 and says so."""
+    from transformers import AutoModelForSequenceClassification
+
+    from rlft.models import precision
+    from rlft.models.loading import load_tokenizer
+    from rlft.rewards.model_reward import ModelRewardFunction
+
+    if native and not precision.native_bf16(torch.device("cpu")):
+        pytest.skip("this CPU has no native bf16")
+    if not native:
+        monkeypatch.setattr(precision, "native_bf16", lambda device: False)
+
+    torch.manual_seed(0)
+    rm = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=1)
+    rm.config.pad_token_id = load_tokenizer(tiny_model_dir).pad_token_id
+    rm.save_pretrained(tmp_path / "rm")
+    load_tokenizer(tiny_model_dir).save_pretrained(tmp_path / "rm")
+    prompts, completions = ["sun", "a b c", "moon"] * 2, ["yes", "no no", "the tree and the sea"] * 2
+    scores, linears = {}, {}
+    for dtype in ("fp32", "bf16"):
+        scorer = ModelRewardFunction(dtype, str(tmp_path / "rm"), device="cpu", dtype=dtype, batch_size=4)
+        scores[dtype] = scorer.raw_scores(prompts, completions)
+        linears[dtype] = {m.weight.dtype for m in scorer.model.modules() if isinstance(m, torch.nn.Linear)}
+        assert scorer.model.get_input_embeddings().weight.dtype == torch.float32
+    assert linears["fp32"] == {torch.float32} and scores["fp32"].dtype == torch.float32
+    if native:
+        assert linears["bf16"] == {torch.bfloat16}
+        assert not torch.equal(scores["bf16"], scores["fp32"])  # it did compute in bf16
+        assert torch.allclose(scores["bf16"], scores["fp32"], atol=0.05 * scores["fp32"].abs().max().item())
+    else:
+        assert linears["bf16"] == {torch.float32} and torch.equal(scores["bf16"], scores["fp32"])
+        assert "reward 'bf16': its dtype is bf16 but this CPU has no native bf16 matmul" in caplog.text
+
+
 @pytest.mark.slow
 def test_grpo_on_a_trained_reward_model_raises_its_score(rm_config, tiny_config, tmp_path, monkeypatch):
     """A reward model trained here becomes a type: model reward; GRPO against it logs raw and processed

@@ -27,8 +27,12 @@ def is_reward_model_dir(model_dir: str | Path) -> bool:
     return any(a.endswith("ForSequenceClassification") for a in config.get("architectures") or [])
 
 
-def load_reward_model(model_dir: str | Path, pad_token_id: int, device: torch.device):
-    """The reward model of ``model_dir`` in fp32 on ``device`` (train mode is the caller's to set)."""
+def load_reward_model(
+    model_dir: str | Path, pad_token_id: int, device: torch.device, frozen_dtype: torch.dtype | None = None
+):
+    """The reward model of ``model_dir`` in fp32 on ``device`` (train mode is the caller's to set); with
+    ``frozen_dtype``, frozen for scoring with its Linear weights stored in that dtype
+    (:func:`rlft.models.precision.place_weights`: cast before they move)."""
     from transformers import AutoModelForSequenceClassification
 
     try:
@@ -40,6 +44,10 @@ def load_reward_model(model_dir: str | Path, pad_token_id: int, device: torch.de
         raise ModelError(f"Could not load a reward model (sequence classifier) from {model_dir}: {exc}") from exc
     model.config.pad_token_id = pad_token_id
     model.config.problem_type = "regression"
+    if frozen_dtype is not None:
+        from rlft.models.precision import place_weights
+
+        return place_weights(model.requires_grad_(False), device, frozen_dtype).eval()
     return model.to(device).eval()
 
 

@@ -120,3 +120,20 @@ def python_runtime_bytes() -> int:
     import transformers  # noqa: F401
 
     return max(psutil.Process().memory_info().rss + RUN_OVERHEAD_BYTES, MIN_CPU_RUNTIME_BYTES)
+
+
+def dtype_bytes(requested: str, kind: str) -> int:
+    """The bytes a matmul operand takes for a ``dtype`` setting (``auto``, ``fp32``, ``bf16``) on a device of
+    ``kind``: 2 under bf16 autocast, 4 in fp32 (a CPU without native bf16 computes in fp32; ``auto`` does where
+    bf16 is not faster)."""
+    if requested == "fp32":
+        return 4
+    if kind == "cpu":
+        import torch
+
+        from rlft.models.precision import bf16_pays, cpu_has_native_bf16
+
+        if requested == "auto":
+            return 2 if bf16_pays(torch.device("cpu")) else 4
+        return 2 if cpu_has_native_bf16() else 4
+    return 2

@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import asdict, dataclass, field
 
-from rlft.planner.devices import DeviceSpec, GiB, describe_device
+from rlft.planner.devices import DeviceSpec, GiB, describe_device, dtype_bytes
 from rlft.planner.phases import Geometry, Phases
 from rlft.planner.shape import ModelShape, model_shape
 
@@ -103,19 +103,8 @@ def gb(n: int | float) -> str:
 
 
 def compute_bytes(cfg, device: DeviceSpec) -> int:
-    """2 under bf16 autocast, 4 in fp32 (a CPU without native bf16 computes in fp32; ``auto`` does where
-    bf16 is not faster)."""
-    if cfg.model.dtype == "fp32":
-        return 4
-    if device.kind == "cpu":
-        import torch
-
-        from rlft.models.precision import bf16_pays, cpu_has_native_bf16
-
-        if cfg.model.dtype == "auto":
-            return 2 if bf16_pays(torch.device("cpu")) else 4
-        return 2 if cpu_has_native_bf16() else 4
-    return 2
+    """2 under bf16 autocast, 4 in fp32 (:func:`rlft.planner.devices.dtype_bytes` of ``model.dtype``)."""
+    return dtype_bytes(cfg.model.dtype, device.kind)
 
 
 def estimate_memory(

@@ -1,15 +1,16 @@
 """The models a run's rewards load into its own process, and the memory they take on the run's device.
 
-A reward model (``type: model``, :mod:`rlft.rewards.model_reward`) and a local judge (``type: judge`` with
-``model``, :mod:`rlft.rewards.judge`) each keep their fp32 weights from the first step to the last, beside the
-policy, and while they score, one batch's forward: a reward model's ``batch_size`` sequences, a judge's
-generation over its batch of rubric prompts. One on another device (a reward model's ``device: cpu`` beside a
-GPU run) takes nothing from the run's.
+A reward model (``type: model``, :mod:`rlft.rewards.model_reward`; its Linear weights in bf16 where its
+``dtype`` says so) and a local judge (``type: judge`` with ``model``, :mod:`rlft.rewards.judge`; in fp32) each
+keep their weights from the first step to the last, beside the policy, and while they score, one batch's
+forward: a reward model's ``batch_size`` sequences, a judge's generation over its batch of rubric prompts. One
+on another device (a reward model's ``device: cpu`` beside a GPU run) takes nothing from the run's.
 """
 
 from __future__ import annotations
 
 from rlft.config.sections import ModelConfig
+from rlft.planner.devices import dtype_bytes
 from rlft.planner.phases import DECODE_LOGIT_COPIES, forward_bytes, kv_bytes
 from rlft.planner.shape import ModelShape, model_shape
 
@@ -24,7 +25,7 @@ def scorer_bytes(cfg, device_kind: str, seq: int) -> tuple[int, int]:
     for spec in cfg.reward.functions:
         if spec.type == "model" and _on(spec.device, device_kind):
             shape = model_shape(ModelConfig(path=str(spec.path)))
-            kept += 4 * _classifier_params(shape)
+            kept += _classifier_bytes(shape, dtype_bytes(spec.dtype, device_kind))
             work = max(work, forward_bytes(shape, spec.batch_size * min(seq, spec.max_length), 4))
         elif spec.type == "judge" and spec.model is not None and _on("auto", device_kind):
             shape = model_shape(ModelConfig(path=str(spec.model)))
@@ -39,10 +40,13 @@ def scorer_bytes(cfg, device_kind: str, seq: int) -> tuple[int, int]:
     return kept, work
 
 
-def _classifier_params(shape: ModelShape) -> int:
-    """A sequence classifier's parameters from its causal LM's shape: a one-output score head in place of the LM
-    head (which, tied to the embedding, was counted once as it)."""
-    return shape.params - (0 if shape.tied_embeddings else shape.vocab * shape.hidden) + shape.hidden
+def _classifier_bytes(shape: ModelShape, linear_bytes: int) -> int:
+    """A sequence classifier's weights from its causal LM's shape: a one-output score head in place of the LM head
+    (which, tied to the embedding, was counted once as it), its Linear weights in ``linear_bytes`` each
+    (:func:`rlft.models.reward_model.load_reward_model`) and the rest in fp32."""
+    lm_head = 0 if shape.tied_embeddings else shape.vocab * shape.hidden
+    linear = shape.untied_linear_params - lm_head + shape.hidden
+    return linear_bytes * linear + 4 * (shape.params - lm_head + shape.hidden - linear)
 
 
 def _on(where: str, device_kind: str) -> bool:

@@ -17,6 +17,7 @@ beside the processed values.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -73,8 +74,10 @@ class ModelRewardFunction:
         clip: float | None = None,
         max_length: int = 1024,
         device: str = "auto",
+        dtype: str = "auto",
     ):
         from rlft.models.loading import load_tokenizer, resolve_device
+        from rlft.models.precision import autocast_dtype
         from rlft.models.reward_model import is_reward_model_dir, load_reward_model
 
         if not is_reward_model_dir(path):
@@ -85,8 +88,11 @@ class ModelRewardFunction:
         self.name, self.path = name, path
         self.batch_size, self.output, self.clip, self.max_length = batch_size, output, clip, max_length
         self.device = resolve_device(device)
+        self.autocast, warning = autocast_dtype(dtype, self.device)
+        if warning:
+            logging.getLogger("rlft").warning(f"reward '{name}': {warning.replace('model.dtype', 'its dtype')}")
         self.tokenizer = load_tokenizer(path)
-        self.model = load_reward_model(path, self.tokenizer.pad_token_id, self.device)
+        self.model = load_reward_model(path, self.tokenizer.pad_token_id, self.device, frozen_dtype=self.autocast)
         self.model.requires_grad_(False)
         self.stats = RunningStats() if output == "standardized" else None
         self.last_metrics: dict[str, float] = {}
@@ -101,6 +107,7 @@ class ModelRewardFunction:
             clip=spec.clip,
             max_length=spec.max_length,
             device=spec.device,
+            dtype=spec.dtype,
         )
 
     def _tokens(self, prompt: Any, completion: str) -> list[int]:
@@ -113,6 +120,7 @@ class ModelRewardFunction:
     @torch.no_grad()
     def raw_scores(self, prompts: Sequence[Any], completions: Sequence[str]) -> torch.Tensor:
         """The reward model's scores [N] (float32, on cpu)."""
+        from rlft.models.precision import autocast
         from rlft.models.reward_model import left_pad, sequence_scores
 
         pad = self.tokenizer.pad_token_id
@@ -120,7 +128,8 @@ class ModelRewardFunction:
         out = []
         for i in range(0, len(seqs), self.batch_size):
             ids, mask = left_pad(seqs[i : i + self.batch_size], pad, self.device)
-            out.append(sequence_scores(self.model, ids, mask).cpu())
+            with autocast(self.autocast, self.device):
+                out.append(sequence_scores(self.model, ids, mask).cpu())
         return torch.cat(out) if out else torch.zeros(0)
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[str], **columns) -> list[float]:
