@@ -108,3 +108,42 @@ def test_local_judge_model_runs_and_its_babble_is_counted_as_unparsable(tiny_mod
     assert len(fn.last_judgements) == 2 and all(isinstance(j, str) for j in fn.last_judgements)
     unparsable = fn.last_metrics["unparsable"]
     assert scores.count(0.25) == round(unparsable * 2)  # a random tiny model rarely writes "Score: n"
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_local_judge_in_bf16_keeps_its_linears_in_bf16_where_bf16_is_native(native, tiny_model_dir, monkeypatch):
+    """``dtype: bf16`` (``auto`` where bf16 pays): the judge's Linear weights in bf16, generating under autocast;
+    where the CPU has no native bf16 it stays in fp32 and says so."""
+    import logging
+
+    import torch
+
+    from rlft.models import precision
+
+    if native and not precision.native_bf16(torch.device("cpu")):
+        pytest.skip("this CPU has no native bf16")
+    if not native:
+        monkeypatch.setattr(precision, "native_bf16", lambda device: False)
+    loaded = []
+    from rlft.models import loading
+
+    original = loading.load_model_dir
+    monkeypatch.setattr(loading, "load_model_dir", lambda *a, **k: loaded.append(original(*a, **k)) or loaded[-1])
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("rlft").addHandler(handler)
+    try:
+        spec = JudgeReward(type="judge", model=str(tiny_model_dir), max_new_tokens=3, dtype="bf16")
+        fn = JudgeRewardFunction.from_spec("judge", spec)
+        fn(["What is 2+2?"], ["4"])
+    finally:
+        logging.getLogger("rlft").removeHandler(handler)
+    linears = {m.weight.dtype for m in loaded[0].modules() if isinstance(m, torch.nn.Linear)}
+    assert len(fn.last_judgements) == 1 and isinstance(fn.last_judgements[0], str)
+    assert loaded[0].get_input_embeddings().weight.dtype == torch.float32
+    if native:
+        assert torch.bfloat16 in linears and not any("no native bf16" in r.getMessage() for r in records)
+    else:
+        assert linears == {torch.float32}
+        assert any("reward 'judge': its dtype is bf16 but this CPU has no native" in r.getMessage() for r in records)

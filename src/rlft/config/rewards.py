@@ -172,6 +172,12 @@ class JudgeReward(_Reward):
         description="Or an OpenAI-compatible chat-completions endpoint (http://host:port/v1/chat/completions).",
     )
     api_model: str | None = Field(None, description="The model name sent to that endpoint.")
+    dtype: Literal["auto", "fp32", "bf16"] = Field(
+        "auto",
+        description="How a local judge (model) computes: bf16 stores its Linear weights in bf16 and generates "
+        "under bf16 autocast (half the memory); auto is bf16 where bf16 matmuls are native and faster, as "
+        "model.dtype's auto.",
+    )
     headers: dict[str, str] = Field(default_factory=dict, description="Extra HTTP headers for the endpoint.")
     mode: Literal["single", "group"] = Field(
         "single",

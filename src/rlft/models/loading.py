@@ -126,12 +126,18 @@ def load_policy(
     return place_weights(model, device, frozen_dtype)
 
 
-def load_model_dir(model_dir: str | Path, device: torch.device | str = "cpu") -> PreTrainedModel:
+def load_model_dir(
+    model_dir: str | Path, device: torch.device | str = "cpu", frozen_dtype: torch.dtype | None = None
+) -> PreTrainedModel:
     """Load a causal LM from a local directory onto ``device`` in fp32 with rlft's attention (SDPA for
-    long blocks; on cpu)."""
+    long blocks; on cpu). With ``frozen_dtype`` the model is frozen (a judge) and its Linear weights are
+    stored in that dtype (:func:`rlft.models.precision.place_weights`)."""
     from rlft.models.precision import place_weights
 
-    return place_weights(load_stored(model_dir), device)
+    model = load_stored(model_dir)
+    if frozen_dtype is not None:
+        model.requires_grad_(False)
+    return place_weights(model, device, frozen_dtype)
 
 
 def load_stored(model_dir: str | Path) -> PreTrainedModel:

@@ -1,7 +1,7 @@
 """The models a run's rewards load into its own process, and the memory they take on the run's device.
 
 A reward model (``type: model``, :mod:`rlft.rewards.model_reward`; its Linear weights in bf16 where its
-``dtype`` says so) and a local judge (``type: judge`` with ``model``, :mod:`rlft.rewards.judge`; in fp32) each
+``dtype`` says so) and a local judge (``type: judge`` with ``model``, :mod:`rlft.rewards.judge`; likewise) each
 keep their weights from the first step to the last, beside the policy, and while they score, one batch's
 forward: a reward model's ``batch_size`` sequences, a judge's generation over its batch of rubric prompts. One
 on another device (a reward model's ``device: cpu`` beside a GPU run) takes nothing from the run's.
@@ -25,28 +25,29 @@ def scorer_bytes(cfg, device_kind: str, seq: int) -> tuple[int, int]:
     for spec in cfg.reward.functions:
         if spec.type == "model" and _on(spec.device, device_kind):
             shape = model_shape(ModelConfig(path=str(spec.path)))
-            kept += _classifier_bytes(shape, dtype_bytes(spec.dtype, device_kind))
+            kept += _stored_bytes(shape, dtype_bytes(spec.dtype, device_kind), classifier=True)
             work = max(work, forward_bytes(shape, spec.batch_size * min(seq, spec.max_length), 4))
         elif spec.type == "judge" and spec.model is not None and _on("auto", device_kind):
             shape = model_shape(ModelConfig(path=str(spec.model)))
-            kept += 4 * shape.params
+            compute = dtype_bytes(spec.dtype, device_kind)
+            kept += _stored_bytes(shape, compute, classifier=False)
             tokens = RUBRIC_TOKENS + seq * (cfg.algorithm.num_generations if spec.mode == "group" else 1)
             work = max(
                 work,
-                kv_bytes(shape, JUDGE_BATCH, tokens + spec.max_new_tokens, 4)
+                kv_bytes(shape, JUDGE_BATCH, tokens + spec.max_new_tokens, compute)
                 + forward_bytes(shape, JUDGE_BATCH * tokens, 4)
                 + DECODE_LOGIT_COPIES * 4 * JUDGE_BATCH * shape.vocab,
             )
     return kept, work
 
 
-def _classifier_bytes(shape: ModelShape, linear_bytes: int) -> int:
-    """A sequence classifier's weights from its causal LM's shape: a one-output score head in place of the LM head
-    (which, tied to the embedding, was counted once as it), its Linear weights in ``linear_bytes`` each
-    (:func:`rlft.models.reward_model.load_reward_model`) and the rest in fp32."""
-    lm_head = 0 if shape.tied_embeddings else shape.vocab * shape.hidden
-    linear = shape.untied_linear_params - lm_head + shape.hidden
-    return linear_bytes * linear + 4 * (shape.params - lm_head + shape.hidden - linear)
+def _stored_bytes(shape: ModelShape, linear_bytes: int, classifier: bool) -> int:
+    """A scorer's weights: its Linear weights in ``linear_bytes`` each (:func:`rlft.models.precision.place_weights`)
+    and the rest in fp32. A ``classifier`` (a reward model) has a one-output score head in place of its causal LM's
+    head (which, tied to the embedding, was counted once as it)."""
+    swapped = (0 if shape.tied_embeddings else shape.vocab * shape.hidden) - shape.hidden if classifier else 0
+    linear = shape.untied_linear_params - swapped
+    return linear_bytes * linear + 4 * (shape.params - swapped - linear)
 
 
 def _on(where: str, device_kind: str) -> bool:

@@ -13,6 +13,7 @@ reports ``unparsable`` (the share) in ``last_metrics``, logged as ``reward/<name
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -155,12 +156,16 @@ def _local(name: str, spec: Any) -> Callable[[list[str]], list[str]]:
 
     from rlft.chat.templates import render
     from rlft.models.loading import load_model_dir, load_tokenizer, resolve_device
+    from rlft.models.precision import autocast, autocast_dtype
     from rlft.models.sources import resolve_model_dir
 
     model_dir = resolve_model_dir(spec.model)
     tokenizer = load_tokenizer(model_dir)
     device = resolve_device("auto")
-    model = load_model_dir(model_dir, device).requires_grad_(False)
+    compute, warning = autocast_dtype(spec.dtype, device)
+    if warning:
+        logging.getLogger("rlft").warning(f"reward '{name}': {warning.replace('model.dtype', 'its dtype')}")
+    model = load_model_dir(model_dir, device, frozen_dtype=compute).requires_grad_(False)
 
     @torch.no_grad()
     def ask(questions: list[str]) -> list[str]:
@@ -173,9 +178,10 @@ def _local(name: str, spec: Any) -> Callable[[list[str]], list[str]]:
                 for q in questions[i : i + 8]
             ]
             batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
-            gen = model.generate(
-                **batch, max_new_tokens=spec.max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
-            )
+            with autocast(compute, device):
+                gen = model.generate(
+                    **batch, max_new_tokens=spec.max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
+                )
             out += tokenizer.batch_decode(gen[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
         return out
 
