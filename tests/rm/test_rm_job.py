@@ -245,3 +245,20 @@ def test_conversation_layout_pairs(rm_config, tmp_path):
         (p.chosen, p.rejected, p.prompt_len) for p in as_strings
     ]
     assert all(0 < p.prompt_len < min(len(p.chosen), len(p.rejected)) for p in as_strings)
+
+
+def test_a_bf16_reward_model_checkpoint_loads_as_an_fp32_load_does(tiny_model_dir, tmp_path):
+    """Read as stored (bf16) and widened on its device: the weights an fp32 load gives, bit for bit."""
+    from transformers import AutoModelForSequenceClassification
+
+    from rlft.models.reward_model import load_reward_model
+
+    torch.manual_seed(0)
+    rm = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=1)
+    rm.to(torch.bfloat16).save_pretrained(tmp_path / "rm")
+    fp32_load = AutoModelForSequenceClassification.from_pretrained(tmp_path / "rm", num_labels=1, dtype=torch.float32)
+    ours = load_reward_model(tmp_path / "rm", 0, torch.device("cpu"))
+    assert {p.dtype for p in ours.parameters()} == {torch.float32} and ours.config.problem_type == "regression"
+    for (name, p), q in zip(fp32_load.named_parameters(), ours.parameters(), strict=True):
+        assert torch.equal(p, q), name
+    assert all(p.requires_grad for p in ours.parameters())  # trainable unless frozen for scoring

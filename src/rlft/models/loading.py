@@ -142,39 +142,46 @@ def load_model_dir(
 
 def load_stored(model_dir: str | Path) -> PreTrainedModel:
     """A causal LM from a local directory, on the CPU with rlft's attention, its weights in the dtype its
-    checkpoint stores them in: a bf16 checkpoint loads in half the memory and time of an fp32 load, and
-    :func:`rlft.models.precision.place_weights` widens the weights where they train.
-
-    The buffers a model computes rather than loads (rotary frequencies, Gemma's embedding scale) are those
-    an fp32 load computes: loaded in bf16, transformers computes them in bf16 (Gemma's sqrt(3072) = 55.43
-    becomes 55.5)."""
+    checkpoint stores them in (:func:`from_pretrained_as_stored`)."""
     from transformers import AutoModelForCausalLM
 
-    model_dir = Path(model_dir).resolve()
-    try:
-        with hub_offline():
-            model = AutoModelForCausalLM.from_pretrained(
-                str(model_dir), local_files_only=True, dtype="auto", attn_implementation="sdpa"
-            )
-    except Exception as exc:  # OSError, ValueError, KeyError ... from transformers
-        raise ModelError(f"Could not load a causal language model from {model_dir}: {exc}") from exc
-    if any(p.is_floating_point() and p.dtype != torch.float32 for p in model.parameters()):
-        _buffers_as_fp32_computes_them(model)
+    model = from_pretrained_as_stored(AutoModelForCausalLM, model_dir, "a causal language model")
     use_rlft_attention(model)
     return model.eval()
 
 
-def _buffers_as_fp32_computes_them(model: PreTrainedModel) -> None:
+def from_pretrained_as_stored(auto_class, model_dir: str | Path, what: str, **kwargs) -> PreTrainedModel:
+    """``auto_class.from_pretrained`` of a local directory, offline, on the CPU with SDPA attention, its weights in
+    the dtype its checkpoint stores them in: a bf16 checkpoint loads in half the memory and time of an fp32 load,
+    and :func:`rlft.models.precision.place_weights` widens the weights where they train. ``what`` names the model
+    in the error a directory that does not load raises.
+
+    The buffers a model computes rather than loads (rotary frequencies, Gemma's embedding scale) are those
+    an fp32 load computes: loaded in bf16, transformers computes them in bf16 (Gemma's sqrt(3072) = 55.43
+    becomes 55.5)."""
+    model_dir = Path(model_dir).resolve()
+    try:
+        with hub_offline():
+            model = auto_class.from_pretrained(
+                str(model_dir), local_files_only=True, dtype="auto", attn_implementation="sdpa", **kwargs
+            )
+    except Exception as exc:  # OSError, ValueError, KeyError ... from transformers
+        raise ModelError(f"Could not load {what} from {model_dir}: {exc}") from exc
+    if any(p.is_floating_point() and p.dtype != torch.float32 for p in model.parameters()):
+        _buffers_as_fp32_computes_them(model, auto_class)
+    return model
+
+
+def _buffers_as_fp32_computes_them(model: PreTrainedModel, auto_class) -> None:
     """Give ``model`` (loaded in a reduced dtype) the float buffers an fp32 load has: the computed ones from a
     copy of the model built in fp32 with its parameters on the meta device (no memory), the loaded ones
     widened."""
     import copy
 
     from accelerate import init_empty_weights
-    from transformers import AutoModelForCausalLM
 
     with init_empty_weights(include_buffers=False):
-        fp32 = AutoModelForCausalLM.from_config(copy.deepcopy(model.config), dtype=torch.float32)
+        fp32 = auto_class.from_config(copy.deepcopy(model.config), dtype=torch.float32)
     computed = dict(fp32.named_buffers(remove_duplicate=False))
     for name, buffer in model.named_buffers(remove_duplicate=False):
         if not buffer.is_floating_point():

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import torch
 
-from rlft.errors import ModelError
-from rlft.models.loading import hub_offline
+from rlft.models.loading import from_pretrained_as_stored
 from rlft.models.logprobs import position_ids_from_mask
 
 
@@ -31,24 +30,21 @@ def load_reward_model(
     model_dir: str | Path, pad_token_id: int, device: torch.device, frozen_dtype: torch.dtype | None = None
 ):
     """The reward model of ``model_dir`` in fp32 on ``device`` (train mode is the caller's to set); with
-    ``frozen_dtype``, frozen for scoring with its Linear weights stored in that dtype
-    (:func:`rlft.models.precision.place_weights`: cast before they move)."""
+    ``frozen_dtype``, frozen for scoring with its Linear weights stored in that dtype. Its weights are read as
+    its checkpoint stores them and widened where they train (:func:`rlft.models.loading.from_pretrained_as_stored`,
+    :func:`rlft.models.precision.place_weights`); a new score head (a causal LM's checkpoint) is drawn in the
+    checkpoint's dtype."""
     from transformers import AutoModelForSequenceClassification
 
-    try:
-        with hub_offline():
-            model = AutoModelForSequenceClassification.from_pretrained(
-                str(model_dir), num_labels=1, local_files_only=True, dtype=torch.float32, attn_implementation="sdpa"
-            )
-    except Exception as exc:  # OSError, ValueError ... from transformers
-        raise ModelError(f"Could not load a reward model (sequence classifier) from {model_dir}: {exc}") from exc
+    from rlft.models.precision import place_weights
+
+    what = "a reward model (sequence classifier)"
+    model = from_pretrained_as_stored(AutoModelForSequenceClassification, model_dir, what, num_labels=1)
     model.config.pad_token_id = pad_token_id
     model.config.problem_type = "regression"
     if frozen_dtype is not None:
-        from rlft.models.precision import place_weights
-
-        return place_weights(model.requires_grad_(False), device, frozen_dtype).eval()
-    return model.to(device).eval()
+        model.requires_grad_(False)
+    return place_weights(model, device, frozen_dtype).eval()
 
 
 def sequence_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
