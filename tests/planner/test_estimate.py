@@ -352,3 +352,16 @@ def test_a_reward_model_that_does_not_fit_beside_the_policy_is_advised_onto_the_
     assert "reward.functions.1.device=cpu" in [k.setting for k in knobs]
     assert knobs[-1].peak <= small.total
     assert not any("reward" in k.setting for k in advise(cfg, estimate_memory(cfg, replace(small, kind="cpu"))))
+
+
+def test_a_reward_model_whose_config_cannot_be_read_counts_nothing_and_its_load_says_why(tiny_config, tmp_path):
+    plain = estimate_memory(load_config(data=tiny_config), T4, prompt_tokens=10)
+    (tmp_path / "odd-rm").mkdir()  # a config.json transformers does not know
+    (tmp_path / "odd-rm" / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    tiny_config["reward"]["functions"].append({"type": "model", "path": str(tmp_path / "odd-rm")})
+    assert estimate_memory(load_config(data=tiny_config), T4, prompt_tokens=10).phases == plain.phases
+    from rlft.errors import RewardError
+    from rlft.rewards.model_reward import ModelRewardFunction
+
+    with pytest.raises(RewardError, match="reward 'odd': .*odd-rm is not a reward model"):
+        ModelRewardFunction("odd", str(tmp_path / "odd-rm"))

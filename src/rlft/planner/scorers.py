@@ -10,6 +10,7 @@ on another device (a reward model's ``device: cpu`` beside a GPU run) takes noth
 from __future__ import annotations
 
 from rlft.config.sections import ModelConfig
+from rlft.errors import RlftError
 from rlft.planner.devices import dtype_bytes
 from rlft.planner.phases import DECODE_LOGIT_COPIES, forward_bytes, kv_bytes
 from rlft.planner.shape import ModelShape, model_shape
@@ -20,16 +21,23 @@ RUBRIC_TOKENS = 128  # a rubric's own words around the prompt and the completion
 
 def scorer_bytes(cfg, device_kind: str, seq: int) -> tuple[int, int]:
     """(the weights every scorer on a device of ``device_kind`` (``cpu``, ``cuda``) keeps, the largest one's
-    scoring batch) in bytes, for a run whose prompt and completion take up to ``seq`` tokens."""
+    scoring batch) in bytes, for a run whose prompt and completion take up to ``seq`` tokens. A scorer whose
+    config cannot be read counts nothing: loading it reports why, naming the reward."""
     kept = work = 0
     for spec in cfg.reward.functions:
-        if spec.type == "model" and _on(spec.device, device_kind):
-            shape = model_shape(ModelConfig(path=str(spec.path)))
-            kept += _stored_bytes(shape, dtype_bytes(spec.dtype, device_kind), classifier=True)
+        path = spec.path if spec.type == "model" else spec.model if spec.type == "judge" else None
+        where = spec.device if spec.type == "model" else "auto"  # a local judge goes where the run's auto does
+        if path is None or not _on(where, device_kind):
+            continue
+        try:
+            shape = model_shape(ModelConfig(path=str(path)))
+        except (RlftError, OSError, ValueError, KeyError):
+            continue
+        compute = dtype_bytes(spec.dtype, device_kind)
+        if spec.type == "model":
+            kept += _stored_bytes(shape, compute, classifier=True)
             work = max(work, forward_bytes(shape, spec.batch_size * min(seq, spec.max_length), 4))
-        elif spec.type == "judge" and spec.model is not None and _on("auto", device_kind):
-            shape = model_shape(ModelConfig(path=str(spec.model)))
-            compute = dtype_bytes(spec.dtype, device_kind)
+        else:
             kept += _stored_bytes(shape, compute, classifier=False)
             tokens = RUBRIC_TOKENS + seq * (cfg.algorithm.num_generations if spec.mode == "group" else 1)
             work = max(
