@@ -335,6 +335,8 @@ def test_a_reward_model_or_local_judge_on_the_runs_device_is_counted(tiny_config
         4 * 21856
     )
     assert judged.phases["reward"]["reward model forward"] > 0
+    tiny_config["reward"]["functions"][-1]["device"] = "cpu"
+    assert estimate_memory(load_config(data=tiny_config), T4, prompt_tokens=10).phases == plain.phases
 
 
 def test_a_reward_model_that_does_not_fit_beside_the_policy_is_advised_onto_the_cpu(
@@ -352,6 +354,11 @@ def test_a_reward_model_that_does_not_fit_beside_the_policy_is_advised_onto_the_
     assert "reward.functions.1.device=cpu" in [k.setting for k in knobs]
     assert knobs[-1].peak <= small.total
     assert not any("reward" in k.setting for k in advise(cfg, estimate_memory(cfg, replace(small, kind="cpu"))))
+    tiny_config["reward"]["functions"][-1] = {"type": "judge", "model": str(rm)}  # a judge of that size: likewise
+    judged = load_config(data=tiny_config)
+    knobs = advise(judged, estimate_memory(judged, small, prompt_tokens=10))
+    assert "reward.functions.1.device=cpu" in [k.setting for k in knobs]
+    assert "the judge runs on the CPU" in [k.cost for k in knobs if k.setting.startswith("reward")][0]
 
 
 def test_a_reward_model_whose_config_cannot_be_read_counts_nothing_and_its_load_says_why(tiny_config, tmp_path):

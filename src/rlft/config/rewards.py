@@ -172,6 +172,9 @@ class JudgeReward(_Reward):
         description="Or an OpenAI-compatible chat-completions endpoint (http://host:port/v1/chat/completions).",
     )
     api_model: str | None = Field(None, description="The model name sent to that endpoint.")
+    device: str = Field(
+        "auto", description="Where a local judge (model) runs: 'auto' (the GPU if there is one), 'cpu', 'cuda'..."
+    )
     dtype: Literal["auto", "fp32", "bf16"] = Field(
         "auto",
         description="How a local judge (model) computes: bf16 stores its Linear weights in bf16 and generates "

@@ -51,6 +51,9 @@ _RECOMPUTE_COST = {
 }
 
 
+_SCORER = {"model": "reward model", "judge": "judge"}  # the rewards that load a model (rlft.planner.scorers)
+
+
 def _candidates(cfg, est: MemoryEstimate) -> list[tuple[str, object, str]]:
     """(dotted path, new value, cost) for each knob that applies to ``cfg`` now, least costly first."""
     out: list[tuple[str, object, str]] = []
@@ -72,9 +75,9 @@ def _candidates(cfg, est: MemoryEstimate) -> list[tuple[str, object, str]]:
     reward = getattr(cfg, "reward", None)
     if reward is not None and est.device.kind == "cuda":
         out += [
-            (f"reward.functions.{i}.device", "cpu", "the reward model scores on the CPU: slower rewards")
+            (f"reward.functions.{i}.device", "cpu", f"the {_SCORER[spec.type]} runs on the CPU: slower rewards")
             for i, spec in enumerate(reward.functions)
-            if spec.type == "model" and spec.device != "cpu"
+            if (spec.type == "model" or (spec.type == "judge" and spec.model is not None)) and spec.device != "cpu"
         ]
     if est.geometry.compute_bytes == 4:
         out.append(("model.dtype", "bf16", "bf16 compute (fp32 master weights): slightly different numerics"))

@@ -4,7 +4,7 @@ A reward model (``type: model``, :mod:`rlft.rewards.model_reward`; its Linear we
 ``dtype`` says so) and a local judge (``type: judge`` with ``model``, :mod:`rlft.rewards.judge`; likewise) each
 keep their weights from the first step to the last, beside the policy, and while they score, one batch's
 forward: a reward model's ``batch_size`` sequences, a judge's generation over its batch of rubric prompts. One
-on another device (a reward model's ``device: cpu`` beside a GPU run) takes nothing from the run's.
+on another device (``device: cpu`` beside a GPU run) takes nothing from the run's.
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ def scorer_bytes(cfg, device_kind: str, seq: int) -> tuple[int, int]:
     kept = work = 0
     for spec in cfg.reward.functions:
         path = spec.path if spec.type == "model" else spec.model if spec.type == "judge" else None
-        where = spec.device if spec.type == "model" else "auto"  # a local judge goes where the run's auto does
-        if path is None or not _on(where, device_kind):
+        if path is None or not _on(spec.device, device_kind):
             continue
         try:
             shape = model_shape(ModelConfig(path=str(path)))

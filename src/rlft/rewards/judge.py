@@ -161,7 +161,7 @@ def _local(name: str, spec: Any) -> Callable[[list[str]], list[str]]:
 
     model_dir = resolve_model_dir(spec.model)
     tokenizer = load_tokenizer(model_dir)
-    device = resolve_device("auto")
+    device = resolve_device(spec.device)
     compute, warning = autocast_dtype(spec.dtype, device)
     if warning:
         logging.getLogger("rlft").warning(f"reward '{name}': {warning.replace('model.dtype', 'its dtype')}")
