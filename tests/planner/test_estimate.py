@@ -317,7 +317,7 @@ def test_a_reward_model_or_local_judge_on_the_runs_device_is_counted(tiny_config
     # what the rollout keeps, and 16 sequences of up to 10 + 6 tokens in fp32: gate, up and their product (3 x 64)
     # and 6 hidden-wide tensors (6 x 32)
     kept = {k: v for k, v in est.phases["rollout"].items() if k not in ("kv cache", "prefill", "logits")}
-    assert est.phases["reward"] == {**kept, "reward model forward": 16 * 16 * (3 * 64 + 6 * 32) * 4}
+    assert est.phases["reward"] == {**kept, "scoring batch": 16 * 16 * (3 * 64 + 6 * 32) * 4}
     tiny_config["reward"]["functions"][-1]["dtype"] = "fp32"
     fp32 = estimate_memory(load_config(data=tiny_config), T4, prompt_tokens=10)
     assert fp32.phases["update"]["reward models"] == 4 * (21856 + 32)
@@ -334,7 +334,7 @@ def test_a_reward_model_or_local_judge_on_the_runs_device_is_counted(tiny_config
     assert estimate_memory(load_config(data=tiny_config), T4, prompt_tokens=10).phases["update"]["reward models"] == (
         4 * 21856
     )
-    assert judged.phases["reward"]["reward model forward"] > 0
+    assert judged.phases["reward"]["scoring batch"] > 0
     tiny_config["reward"]["functions"][-1]["device"] = "cpu"
     assert estimate_memory(load_config(data=tiny_config), T4, prompt_tokens=10).phases == plain.phases
 

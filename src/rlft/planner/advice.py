@@ -2,10 +2,9 @@
 predicted peak once it (and every knob before it) is applied.
 
 The order puts first what leaves the training mathematically the same and only costs time (a
-smaller micro-batch, gradient checkpointing, decoding without the bf16 copy, a reward model on the
-CPU), then the numerics
-(bf16), then what changes what is trained (LoRA), and last what changes the data a step sees
-(fewer prompts per step, shorter completions and prompts).
+smaller micro-batch, gradient checkpointing, decoding without the bf16 copy, a reward model or a
+judge on the CPU), then the numerics (bf16), then what changes what is trained (LoRA), and last
+what changes the data a step sees (fewer prompts per step, shorter completions and prompts).
 """
 
 from __future__ import annotations

@@ -121,7 +121,7 @@ def rl_phases(
         "update": {**trained, **update_bytes(shape, g, one_pass=one_pass)},
     }
     if scoring:
-        phases["reward"] = {**kept, "reward model forward": scoring}
+        phases["reward"] = {**kept, "scoring batch": scoring}
     if separate_critic(alg):
         phases["critic update"] = {**trained, **update_bytes(shape, g, head=False, one_pass=one_pass)}
     if g.eval_rows:
