@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lora-rank", type=int, default=0)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", help="also write every round and the medians here")
     a = ap.parse_args(argv)
     overrides = json.loads(a.shape_overrides) if a.shape_overrides else None
     model_dir = _resolve_model(a.model, False, a.shape, overrides, a.device, a.save_dtype)  # as grpo_step.py: shared
@@ -80,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     med = {k: statistics.median(r[k] for r in runs) for k in ("seconds", "peak_rss_mb")}
     print(f"median: {med['seconds']:.2f} s, peak RSS {med['peak_rss_mb']:.0f} MB")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"model": model_dir, "lora_rank": a.lora_rank, "rounds": runs, **med}))
     return 0
 
 

@@ -25,7 +25,9 @@
 #      GPU_FULL_SPEED_FLOP (1e14: passes of at least ~9.7k tokens at 1.7B; reasoned, not measured);
 #   8. where time is left, one 1.7B step at 32 tokens under the torch profiler with the decode out of its CUDA
 #      graph (benchmarks/profile_step.py --no-cuda-graphs): the GPU kernels a step launches and the top ones by
-#      GPU time, for the decode's small kernels against its matmuls.
+#      GPU time, for the decode's small kernels against its matmuls;
+#   9. where time is left, the 8B LoRA policy's load alone (benchmarks/load_policy.py, one round): its
+#      seconds, and the GPU's peak during it beside what the model keeps (the frozen base cast before it moves).
 # Each row's workers hold their models on the GPU at once (1.7B: TRL's ~47 GiB beside rlft's), which takes an
 # H200's 141 GB (the device tool's kind nvidia-h200); the 512-token rows run one worker at a time anyway (two
 # peaks of ~60 GiB and the allocators' slack come near even an H200's memory). On a GPU of less than 120 GiB
@@ -132,6 +134,17 @@ if [ "$limit" -ge 45 ]; then  # the decode kernel by kernel: what a token's smal
   rm -f "$OUT/profile.log"
 else
   log "SKIP profile-1.7b-32: ${limit}s of the budget left"
+fi
+limit=$(left 60)
+if [ "$limit" -ge 40 ]; then  # the 8B LoRA policy's load alone: its seconds and the GPU's peak beside what it keeps
+  log "load-8b-lora: load_policy.py, one round (at most ${limit}s)"
+  extra=()
+  [ -n "$OVERRIDES" ] && extra=(--shape-overrides "$OVERRIDES")
+  timeout "$limit" "$PY" benchmarks/load_policy.py --device "$DEVICE" --model "$MODEL" --shape llama3-8b \
+    "${extra[@]}" --lora-rank 16 --rounds 1 --json "$OUT/load-8b-lora.json" 2>&1 | grep -E "round|median" \
+    || log "FAIL: load-8b-lora"
+else
+  log "SKIP load-8b-lora: ${limit}s of the budget left"
 fi
 "$PY" - "$OUT" <<'EOF'
 import json, sys

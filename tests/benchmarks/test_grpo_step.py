@@ -200,10 +200,14 @@ def test_a_row_leaves_its_results_so_far_after_every_timed_round(tmp_path, monke
     assert json.loads(out.read_text()) == written[-1] and not (tmp_path / "row.json.tmp").exists()
 
 
-def test_load_policy_reports_the_time_and_peak_of_a_runs_load(tiny_model_dir, capsys):
+def test_load_policy_reports_the_time_and_peak_of_a_runs_load(tiny_model_dir, tmp_path, capsys):
     """benchmarks/load_policy.py on an 8B shape made small, saved in bf16, with LoRA: each round in its process."""
     args = ["--model", str(tiny_model_dir), "--shape", "llama3-8b", "--shape-overrides", json.dumps(TWO_LAYERS)]
-    assert _load("load_policy").main([*args, "--lora-rank", "4", "--rounds", "1"]) == 0
+    out = tmp_path / "load.json"
+    assert _load("load_policy").main([*args, "--lora-rank", "4", "--rounds", "1", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "LoRA r=4" in printed and "round 1: " in printed and "the model keeps" in printed
     assert "median: " in printed and " MB" in printed.split("median: ")[1]
+    res = json.loads(out.read_text())
+    assert res["lora_rank"] == 4 and len(res["rounds"]) == 1 and res["rounds"][0]["peak_gpu_mb"] is None
+    assert res["seconds"] > 0 and res["peak_rss_mb"] > res["rounds"][0]["kept_mb"] > 0
