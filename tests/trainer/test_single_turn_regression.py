@@ -63,7 +63,9 @@ def _baseline_source(tmp_path: Path) -> Path:
         ["git", "-C", str(REPO), "archive", "--format=tar", BASELINE, "src"], capture_output=True, check=True
     ).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(tmp_path / "baseline", filter="data")
+        # the "data" filter came in Python 3.11.4 (and 3.12); this archive is the repository's own history
+        safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+        tar.extractall(tmp_path / "baseline", **safe)
     return tmp_path / "baseline" / "src"
 
 
