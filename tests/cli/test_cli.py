@@ -296,6 +296,13 @@ def test_check_env(tmp_path):
     assert_ok(proc)
     assert "CUDA available" in proc.stdout and "torch" in proc.stdout, proc.stdout
     assert "required packages: all present" in proc.stdout, proc.stdout
+    import importlib.metadata
+    import importlib.util
+
+    # the versions a bug report needs: the required ones beside them, an installed optional one in its place
+    assert f"transformers {importlib.metadata.version('transformers')}, peft " in proc.stdout, proc.stdout
+    trl = importlib.metadata.version("trl") if importlib.util.find_spec("trl") else None
+    assert (f"trl {trl}" if trl else "trl no") in proc.stdout, proc.stdout
     from rlft.speed.kernels.build import compiler
 
     # the C kernels build on a machine with a compiler; check-env says so, or why not

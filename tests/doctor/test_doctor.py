@@ -41,6 +41,11 @@ def test_reports_this_cpu_its_bf16_and_the_gpus_it_has():
     else:
         assert checks["gpu"].status == OK and "training runs on the CPU" in checks["gpu"].detail
     assert "RAM" in checks["memory"].detail and "physical core" in checks["cores"].detail
+    import importlib.metadata
+
+    # a bug report's versions: the ones whose APIs move between releases
+    for name in ("transformers", "peft", "accelerate"):
+        assert f"{name} {importlib.metadata.version(name)}" in checks["packages"].detail
 
 
 def test_a_busy_port_fails_with_a_fix():

@@ -14,7 +14,7 @@ def check_env(verbose: bool = False) -> dict:
     """
     import torch
 
-    from rlft.doctor.machine import cpu_model
+    from rlft.doctor.machine import REQUIRED, cpu_model, package_versions
     from rlft.models.precision import bf16_matmul_speedup, cpu_has_native_bf16
     from rlft.speed.threads import physical_cores
 
@@ -45,10 +45,10 @@ def check_env(verbose: bool = False) -> dict:
         if info["cpu_threads"] > cores
         else None
     )
-    required = ["transformers", "safetensors", "pydantic", "yaml", "gguf", "accelerate", "peft"]
     optional = ["vllm", "ray", "wandb", "mlflow", "trl", "fastapi", "uvicorn", "sqlalchemy", "matplotlib", "plotly"]
-    info["missing_required"] = [m for m in required if importlib.util.find_spec(m) is None]
+    info["missing_required"] = [m for m in REQUIRED if importlib.util.find_spec(m) is None]
     info["optional"] = {m: importlib.util.find_spec(m) is not None for m in optional}
+    info["versions"] = package_versions()
     info["ok"] = not info["missing_required"]
     if verbose:
         _print(info)
@@ -71,8 +71,15 @@ def _print(info: dict) -> None:
     print(f"CPU kernels: {info['native_kernels']}")
     if info["gpu_compile"]:
         print(f"torch.compile on the GPU (rollout.compile_decode): {info['gpu_compile']}")
-    print("required packages: " + ("all present" if info["ok"] else "MISSING " + ", ".join(info["missing_required"])))
-    print("optional: " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in info["optional"].items()))
+    versions = info["versions"]
+    print(
+        "required packages: "
+        + ("all present" if info["ok"] else "MISSING " + ", ".join(info["missing_required"]))
+        + " ("
+        + ", ".join(f"{k} {v}" for k, v in versions.items() if k not in info["optional"])
+        + ")"
+    )
+    print("optional: " + ", ".join(f"{k} {versions.get(k, 'yes') if v else 'no'}" for k, v in info["optional"].items()))
     print(f"CPU: {info['cpu_model']}; disk, the service port and a run's memory plan: rlft doctor [--config X]")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import platform
 import socket
@@ -11,6 +12,8 @@ from pathlib import Path
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 REQUIRED = ("transformers", "safetensors", "pydantic", "yaml", "gguf", "accelerate", "peft")
+# the packages whose version decides what a bug report means (their APIs move between releases)
+VERSIONED = ("transformers", "peft", "accelerate", "trl", "vllm")
 # optional extra -> (import name, what it gives, how to install it)
 EXTRAS = {
     "tensorboard": ("tensorboard", "train.report_to: [tensorboard]", "pip install 'rlft[trackers]'"),
@@ -158,13 +161,25 @@ def check_cpu() -> list[Check]:
     return out
 
 
+def package_versions() -> dict[str, str]:
+    """The installed version of each of :data:`VERSIONED` that is installed."""
+    found = {}
+    for name in VERSIONED:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return found
+
+
 def check_packages() -> list[Check]:
     missing = [m for m in REQUIRED if importlib.util.find_spec(m) is None]
+    versions = ", ".join(f"{k} {v}" for k, v in package_versions().items())
     out = [
         Check(
             "packages",
             FAIL if missing else OK,
-            f"missing {', '.join(missing)}" if missing else "every required package is installed",
+            f"missing {', '.join(missing)}" if missing else f"every required package is installed ({versions})",
             "pip install -e . (or pip install rlft) in this environment" if missing else None,
         )
     ]
