@@ -9,12 +9,15 @@
 #   3. the tests of the code the GPU script exercises (models, speed, rollout, rl, trainer, benchmarks).
 #   bash scripts/device_versions_check.sh
 # Environment: RLFT_DEVICE_TORCH (default 2.11.0), RLFT_DEVICE_TRANSFORMERS (default 5.17.0),
-#              RLFT_DEVICE_STEPS ("plumbing tests" by default; either alone to run one).
+#              RLFT_DEVICE_PEFT (default 0.20.0: the image's is not on record, and this one was current when
+#              its transformers came out; the next GPU run's `rlft check-env` says), RLFT_DEVICE_STEPS
+#              ("plumbing tests" by default; either alone to run one).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 TORCH="${RLFT_DEVICE_TORCH:-2.11.0}"
 TRANSFORMERS="${RLFT_DEVICE_TRANSFORMERS:-5.17.0}"
+PEFT="${RLFT_DEVICE_PEFT:-0.20.0}"
 STEPS="${RLFT_DEVICE_STEPS:-plumbing tests}"
 VENV="$ROOT/.venv-device"
 bash scripts/setup_env.sh test >/dev/null  # for uv and the pip configuration it reads
@@ -22,12 +25,13 @@ UV="$ROOT/.venv/bin/uv"
 eval "$(.venv/bin/python scripts/uv_env.py)"
 PINS="$(mktemp)"
 trap 'rm -f "$PINS"' EXIT
-printf 'torch==%s\ntransformers==%s\n' "$TORCH" "$TRANSFORMERS" >"$PINS"
+printf 'torch==%s\ntransformers==%s\npeft==%s\n' "$TORCH" "$TRANSFORMERS" "$PEFT" >"$PINS"
 # the machine's constraints file caps torch for the CPU builds it keeps; these pins replace it here
 export UV_CONSTRAINT="$PINS"
 [[ -x "$VENV/bin/python" ]] || "$UV" venv -q -p "$(.venv/bin/python -c 'import sys; print(sys.executable)')" "$VENV"
-"$UV" pip install -q -p "$VENV/bin/python" "torch==$TORCH" "transformers==$TRANSFORMERS" -e ".[test]" trl==1.16.0 datasets
-"$VENV/bin/python" -c 'import torch, transformers; print("device versions: torch", torch.__version__, "| transformers", transformers.__version__)'
+"$UV" pip install -q -p "$VENV/bin/python" "torch==$TORCH" "transformers==$TRANSFORMERS" "peft==$PEFT" -e ".[test]" \
+  trl==1.16.0 datasets
+"$VENV/bin/python" -c 'import peft, torch, transformers as t; print("device versions: torch", torch.__version__, "| transformers", t.__version__, "| peft", peft.__version__)'
 status=0
 if [[ " $STEPS " == *" plumbing "* ]]; then
   out="$(mktemp -d)"

@@ -4,6 +4,7 @@
 # peft, accelerate, pyarrow, pandas, pytest and httpx, but not pydantic, platformdirs or TRL:
 #   gpu-carry/model/   SmolLM2's config and tokenizer, no weights (the benchmark builds random ones);
 #   gpu-carry/wheels/  pydantic (and its core), annotated-types, typing-inspection and platformdirs for rlft,
+#                      peft (rlft needs 0.19 or later; the image's version is not on record),
 #                      trl 1.16 with datasets, dill and multiprocess for TRL's rows: CPython 3.12, x86-64
 #                      Linux, at the versions this venv runs (they are known to work together).
 # Then, with the device tool: carry ["gpu-carry"], timeout_s 540, command
@@ -27,7 +28,7 @@ for f in src.iterdir():
 print("model:", ", ".join(sorted(p.name for p in Path(sys.argv[1]).iterdir())))
 PY
 pins=()
-for name in pydantic pydantic_core annotated-types typing-inspection platformdirs datasets dill multiprocess; do
+for name in pydantic pydantic_core annotated-types typing-inspection platformdirs peft datasets dill multiprocess; do
   pins+=("$(.venv/bin/python -m pip freeze 2>/dev/null | grep -i -E "^${name//[-_]/[-_]}==")")
 done
 .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
