@@ -104,6 +104,7 @@ def _build(src: Path, out: Path, shape, overrides, device: str, dtype: str, eos_
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if dtype == "bf16" else torch.float32)
+    model.tie_weights()  # transformers 5.0 builds it untied
     if eos_rate:
         from transformers import AutoTokenizer
 

@@ -154,6 +154,8 @@ def test_computed_buffers_are_an_fp32_loads_not_a_bf16_ones(tmp_path):
     AutoModelForCausalLM.from_config(config).to(torch.bfloat16).save_pretrained(tmp_path)
     plain_bf16 = dict(AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16).named_buffers())
     fp32_load = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    if "model.embed_tokens.embed_scale" not in plain_bf16:
+        pytest.skip("this transformers computes Gemma's scale in the forward, not in a buffer")
     model = load_model_dir(tmp_path)
     scale = dict(model.named_buffers())["model.embed_tokens.embed_scale"]
     assert plain_bf16["model.embed_tokens.embed_scale"].item() == 55.5  # what this guards against

@@ -32,6 +32,23 @@ def test_shape_from_the_meta_device_counts_what_the_loaded_model_has(tiny_model_
     assert lora.trainable == 2 * 4 * (64 + 48 + 48 + 64 + 96 + 96 + 96)  # r x (in + out) per adapted linear
 
 
+def test_a_tied_head_is_counted_once_where_transformers_builds_it_untied(tiny_model_dir, monkeypatch):
+    """transformers 5.0's ``from_config`` left the head a matrix of its own until ``tie_weights``; counted so, a
+    tied 135M model's estimate held 28M parameters more (with their gradients and optimizer state)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    build = AutoModelForCausalLM.from_config
+
+    def untied(config, **kw):
+        model = build(config, **kw)
+        model.lm_head.weight = torch.nn.Parameter(torch.empty_like(model.lm_head.weight))
+        return model
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_config", untied)
+    assert model_shape(ModelConfig(path=str(tiny_model_dir))).params == 21856
+
+
 def test_breakdown_is_pinned_on_the_tiny_model(tiny_config):
     est = estimate_memory(load_config(data=tiny_config), T4, prompt_tokens=10)
     g = est.geometry

@@ -63,6 +63,7 @@ def _rebuild_plain_model(loaded):
             delattr(config, attr)
     config.dtype = torch.float32
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.tie_weights()  # transformers 5.0 builds it untied
     missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
     missing = [k for k in missing if not _is_tied_key(model, k)]
     if missing or unexpected:

@@ -57,6 +57,7 @@ def model_shape(model_cfg: ModelConfig, model_dir: str | Path | None = None) -> 
         config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
+    model.tie_weights()  # transformers 5.0 builds it untied: a tied head would be counted as a second matrix
     if model_cfg.lora is not None:
         from rlft.models.loading import apply_lora
 
