@@ -36,8 +36,8 @@ def _scripted_draw(eos: int, stop_at: dict[int, int]):
     device operations only, as a CUDA graph replays them, in the loop that drops rows and in the one that keeps them."""
     real, schedules = native_engine.draw_tokens, {}
 
-    def draw(logits, rows, t, sampling, eos_ids, kernels=None, compiled=False):
-        tok, _ = real(logits, rows, t, sampling, eos_ids, kernels, compiled)
+    def draw(logits, rows, t, sampling, eos_ids, *rest):
+        tok, _ = real(logits, rows, t, sampling, eos_ids, *rest)
         if logits.device not in schedules:  # made at the first token, which is drawn before any capture
             schedule = torch.full((1024,), -1, dtype=torch.long)
             schedule[list(stop_at)] = torch.tensor(list(stop_at.values()))

@@ -15,7 +15,7 @@ import torch
 from rlft.models.logprobs import cache_kwargs, position_ids_from_mask
 from rlft.rollout.base import RolloutBatch, SamplingParams
 from rlft.rollout.hf_engine import HFGenerateEngine
-from rlft.rollout.sampling import SAMPLE_NEXT_COMPILED, row_uniforms, sample_next
+from rlft.rollout.sampling import SAMPLE_NEXT_COMPILED, rollout_uniforms, sample_next
 from rlft.speed.clock import count, phase
 from rlft.speed.fast_linear import weight_first_linears
 from rlft.speed.graphed_rows import GraphedRows, graphs_apply
@@ -77,9 +77,10 @@ class NativeEngine(HFGenerateEngine):
         count("prefill_tokens", prompt_ids.numel())
         eos = torch.tensor(self.eos_ids, device=prompt_ids.device)
         with phase("decode"):
-            # the uniforms compiled where the fused decoder's layers are
+            # the draw compiled where the fused decoder's layers are
             compiled = bool(getattr(getattr(rows, "fused", None), "compiled", False))
-            return rows.decode(logits, TokenDraw(sampling, eos, self.pad_id, self.kernels(), compiled))
+            uniforms = rollout_uniforms(sampling, logits.shape[0], logits.device)
+            return rows.decode(logits, TokenDraw(sampling, eos, self.pad_id, self.kernels(), compiled, uniforms))
 
     def _static_rows(self, fused, n: int, rows: int, capacity: int):
         """The fused decoder's rows: replayed as a CUDA graph on a GPU, else finished rows leave the batch."""
@@ -137,15 +138,17 @@ class NativeEngine(HFGenerateEngine):
 
 
 def draw_tokens(
-    logits, rows, t, sampling: SamplingParams, eos, kernels=None, compiled: bool = False
+    logits, rows, t, sampling: SamplingParams, eos, kernels=None, compiled: bool = False, uniforms=None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The next token of each of a batch's ``rows`` [B] (their numbers in the rollout) at token ``t``:
     logits [B, V] -> tokens [B], log-probs [B] (:func:`sample_next`, with the rows' own uniforms when
-    the rollout is seeded). ``t``: an int, or a [1] long tensor on the device for a loop replayed as a
-    CUDA graph, where every step must be the same operations (end-of-sequence is then suppressed on
-    the device while ``t < min_new_tokens``). ``compiled``: the seeded uniforms (:func:`row_uniforms`) and, with
-    a device ``t``, the draw itself compiled."""
-    u = None if sampling.seed is None else row_uniforms(sampling.seed, sampling.row_offset + rows, t, compiled)
+    the rollout is seeded: ``uniforms``, :func:`rollout_uniforms`' table). ``t``: an int, or a [1] long tensor
+    on the device for a loop replayed as a CUDA graph, where every step must be the same operations
+    (end-of-sequence is then suppressed on the device while ``t < min_new_tokens``). ``compiled``: with a
+    device ``t``, the draw compiled, as the fused decode's layers are."""
+    u = None
+    if uniforms is not None:  # the token's row of the table, then the batch's rows
+        u = (uniforms[t] if isinstance(t, int) else uniforms.index_select(0, t)[0])[rows]
     if isinstance(t, int):
         return sample_next(logits, sampling, eos if t < sampling.min_new_tokens else None, u, kernels)
     early = t < sampling.min_new_tokens if sampling.min_new_tokens else None
@@ -162,14 +165,15 @@ class TokenDraw:
     eos: torch.Tensor
     pad: int
     kernels: object = None  # rlft's native CPU kernels (used by a loop on the host's schedule, int t)
-    compiled: bool = False  # the seeded uniforms compiled, as the fused decode's layers are (rollout.compile_decode)
+    compiled: bool = False  # the draw compiled, as the fused decode's layers are (rollout.compile_decode)
+    uniforms: torch.Tensor | None = None  # a seeded rollout's uniforms [steps, rows] (rollout_uniforms)
 
     @property
     def steps(self) -> int:
         return self.sampling.max_new_tokens
 
     def __call__(self, logits, rows, t) -> tuple[torch.Tensor, torch.Tensor]:
-        return draw_tokens(logits, rows, t, self.sampling, self.eos, self.kernels, self.compiled)
+        return draw_tokens(logits, rows, t, self.sampling, self.eos, self.kernels, self.compiled, self.uniforms)
 
 
 class _DroppingRows:

@@ -56,30 +56,33 @@ def batch_seed(seed: int, *position: int) -> int:
     return _key(seed, *position)
 
 
-def row_uniforms(seed: int, rows: torch.Tensor, position: int | torch.Tensor, compiled: bool = False) -> torch.Tensor:
-    """One uniform in [0, 1) [N] float64 for each global row number in ``rows`` [N] at token
-    ``position`` (a scalar, or [N]), a pure function of (seed, row, position).
+def row_uniforms(seed: int, rows: torch.Tensor, position: int | torch.Tensor) -> torch.Tensor:
+    """One uniform in [0, 1) float64 for each global row number in ``rows`` [N] at token ``position``
+    (a scalar, or [N]), a pure function of (seed, row, position); rows and positions broadcast.
 
     A counter-based stream: a process that holds only some rows, or decodes them in another
     order or batch, draws exactly what one process holding all of them would (two 32-bit hashes
-    of the counter make 53 random bits). ``compiled``: the hashes' ~80 elementwise integer operations
-    in one compiled kernel (``rollout.compile_decode``: the graphed GPU decode runs them every token);
-    integer arithmetic, so the numbers are the same bit for bit."""
+    of the counter make 53 random bits)."""
     pos = torch.as_tensor(position, dtype=torch.long, device=rows.device)
-    # the seed's key as a device tensor (a fill, which a CUDA graph captures), not a Python int: a compiled
-    # kernel then reads it from memory instead of taking a 32-bit value as a (possibly int32) scalar argument
     key = torch.full((1,), _key(seed), dtype=torch.long, device=rows.device)
-    return (_COUNTER_UNIFORMS if compiled else _counter_uniforms)(rows.to(torch.long), pos, key)
-
-
-def _counter_uniforms(rows: torch.Tensor, pos: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    rows = rows.to(torch.long)
     base = _fmix32(_mul32(rows & _M32, 0x9E3779B1) ^ _mul32(pos & _M32, 0x85EBCA77) ^ key)
     hi = _fmix32(base ^ 0x68E31DA4)
     lo = _fmix32(base ^ 0xB5297A4D)
     return (hi.double() * 2.0**21 + (lo >> 11).double()) * 2.0**-53
 
 
-_COUNTER_UNIFORMS = Compiled(_counter_uniforms, "the rows' seeded uniforms")
+def rollout_uniforms(sampling: SamplingParams, rows: int, device: torch.device) -> torch.Tensor | None:
+    """Every uniform a seeded rollout of ``rows`` rows can draw, [max_new_tokens, rows]: row r's at token t
+    is :func:`row_uniforms` of row ``sampling.row_offset + r`` at position t (None unseeded).
+
+    Made once, in one pass of the hash's ~80 elementwise integer operations, so that a token reads its
+    rows' uniforms with one indexing: a CUDA graph replays every operation of a token, and the hash
+    per token was as many kernels as two decoder layers' work (8 bytes a row and token of memory)."""
+    if sampling.seed is None:
+        return None
+    numbers = sampling.row_offset + torch.arange(rows, device=device)
+    return row_uniforms(sampling.seed, numbers[None, :], torch.arange(sampling.max_new_tokens, device=device)[:, None])
 
 
 def sample_categorical(probs: torch.Tensor, u: torch.Tensor | None = None) -> torch.Tensor:

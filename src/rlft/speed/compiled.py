@@ -1,6 +1,6 @@
 """A function compiled by ``torch.compile`` where it can be, run as it is where it cannot
-(``rollout.compile_decode``: the decode layers of :mod:`rlft.speed.decode_layer` and the rows' seeded
-uniforms of :func:`rlft.rollout.sampling.row_uniforms`)."""
+(``rollout.compile_decode``: the decode layers of :mod:`rlft.speed.decode_layer`, the token's draw and the
+rows' ends)."""
 
 from __future__ import annotations
 
