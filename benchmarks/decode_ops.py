@@ -56,6 +56,8 @@ VIEWS = {
     "aten::item",
     "aten::_local_scalar_dense",
 }
+# operators that take a list of tensors, whose shapes the profiler does not record
+TENSOR_LISTS = {"aten::cat", "aten::stack"}
 # one fused kernel on a GPU, its composite operations on a CPU: counted once, as on the GPU
 FUSED_ON_GPU = {"aten::rms_norm", "aten::_fused_rms_norm"}
 
@@ -86,7 +88,8 @@ def count_ops(run) -> dict[str, int]:
         leaf = e.name in FUSED_ON_GPU or not any(
             c.name.startswith("aten::") and c.name not in VIEWS and not _no_op(c) for c in e.cpu_children
         )
-        on_device = kernel or any(len(shape) > 0 for shape in e.input_shapes if isinstance(shape, list))
+        # a list of tensors (cat, stack) is recorded without shapes: its inputs are the device's
+        on_device = kernel or e.name in TENSOR_LISTS or any(len(s) > 0 for s in e.input_shapes if isinstance(s, list))
         if leaf and on_device:
             counts[e.name] = counts.get(e.name, 0) + 1
     return counts

@@ -36,7 +36,6 @@ def attend_shared_prompt(
     q: torch.Tensor,
     prompt_keys: torch.Tensor,
     prompt_values: torch.Tensor,
-    prompt_bias: torch.Tensor,
     keys: torch.Tensor,
     values: torch.Tensor,
     bias: torch.Tensor,
@@ -45,22 +44,36 @@ def attend_shared_prompt(
     """:func:`attend` over a group's prompt cache followed by each row's own cache.
 
     q [N, H, D] with N = G * n, rows grouped (row r is in group r // n); prompt_keys/prompt_values
-    [G, KVH, P, D], prompt_bias [G, 1, 1, P]; keys/values [N, KVH, W, D], bias [N, 1, 1, W] -> [N, H * D].
-    ``grouped``: q as :func:`grouped_queries` lays it out, where the caller made it already."""
+    [G, KVH, P, D]; keys/values [N, KVH, W, D]; bias [G, 1, n, 1, P + W] (:func:`shared_prompt_bias`)
+    -> [N, H * D]. ``grouped``: q as :func:`grouped_queries` lays it out, where the caller made it already.
+
+    The scores, their softmax and the probabilities live in the group's layout [G, KVH, n, g, P + W], in
+    which the prompt's part is the matrix its value product reads (a view); only the rows' own part is
+    copied into the rows' layout. The graphed GPU decode replays every kernel of a token, so this is ten
+    kernels a layer where scores moved to the rows' layout and back took sixteen."""
     N, H, D = q.shape
     G, KVH, P, _ = prompt_keys.shape
     n, g, W = N // G, H // KVH, keys.shape[2]
     if grouped is None:
         grouped = grouped_queries(q, G, KVH)
-    prompt_scores = torch.add(prompt_bias, torch.matmul(grouped, prompt_keys.transpose(-1, -2)))
-    prompt_scores = prompt_scores.view(G, KVH, n, g, P).transpose(1, 2).reshape(N, KVH, g, P)
-    own_scores = torch.add(bias, torch.matmul(q.view(N, KVH, g, D), keys.transpose(-1, -2)))
-    probs = torch.softmax(torch.cat([prompt_scores, own_scores], dim=-1), dim=-1).to(values.dtype)
-    on_prompt, on_own = probs.split([P, W], dim=-1)
-    on_prompt = on_prompt.reshape(G, n, KVH, g, P).transpose(1, 2).reshape(G, KVH, n * g, P)
-    from_prompt = torch.matmul(on_prompt, prompt_values).view(G, KVH, n, g, D).transpose(1, 2)
-    out = from_prompt.reshape(N, KVH, g, D).float() + torch.matmul(on_own, values).float()
-    return out.to(values.dtype).reshape(N, H * D)
+    on_prompt = torch.matmul(grouped, prompt_keys.transpose(-1, -2)).view(G, KVH, n, g, P)
+    on_own = torch.matmul(q.view(N, KVH, g, D), keys.transpose(-1, -2)).view(G, n, KVH, g, W).transpose(1, 2)
+    # one softmax over both parts, in fp32 (adding the fp32 bias promotes the scores)
+    probs = torch.softmax(torch.add(bias, torch.cat([on_prompt, on_own], dim=-1)), dim=-1).to(values.dtype)
+    from_prompt = torch.matmul(probs[..., :P].reshape(G, KVH, n * g, P), prompt_values)
+    from_own = torch.matmul(probs[..., P:].transpose(1, 2).reshape(N, KVH, g, W), values)
+    # summed in fp32 and rounded once (a reduced-precision add computes in fp32), into the rows' layout
+    out = torch.add(from_own.view(G, n, KVH, g, D), from_prompt.view(G, KVH, n, g, D).transpose(1, 2))
+    return out.view(N, H * D)
+
+
+def shared_prompt_bias(prompt_bias: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """The mask of :func:`attend_shared_prompt`'s scores from the prompt's, prompt_bias [G, 1, 1, P], and the
+    rows' own, bias [N, 1, 1, W] -> [G, 1, n, 1, P + W]; a token makes it once for every layer."""
+    G, P, N, W = prompt_bias.shape[0], prompt_bias.shape[-1], bias.shape[0], bias.shape[-1]
+    n = N // G
+    prompt_part = prompt_bias.view(G, 1, 1, 1, P).expand(G, 1, n, 1, P)
+    return torch.cat([prompt_part, bias.view(G, n, 1, 1, W).transpose(1, 2)], dim=-1)
 
 
 def grouped_queries(q: torch.Tensor, groups: int, kv_heads: int) -> torch.Tensor:
@@ -87,21 +100,23 @@ class CachedAttention:
         self.kv, self.col, self.window, self.prompt = kv, col, window, prompt
         self.groups = 0 if prompt is None else prompt.k.shape[1]  # the prompt cache's rows: one a group
         self.bias = _bias(kv.valid[:, :window])
-        self.prompt_bias = None if prompt is None else _bias(prompt.valid[:, : prompt.length])
+        if prompt is not None:  # both parts' masks in one, for every layer of the token
+            self.bias = shared_prompt_bias(_bias(prompt.valid[:, : prompt.length]), self.bias)
 
     def caches(self, i: int) -> tuple[torch.Tensor, torch.Tensor, int | torch.Tensor]:
         """Layer i's keys and values [B, KVH, A, D] and the column this step writes."""
         return self.kv.k[i], self.kv.v[i], self.col
 
     def read(self, i: int) -> tuple[torch.Tensor | None, ...]:
-        """(keys, values, bias, prompt keys, prompt values, prompt bias) of layer i: the arguments of
-        :func:`attend_cached` after the query (the prompt's three None without a prompt cache)."""
+        """(keys, values, bias, prompt keys, prompt values) of layer i: the arguments of
+        :func:`attend_cached` after the query (the prompt's two None without a prompt cache; with one the
+        bias is :func:`shared_prompt_bias`'s)."""
         kv, window = self.kv, self.window
         own = (kv.k[i, :, :, :window], kv.v[i, :, :, :window], self.bias)
         if self.prompt is None:
-            return (*own, None, None, None)
+            return (*own, None, None)
         n = self.prompt.length
-        return (*own, self.prompt.k[i, :, :, :n], self.prompt.v[i, :, :, :n], self.prompt_bias)
+        return (*own, self.prompt.k[i, :, :, :n], self.prompt.v[i, :, :, :n])
 
 
 def attend_cached(
@@ -110,10 +125,10 @@ def attend_cached(
     """q [B, H, D] over ``read`` (:meth:`CachedAttention.read`): :func:`attend`, or
     :func:`attend_shared_prompt` where there is a prompt cache (``grouped`` its grouped queries if made) ->
     [B, H * D]."""
-    keys, values, bias, prompt_keys, prompt_values, prompt_bias = read
+    keys, values, bias, prompt_keys, prompt_values = read
     if prompt_keys is None:
         return attend(q, keys, values, bias)
-    return attend_shared_prompt(q, prompt_keys, prompt_values, prompt_bias, keys, values, bias, grouped)
+    return attend_shared_prompt(q, prompt_keys, prompt_values, keys, values, bias, grouped)
 
 
 def put_column(cache: torch.Tensor, col: int | torch.Tensor, value: torch.Tensor) -> None:

@@ -98,8 +98,8 @@ def layer_out(
     dtype: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The rest of the layer after the cache write: attention of q [B, H, D] (``grouped`` as
-    :func:`layer_in` returns it) over ``read`` (keys, values, bias, then the group prompt's keys, values and
-    bias or three Nones: :meth:`rlft.speed.decode_attention.CachedAttention.read`), the output projection,
+    :func:`layer_in` returns it) over ``read`` (keys, values, bias, then the group prompt's keys and values
+    or two Nones: :meth:`rlft.speed.decode_attention.CachedAttention.read`), the output projection,
     the MLP and both residual adds -> the new residual x [B, hidden] and its norm by ``after`` (the next
     layer's input norm, or the model's final one) rounded to the matmuls' ``dtype``, which is all the next
     matmul reads of it: compiled, the last residual add, that norm and the rounding are one kernel."""
