@@ -18,8 +18,8 @@ so the rows here differ from :class:`rlft.rollout.native_engine._StaticRows` in 
   its tokens written as padding. On a GPU a step costs about the same for 16 rows as for 10, and a
   fixed batch keeps one graph valid for the whole rollout;
 * the graph holds the whole token, not only the forward: the draw (temperature, top-k/p, the rows'
-  seeded uniforms), writing the token and its log-prob, and each row's end are device operations on
-  buffers the graph owns, and the host looks at whether every row has ended only every
+  seeded uniforms, read from the rollout's table), writing the token and its log-prob, and each row's
+  end are device operations on buffers the graph owns, and the host looks at whether every row has ended only every
   ``CHECK_EVERY`` tokens. An eager draw was ~30 small kernels a token and its ``nonzero`` a wait for
   the GPU every token, which left the GPU idle between replays: at 135M on an H200 the decode's
   largest cost.
