@@ -1,0 +1,120 @@
+"""The update's peak of live tensor bytes on the CPU, beside what `rlft estimate` plans for it on a GPU.
+
+A GPU's `max_memory_allocated` counts the bytes of live tensors; a CPU's resident set (what
+`benchmarks/memory_estimate.py` measures, and what the planner's constants were fitted on) also keeps what
+glibc did not hand back. This counts the first on a CPU: one GRPO step of a random-weight model of a shape
+of `benchmarks/shapes.py` (fewer layers, so that it fits here), its update under the torch profiler's
+memory events (every allocation and free), and prints the peak above the update's start (gradients,
+activations, the head's log-probs) with the estimate's terms for the same config on an H200. Two depths
+give the cost of a layer.
+
+    python benchmarks/update_allocated.py [--shape smollm2-1.7b] [--layers 2 4] [--new-tokens 64]
+        [--recompute selective]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+
+def update_peak(update) -> int:
+    """Bytes: the highest total of live tensors ``update()`` reaches above its start (CPU allocations)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        update()
+    live = peak = 0
+    for e in sorted(prof.events(), key=lambda e: e.time_range.start):
+        # an op's own allocations less its own frees; "[memory]" is a free outside any op
+        live += e.cpu_memory_usage if e.name == "[memory]" else e.self_cpu_memory_usage
+        peak = max(peak, live)
+    return peak
+
+
+def measure(config: dict) -> int:
+    """One warm-up step, then the peak of the second step's update (:func:`update_peak`)."""
+    import rlft.rl.update as update_module
+    from rlft import Trainer
+
+    real, peaks = update_module.PolicyUpdater.update, []
+
+    def profiled(self, batch, *, kl_coef):
+        out = {}
+        peaks.append(update_peak(lambda: out.setdefault("stats", real(self, batch, kl_coef=kl_coef))))
+        return out["stats"]
+
+    trainer = Trainer(config=config)
+    trainer.setup()
+    trainer.train_step()
+    update_module.PolicyUpdater.update = profiled
+    try:
+        trainer.train_step()
+    finally:
+        update_module.PolicyUpdater.update = real
+    return peaks[-1]
+
+
+def planned(config_path: Path) -> dict[str, float]:
+    """`rlft estimate --device H200-141GB`'s update terms for the config, in GiB."""
+    command = ["estimate", "--config", str(config_path), "--device", "H200-141GB", "--json"]
+    out = subprocess.run(
+        [sys.executable, "-m", "rlft.cli.main", *command],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return {k: v / 2**30 for k, v in json.loads(out.stdout)["phases"]["update"].items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", default="smollm2-1.7b")
+    ap.add_argument("--layers", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--recompute", default="selective", choices=["selective", "off", "full"])
+    ap.add_argument("--model", default="gpu-carry/model", help="a directory with SmolLM2's config and tokenizer")
+    a = ap.parse_args(argv)
+    import yaml
+    from grpo_step import rlft_config
+    from shapes import random_model_dir
+
+    print(f"{a.shape}, 2 prompts x 8 completions x {a.new_tokens} tokens, bf16, recompute {a.recompute}")
+    for layers in a.layers:
+        model = random_model_dir(Path(a.model), a.shape, {"num_hidden_layers": layers}, "cpu", "bf16")
+        work = Path(tempfile.mkdtemp())
+        opts = dict(
+            model_dir=str(model),
+            dtype="bf16",
+            device="cpu",
+            prompts=2,
+            group_size=8,
+            max_new_tokens=a.new_tokens,
+            beta=0.04,
+            fixed_length=True,
+            engine="native",
+            threads=2,
+            gradient_checkpointing=a.recompute,
+        )
+        config = rlft_config(opts, work)
+        (work / "config.yaml").write_text(yaml.safe_dump(config))
+        peak = measure(config) / 2**30
+        plan = planned(work / "config.yaml")
+        above = {k: v for k, v in plan.items() if k in ("activations", "gradients", "logits")}
+        terms = ", ".join(f"{k} {v:.2f}" for k, v in above.items())
+        print(
+            f"  {layers} layers: live tensors' peak above the update's start {peak:.2f} GiB; the estimate's "
+            f"{sum(above.values()):.2f} GiB ({terms}): {sum(above.values()) / peak:.2f}x"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
