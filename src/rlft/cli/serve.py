@@ -103,16 +103,18 @@ def settings_from(args):
     )
 
 
-def _require_service_packages() -> None:
+def require_service_packages(command: str, modules: tuple[str, ...]) -> None:
+    """A usage error (exit 2) naming what ``rlft <command>`` lacks of the service extra, instead of an
+    import's traceback from deep inside the command."""
     import importlib.util
 
-    missing = [m for m in ("fastapi", "uvicorn", "sqlalchemy", "alembic") if importlib.util.find_spec(m) is None]
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
     if missing:
-        raise UsageError(f"rlft serve needs {', '.join(missing)}: pip install 'rlft[service]'")
+        raise UsageError(f"rlft {command} needs {', '.join(missing)}: pip install 'rlft[service]'")
 
 
 def run(args) -> int:
-    _require_service_packages()
+    require_service_packages("serve", ("fastapi", "uvicorn", "sqlalchemy", "alembic"))
     from rlft.service.security import is_loopback
     from rlft.service.store import JobStore, default_url
     from rlft.service.workspace import Workspace

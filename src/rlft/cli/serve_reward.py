@@ -23,7 +23,10 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    from rlft.cli.serve import require_service_packages
     from rlft.service.security import is_loopback
+
+    require_service_packages("serve-reward", ("fastapi", "uvicorn"))
 
     if not is_loopback(args.host) and not args.token:
         raise UsageError(

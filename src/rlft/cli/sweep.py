@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from rlft.cli.serve import add_backend_arguments, check_backend_arguments
+from rlft.cli.serve import add_backend_arguments, check_backend_arguments, require_service_packages
 
 
 def add_arguments(p) -> None:
@@ -80,6 +80,8 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from rlft.errors import UsageError
+
+    require_service_packages("sweep", ("sqlalchemy", "alembic"))  # its registry is the job service's store
     from rlft.sweep.execute import Sweep
     from rlft.sweep.registry import REGISTRY_FILE, open_registry
 

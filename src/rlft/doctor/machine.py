@@ -19,7 +19,7 @@ EXTRAS = {
     "tensorboard": ("tensorboard", "train.report_to: [tensorboard]", "pip install 'rlft[trackers]'"),
     "wandb": ("wandb", "train.report_to: [wandb]", "pip install 'rlft[trackers]'"),
     "mlflow": ("mlflow", "train.report_to: [mlflow]", "pip install 'rlft[trackers]'"),
-    "service": ("fastapi", "rlft serve, rlft sweep", "pip install 'rlft[service]'"),
+    "service": ("fastapi", "rlft serve, rlft serve-reward, rlft sweep", "pip install 'rlft[service]'"),
     "ray": ("ray", "rlft sweep --backend ray", "pip install ray"),
     "vllm": ("vllm", "rollout.engine: vllm (GPU)", "pip install 'rlft[vllm]'"),
     "nvml": ("pynvml", "GPU utilisation in resources.jsonl", "pip install nvidia-ml-py"),
