@@ -32,7 +32,11 @@ class Section(BaseModel):
     (``learning_rate: 1``) but never ``.inf`` or ``.nan``: those train to non-finite weights and the run
     still ends "completed"."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True, allow_inf_nan=False)
+    # protected_namespaces: pydantic before 2.10 reserves every "model_" name and warns at import about a field
+    # such as critic.model_path; its own methods' names are reserved whatever this says
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, strict=True, allow_inf_nan=False, protected_namespaces=()
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -91,6 +91,8 @@ class SearchEnv:
         if len(query) > MAX_QUERY_CHARS:
             return f"error: query too long (over {MAX_QUERY_CHARS} characters)"
         tokens = bm25s.tokenize([query], stopwords="en", show_progress=False, return_ids=False)
+        if not tokens[0]:  # stopwords only: nothing to score (bm25s 0.2.0 raises IndexError on it)
+            return "No documents match that query."
         found, scores = self.retriever.retrieve(tokens, k=min(TOP_K, len(self.docs)), show_progress=False)
         hits = [self.docs[int(i)] for i, score in zip(found[0], scores[0]) if score > 0]
         if not hits:
