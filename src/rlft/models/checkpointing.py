@@ -19,7 +19,8 @@ Three ways to run the update's layers (``model.gradient_checkpointing``):
 
 Selective is PyTorch's own selective activation checkpointing
 (:func:`torch.utils.checkpoint.create_selective_checkpoint_contexts`) under the non-reentrant
-checkpoint Hugging Face already wraps each layer in; :func:`_policy` is the whole of rlft's part. A
+checkpoint Hugging Face already wraps each layer in; :func:`keeps` is the whole of rlft's part (a compiled
+layer's graph is tagged by the same rule: :mod:`rlft.models.compiled`). A
 matmul whose inner dimension is small beside its output (a LoRA adapter's up-projection from its rank)
 is recomputed rather than kept: its output is as wide as the base layer's and costs r/h of it to redo. Outputs are
 cached only for ops that nothing mutates in place afterwards: rlft's native attention softmax writes
@@ -38,6 +39,9 @@ import torch
 
 Recompute = Literal["off", "selective", "full"]
 RECOMPUTE_MODES: tuple[Recompute, ...] = ("off", "selective", "full")
+# the attribute of a decoder layer that runs its own recomputation (a compiled layer, rlft.models.compiled):
+# its mode, where Hugging Face's checkpointing is off on it
+OWN_MODE = "rlft_recompute"
 
 # a matmul whose inner dimension is under 1/8 of its output's width (a LoRA up-projection: rank -> hidden) is
 # cheaper to redo than its output is to keep; a plain projection's is at least 1/8 (GQA's k and v: 1/4 to 1/8)
@@ -60,18 +64,23 @@ def _kept_ops() -> tuple[frozenset, frozenset]:
     return frozenset({aten.mm.default, aten.addmm.default}), fused
 
 
-def _policy(ctx, func, *args, **kwargs):
-    """Keep (``MUST_SAVE``) linear matmuls with a wide inner dimension and fused attention; recompute the rest."""
-    from torch.utils.checkpoint import CheckpointPolicy
-
+def keeps(func, *args) -> bool:
+    """Whether selective recomputation keeps the output of ``func`` on ``args`` (tensors, or the fake tensors a
+    traced graph records): a linear matmul with a wide inner dimension, or a fused attention kernel."""
     matmuls, attention = _kept_ops()
     if func in attention:
-        return CheckpointPolicy.MUST_SAVE
+        return True
     if func in matmuls:
         left, right = args[:2] if func is torch.ops.aten.mm.default else args[1:3]  # addmm(bias, left, right)
-        if left.shape[-1] * _CHEAP_RATIO >= right.shape[-1]:
-            return CheckpointPolicy.MUST_SAVE
-    return CheckpointPolicy.PREFER_RECOMPUTE
+        return left.shape[-1] * _CHEAP_RATIO >= right.shape[-1]
+    return False
+
+
+def _policy(ctx, func, *args, **kwargs):
+    """PyTorch's checkpoint policy from :func:`keeps`: ``MUST_SAVE`` what it keeps, recompute the rest."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    return CheckpointPolicy.MUST_SAVE if keeps(func, *args) else CheckpointPolicy.PREFER_RECOMPUTE
 
 
 def _selective_contexts():
@@ -80,9 +89,18 @@ def _selective_contexts():
     return create_selective_checkpoint_contexts(_policy)
 
 
+def recompute(fn, mode: Recompute, *args):
+    """``fn(*args)`` under a non-reentrant checkpoint that recomputes in the backward as ``mode`` says (not ``off``)."""
+    from torch.utils.checkpoint import checkpoint
+
+    context = {"context_fn": _selective_contexts} if mode == "selective" else {}
+    return checkpoint(fn, *args, use_reentrant=False, **context)
+
+
 def enable_gradient_checkpointing(model: torch.nn.Module, mode: Recompute = "full") -> None:
     """Recompute activations in the backward (non-reentrant), ``full`` or ``selective`` (see the module);
-    ``model`` is a transformers model or a PEFT wrapper of one.
+    ``model`` is a transformers model or a PEFT wrapper of one. Layers that run their own recomputation
+    (:data:`OWN_MODE`) take the mode themselves.
 
     ``config.use_cache`` is switched off so that training forwards do not build a
     KV cache (which checkpointing would refuse anyway); ``generation_config.use_cache``
@@ -90,13 +108,17 @@ def enable_gradient_checkpointing(model: torch.nn.Module, mode: Recompute = "ful
     """
     if mode not in ("selective", "full"):
         raise ValueError(f"recompute mode {mode!r}: expected 'selective' or 'full'")
-    kwargs = {"use_reentrant": False}
-    if mode == "selective":
-        kwargs["context_fn"] = _selective_contexts
-    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x; the old name is deprecated
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    own = [m for m in model.modules() if OWN_MODE in m.__dict__]
+    for m in own:
+        setattr(m, OWN_MODE, mode)
+    if not own:
+        kwargs = {"use_reentrant": False}
+        if mode == "selective":
+            kwargs["context_fn"] = _selective_contexts
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x; the old name is deprecated
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     model.config.use_cache = False
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.use_cache = True
@@ -110,7 +132,11 @@ def configured_mode(setting: bool | str) -> Recompute | None:
 
 def recompute_mode(model: torch.nn.Module) -> Recompute:
     """How ``model``'s layers run in a training backward: ``off``, ``selective`` or ``full``, read from
-    the checkpointing function Hugging Face gave its layers (they are the one owner of that choice)."""
+    the layers (they are the one owner of that choice): their own mode where they run their own
+    recomputation (:data:`OWN_MODE`), else the checkpointing function Hugging Face gave them."""
+    own = next((m.__dict__[OWN_MODE] for m in model.modules() if OWN_MODE in m.__dict__), None)
+    if own is not None:
+        return own
     for m in model.modules():
         if getattr(m, "gradient_checkpointing", False) is True:
             fn = getattr(m, "_gradient_checkpointing_func", None)

@@ -327,9 +327,14 @@ def register() -> str:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    AttentionInterface.register(NAME, attention_forward)
+    AttentionInterface.register(NAME, _outside_compiled_graphs)
     AttentionMaskInterface.register(NAME, sdpa_mask)
     return NAME
+
+
+# what transformers calls: rlft's attention, run as it is inside a compiled layer (rlft.models.compiled), a
+# graph break; an uncompiled call pays under a microsecond for it
+_outside_compiled_graphs = torch.compiler.disable(attention_forward)
 
 
 def use_rlft_attention(model: torch.nn.Module) -> None:

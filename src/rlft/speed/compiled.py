@@ -1,6 +1,6 @@
-"""A function compiled by ``torch.compile`` where it can be, run as it is where it cannot
-(``rollout.compile_decode``: the decode layers of :mod:`rlft.speed.decode_layer`, the token's draw and the
-rows' ends)."""
+"""A function compiled by ``torch.compile`` where it can be, run as it is where it cannot: the decode's
+layers, draw and rows' ends (``rollout.compile_decode``) and the update's decoder layers (``model.compile``,
+:mod:`rlft.models.compiled`)."""
 
 from __future__ import annotations
 
@@ -19,26 +19,42 @@ COMPILE_ERRORS = tuple(c for c in (_exc.TorchDynamoException, getattr(_exc, "Fai
 
 
 class Compiled:
-    """``fn`` compiled by ``torch.compile`` on its first call (dynamic shapes, one graph); where compiling
-    fails (no C++ compiler or Triton, an operation Dynamo cannot trace, more variants than Dynamo's
-    ``recompile_limit``), ``fn`` itself from then on, with one warning naming ``what``. Only compilation
-    errors fall back: an error of the computation itself is raised."""
+    """``fn`` compiled by ``torch.compile`` on its first call (dynamic shapes; one graph where ``fullgraph``);
+    where compiling fails (no C++ compiler or Triton, an operation Dynamo cannot trace, more variants than
+    Dynamo's ``recompile_limit``), ``fn`` itself from then on, with one warning naming ``what`` and the
+    ``setting`` that turns compiling off. Only compilation errors fall back: an error of the computation
+    itself is raised. ``failed`` says whether it fell back."""
 
-    def __init__(self, fn: Callable[..., Any], what: str = "the decode layer", backend: str = "inductor"):
-        self.fn, self.what, self.backend, self.compiled, self.failed = fn, what, backend, None, False
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        what: str = "the decode layer",
+        backend: str = "inductor",
+        *,
+        fullgraph: bool = True,
+        setting: str = "rollout.compile_decode",
+        instead: str = "decoding with PyTorch's eager ops",
+    ):
+        self.fn, self.what, self.backend, self.fullgraph = fn, what, backend, fullgraph
+        self.setting, self.instead = setting, instead
+        self.compiled: Callable[..., Any] | None = None
+        self.failed = False
 
-    def __call__(self, *args):
+    def __call__(self, *args, **kwargs):
         if self.failed:
-            return self.fn(*args)
+            return self.fn(*args, **kwargs)
         if self.compiled is None:
-            self.compiled = torch.compile(self.fn, dynamic=True, fullgraph=True, backend=self.backend)
+            self.compiled = torch.compile(self.fn, dynamic=True, fullgraph=self.fullgraph, backend=self.backend)
         try:
-            return self.compiled(*args)
+            return self.compiled(*args, **kwargs)
         except COMPILE_ERRORS as exc:
             self.failed = True
-            why = (str(exc).strip().splitlines() or [""])[0][:300]
+            # a backend's failure names the backend on its first line and the error under it: say the error
+            cause = getattr(exc, "inner_exception", None) or exc
+            why = (str(cause).strip().splitlines() or [""])[0][:300]
+            section = self.setting.split(".")[0]
             log.warning(
-                f"rollout: {self.what} could not be compiled ({type(exc).__name__}: {why}); "
-                f"decoding with PyTorch's eager ops (rollout.compile_decode: false silences this)"
+                f"{section}: {self.what} could not be compiled ({type(cause).__name__}: {why}); "
+                f"{self.instead} ({self.setting}: false silences this)"
             )
-            return self.fn(*args)
+            return self.fn(*args, **kwargs)

@@ -58,6 +58,14 @@ def build_model(model_cfg: ModelConfig, *, with_reference: bool = False) -> Mode
     lora_base_in = autocast if model_cfg.lora is not None and current().strategy != "fsdp2" else None
     model = load_policy(model_cfg, device, model_dir=model_dir, frozen_dtype=lora_base_in)
     fuse_rms_norms(model)  # before the reference copy, which keeps it
+    if model_cfg.compile:
+        from rlft.models.compiled import compile_layers
+
+        layers = compile_layers(model)  # before the reference copy too, which shares the compilation
+        get_logger().info(
+            f"model.compile: {layers} decoder layers run compiled by torch.compile in the update and scoring "
+            "(compiled at their first forwards)"
+        )
     reference = make_reference(model, autocast) if with_reference else None
     if warning or (warning := dtype_advice(model_cfg.dtype, device)):
         get_logger().warning(warning)
