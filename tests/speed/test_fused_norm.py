@@ -77,6 +77,17 @@ def test_a_deep_copy_keeps_the_fused_norm_bound_to_itself(tiny_model_dir):
     assert fuse_rms_norms(twin) == 0  # already fused: nothing set twice
 
 
+def test_train_and_eval_keep_the_fused_norms(tiny_model_dir):
+    """transformers >= 5.2x swaps layers for the Hub's kernels by default and again at each train()/eval(),
+    which took rlft's fused norm off every RMSNorm at the update's first model.train(): rlft loads without."""
+    model = load_policy(ModelConfig(path=str(tiny_model_dir), dtype="fp32"), torch.device("cpu"))
+    fuse_rms_norms(model)
+    norms = [m for m in model.modules() if type(m).__name__ == "LlamaRMSNorm"]
+    for mode in (True, False, True):
+        model.train(mode)
+        assert norms and all("forward" in m.__dict__ for m in norms), f"train({mode})"
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused CUDA kernel needs a GPU")
 def test_on_cuda_the_fused_kernel_gives_hugging_faces_numbers_within_rounding(tiny_model_dir):
     model, fused = _pair(tiny_model_dir, "cuda")

@@ -163,7 +163,14 @@ def from_pretrained_as_stored(auto_class, model_dir: str | Path, what: str, **kw
     try:
         with hub_offline():
             model = auto_class.from_pretrained(
-                str(model_dir), local_files_only=True, dtype="auto", attn_implementation="sdpa", **kwargs
+                str(model_dir),
+                local_files_only=True,
+                dtype="auto",
+                attn_implementation="sdpa",
+                # transformers >= 5.2x swaps layers for the Hub's kernels by default, and again at every
+                # train()/eval(), which undid rlft's own (its fused RMSNorm) and needs the Hub
+                use_kernels=False,
+                **kwargs,
             )
     except Exception as exc:  # OSError, ValueError, KeyError ... from transformers
         raise ModelError(f"Could not load {what} from {model_dir}: {exc}") from exc
