@@ -98,6 +98,7 @@ def rlft_config(opts: dict, workdir: Path) -> dict:
             # rlft's own "auto" unless pinned: selective recomputation on a GPU, nothing on a CPU (everything
             # only where one sequence would not fit otherwise)
             "gradient_checkpointing": RECOMPUTE_SETTINGS[opts.get("gradient_checkpointing") or "auto"],
+            "compile": opts.get("compile", False),
             "lora": {"r": opts["lora_rank"], "alpha": 2 * opts["lora_rank"]} if opts.get("lora_rank") else None,
         },
         "data": {"train_file": str(workdir / "prompts.jsonl"), "use_chat_template": False, "shuffle": True},
@@ -262,8 +263,9 @@ def _rlft_eager_worker(conn, opts: dict) -> None:
 
 
 def _rlft_compiled_worker(conn, opts: dict) -> None:
-    """rlft with its decode layers compiled by torch.compile (rollout.compile_decode: true), for the A/B."""
-    _rlft_worker(conn, {**opts, "compile_decode": True})
+    """rlft with torch.compile, for the A/B: its decode layers (rollout.compile_decode: true) and its update's
+    decoder layers (model.compile: true); each phase's time says which of the two moved."""
+    _rlft_worker(conn, {**opts, "compile_decode": True, "compile": True})
 
 
 WORKERS = {
@@ -741,11 +743,15 @@ def _print_case(
         )
     if "rlft" in res and "rlft-compiled" in res:
         ph = [res[k].get("phases", {}) for k in ("rlft", "rlft-compiled")]
-        decode = ph[0].get("time/decode", 0) / max(ph[1].get("time/decode", 0), 1e-9)
+        faster = {  # eager seconds over compiled seconds, by phase
+            name: ph[0].get(f"time/{name}", 0) / max(ph[1].get(f"time/{name}", 0), 1e-9)
+            for name in ("decode", "policy", "reference")
+        }
         print(
-            f"  rlft-compiled vs rlft (decode layers compiled): "
-            f"{res['rlft']['step_seconds'] / res['rlft-compiled']['step_seconds']:.2f}x a step, {decode:.2f}x the "
-            f"decode; whole process {res['rlft']['process_seconds'] / res['rlft-compiled']['process_seconds']:.2f}x"
+            f"  rlft-compiled vs rlft (decode layers and update layers compiled): "
+            f"{res['rlft']['step_seconds'] / res['rlft-compiled']['step_seconds']:.2f}x a step, "
+            + ", ".join(f"{x:.2f}x the {name}" for name, x in faster.items())
+            + f"; whole process {res['rlft']['process_seconds'] / res['rlft-compiled']['process_seconds']:.2f}x"
         )
     for name in ("rlft", "rlft-compiled"):
         if name in res and "phases" in res[name]:

@@ -4,6 +4,7 @@ and ``full`` (rlft.models.checkpointing), in one process.
 
     python benchmarks/recompute.py --dtype fp32                      # SmolLM2-135M's layer shape
     python benchmarks/recompute.py --dtype bf16 --shape smollm2-1.7b --tokens 256 --no-time
+    python benchmarks/recompute.py --dtype bf16 --compiled           # model.compile's layers beside them
 
 Memory is what a forward leaves allocated for its backward: the bytes of every tensor storage an op
 made during the forward that is still alive after it (a dispatch mode notes each op's outputs by weak
@@ -13,6 +14,12 @@ weights are counted apart (per layer, not per token). Activations are printed in
 and token, rlft's memory model's unit (rlft.models.memory, rlft.planner.phases). Time is the median of
 ``--rounds`` forward + backward passes of the 4-layer model, the modes alternating. The weights are
 random; the shapes are the named model's.
+
+``--compiled`` adds the update's layers compiled by torch.compile (``model.compile``, rlft.models.compiled)
+under ``off`` (the partitioner's own choice) and ``selective`` (its graph tagged by selective recomputation's
+rule), after a compiling pass. A dispatch mode does not see inside compiled code, so these rows, and the
+uncompiled modes again beside them, count the torch profiler's memory events instead: the bytes the forward
+allocated and did not free, weight casts included (spread over the tokens: a per-layer constant).
 """
 
 from __future__ import annotations
@@ -64,7 +71,7 @@ class LiveStorages(TorchDispatchMode):
         return sum(n for n, cast in live if not cast), sum(n for n, cast in live if cast)
 
 
-def _model(shape: dict, layers: int, mode: str, lora_rank: int):
+def _model(shape: dict, layers: int, mode: str, lora_rank: int, compiled: bool = False):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from rlft.models.checkpointing import enable_gradient_checkpointing
@@ -81,6 +88,12 @@ def _model(shape: dict, layers: int, mode: str, lora_rank: int):
 
         targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
         model = get_peft_model(model, LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, target_modules=targets))
+    if compiled:
+        from rlft.models.compiled import compile_layers
+        from rlft.speed.fused_norm import fuse_rms_norms
+
+        fuse_rms_norms(model)  # as a run has them
+        compile_layers(model)
     return model.train()
 
 
@@ -118,6 +131,60 @@ def kept_bytes(shape: dict, mode: str, batch: dict, dtype: str, lora_rank: int, 
     return kept
 
 
+def profiled_kept_bytes(model, batch: dict, dtype: str) -> int:
+    """Bytes a forward allocated and had not freed at its end (the torch profiler's memory events: compiled
+    code's allocations too), its backward run after."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        lp = forward(model, batch, dtype)
+    # an op's own allocations less its own frees; "[memory]" is a free outside any op
+    kept = sum(e.cpu_memory_usage if e.name == "[memory]" else e.self_cpu_memory_usage for e in prof.events())
+    lp.sum().backward()
+    return kept
+
+
+COMPILED_ROWS = {  # row -> (mode, compiled)
+    "off": ("off", False),
+    "selective": ("selective", False),
+    "compiled off": ("off", True),
+    "compiled selective": ("selective", True),
+}
+
+
+def compiled_rows(shape: dict, batch: dict, dtype: str, lora_rank: int, rounds: int, timed: bool) -> dict:
+    """Per :data:`COMPILED_ROWS`: bytes a layer keeps per hidden unit and token (:func:`profiled_kept_bytes`, 4
+    layers less 2, each after a first pass that compiles) and, ``timed``, the median forward + backward seconds
+    of the 4-layer model, the rows alternating."""
+    tokens = batch["prompt_ids"].numel() + batch["completion_ids"][:, :-1].numel()
+    models = {
+        (row, n): _model(shape, n, mode, lora_rank, compiled) for row, (mode, compiled) in COMPILED_ROWS.items()
+        for n in (2, 4)
+    }  # fmt: skip
+    out: dict[str, dict] = {}
+    for row in COMPILED_ROWS:
+        kept = []
+        for n in (2, 4):
+            model = models[row, n]
+            profiled_kept_bytes(model, batch, dtype)  # compiles; the allocator's first touches
+            model.zero_grad(set_to_none=True)
+            kept.append(profiled_kept_bytes(model, batch, dtype))
+            model.zero_grad(set_to_none=True)
+        out[row] = {"bytes_per_unit": round((kept[1] - kept[0]) / 2 / tokens / shape["hidden_size"], 1)}
+    if timed:
+        times: dict[str, list[float]] = {row: [] for row in COMPILED_ROWS}
+        for _ in range(rounds):
+            for row in COMPILED_ROWS:
+                model = models[row, 4]
+                model.zero_grad(set_to_none=True)
+                start = time.perf_counter()
+                forward(model, batch, dtype).sum().backward()
+                times[row].append(time.perf_counter() - start)
+        for row, t in times.items():
+            out[row]["seconds"] = round(statistics.median(t), 3)
+    return out
+
+
 def per_unit(shape: dict, mode: str, batch: dict, dtype: str, lora_rank: int) -> tuple[float, float]:
     """(bytes one decoder layer keeps per hidden unit and token, MB of weight casts it keeps), from 4 layers less 2."""
     tokens = batch["prompt_ids"].numel() + batch["completion_ids"][:, :-1].numel()
@@ -149,6 +216,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--lora-rank", type=int, default=0)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--no-time", action="store_true", help="memory only")
+    p.add_argument("--compiled", action="store_true", help="add model.compile's layers (off and selective)")
     args = p.parse_args(argv)
     fields = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads")
     source = SMOLLM2_135M if args.shape == "smollm2-135m" else SHAPES[args.shape]
@@ -173,6 +241,15 @@ def main(argv: list[str] | None = None) -> dict:
         if "seconds" in r:
             line += f"; forward + backward {r['seconds']:.2f} s ({r['seconds'] / off['seconds']:.2f}x off)"
         print(line)
+    if args.compiled:
+        rows = compiled_rows(shape, batch, args.dtype, args.lora_rank, args.rounds, not args.no_time)
+        result["profiled"] = rows
+        print("by the profiler's memory events (weight casts included), with model.compile's layers:")
+        for row, r in rows.items():
+            line = f"  {row:18s} {r['bytes_per_unit']:6.1f} bytes per hidden unit and token a layer"
+            if "seconds" in r:
+                line += f"; forward + backward {r['seconds']:.2f} s ({r['seconds'] / rows['off']['seconds']:.2f}x off)"
+            print(line)
     print(json.dumps(result))
     return result
 

@@ -6,8 +6,8 @@
 #      copy freed for the update and the next rollout's graphs reading it again; tests/speed/test_fused_norm.py:
 #      the update's RMSNorm as PyTorch's fused CUDA kernel against Hugging Face's; tests/models/test_loading.py:
 #      a LoRA base cast on its way, never held in fp32 on the GPU), where pytest is installed;
-#      the compiled decode's own (tests/speed/test_decode_layer.py: the compiled layers captured in the graph)
-#      runs just before row 5, whose rlft-compiled worker then finds its compilations cached;
+#      the compiled ones (tests/speed/test_decode_layer.py: the compiled decode layers captured in the graph;
+#      tests/models/test_compiled.py: the update's compiled layers against Hugging Face's) run just before row 5;
 #   2. SmolLM2-1.7B's shape, 8 prompts x 8 completions of 128 new tokens (10 steps: the whole process is
 #      timed too), then of 512: TRL and rlft stepped in turn (each row prints decode GB/s and update
 #      TFLOP/s against the GPU's measured bandwidth and bf16 matmul peak, peak GPU memory, and
@@ -15,8 +15,9 @@
 #   3. Llama-3-8B's shape with LoRA r=16, 8 x 8 x 256 tokens, rlft alone;
 #   4. SmolLM2-360M's shape at 128 tokens, 10 steps, TRL and rlft;
 #   5. 1.7B at up to 512 tokens with completions ending at EOS at mixed lengths (chance 1/256 a token:
-#      mean ~220), rlft, and rlft-compiled beside it: the decode layers compiled by torch.compile
-#      (rollout.compile_decode, off by default until this row measures it; compilation is in the whole process);
+#      mean ~220), rlft, and rlft-compiled beside it: the decode layers (rollout.compile_decode) and the
+#      update's decoder layers (model.compile) compiled by torch.compile, both off by default until this row
+#      measures them (each phase's time says which moved; compilation is in the whole process);
 #   6. where time is left, 1.7B at 128 tokens again with rlft's update keeping every activation
 #      (--rlft-gradient-checkpointing off) instead of its default selective recomputation on a GPU
 #      (rlft.models.checkpointing): what selective costs in time and saves in peak memory;
@@ -115,8 +116,10 @@ row 1.7b-512 140 smollm2-1.7b 512 --frameworks "${FRAMEWORKS[@]}" --one-at-a-tim
 row 8b-lora-256 90 llama3-8b 256 --frameworks rlft --lora-rank 16 || status=1
 row 360m-128 70 smollm2-360m 128 --frameworks "${FRAMEWORKS[@]}" --steps 9 || status=1
 # the compiled decode's CUDA test before its first row: its Triton compilations (seconds each) then land in
-# Inductor's cache, which the row's rlft-compiled worker reads
-gpu_tests gpu_tests_compiled 90 "cuda and compiled" tests/speed/test_decode_layer.py || status=1
+# Inductor's cache, which the row's rlft-compiled worker reads (the update's layers, at the test's tiny shapes,
+# compile other kernels: the row pays for those)
+gpu_tests gpu_tests_compiled 90 "cuda and compiled" tests/speed/test_decode_layer.py tests/models/test_compiled.py \
+  || status=1
 row 1.7b-eos-512 100 smollm2-1.7b 512 --frameworks rlft rlft-compiled --eos-rate 0.0039 --one-at-a-time || status=1
 # one pass, as the selective row's: on an 80 GB GPU rlft's planner would otherwise split keeping everything in two
 row 1.7b-128-keep-all 60 smollm2-1.7b 128 --frameworks rlft --rlft-gradient-checkpointing off \

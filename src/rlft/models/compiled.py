@@ -45,6 +45,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 from rlft.models.checkpointing import OWN_MODE, keeps, recompute, recompute_mode
 from rlft.speed.compiled import Compiled
 
+RECOMPILE_LIMIT = 32  # Dynamo's variants of one function, at least, under model.compile (compile_layers)
 # the keyword arguments under which a decoder layer receives a KV cache (transformers' names across versions)
 _CACHE_KWARGS = ("cache", "past_key_values", "past_key_value", "layer_past")
 
@@ -63,6 +64,12 @@ def compile_layers(model: nn.Module) -> int:
     layers = [m for m in decoder_layers(model) if OWN_MODE not in m.__dict__]
     if not layers:
         return 0
+    # a GRPO step calls the layers in five to seven ways (training, scoring without gradients in train and in
+    # eval mode, the reference's bf16 weights, each with a first layer whose input needs no gradient): past
+    # Dynamo's recompile limit (8) a further way would run uncompiled, with only Dynamo's log line to say so
+    limit = getattr(torch._dynamo.config, "recompile_limit", None)
+    if limit is not None and limit < RECOMPILE_LIMIT:
+        torch._dynamo.config.recompile_limit = RECOMPILE_LIMIT
     mode = recompute_mode(model)
     for m in model.modules():  # Hugging Face's checkpoint would otherwise run the compiled forward inside it
         if getattr(m, "gradient_checkpointing", False) is True:
