@@ -70,7 +70,7 @@ def _print(info: dict) -> None:
         print("WARNING: " + info["thread_warning"])
     print(f"CPU kernels: {info['native_kernels']}")
     if info["gpu_compile"]:
-        print(f"torch.compile on the GPU (rollout.compile_decode): {info['gpu_compile']}")
+        print(f"torch.compile on the GPU (rollout.compile_decode, model.compile): {info['gpu_compile']}")
     versions = info["versions"]
     print(
         "required packages: "
