@@ -15,17 +15,17 @@ batch of another length reuses it; Dynamo compiles a variant for each way a laye
 gradients, scoring without, the reference's bf16 weights). A forward with a KV cache (generation through
 Hugging Face's ``generate``) runs the layer uncompiled.
 
-Recomputation under compile: AOTAutograd's partitioner chooses what the backward keeps from the joint forward
-and backward graph. Left to itself it keeps more than rlft's selective recomputation (on SmolLM2-135M's layer in
-bf16, 46 bytes per hidden unit and token against 22: the MLP's product and every weight's bf16 cast among
-them), so under ``selective`` the graph's forward operations are tagged by the rule selective recomputation
-follows uncompiled (:func:`rlft.models.checkpointing.keeps`: keep the large matmuls' outputs, recompute the
-rest), which the partitioner obeys: 29 bytes, the difference being what rlft's attention, outside the graph,
-keeps for its own backward (``benchmarks/recompute.py --compiled``). ``off`` leaves the partitioner its own
-choice, and ``full`` replays each compiled layer's forward under a non-reentrant checkpoint. The mode is the
-layer's own (:data:`rlft.models.checkpointing.OWN_MODE`): Hugging Face's checkpointing is turned off on a
-compiled model, whose layers would otherwise run inside it. Where compiling fails, the layers run as Hugging
-Face's, with the recomputation the mode names, and one warning.
+Recomputation under compile: AOTAutograd's partitioner chooses what the backward keeps from the joint
+forward and backward graph. Left to itself it keeps more than rlft's selective recomputation (SmolLM2-135M's
+layer in bf16 at 2 x 8 x 128 tokens: 40 bytes per hidden unit and token against 22, the MLP's product and
+every weight's bf16 cast among them). So under ``selective`` the graph's forward operations are tagged by the
+rule selective recomputation follows uncompiled (:func:`rlft.models.checkpointing.keeps`: keep the large
+matmuls' outputs, recompute the rest), which the partitioner obeys: 29 bytes, the difference being what rlft's
+attention, outside the graph, keeps for its own backward (``benchmarks/recompute.py --compiled``). ``off``
+leaves the partitioner its own choice, and ``full`` replays each compiled layer's forward under a
+non-reentrant checkpoint. The mode is the layer's own (:data:`rlft.models.checkpointing.OWN_MODE`): Hugging
+Face's checkpointing is turned off on a compiled model, whose layers would otherwise run inside it. Where
+compiling fails, the layers run as Hugging Face's, with the recomputation the mode names, and one warning.
 
 The numbers are those of the uncompiled layer up to the order of floating-point operations: fused kernels
 keep intermediate results in fp32 where the eager ops rounded each to bf16 (``tests/models/test_compiled.py``).
