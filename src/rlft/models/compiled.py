@@ -64,9 +64,10 @@ def compile_layers(model: nn.Module) -> int:
     layers = [m for m in decoder_layers(model) if OWN_MODE not in m.__dict__]
     if not layers:
         return 0
-    # a GRPO step calls the layers in five to seven ways (training, scoring without gradients in train and in
-    # eval mode, the reference's bf16 weights, each with a first layer whose input needs no gradient): past
-    # Dynamo's recompile limit (8) a further way would run uncompiled, with only Dynamo's log line to say so
+    # a run calls the layers in several ways, each a compiled variant (a GRPO step three: training, scoring
+    # without gradients, the reference's bf16 weights; LoRA's reference, a PPO critic and each graph break's
+    # continuation add theirs): past Dynamo's recompile limit (8) a further way would run uncompiled, with only
+    # Dynamo's log line to say so
     limit = getattr(torch._dynamo.config, "recompile_limit", None)
     if limit is not None and limit < RECOMPILE_LIMIT:
         torch._dynamo.config.recompile_limit = RECOMPILE_LIMIT
@@ -86,6 +87,8 @@ def _forward(self: nn.Module, *args, **kwargs):
     plain = inspect.unwrap(type(self).forward)  # the layer's own forward, without Hugging Face's checkpointing
     if any(kwargs.get(k) is not None for k in _CACHE_KWARGS):
         return plain(self, *args, **kwargs)
+    if not torch.is_grad_enabled():  # no graph either way: one compiled variant, not one per input's flag
+        args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
     mode = getattr(self, OWN_MODE) if self.training and torch.is_grad_enabled() else "off"
     run = _compiled(plain, "selective" if mode == "selective" else "off")
     if mode == "full" or (mode == "selective" and run.failed):
