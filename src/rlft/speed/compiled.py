@@ -29,7 +29,7 @@ class Compiled:
         self,
         fn: Callable[..., Any],
         what: str = "the decode layer",
-        backend: str = "inductor",
+        backend: str | Callable[..., Any] = "inductor",
         *,
         fullgraph: bool = True,
         setting: str = "rollout.compile_decode",
