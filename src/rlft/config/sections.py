@@ -93,13 +93,9 @@ class ModelConfig(Section):
     )
     compile: bool = Field(
         False,
-        description="Compile each decoder layer's training and scoring forward with torch.compile: the work "
-        "between its matmuls (norms, casts, rotary, SiLU, residual adds) fused into a few kernels each way; "
-        "the backward then recomputes that work as the compiler chooses (gradient_checkpointing true still "
-        "replays whole layers). Compiling takes a minute or so at a run's first steps (cached on the machine "
-        "after). Off by default until its speed-up on a GPU is measured (scripts/gpu_scale.sh's rlft-compiled "
-        "row); the rollout's decode has its own rollout.compile_decode. Where compiling fails, the layers run "
-        "uncompiled, with one warning.",
+        description="Compile each decoder layer's training and scoring forward with torch.compile (the work "
+        "between its matmuls fused, forward and backward; the backward recomputes what gradient_checkpointing "
+        "says). Compiling takes up to a minute at the first steps, cached after; off until measured on a GPU.",
     )
     lora: LoraConfig | None = Field(None, description="Train a LoRA adapter instead of all weights.")
     device: str = Field("auto", description="'auto' (cuda if available, else cpu), 'cpu', 'cuda' or 'cuda:N'.")
