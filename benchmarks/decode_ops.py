@@ -6,7 +6,10 @@ the GPU's fixed batch (:class:`rlft.speed.graphed_rows.GraphedRows`, run eagerly
 torch profiler, and the operations that would each be a kernel (leaf operators that are not views, and
 Inductor's generated kernels) per token and per layer, eager and compiled, over a bf16 decode copy as on
 a GPU. Off a GPU Inductor writes C++
-rather than Triton and fuses a little differently, so the compiled count is indicative.
+rather than Triton and fuses a little differently, so the compiled count is indicative. Copies a CPU makes
+where a GPU kernel does not (an elementwise operation's operands or output of another dtype, which a CPU
+casts into temporaries and a CUDA kernel casts as it reads and writes; a batched matmul's operand whose rows
+are further apart than their length, which cuBLAS reads in place) are counted apart and left out.
 
     python benchmarks/decode_ops.py [--layers 4 8] [--tokens 24]
 """
@@ -60,6 +63,13 @@ VIEWS = {
 TENSOR_LISTS = {"aten::cat", "aten::stack"}
 # one fused kernel on a GPU, its composite operations on a CPU: counted once, as on the GPU
 FUSED_ON_GPU = {"aten::rms_norm", "aten::_fused_rms_norm"}
+# a copy a CPU makes inside these and a GPU does not: a CPU's elementwise loops cast operands of another dtype
+# (and an output of another dtype) into temporaries where a CUDA kernel casts as it reads and writes, and its
+# batched matmul copies an operand whose rows are further apart than their length, which cuBLAS reads in place
+CPU_ONLY_COPIES_UNDER = {"aten::add", "aten::add_", "aten::mul", "aten::mul_", "aten::addcmul", "aten::sub"}
+CPU_ONLY_COPIES_UNDER |= {"aten::div", "aten::where", "aten::bmm"}
+COPY_CHAIN = {"aten::copy_", "aten::_to_copy", "aten::to", "aten::clone", "aten::contiguous"}
+CPU_ONLY = "the CPU's own: "  # the prefix of what count_ops counts apart
 
 
 def count_ops(run) -> dict[str, int]:
@@ -91,8 +101,25 @@ def count_ops(run) -> dict[str, int]:
         # a list of tensors (cat, stack) is recorded without shapes: its inputs are the device's
         on_device = kernel or e.name in TENSOR_LISTS or any(len(s) > 0 for s in e.input_shapes if isinstance(s, list))
         if leaf and on_device:
-            counts[e.name] = counts.get(e.name, 0) + 1
+            name = e.name if _gpu_makes(e) else f"{CPU_ONLY}{e.name} in {_caller(e).name}"
+            counts[name] = counts.get(name, 0) + 1
     return counts
+
+
+def _caller(e):
+    """The operator that made copy ``e``: its nearest caller outside :data:`COPY_CHAIN`."""
+    parent = e.cpu_parent
+    while parent is not None and parent.name in COPY_CHAIN:
+        parent = parent.cpu_parent
+    return parent
+
+
+def _gpu_makes(e) -> bool:
+    """Whether a GPU runs the leaf operator ``e`` as a kernel (not a copy in :data:`CPU_ONLY_COPIES_UNDER`)."""
+    if e.name not in COPY_CHAIN:
+        return True
+    caller = _caller(e)
+    return caller is None or caller.name not in CPU_ONLY_COPIES_UNDER
 
 
 def _no_op(e) -> bool:
@@ -118,16 +145,20 @@ def main(argv: list[str] | None = None) -> int:
     counts = {(layers, c): per_token(layers, a.tokens, c) for layers in a.layers for c in (False, True)}
     shallow, deep = a.layers
     for compiled in (False, True):
-        totals = [sum(counts[layers, compiled].values()) for layers in a.layers]
+        totals = [
+            sum(n for k, n in counts[layers, compiled].items() if not k.startswith(CPU_ONLY)) for layers in a.layers
+        ]
         per_layer = (totals[1] - totals[0]) / (deep - shallow)
         name = "compiled (rollout.compile_decode)" if compiled else "eager"
         print(
             f"{name}: {per_layer:.1f} operations a layer and {totals[0] - shallow * per_layer:.0f} outside the "
-            f"layers, a token ({totals[0]:.0f} at {shallow} layers, {totals[1]:.0f} at {deep})"
+            f"layers, a token ({totals[0]:.0f} at {shallow} layers, {totals[1]:.0f} at {deep}); left out, the "
+            f"CPU's own copies: {sum(n for k, n in counts[deep, compiled].items() if k.startswith(CPU_ONLY)):.0f}"
+            f" at {deep}"
         )
         for op, n in sorted(counts[deep, compiled].items(), key=lambda kv: -kv[1])[: a.top]:
             print(f"  {n:6.1f}  {op}")
-    eager, compiled = (sum(counts[deep, c].values()) for c in (False, True))
+    eager, compiled = (sum(n for k, n in counts[deep, c].items() if not k.startswith(CPU_ONLY)) for c in (False, True))
     print(f"compiled / eager at {deep} layers: {compiled / eager:.2f} of the operations a token")
     return 0
 
