@@ -122,3 +122,23 @@ def test_cli_json_and_exit_code(tiny_config, tmp_path):
         s.listen()
         proc = run_cli(["doctor", "--port", str(s.getsockname()[1])], tmp_path)
     assert proc.returncode == 1 and "[FAIL] service port" in proc.stdout and "fix:" in proc.stdout
+
+
+def test_model_compile_without_a_compiler_warns_with_a_fix(tiny_config, tmp_path, monkeypatch):
+    """model.compile on a CPU needs a C++ compiler for Inductor: found, the check says which; missing, it warns
+    (the run would go on uncompiled) and says what to install. Nothing is asked, nothing is checked."""
+    from torch._inductor import cpp_builder
+
+    assert "compile" not in _by_name(doctor(str(_config(tiny_config, tmp_path))))
+    tiny_config["model"]["compile"] = True
+    path = _config(tiny_config, tmp_path)
+    check = _by_name(doctor(str(path)))["compile"]
+    assert check.status == OK and "model.compile: Inductor compiles with" in check.detail
+
+    def missing():
+        raise RuntimeError("no working C++ compiler found")
+
+    monkeypatch.setattr(cpp_builder, "get_cpp_compiler", missing)
+    check = _by_name(doctor(str(path)))["compile"]
+    assert check.status == "warn" and "no working C++ compiler found" in check.detail
+    assert "install g++" in check.fix

@@ -53,7 +53,7 @@ def config_checks(config_path: str, overrides: list[str] | None = None) -> list[
     out.append(Check("model", OK, f"{cfg.model.path}: {shape.model_type}, {shape.params / 1e6:.1f}M parameters"))
     out.append(_memory_check(cfg, shape, config_path))
     out.append(disk_check(cfg, shape))
-    return out
+    return out + _compile_checks(cfg)
 
 
 def _tracker_checks(cfg) -> list[Check]:
@@ -63,6 +63,40 @@ def _tracker_checks(cfg) -> list[Check]:
         if importlib.util.find_spec(module) is None:
             out.append(Check(f"tracker {name}", FAIL, f"train.report_to lists {name}, which is not installed", install))
     return out
+
+
+def _compile_checks(cfg) -> list[Check]:
+    """Whether this machine can compile what ``model.compile`` and ``rollout.compile_decode`` ask for: Triton on a
+    GPU, a C++ compiler on a CPU (where compiling fails a run goes on uncompiled, which only its log says)."""
+    rollout = getattr(cfg, "rollout", None)
+    settings = {"model.compile": getattr(cfg.model, "compile", False)}
+    settings["rollout.compile_decode"] = bool(rollout is not None and rollout.compile_decode)
+    from rlft.models.loading import resolve_device
+
+    gpu = resolve_device(cfg.model.device).type == "cuda"
+    # on a CPU the decode is rlft's native kernels': rollout.compile_decode has nothing to compile there
+    asked = [name for name, on in settings.items() if on and (gpu or name == "model.compile")]
+    if not asked:
+        return []
+    what = " and ".join(asked)
+    if gpu:
+        if importlib.util.find_spec("triton") is None:
+            return [Check("compile", WARN, f"{what}: no Triton here, so nothing compiles", "pip install triton")]
+        return [Check("compile", OK, f"{what}: Triton found (compiling takes up to a minute at a run's first steps)")]
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        compiler = get_cpp_compiler()
+    except Exception as exc:  # Inductor's own search: RuntimeError, or its missing-compiler error
+        return [
+            Check(
+                "compile",
+                WARN,
+                f"{what}: no C++ compiler for Inductor on this CPU ({exc}); the layers would run uncompiled",
+                "install g++ (or set CXX), or set model.compile false",
+            )
+        ]
+    return [Check("compile", OK, f"{what}: Inductor compiles with {compiler} on this CPU")]
 
 
 def _memory_check(cfg, shape, config_path: str) -> Check:
