@@ -521,7 +521,14 @@ def main(argv: list[str] | None = None) -> int:
         help="give TRL's process the allocator setting rlft applies (rlft/allocator.py), to see how "
         "much of the difference it accounts for",
     )
-    ap.add_argument("--frameworks", nargs="+", default=["trl", "rlft"], choices=sorted(WORKERS))
+    ap.add_argument(
+        "--frameworks",
+        nargs="+",
+        default=["trl", "rlft"],
+        choices=sorted(WORKERS),
+        help="workers stepped in turn: rlft-eager decodes without CUDA graphs; rlft-compiled compiles the decode "
+        "layers (rollout.compile_decode) and the update's layers (model.compile)",
+    )
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument(
