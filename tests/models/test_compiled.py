@@ -5,6 +5,7 @@ falls back with one warning. Inductor's C++ backend runs these on the CPU (tens 
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 
 import pytest
@@ -129,7 +130,10 @@ def test_a_failed_compilation_runs_the_layers_uncompiled_with_one_warning(tiny_m
 
     torch._dynamo.reset()  # the other tests' variants count against Dynamo's recompile limit, past which it
     # would run the layer uncompiled without asking the backend
-    monkeypatch.setattr(compiled, "_compiled", _fresh_compiled(backend=broken))
+    for partition in compiled.BACKENDS:
+        monkeypatch.setitem(compiled.BACKENDS, partition, broken)
+    # a cache of its own, gone with the test: not the compilations made with the real backends
+    monkeypatch.setattr(compiled, "_compiled", functools.cache(compiled._compiled.__wrapped__))
     policies = []
     real_policy = checkpointing._policy
     monkeypatch.setattr(
@@ -149,19 +153,6 @@ def test_a_failed_compilation_runs_the_layers_uncompiled_with_one_warning(tiny_m
     assert "model: the decoder layers could not be compiled" in warnings[0]
     assert "no C++ compiler here" in warnings[0] and "(model.compile: false silences this)" in warnings[0]
     assert policies  # the uncompiled layers after the first recomputed selectively
-
-
-def _fresh_compiled(backend):
-    """compiled._compiled with its own cache and ``backend``."""
-    import functools
-
-    from rlft.speed.compiled import Compiled
-
-    @functools.cache
-    def make(plain, partition):
-        return Compiled(plain, "the decoder layers", backend, fullgraph=False, setting="model.compile", instead="x")
-
-    return make
 
 
 def _compilations(model):

@@ -68,14 +68,14 @@ def _tracker_checks(cfg) -> list[Check]:
 def _compile_checks(cfg) -> list[Check]:
     """Whether this machine can compile what ``model.compile`` and ``rollout.compile_decode`` ask for: Triton on a
     GPU, a C++ compiler on a CPU (where compiling fails a run goes on uncompiled, which only its log says)."""
-    rollout = getattr(cfg, "rollout", None)
-    settings = {"model.compile": getattr(cfg.model, "compile", False)}
-    settings["rollout.compile_decode"] = bool(rollout is not None and rollout.compile_decode)
     from rlft.models.loading import resolve_device
 
     gpu = resolve_device(cfg.model.device).type == "cuda"
+    rollout = getattr(cfg, "rollout", None)
+    asked = ["model.compile"] if cfg.model.compile else []
     # on a CPU the decode is rlft's native kernels': rollout.compile_decode has nothing to compile there
-    asked = [name for name, on in settings.items() if on and (gpu or name == "model.compile")]
+    if gpu and rollout is not None and rollout.compile_decode:
+        asked.append("rollout.compile_decode")
     if not asked:
         return []
     what = " and ".join(asked)

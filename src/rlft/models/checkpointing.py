@@ -89,12 +89,17 @@ def _selective_contexts():
     return create_selective_checkpoint_contexts(_policy)
 
 
+def _checkpoint_kwargs(mode: Recompute) -> dict:
+    """PyTorch's checkpoint arguments for ``mode`` (``full`` or ``selective``): non-reentrant, with rlft's policy
+    where selective."""
+    return {"use_reentrant": False, **({"context_fn": _selective_contexts} if mode == "selective" else {})}
+
+
 def recompute(fn, mode: Recompute, *args):
     """``fn(*args)`` under a non-reentrant checkpoint that recomputes in the backward as ``mode`` says (not ``off``)."""
     from torch.utils.checkpoint import checkpoint
 
-    context = {"context_fn": _selective_contexts} if mode == "selective" else {}
-    return checkpoint(fn, *args, use_reentrant=False, **context)
+    return checkpoint(fn, *args, **_checkpoint_kwargs(mode))
 
 
 def enable_gradient_checkpointing(model: torch.nn.Module, mode: Recompute = "full") -> None:
@@ -112,9 +117,7 @@ def enable_gradient_checkpointing(model: torch.nn.Module, mode: Recompute = "ful
     for m in own:
         setattr(m, OWN_MODE, mode)
     if not own:
-        kwargs = {"use_reentrant": False}
-        if mode == "selective":
-            kwargs["context_fn"] = _selective_contexts
+        kwargs = _checkpoint_kwargs(mode)
         if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x; the old name is deprecated
             model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
         else:

@@ -103,7 +103,7 @@ def _compiled(plain, partition: str) -> Compiled:
     return Compiled(
         plain,
         "the decoder layers",
-        _keep_matmuls_backend if partition == "selective" else "inductor",
+        BACKENDS[partition],
         fullgraph=False,  # rlft's attention stays out of the graph
         setting="model.compile",
         instead="the update runs Hugging Face's layers uncompiled",
@@ -144,3 +144,7 @@ class _KeepMatmuls(CustomGraphPass):
 
     def uuid(self) -> str:  # part of Inductor's cache key: a change to the rule must change it
         return "rlft-keep-matmuls-1"
+
+
+# the backend of each partition (:func:`_compiled`)
+BACKENDS = {"off": "inductor", "selective": _keep_matmuls_backend}
