@@ -149,18 +149,22 @@ def _assert_same_trajectory(a: Path, b: Path, rtol: float = 1e-4, atol: float = 
 def runs(workdir, tiny_model_dir) -> dict[str, Path]:
     """name -> run directory: one process and two (ddp, fsdp2) for GRPO; one and two (ddp) for
     REINFORCE++ (whitened over the global batch), DAPO (dynamic sampling: kept groups counted and
-    shared out over the processes) and PPO (a replicated critic); and the one-process GRPO run
-    continued from its checkpoint-2 by two fsdp2 processes (``1-to-fsdp2``). The two-process runs
-    share one torchrun launch (:mod:`tests.distributed.sequential_runs`)."""
+    shared out over the processes) and PPO (a replicated critic); GRPO under fsdp2 with the update's
+    decoder layers compiled (``model.compile``: each layer compiled inside FSDP's hooks); and the
+    one-process GRPO run continued from its checkpoint-2 by two fsdp2 processes (``1-to-fsdp2``). The
+    two-process runs share one torchrun launch (:mod:`tests.distributed.sequential_runs`)."""
     out = workdir / "out"
     grpo = _config(workdir, tiny_model_dir, "grpo")
     rpp = _config(workdir, tiny_model_dir, "reinforce_pp")
     dapo = _config(workdir, tiny_model_dir, "dapo", max_sampling_rounds=3)
     ppo = _config(workdir, tiny_model_dir, "ppo")
+    compiled = copy.deepcopy(grpo)
+    compiled["model"]["compile"] = True
     plan = {
         "grpo-1": (grpo, None),
         "grpo-ddp": (grpo, "ddp"),
         "grpo-fsdp2": (grpo, "fsdp2"),
+        "grpo-fsdp2-compiled": (compiled, "fsdp2"),
         "rpp-1": (rpp, None),
         "rpp-ddp": (rpp, "ddp"),
         "dapo-1": (dapo, None),
@@ -198,6 +202,7 @@ def test_rewards_vary_so_the_comparison_means_something(runs):
     [
         ("grpo-1", "grpo-ddp"),
         ("grpo-1", "grpo-fsdp2"),
+        ("grpo-1", "grpo-fsdp2-compiled"),
         ("rpp-1", "rpp-ddp"),
         ("dapo-1", "dapo-ddp"),
         ("ppo-1", "ppo-ddp"),
@@ -206,6 +211,13 @@ def test_rewards_vary_so_the_comparison_means_something(runs):
 def test_two_processes_train_what_one_process_trains(runs, one, two):
     _assert_same_trajectory(runs[one], runs[two])
     _assert_same_weights(runs[one], runs[two], SAME_WEIGHTS_ATOL)
+
+
+def test_fsdp2_ran_the_compiled_layers(runs):
+    # the weights above would match as well if compiling had fallen back to Hugging Face's layers
+    log = (runs["grpo-fsdp2-compiled"] / "train_log.log").read_text()
+    assert "2 decoder layers run compiled by torch.compile" in log
+    assert "could not be compiled" not in log
 
 
 def test_dynamic_sampling_dropped_and_resampled_groups(runs):
