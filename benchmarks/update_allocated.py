@@ -6,10 +6,14 @@ glibc did not hand back. This counts the first on a CPU: one GRPO step of a rand
 of `benchmarks/shapes.py` (fewer layers, so that it fits here), its update under the torch profiler's
 memory events (every allocation and free), and prints the peak above the update's start (gradients,
 activations, the head's log-probs) with the estimate's terms for the same config on an H200. Two depths
-give the cost of a layer.
+give the cost of a layer. The update runs in one pass, as the H200's estimate plans it (a CPU's own
+``micro_batch_size: auto`` would split a batch of more than 4,096 tokens into passes). ``--gpu-attention``
+runs the update's attention through PyTorch's SDPA, as on a GPU, instead of rlft's CPU kernels
+(``train.native_kernels: false``): its fused kernel keeps what a GPU's keeps for the backward (inputs,
+output, log-sum-exp), so the live tensors are those of a GPU's update.
 
     python benchmarks/update_allocated.py [--shape smollm2-1.7b] [--layers 2 4] [--new-tokens 64]
-        [--recompute selective]
+        [--recompute selective] [--lora-rank 16] [--gpu-attention]
 """
 
 from __future__ import annotations
@@ -80,13 +84,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--recompute", default="selective", choices=["selective", "off", "full"])
+    ap.add_argument("--lora-rank", type=int, default=0, help="train a LoRA adapter of this rank (alpha 2r)")
+    ap.add_argument("--gpu-attention", action="store_true", help="attention through SDPA, as on a GPU")
     ap.add_argument("--model", default="gpu-carry/model", help="a directory with SmolLM2's config and tokenizer")
     a = ap.parse_args(argv)
     import yaml
     from grpo_step import rlft_config
     from shapes import random_model_dir
 
-    print(f"{a.shape}, 2 prompts x 8 completions x {a.new_tokens} tokens, bf16, recompute {a.recompute}")
+    lora = f", LoRA r={a.lora_rank}" if a.lora_rank else ""
+    attention = "SDPA (a GPU's)" if a.gpu_attention else "rlft's CPU kernels"
+    print(
+        f"{a.shape}, 2 prompts x 8 completions x {a.new_tokens} tokens, bf16, recompute {a.recompute}{lora}, "
+        f"attention {attention}"
+    )
     for layers in a.layers:
         model = random_model_dir(Path(a.model), a.shape, {"num_hidden_layers": layers}, "cpu", "bf16")
         work = Path(tempfile.mkdtemp())
@@ -102,8 +113,11 @@ def main(argv: list[str] | None = None) -> int:
             engine="native",
             threads=2,
             gradient_checkpointing=a.recompute,
+            lora_rank=a.lora_rank or None,
+            micro_batch=16,  # one pass, as on the GPU
         )
         config = rlft_config(opts, work)
+        config["train"]["native_kernels"] = not a.gpu_attention
         (work / "config.yaml").write_text(yaml.safe_dump(config))
         peak = measure(config) / 2**30
         plan = planned(work / "config.yaml")

@@ -145,7 +145,7 @@ def test_selective_recomputation_keeps_under_half_of_a_layers_memory():
     # (128) and 2 intermediate-wide (768) outputs (its fp32 term adds what the backward holds beside them)
     tensors = 4 + 2 * (phases.SEL_HIDDEN * 256 + 2 * 128 + 2 * 768) / 256
     assert kept["selective"] <= tensors < 1.2 * kept["selective"]
-    assert phases.SEL_FP32_HIDDEN >= 1
+    assert phases.CPU_ALLOWANCE.sel_fp32_hidden >= 1
 
 
 def _kept_casts(model, region) -> int:

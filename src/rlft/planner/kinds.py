@@ -109,6 +109,7 @@ def rl_phases(
         compute_bytes=compute_bytes,
         recompute=recompute,
         group=alg.num_generations,
+        device_kind=device.kind,
         **_eval_geometry(cfg, new),
     )
     kept, trained, graphed = _rl_kept(cfg, shape, device, compute_bytes)
@@ -218,6 +219,7 @@ def _supervised(
         micro_rows=micro,
         compute_bytes=compute_bytes,
         recompute=recompute,
+        device_kind=device.kind,
     )
     kept = {
         **trained_bytes(shape, _frozen_linear_bytes(cfg, compute_bytes)),

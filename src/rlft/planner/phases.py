@@ -8,7 +8,8 @@ time (weights, optimizer moments, the reference, decode copies) plus what only i
 
 Every term is an upper bound for the worst step the config allows: every completion runs to
 ``max_new_tokens`` and every row of a micro-batch is as long as the longest prompt. The
-per-token constants were fitted to measured peaks (docs/operations.md has the table) and rounded up.
+activations' per-token constants are the device's (:class:`Allowance`): a CPU's fitted to measured
+peak resident sets, a GPU's counted from the tensors its update keeps (docs/operations.md has both).
 
 What a kind needs is its registry entry's ``memory`` (:data:`rlft.config.schema.JOB_KINDS`), so
 a new kind of job says how it uses memory where it is declared.
@@ -22,31 +23,56 @@ from rlft.planner.shape import ModelShape
 
 Phases = dict[str, dict[str, int]]
 
-# Activation bytes one token keeps for the backward, per decoder layer: hidden-sized tensors kept in
-# fp32 whatever the compute dtype (the residual stream, the norms' inputs and outputs: autocast
-# casts matmul inputs, it does not keep them in bf16), a few more in the compute dtype, and the
-# MLP's intermediate-sized ones (gate, its activation, up, their product) in the compute dtype.
-# Measured on SmolLM2-135M, 16 x 281 tokens: 79 bytes per hidden unit in bf16, 101 in fp32.
-ACT_FP32_HIDDEN, ACT_HIDDEN, ACT_INTER = 15, 1, 4
-# A LoRA adapter on every linear keeps each adapted input once more (84 bytes a hidden unit in bf16).
-ACT_LORA_HIDDEN = 3
-# Under checkpointing a layer keeps its fp32 inputs (hidden states, rotary tables; measured 25 bytes
-# per hidden unit, rounded up), and one layer is replayed at a time.
-CKPT_FP32_HIDDEN = 7
-# Under selective recomputation (rlft.models.checkpointing) a layer keeps its fp32 input and, in the
-# compute dtype, its matmuls' outputs: q, attention, o and down (hidden-sized), k and v (the kv width),
-# gate and up (intermediate-sized). benchmarks/recompute.py counted 22.0 (bf16) and 40.0 (fp32) bytes per
-# hidden unit on SmolLM2-135M's layer, 30.0 on SmolLM2-1.7B's in bf16. The fp32 term is 6 hidden units, not
-# the input's 1 (as CKPT_FP32_HIDDEN is 7 for an input measured at 1): what the backward holds beside the kept
-# tensors and the allocator's retained memory. 5 was the smallest that kept benchmarks/memory_estimate.py's
-# selective cases at or above their measured peaks in one run each; repeated runs of the bf16 case peaked
-# 4.69-4.99 GiB against its estimate of 4.90 (2026-12-06, night), so one unit more covers that spread.
-SEL_FP32_HIDDEN, SEL_HIDDEN = 6, 4
-# The saved tensors above, measured on whole rows, plus what the backward holds beside them (each
-# layer's gradient temporaries, the allocator's fragmentation), by compute dtype in bytes: the
-# smallest margins that kept every case of benchmarks/memory_estimate.py at or above its measured
-# peak (docs/operations.md has the table).
-ACTIVATION_MARGIN = {2: 1.15, 4: 1.25}
+# Activation bytes one token keeps for the backward, per decoder layer, in units of the hidden size: hidden-sized
+# tensors in the compute dtype (ACT_HIDDEN) and the MLP's intermediate-sized ones (gate, its activation, up, their
+# product: ACT_INTER), beside fp32 hidden-sized ones (the residual stream, the norms' inputs and outputs: autocast
+# casts matmul inputs, it does not keep them in bf16), whose count is the device's (Allowance).
+ACT_HIDDEN, ACT_INTER = 1, 4
+# Under selective recomputation (rlft.models.checkpointing) a layer keeps its fp32 input and, in the compute dtype,
+# its matmuls' outputs: q, attention, o and down (hidden-sized), k and v (the kv width), gate and up
+# (intermediate-sized), beside what the device's allowance adds.
+SEL_HIDDEN = 4
+
+
+@dataclass(frozen=True)
+class Allowance:
+    """What the activation terms count beside the tensors they name, by how a device's peak is measured.
+
+    act_fp32_hidden / sel_fp32_hidden / ckpt_fp32_hidden: fp32 hidden units a layer and a token keeps with nothing
+    recomputed, under selective recomputation, and under full checkpointing; lora_hidden: compute-dtype hidden units
+    a LoRA adapter on every linear adds with nothing recomputed; margin: the activations' total is multiplied by
+    this, by compute dtype in bytes."""
+
+    act_fp32_hidden: int
+    sel_fp32_hidden: int
+    ckpt_fp32_hidden: int
+    lora_hidden: int
+    margin: dict[int, float]
+
+
+# A CPU's peak is its resident set, which also keeps what glibc's heap did not hand back: fitted on measured peaks
+# (docs/operations.md has the tables). Nothing recomputed: 79 bytes a hidden unit in bf16 and 101 in fp32 on
+# SmolLM2-135M (16 x 281 tokens); a LoRA adapter on every linear keeps each adapted input once more (84 in bf16).
+# Full checkpointing: the fp32 input measured at 25 bytes a unit (the rotary tables beside it), rounded up. Selective:
+# the input's 1 unit and 5 more for what the backward holds beside the kept tensors and the heap's retained memory,
+# the smallest that kept benchmarks/memory_estimate.py's selective cases over their peaks run after run (4.69-4.99 GiB
+# measured against 4.90 with 5, 2026-12-06, night). The margins: the smallest that kept every case at or above it.
+CPU_ALLOWANCE = Allowance(
+    act_fp32_hidden=15, sel_fp32_hidden=6, ckpt_fp32_hidden=7, lora_hidden=3, margin={2: 1.15, 4: 1.25}
+)
+# A GPU's peak is its caching allocator's: the live tensors, and the blocks it keeps reserved beside them. The live
+# tensors were counted on a CPU through the update's GPU path (PyTorch's SDPA, whose fused kernel keeps what a GPU's
+# keeps; `RLFT_NATIVE_KERNELS=0 python benchmarks/recompute.py --no-time`, bf16, 2026-12-07): selective keeps exactly
+# the fp32 input and the matmuls' outputs above, 32.0 / 24.0 / 24.0 / 27.0 bytes a unit on SmolLM2-1.7B's, -360M's
+# and -135M's layers and Llama-3-8B's with LoRA r=16, as this counts them with one fp32 unit; nothing recomputed kept
+# 69.2 / 58.7 / 58.9 (4 x 8.8-8.9 fp32 units beside the compute-dtype terms: 9) and 57.8 with LoRA (no more than
+# without: 0); full checkpointing 4.0 (the input). The margin stands for the allocator's reserve and the backward's
+# transient tensors, which no CPU measures: it is reasoned (a caching allocator's peak reserve is typically 5-15 %
+# over its live tensors), to be refit on `scripts/gpu_scale.sh`'s allocated and reserved peaks.
+GPU_ALLOWANCE = Allowance(
+    act_fp32_hidden=9, sel_fp32_hidden=1, ckpt_fp32_hidden=1, lora_hidden=0, margin={2: 1.4, 4: 1.4}
+)
+ALLOWANCES = {"cpu": CPU_ALLOWANCE, "cuda": GPU_ALLOWANCE}
 HEAD_CHUNK_ELEMENTS = 1 << 24  # rlft.speed.head_logprobs: logits computed at a time
 HEAD_CHUNK_COPIES = 3  # the chunk's logits, probabilities and their gradient
 HEAD_KEPT_PROBS_BYTES = 512 * 2**20  # rlft.models.logprobs.KEPT_PROBS_BYTES: probabilities kept up to this size
@@ -63,7 +89,8 @@ class Geometry:
     most a completion generates (0: no generation); micro_rows: sequences per forward/backward;
     eval_rows / eval_new_tokens: the evaluation's generation batch; compute_bytes: 2 under bf16
     autocast, 4 in fp32; recompute: what the update's layers recompute in the backward (``off``,
-    ``selective``, ``full``: :mod:`rlft.models.checkpointing`)."""
+    ``selective``, ``full``: :mod:`rlft.models.checkpointing`); device_kind: ``cpu`` or ``cuda``, whose
+    peaks are measured differently (:data:`ALLOWANCES`)."""
 
     rows: int
     prompts: int
@@ -75,6 +102,11 @@ class Geometry:
     eval_rows: int = 0
     eval_new_tokens: int = 0
     group: int = 1
+    device_kind: str = "cpu"
+
+    @property
+    def allowance(self) -> Allowance:
+        return ALLOWANCES.get(self.device_kind, CPU_ALLOWANCE)
 
     @property
     def seq(self) -> int:
@@ -96,24 +128,26 @@ class Geometry:
         return self.micro_rows * (self.new_tokens or self.seq)
 
 
-def _layer_per_token(shape: ModelShape, compute_bytes: int) -> int:
+def _layer_per_token(shape: ModelShape, compute_bytes: int, allowance: Allowance = CPU_ALLOWANCE) -> int:
     """What one decoder layer keeps a token when it keeps everything (or replays its forward)."""
     h, inter = shape.hidden, shape.intermediate
-    lora = ACT_LORA_HIDDEN * h if shape.trainable < shape.params else 0
-    return 4 * ACT_FP32_HIDDEN * h + (ACT_HIDDEN * h + lora + ACT_INTER * inter) * compute_bytes
+    lora = allowance.lora_hidden * h if shape.trainable < shape.params else 0
+    return 4 * allowance.act_fp32_hidden * h + (ACT_HIDDEN * h + lora + ACT_INTER * inter) * compute_bytes
 
 
-def activation_bytes(shape: ModelShape, tokens: int, compute_bytes: int, recompute: str) -> int:
+def activation_bytes(
+    shape: ModelShape, tokens: int, compute_bytes: int, recompute: str, allowance: Allowance = CPU_ALLOWANCE
+) -> int:
     """Activations ``tokens`` positions keep for the backward through the decoder layers."""
     h, inter, kv = shape.hidden, shape.intermediate, shape.kv_heads * shape.head_dim
-    layer = _layer_per_token(shape, compute_bytes)
-    selective = 4 * SEL_FP32_HIDDEN * h + (SEL_HIDDEN * h + 2 * kv + 2 * inter) * compute_bytes
+    layer = _layer_per_token(shape, compute_bytes, allowance)
+    selective = 4 * allowance.sel_fp32_hidden * h + (SEL_HIDDEN * h + 2 * kv + 2 * inter) * compute_bytes
     per_token = {
         "off": shape.layers * layer,
         "selective": shape.layers * selective + layer,
-        "full": shape.layers * 4 * CKPT_FP32_HIDDEN * h + layer,
+        "full": shape.layers * 4 * allowance.ckpt_fp32_hidden * h + layer,
     }[recompute]
-    return int(ACTIVATION_MARGIN[compute_bytes] * tokens * per_token)
+    return int(allowance.margin[compute_bytes] * tokens * per_token)
 
 
 def head_bytes(shape: ModelShape, tokens: int, compute_bytes: int) -> int:
@@ -183,7 +217,7 @@ def update_bytes(shape: ModelShape, g: Geometry, head: bool = True, one_pass: bo
     the gradients already there. A CPU's peak is its resident set, which keeps what glibc's heap could
     not reuse: there the activations and gradients were measured to coexist
     (``benchmarks/memory_estimate.py``'s one-pass cases), so the caller leaves ``one_pass`` off."""
-    out = {"activations": activation_bytes(shape, g.forward_tokens, g.compute_bytes, g.recompute)}
+    out = {"activations": activation_bytes(shape, g.forward_tokens, g.compute_bytes, g.recompute, g.allowance)}
     if head:
         out["logits"] = head_bytes(shape, g.scored_tokens, g.compute_bytes)
     if g.compute_bytes == 2 and g.recompute == "off":  # autograd keeps each weight's bf16 cast for the backward
@@ -191,7 +225,9 @@ def update_bytes(shape: ModelShape, g: Geometry, head: bool = True, one_pass: bo
     gradients = 4 * shape.trainable
     if one_pass:
         last_layer = int(
-            ACTIVATION_MARGIN[g.compute_bytes] * g.forward_tokens * _layer_per_token(shape, g.compute_bytes)
+            g.allowance.margin[g.compute_bytes]
+            * g.forward_tokens
+            * _layer_per_token(shape, g.compute_bytes, g.allowance)
         )
         head_gradient = 4 * shape.vocab * shape.hidden if shape.trainable == shape.params else 0
         gradients = max(head_gradient, gradients + last_layer - sum(out.values()))
