@@ -128,16 +128,14 @@ class Geometry:
         return self.micro_rows * (self.new_tokens or self.seq)
 
 
-def _layer_per_token(shape: ModelShape, compute_bytes: int, allowance: Allowance = CPU_ALLOWANCE) -> int:
+def _layer_per_token(shape: ModelShape, compute_bytes: int, allowance: Allowance) -> int:
     """What one decoder layer keeps a token when it keeps everything (or replays its forward)."""
     h, inter = shape.hidden, shape.intermediate
     lora = allowance.lora_hidden * h if shape.trainable < shape.params else 0
     return 4 * allowance.act_fp32_hidden * h + (ACT_HIDDEN * h + lora + ACT_INTER * inter) * compute_bytes
 
 
-def activation_bytes(
-    shape: ModelShape, tokens: int, compute_bytes: int, recompute: str, allowance: Allowance = CPU_ALLOWANCE
-) -> int:
+def activation_bytes(shape: ModelShape, tokens: int, compute_bytes: int, recompute: str, allowance: Allowance) -> int:
     """Activations ``tokens`` positions keep for the backward through the decoder layers."""
     h, inter, kv = shape.hidden, shape.intermediate, shape.kv_heads * shape.head_dim
     layer = _layer_per_token(shape, compute_bytes, allowance)
