@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,15 +14,7 @@ from rlft.planner import phases
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
-@pytest.fixture
-def gpu_attention():
-    """The update's attention through PyTorch's SDPA, as on a GPU, instead of rlft's CPU kernels."""
-    kernels_module.set_enabled(False)
-    yield
-    kernels_module.set_enabled(True)
-
-
-def test_the_gpu_allowance_counts_what_a_gpu_keeps(gpu_attention):
+def test_the_gpu_allowance_counts_what_a_gpu_keeps(monkeypatch):
     """Bytes a decoder layer keeps a token and hidden unit for its backward, counted by benchmarks/recompute.py (every
     storage alive after the forward, 4 layers less 2) in bf16, with attention through SDPA: long enough rows for
     rlft's attention to call it (over 1M scores a call), grouped-query and GPU-like proportions."""
@@ -29,6 +22,7 @@ def test_the_gpu_allowance_counts_what_a_gpu_keeps(gpu_attention):
         sys.path.insert(0, str(BENCHMARKS))
     import recompute
 
+    monkeypatch.setattr(kernels_module, "_SWITCH", {"enabled": False})  # attention through SDPA, as on a GPU
     h, kv, inter = 256, 64, 704
     shape = {"hidden_size": h, "intermediate_size": inter, "num_attention_heads": 8, "num_key_value_heads": 2}
     batch = recompute._batch(2, 8, 16, 128)
@@ -66,22 +60,10 @@ def test_a_gpu_estimate_counts_activations_by_the_gpu_allowance():
         model_type="llama",
     )
 
-    def geometry(kind):
-        return phases.Geometry(
-            rows=16,
-            prompts=2,
-            prompt_tokens=16,
-            new_tokens=128,
-            micro_rows=16,
-            compute_bytes=2,
-            recompute="selective",
-            group=8,
-            device_kind=kind,
-        )
-
-    tokens = geometry("cuda").forward_tokens
+    cuda = phases.Geometry(16, 2, 16, 128, 16, compute_bytes=2, recompute="selective", group=8, device_kind="cuda")
+    tokens = cuda.forward_tokens
     per_layer = 4 * 1 * 256 + (4 * 256 + 2 * 64 + 2 * 704) * 2  # the GPU's selective layer, bytes a token
     replayed = 4 * 9 * 256 + (256 + 4 * 704) * 2  # one layer's forward, replayed in the backward
-    gpu = phases.update_bytes(shape, geometry("cuda"))["activations"]
+    gpu = phases.update_bytes(shape, cuda)["activations"]
     assert gpu == int(phases.GPU_ALLOWANCE.margin[2] * tokens * (4 * per_layer + replayed))
-    assert phases.update_bytes(shape, geometry("cpu"))["activations"] > gpu
+    assert phases.update_bytes(shape, replace(cuda, device_kind="cpu"))["activations"] > gpu
