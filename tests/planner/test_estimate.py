@@ -311,6 +311,33 @@ def test_the_update_holds_of_the_decode_copy_only_what_the_step_does_not_rewrite
     assert decode_weights(lora=None, dtype="fp32") == (0, 0)  # no copy to free
 
 
+def test_an_unmerged_lora_decode_is_planned_as_the_decoder_holds_it(tiny_config, tiny_model_dir, monkeypatch):
+    """rollout.decode_copy false under LoRA: on a GPU no copy of the base, only the tied head's bf16 copy and
+    the adapters' factors, none of it freed for the update (rlft.speed.lora_decode)."""
+    import torch
+
+    import rlft.speed.packed_matmul as packed_matmul
+    from rlft.models.loading import load_policy, load_tokenizer
+    from rlft.rollout import NativeEngine, SamplingParams
+
+    tiny_config["model"]["lora"] = {"r": 4}
+    tiny_config["rollout"] = {"decode_copy": False}
+    cfg = load_config(data=tiny_config)
+    phases = estimate_memory(cfg, T4, prompt_tokens=10).phases
+    planned = phases["rollout"]["decode weights"]
+    assert phases["update"]["decode weights"] == planned
+    merged = estimate_memory(load_config(data={**tiny_config, "rollout": {}}), T4, prompt_tokens=10).phases
+    assert planned < merged["rollout"]["decode weights"] / 2
+    monkeypatch.setattr(packed_matmul, "can_pack", lambda dtype, device: False)  # as on a GPU: nothing packed
+    cpu = torch.device("cpu")
+    model = load_policy(cfg.model, cpu, model_dir=tiny_model_dir, frozen_dtype=torch.bfloat16)
+    engine = NativeEngine(model, load_tokenizer(tiny_model_dir), max_prompt_length=16, autocast_dtype=torch.bfloat16)
+    engine.generate(["ab"], SamplingParams(max_new_tokens=2))
+    fused = engine._fused[1]
+    held = fused.head._packed.nbytes + sum(lr.a.nbytes + lr.b.nbytes for lr in fused._low_ranks)
+    assert held <= planned <= 1.3 * held, (held, planned)
+
+
 def _reward_model_dir(tiny_model_dir, path, **sizes):
     """The tiny model's config (with ``sizes``) as a one-output sequence classifier's (all the planner reads)."""
     config = json.loads((tiny_model_dir / "config.json").read_text())

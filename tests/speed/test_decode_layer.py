@@ -93,7 +93,7 @@ def test_a_compiled_layer_that_cannot_compile_runs_eagerly_with_one_warning(monk
     monkeypatch.setattr(decode_layer, "_COMPILED", None)  # fresh torch.compile objects: Dynamo traces anew
     layer_in, _ = decode_layer.layer_steps(compiled=True)
     h, cos, sin = torch.randn(2, 8), torch.randn(2, 3, 4), torch.randn(2, 3, 4)
-    qkv = ((torch.randn(16, 8),), None)
+    qkv = ((torch.randn(16, 8),), None, None)
     caches = [torch.zeros(2, 1, 5, 4) for _ in range(4)]  # keys and values [B, KVH, A, D], twice
     # config.patch, not monkeypatch: undoing a config module's setattr deletes the key for later tests
     broken = torch._inductor.config.patch({"force_disable_caches": True, "cpp.cxx": ("/nonexistent/c++",)})

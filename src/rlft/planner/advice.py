@@ -70,7 +70,13 @@ def _candidates(cfg, est: MemoryEstimate) -> list[tuple[str, object, str]]:
     out += [("model.gradient_checkpointing", setting, _RECOMPUTE_COST[setting]) for setting in deeper]
     rollout = getattr(cfg, "rollout", None)
     if rollout is not None and est.geometry.compute_bytes == 2 and rollout.decode_copy:
-        out.append(("rollout.decode_copy", False, "no bf16 copy of the weights for decoding: a slower rollout"))
+        cost = (
+            "the adapters applied unmerged while decoding, no merged copy of the base: a small product more in "
+            "every decode matmul"
+            if cfg.model.lora is not None
+            else "no bf16 copy of the weights for decoding: a slower rollout"
+        )
+        out.append(("rollout.decode_copy", False, cost))
     reward = getattr(cfg, "reward", None)
     if reward is not None and est.device.kind == "cuda":
         out += [

@@ -18,6 +18,7 @@ from rlft.planner.phases import (
     reference_bytes,
     scoring_bytes,
     trained_bytes,
+    unmerged_decode_bytes,
     update_bytes,
 )
 from rlft.planner.scorers import scorer_bytes
@@ -145,14 +146,20 @@ def _rl_kept(cfg, shape: ModelShape, device: DeviceSpec, compute_bytes: int) -> 
     # the native engine's fused decode of a Llama-family model: graphed on a GPU, packed on a CPU
     fused = r.engine == "native" and r.fused_decode and shape.model_type in SUPPORTED
     graphed = fused and device.kind == "cuda" and r.cuda_graphs
-    copy = decode_copy_bytes(shape, compute_bytes, lora, packed=fused and device.kind == "cpu") if r.decode_copy else 0
+    packed = fused and device.kind == "cpu"
+    unmerged = lora and fused and (not r.decode_copy or compute_bytes == 4)  # rlft.rollout.native_engine
+    if unmerged:
+        copy = unmerged_decode_bytes(shape, compute_bytes, packed)
+    else:
+        copy = decode_copy_bytes(shape, compute_bytes, lora, packed) if r.decode_copy else 0
+    released = 0 if unmerged else min(copy, _decode_copy_released(cfg, shape))
     kept = {
         **trained_bytes(shape, _frozen_linear_bytes(cfg, compute_bytes)),
         "reference": reference_bytes(shape, compute_bytes, lora) if cfg.algorithm.uses_reference() else 0,
         "decode weights": copy,
         **_critic_kept(cfg, shape),
     }
-    return kept, {**kept, "decode weights": copy - min(copy, _decode_copy_released(cfg, shape))}, graphed
+    return kept, {**kept, "decode weights": copy - released}, graphed
 
 
 def _frozen_linear_bytes(cfg, compute_bytes: int) -> int:

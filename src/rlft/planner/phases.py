@@ -250,6 +250,20 @@ def reference_bytes(shape: ModelShape, compute_bytes: int, lora: bool) -> int:
     return 4 * shape.params
 
 
+def unmerged_decode_bytes(shape: ModelShape, compute_bytes: int, packed: bool) -> int:
+    """A LoRA policy's fused decode with its adapters unmerged (``rollout.decode_copy: false``, or fp32;
+    rlft.speed.lora_decode): the adapters' factors in the compute dtype, their B blocks with the zeros around
+    them (at most twice the adapter's parameters); with ``packed`` (a CPU in bf16) the frozen base packed
+    once, every Linear; on a GPU a tied LM head's bf16 copy (the bf16 base is read as it is). None of it is
+    freed for the update."""
+    factors = 2 * compute_bytes * shape.trainable
+    if compute_bytes != 2:
+        return factors
+    if packed:
+        return factors + 2 * shape.linear_params
+    return factors + (2 * shape.vocab * shape.hidden if shape.tied_embeddings else 0)
+
+
 def decode_copy_bytes(shape: ModelShape, compute_bytes: int, lora: bool, packed: bool) -> int:
     """The rollout's bf16 weights. ``packed``: a CPU's fused decode, which multiplies packed copies of
     every Linear (made straight from a full policy; a LoRA policy is first merged into a plain bf16

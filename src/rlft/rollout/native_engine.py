@@ -93,20 +93,29 @@ class NativeEngine(HFGenerateEngine):
 
         fp32: the policy's own weights. bf16 with the decode copy where oneDNN packs bf16: packed
         bf16 copies made straight from the policy's weights (no module copy). Otherwise the decode
-        copy (a merged LoRA policy, or no packing here). bf16 autocast over fp32 weights (no
-        decode copy) takes the generic path, which casts them."""
+        copy (no packing here). bf16 autocast over fp32 weights (no decode copy) takes the generic
+        path, which casts them. A LoRA policy decodes from the decode copy with its adapters merged in
+        (a plain model's matmuls, for a second copy of the base), and without it (or in fp32) from its
+        frozen base with the adapters unmerged (:mod:`rlft.speed.lora_decode`: no copy on a GPU, the base
+        packed once on a CPU; a small product more in every matmul)."""
         from rlft.speed.fused_decode import FusedDecoder, unsupported_reason
+        from rlft.speed.lora_decode import is_peft
         from rlft.speed.packed_matmul import can_pack
 
-        if not self.fused_decode or (self.autocast_dtype is not None and not self.decode_copy):
+        if not self.fused_decode:
             return None
+        reason = unsupported_reason(self.model)
         pack = (
             self.autocast_dtype
             if self.autocast_dtype is not None and can_pack(self.autocast_dtype, self.device)
             else None
         )
-        reason = unsupported_reason(self.model)
-        if self.autocast_dtype is None or (pack is not None and reason is None):
+        peft = is_peft(self.model)
+        if peft and reason is None and not self.decode_copy:  # the adapters unmerged
+            source, pack = self.model, self.autocast_dtype
+        elif self.autocast_dtype is not None and not self.decode_copy:
+            return None
+        elif not peft and (self.autocast_dtype is None or (pack is not None and reason is None)):
             source = self.model
         else:  # the module copy: a LoRA policy is merged into a plain model there
             source = self.decode_model()

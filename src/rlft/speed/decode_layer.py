@@ -27,19 +27,24 @@ import torch.nn.functional as F  # noqa: N812
 
 from rlft.speed.compiled import Compiled
 from rlft.speed.decode_attention import attend_cached, grouped_queries, put_column
+from rlft.speed.lora_decode import add_low_rank
 
 # A matmul x [M, K] -> [M, N]: a callable (:class:`rlft.speed.packed_matmul.DecodeMatmul`, run as it is), or
-# (weights, biases or None), the output being the concatenation of each weight's product (what compiles).
-Matmul = Callable[[torch.Tensor], torch.Tensor] | tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...] | None]
+# (weights, biases or None, a LoRA's (A, B) or None), the output being the concatenation of each weight's
+# product, plus (x @ A.T) @ B.T (what compiles; :mod:`rlft.speed.lora_decode`).
+Tensors = tuple[torch.Tensor, ...]
+LowRankPair = tuple[torch.Tensor, torch.Tensor]
+Matmul = Callable[[torch.Tensor], torch.Tensor] | tuple[Tensors, Tensors | None, LowRankPair | None]
 
 
 def _apply(m: Matmul, x: torch.Tensor) -> torch.Tensor:
     if not isinstance(m, tuple):
         return m(x)
-    weights, biases = m
+    weights, biases, low_rank = m
     x = x.to(weights[0].dtype)
     outs = [F.linear(x, w, None if biases is None else biases[j]) for j, w in enumerate(weights)]
-    return outs[0] if len(outs) == 1 else torch.cat(outs, -1)
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, -1)
+    return out if low_rank is None else add_low_rank(out, x, *low_rank)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

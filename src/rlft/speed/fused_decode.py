@@ -15,8 +15,9 @@ weights and to framework overhead around ~15 small modules per layer. This forwa
 * keeps the residual stream and the norms in fp32 and rounds only matmul inputs, as bf16 autocast
   does, so its log-probs match the Hugging Face forward up to summation order.
 
-Supported: ``llama``, ``mistral`` (no sliding window in reach), ``qwen2`` (q/k/v biases), without
-adapters; :func:`unsupported_reason` says why another model decodes through the generic path.
+Supported: ``llama``, ``mistral`` (no sliding window in reach), ``qwen2`` (q/k/v biases), with or without
+plain LoRA adapters on the decoder layers' Linears (applied unmerged, :mod:`rlft.speed.lora_decode`);
+:func:`unsupported_reason` says why another model decodes through the generic path.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from torch import nn
 from rlft.speed.change_watch import ChangeWatch
 from rlft.speed.decode_attention import CachedAttention
 from rlft.speed.decode_layer import layer_steps, rms_norm, rotate
+from rlft.speed.lora_decode import LowRank, adapter_reason, base_linear, base_model
 from rlft.speed.packed_matmul import DecodeMatmul
 from rlft.speed.static_kv import StaticKV, count_kv_read
 
@@ -37,13 +39,15 @@ SUPPORTED = ("llama", "mistral", "qwen2")
 
 
 def unsupported_reason(model: nn.Module) -> str | None:
-    """None if :class:`FusedDecoder` can run ``model``, else why not."""
+    """None if :class:`FusedDecoder` can run ``model`` (a PEFT model: with its adapters unmerged), else why not."""
+    reason = adapter_reason(model)
+    if reason is not None:
+        return reason
+    model = base_model(model)
     config = getattr(model, "config", None)
     kind = getattr(config, "model_type", None)
     if kind not in SUPPORTED:
         return f"model type {kind!r} (fused decode supports {', '.join(SUPPORTED)})"
-    if hasattr(model, "peft_config"):
-        return "a LoRA/PEFT model"
     if getattr(config, "hidden_act", "silu") != "silu":
         return f"activation {config.hidden_act!r}"
     if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
@@ -57,7 +61,7 @@ def unsupported_reason(model: nn.Module) -> str | None:
     if not layers or any(hasattr(layer.self_attn, "q_norm") for layer in layers):
         return "an unexpected layer layout"
     unbiased = ("self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
-    if any(getattr(layer.get_submodule(name), "bias", None) is not None for layer in layers for name in unbiased):
+    if any(base_linear(layer.get_submodule(name)).bias is not None for layer in layers for name in unbiased):
         return "biases on the output or MLP projections (Llama's attention_bias / mlp_bias)"
     return None
 
@@ -93,8 +97,8 @@ def _weights(owner: nn.Module, fused_attr: str, linears: list[nn.Linear]):
     if fused is not None:
         weight, bias = fused
         return [weight], (None if bias is None else [bias])
-    biases = [m.bias for m in linears]
-    return [m.weight for m in linears], (None if biases[0] is None else biases)
+    biases = [base_linear(m).bias for m in linears]
+    return [base_linear(m).weight for m in linears], (None if biases[0] is None else biases)
 
 
 @dataclass
@@ -115,9 +119,12 @@ class FusedDecoder:
     :meth:`refresh` for the tensors an optimizer stepped, and nothing else is duplicated (the
     embedding and norms are read in place). Without it, matmul inputs are rounded to the dtype
     of the weights as they are (fp32 policy, or the bf16 decode copy). Keys and values are cached
-    in the matmul dtype."""
+    in the matmul dtype. A PEFT ``model``'s adapters are applied as low-rank terms beside its base's
+    weights (:class:`rlft.speed.lora_decode.LowRank`, refreshed by :meth:`refresh`): with ``pack_dtype`` on
+    a GPU its frozen bf16 base is read in place, and only a tied fp32 head gets a copy."""
 
     def __init__(self, model: nn.Module, pack_dtype: torch.dtype | None = None, kernels=None, compiled: bool = False):
+        model = base_model(model)
         base, config = model.model, model.config
         self.embed = base.embed_tokens.weight
         self.rotary = base.rotary_emb
@@ -132,13 +139,14 @@ class FusedDecoder:
         self.scale = self.head_dim**-0.5
         self._matmuls = [self.head] + [m for la in self.layers for m in (la.qkv, la.o, la.gate_up, la.down)]
         self._watch = ChangeWatch([m.sources for m in self._matmuls], start_changed=True) if pack_dtype else None
+        self._low_ranks = [m.low_rank for m in self._matmuls if m.low_rank is not None]
         self.kernels = kernels if kernels is not None and self._kernels_apply() else None
         self._loop = None  # the layer weights for the one-call layer loop, made after a refresh
         self._released: set[int] = set()  # the matmuls whose packed copy release() freed
         self._table: tuple[torch.Tensor, torch.Tensor] | None = None  # rotary_table()'s, kept between rollouts
-        # the layers between the matmuls compiled (rlft.speed.decode_layer), where the matmuls are plain products
-        # of the weights as they are: a packed CPU copy is oneDNN's or rlft's own kernel, which Inductor cannot fuse
-        self.compiled = compiled and pack_dtype is None
+        # the layers between the matmuls compiled (rlft.speed.decode_layer), where the matmuls are plain products:
+        # a packed CPU copy is oneDNN's or rlft's own kernel, which Inductor cannot fuse
+        self.compiled = compiled and not any(m.onednn for m in self._matmuls)
 
     def _kernels_apply(self) -> bool:
         """Whether the native kernels (:mod:`rlft.speed.kernels`) can run this model's decode step."""
@@ -155,20 +163,28 @@ class FusedDecoder:
     @staticmethod
     def _layer(layer: nn.Module, pack_dtype: torch.dtype | None, thin) -> _Layer:
         attn, mlp = layer.self_attn, layer.mlp
-        qkv, qkv_bias = _weights(attn, "fused_qkv", [attn.q_proj, attn.k_proj, attn.v_proj])
-        gate_up, _ = _weights(mlp, "fused_gate_up", [mlp.gate_proj, mlp.up_proj])
+        qkv_linears, gate_up_linears = [attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj]
+        qkv, qkv_bias = _weights(attn, "fused_qkv", qkv_linears)
+        gate_up, _ = _weights(mlp, "fused_gate_up", gate_up_linears)
+
+        def matmul(weights, biases, linears):
+            dtype = pack_dtype or weights[0].dtype
+            return DecodeMatmul(weights, biases, pack_dtype, thin, LowRank.of(linears, dtype))
+
         return _Layer(
             layer.input_layernorm.weight,
             layer.post_attention_layernorm.weight,
-            DecodeMatmul(qkv, qkv_bias, pack_dtype, thin),
-            DecodeMatmul([attn.o_proj.weight], None, pack_dtype, thin),
-            DecodeMatmul(gate_up, None, pack_dtype, thin),
-            DecodeMatmul([mlp.down_proj.weight], None, pack_dtype, thin),
+            matmul(qkv, qkv_bias, qkv_linears),
+            matmul([base_linear(attn.o_proj).weight], None, [attn.o_proj]),
+            matmul(gate_up, None, gate_up_linears),
+            matmul([base_linear(mlp.down_proj).weight], None, [mlp.down_proj]),
         )
 
     def refresh(self) -> None:
         """Remake the packed copy of every weight that changed since the last rollout, and those
-        :meth:`release` freed."""
+        :meth:`release` freed; copy the adapters' current factors."""
+        for low_rank in self._low_ranks:
+            low_rank.refresh()
         if self._watch is not None:
             for i in sorted(set(self._watch.changed()) | self._released):
                 self._matmuls[i].repack()
@@ -181,7 +197,7 @@ class FusedDecoder:
         frozen tensors (a LoRA policy's merged module) are kept."""
         if self._watch is not None:
             for i, m in enumerate(self._matmuls):
-                if m._packed is not None and all(t.requires_grad for t in m.sources):
+                if m._packed is not None and m.sources and all(t.requires_grad for t in m.sources):
                     m._packed = m._packed_bias = None  # repack() makes both again
                     self._released.add(i)
             self._loop = None
@@ -194,7 +210,9 @@ class FusedDecoder:
         if self._loop is None:  # decided once per refresh (False: the per-layer calls), not once per token
             ls = self.layers
             matmuls = [m for la in ls for m in (la.qkv, la.o, la.gate_up, la.down)]
-            applies = all(m.thin is not None and m.bias is None and m._packed is not None for m in matmuls)
+            applies = all(
+                m.thin is not None and m.bias is None and m.low_rank is None and m._packed is not None for m in matmuls
+            )
             self._loop = applies and LayerWeights.of(
                 [la.qkv._packed for la in ls],
                 [la.o._packed for la in ls],
@@ -394,6 +412,7 @@ def _as_is(m: DecodeMatmul) -> DecodeMatmul:
     return m
 
 
-def _weights_of(m: DecodeMatmul) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...] | None]:
+def _weights_of(m: DecodeMatmul) -> tuple:
     """A plain matmul as the tensors a compiled layer multiplies (:data:`rlft.speed.decode_layer.Matmul`)."""
-    return tuple(m.weights), None if m.biases is None else tuple(m.biases)
+    biases = None if m.biases is None else (m._packed_bias,) if m.pack_dtype is not None else tuple(m.biases)
+    return m.matrices(), biases, None if m.low_rank is None else (m.low_rank.a, m.low_rank.b)

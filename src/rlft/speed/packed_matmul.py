@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from rlft.speed.fast_linear import matmul_weight_t  # CPU GEMMs stream cold weights faster as W @ x.T
+from rlft.speed.lora_decode import LowRank, add_low_rank
 
 
 def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
@@ -27,17 +28,29 @@ class DecodeMatmul:
     """``x [M, K] -> x @ W.T (+ b) [M, N]`` for W the row-concatenation of ``weights`` (b of ``biases``).
 
     With ``pack_dtype`` the product runs on a private copy of W in that dtype, made by :meth:`repack`
-    (the decoder calls it when the weights changed): in oneDNN's blocked layout, or, in bf16 with
-    ``thin`` (the native kernels where their AVX512-BF16 matmul is the faster one), in that
-    kernel's layout. Otherwise on the weights as they are, small inputs through the weight-first
-    product (CPU GEMMs stream a cold weight faster as ``W @ x.T``)."""
+    (the decoder calls it when the weights changed): on a CPU in oneDNN's blocked layout, or, in bf16
+    with ``thin`` (the native kernels where their AVX512-BF16 matmul is the faster one), in that
+    kernel's layout; elsewhere a plain copy, and none where the weights already are in that dtype (a LoRA
+    policy's frozen base on a GPU is read as it is). Otherwise on the weights as they are, small inputs
+    through the weight-first product (CPU GEMMs stream a cold weight faster as ``W @ x.T``).
+    ``low_rank``: a LoRA policy's adapters on these weights, their term added to the product
+    (:mod:`rlft.speed.lora_decode`)."""
 
     def __init__(
-        self, weights: list[torch.Tensor], biases: list[torch.Tensor] | None, pack_dtype: torch.dtype | None, thin=None
+        self,
+        weights: list[torch.Tensor],
+        biases: list[torch.Tensor] | None,
+        pack_dtype: torch.dtype | None,
+        thin=None,
+        low_rank: LowRank | None = None,
     ):
-        self.weights, self.biases = weights, biases
+        self.weights, self.biases, self.low_rank = weights, biases, low_rank
+        packs = pack_dtype is not None and can_pack(pack_dtype, weights[0].device)
+        if pack_dtype is not None and not packs and all(w.dtype == pack_dtype for w in weights):
+            pack_dtype = None  # a plain copy would be the same tensor
         self.pack_dtype = pack_dtype
         self.dtype = pack_dtype or weights[0].dtype
+        self.onednn = packs  # packed in a CPU kernel's layout, not a plain copy
         self._packed: torch.Tensor | None = None
         self._packed_bias: torch.Tensor | None = None
         fits = thin is not None and thin.thin_matmul_takes(sum(w.shape[0] for w in weights), weights[0].shape[1])
@@ -45,6 +58,7 @@ class DecodeMatmul:
 
     @property
     def sources(self) -> list[torch.Tensor]:
+        """The tensors its copy is made from (not the adapters': :meth:`LowRank.refresh` keeps up with those)."""
         return self.weights + (self.biases or [])
 
     @property
@@ -55,12 +69,21 @@ class DecodeMatmul:
             return None
         return self._packed_bias if self.pack_dtype is not None else _cat(self.biases)
 
+    def matrices(self) -> tuple[torch.Tensor, ...]:
+        """The weight matrices the product multiplies, where they are plain tensors (not a CPU kernel's
+        layout): the copy, else the weights."""
+        return (self._packed,) if self.pack_dtype is not None else tuple(self.weights)
+
     def repack(self) -> None:
+        if self.pack_dtype is None:  # the weights as they are: nothing to copy
+            return
         with torch.no_grad():
             if self.thin is not None:  # one pass from the sources, into the last refresh's buffer
                 self._packed = self.thin.pack_bf16(self.weights, self._packed)
-            else:  # oneDNN: the batch-size hint only picks a blocking; any row count is computed correctly
+            elif self.onednn:  # the batch-size hint only picks a blocking; any row count is computed correctly
                 self._packed = torch.ops.mkldnn._reorder_linear_weight(_cat(self.weights).to(self.pack_dtype), 16)
+            else:
+                self._packed = _cat(self.weights).to(self.pack_dtype, copy=True)
             self._packed_bias = None if self.biases is None else _cat(self.biases).to(self.pack_dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -68,13 +91,19 @@ class DecodeMatmul:
         bias = self.bias
         if self.thin is not None:
             out = self.thin.matmul_bf16(x, self._packed)
-        elif self.pack_dtype is not None:
+        elif self.onednn:
             out = torch.ops.mkldnn._linear_pointwise(x, self._packed, None, "none", [], "")
+        elif self.pack_dtype is not None:
+            out = torch.mm(x, self._packed.T)
         elif len(self.weights) == 1:
             out = matmul_weight_t(x, self.weights[0])
         else:
             out = torch.cat([matmul_weight_t(x, w) for w in self.weights], -1)
-        return out if bias is None else out + bias
+        if bias is not None:
+            out = out + bias
+        if self.low_rank is not None:
+            out = add_low_rank(out, x, self.low_rank.a, self.low_rank.b)
+        return out
 
 
 def _cat(tensors: list[torch.Tensor]) -> torch.Tensor:
