@@ -119,6 +119,7 @@ def rlft_config(opts: dict, workdir: Path) -> dict:
             "engine": opts["engine"],
             "cuda_graphs": opts.get("cuda_graphs", True),
             "compile_decode": opts.get("compile_decode", False),
+            "decode_copy": opts.get("decode_copy", True),
         },
         "reward": {"functions": [{"type": "custom", "function": f"{HERE / 'workload.py'}:e_density"}]},
         "train": {
@@ -268,11 +269,18 @@ def _rlft_compiled_worker(conn, opts: dict) -> None:
     _rlft_worker(conn, {**opts, "compile_decode": True, "compile": True})
 
 
+def _rlft_unmerged_worker(conn, opts: dict) -> None:
+    """rlft without the decode copy (rollout.decode_copy: false), for the A/B: under LoRA the frozen base decoded
+    as it is with the adapters unmerged, instead of a merged bf16 copy of it."""
+    _rlft_worker(conn, {**opts, "decode_copy": False})
+
+
 WORKERS = {
     "rlft": _rlft_worker,
     "trl": _trl_worker,
     "rlft-eager": _rlft_eager_worker,
     "rlft-compiled": _rlft_compiled_worker,
+    "rlft-unmerged": _rlft_unmerged_worker,
 }
 
 
@@ -527,7 +535,8 @@ def main(argv: list[str] | None = None) -> int:
         default=["trl", "rlft"],
         choices=sorted(WORKERS),
         help="workers stepped in turn: rlft-eager decodes without CUDA graphs; rlft-compiled compiles the decode "
-        "layers (rollout.compile_decode) and the update's layers (model.compile)",
+        "layers (rollout.compile_decode) and the update's layers (model.compile); rlft-unmerged decodes without "
+        "the decode copy (rollout.decode_copy: false; under LoRA the base as it is, the adapters unmerged)",
     )
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--steps", type=int, default=5)
@@ -734,9 +743,10 @@ def _print_case(
                 f"  rlft completions: mean {ph['completion_len/mean']:.0f} tokens, "
                 f"longest {ph['completion_len/max']:.0f}, {ph['truncation_rate']:.0%} cut at the limit"
             )
-        gap = ph.get("rollout/logprob_mismatch")
-        if gap is not None:
-            print(f"  rlft rollout/logprob_mismatch (engine vs trainer, mean |difference| a token): {gap:.2e}")
+    for name, r in res.items():
+        gap = r.get("phases", {}).get("rollout/logprob_mismatch")
+        if name.startswith("rlft") and gap is not None:
+            print(f"  {name} rollout/logprob_mismatch (engine vs trainer, mean |difference| a token): {gap:.2e}")
     if "rlft" in res and "trl" in res:
         whole = res["trl"]["process_seconds"] / res["rlft"]["process_seconds"]
         print(
@@ -760,7 +770,14 @@ def _print_case(
             + ", ".join(f"{x:.2f}x the {name}" for name, x in faster.items())
             + f"; whole process {res['rlft']['process_seconds'] / res['rlft-compiled']['process_seconds']:.2f}x"
         )
-    for name in ("rlft", "rlft-compiled"):
+    if "rlft" in res and "rlft-unmerged" in res:
+        ph = [res[k].get("phases", {}) for k in ("rlft", "rlft-unmerged")]
+        print(
+            f"  rlft-unmerged vs rlft (no decode copy; LoRA: the adapters unmerged): "
+            f"{res['rlft']['step_seconds'] / res['rlft-unmerged']['step_seconds']:.2f}x a step, "
+            f"{ph[0].get('time/decode', 0) / max(ph[1].get('time/decode', 0), 1e-9):.2f}x the decode"
+        )
+    for name in ("rlft", "rlft-compiled", "rlft-unmerged"):
         if name in res and "phases" in res[name]:
             print_phases(res[name]["phases"], dtype, peaks, *sizes, lora=lora, label=name)
 

@@ -5,14 +5,17 @@
 #      keeping every activation, with PyTorch's fused attention; tests/speed/test_decode_weights.py: the decode
 #      copy freed for the update and the next rollout's graphs reading it again; tests/speed/test_fused_norm.py:
 #      the update's RMSNorm as PyTorch's fused CUDA kernel against Hugging Face's; tests/models/test_loading.py:
-#      a LoRA base cast on its way, never held in fp32 on the GPU), where pytest is installed;
+#      a LoRA base cast on its way, never held in fp32 on the GPU; tests/speed/test_lora_decode.py: the unmerged
+#      adapters inside the captured graph, over rollouts), where pytest is installed;
 #      the compiled ones (tests/speed/test_decode_layer.py: the compiled decode layers captured in the graph;
 #      tests/models/test_compiled.py: the update's compiled layers against Hugging Face's) run just before row 5;
 #   2. SmolLM2-1.7B's shape, 8 prompts x 8 completions of 128 new tokens (10 steps: the whole process is
 #      timed too), then of 512: TRL and rlft stepped in turn (each row prints decode GB/s and update
 #      TFLOP/s against the GPU's measured bandwidth and bf16 matmul peak, peak GPU memory, and
 #      `rlft estimate`'s prediction of it);
-#   3. Llama-3-8B's shape with LoRA r=16, 8 x 8 x 256 tokens, rlft alone;
+#   3. Llama-3-8B's shape with LoRA r=16, 8 x 8 x 256 tokens, rlft alone: decoding from its merged bf16 copy
+#      (the default) and without it (rlft-unmerged: rollout.decode_copy false, the bf16 base read in place and
+#      the adapters unmerged, rlft/speed/lora_decode.py), for what the copy's 14 GiB buy in decode speed;
 #   4. SmolLM2-360M's shape at 128 tokens, 10 steps, TRL and rlft;
 #   5. 1.7B at up to 512 tokens with completions ending at EOS at mixed lengths (chance 1/256 a token:
 #      mean ~220), rlft, and rlft-compiled beside it: the decode layers (rollout.compile_decode) and the
@@ -108,12 +111,12 @@ gpu_tests() {  # gpu_tests NAME SECONDS K-EXPRESSION FILES...: pytest's CUDA cas
 status=0
 gpu_tests gpu_tests 90 "(captured or cuda) and not compiled" tests/speed/test_graphed_rows.py \
   tests/models/test_checkpointing.py tests/models/test_loading.py tests/speed/test_decode_weights.py \
-  tests/speed/test_fused_norm.py || status=1
+  tests/speed/test_fused_norm.py tests/speed/test_lora_decode.py || status=1
 # in the order of issue 37's Done-when: the rows against TRL and the 8B row first, the A/B rows where time is left
 row 1.7b-128 140 smollm2-1.7b 128 --frameworks "${FRAMEWORKS[@]}" --steps 9 || status=1
 # 512 tokens: TRL's peak beside rlft's (61 GiB estimated) could pass even an H200's memory, one at a time
 row 1.7b-512 140 smollm2-1.7b 512 --frameworks "${FRAMEWORKS[@]}" --one-at-a-time || status=1
-row 8b-lora-256 90 llama3-8b 256 --frameworks rlft --lora-rank 16 || status=1
+row 8b-lora-256 120 llama3-8b 256 --frameworks rlft rlft-unmerged --lora-rank 16 || status=1
 row 360m-128 70 smollm2-360m 128 --frameworks "${FRAMEWORKS[@]}" --steps 9 || status=1
 # the compiled decode's CUDA test before its first row: its Triton compilations (seconds each) then land in
 # Inductor's cache, which the row's rlft-compiled worker reads (the update's layers, at the test's tiny shapes,
