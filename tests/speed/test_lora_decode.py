@@ -148,3 +148,25 @@ def test_a_captured_graph_of_the_unmerged_adapters_follows_them_over_rollouts(wi
         assert diff.max() < 2e-2 and diff.mean() < 3e-3, (rollout, diff.max(), diff.mean())
         engine.release_memory()
         _train_step(model, r.input_ids.to(cuda), opt, True)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # Inductor's own, on a CPU without a GPU
+def test_the_compiled_decode_layers_take_the_adapters_as_arguments(tiny_model_dir, monkeypatch):
+    """rollout.compile_decode with a LoRA policy: the compiled layer halves get each matmul's factors beside its
+    weights (rlft.speed.decode_layer.Matmul) and decode what the layers run as PyTorch ops decode."""
+    import rlft.speed.decode_layer as decode_layer
+
+    model, tok = _lora_policy(tiny_model_dir, "fp32"), load_tokenizer(tiny_model_dir)
+    _train_step(model, torch.randint(0, 50, (2, 9)), _optimizer(model), False)  # adapters that matter
+    sampling = SamplingParams(max_new_tokens=12, n=2, temperature=0.9, seed=3)
+    out, made = {}, {}
+    for compiled in (False, True):
+        out[compiled], _, made[compiled] = _generate(model, tok, monkeypatch, True, sampling, compile_decode=compiled)
+    assert made[True][0].fused.compiled and made[True][0].fused.layers[0].qkv.low_rank is not None
+    assert all(fn.compiled is not None and not fn.failed for fn in decode_layer._COMPILED)
+    assert torch.equal(out[True].completion_ids, out[False].completion_ids)
+    m = out[True].completion_mask.bool()
+    torch.testing.assert_close(out[True].logprobs[m], out[False].logprobs[m], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        out[True].logprobs[m], _forward_logprobs(model, out[True], False, 0.9)[m], atol=1e-5, rtol=1e-5
+    )
