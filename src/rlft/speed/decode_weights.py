@@ -48,7 +48,8 @@ class DecodeWeights:
     """
 
     def __init__(self, source: nn.Module, dtype: torch.dtype):
-        from rlft.speed.fused_decode import fuse_projections, unsupported_reason
+        from rlft.speed.fused_decode import unsupported_reason
+        from rlft.speed.packed_matmul import fuse_projections
 
         lora = _mergeable_lora_layers(source)
         base = frozen_copy(source, dtype)

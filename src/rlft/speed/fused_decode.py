@@ -32,7 +32,7 @@ from rlft.speed.change_watch import ChangeWatch
 from rlft.speed.decode_attention import CachedAttention
 from rlft.speed.decode_layer import layer_steps, rms_norm, rotate
 from rlft.speed.lora_decode import LowRank, adapter_reason, base_linear, base_model
-from rlft.speed.packed_matmul import DecodeMatmul
+from rlft.speed.packed_matmul import DecodeMatmul, projection_weights
 from rlft.speed.static_kv import StaticKV, count_kv_read
 
 SUPPORTED = ("llama", "mistral", "qwen2")
@@ -64,41 +64,6 @@ def unsupported_reason(model: nn.Module) -> str | None:
     if any(base_linear(layer.get_submodule(name)).bias is not None for layer in layers for name in unbiased):
         return "biases on the output or MLP projections (Llama's attention_bias / mlp_bias)"
     return None
-
-
-def fuse_projections(model: nn.Module) -> None:
-    """Store each layer's q/k/v and gate/up weights (and biases) as one tensor, the modules'
-    parameters becoming row-block views of it (kept as ``fused_qkv`` / ``fused_gate_up`` on the
-    attention and MLP modules). Only for a frozen copy: views are not trained."""
-    for layer in model.model.layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        attn.fused_qkv = (
-            _fuse([attn.q_proj, attn.k_proj, attn.v_proj], "weight"),
-            _fuse([attn.q_proj, attn.k_proj, attn.v_proj], "bias"),
-        )
-        mlp.fused_gate_up = (_fuse([mlp.gate_proj, mlp.up_proj], "weight"), None)
-
-
-def _fuse(linears: list[nn.Linear], name: str) -> torch.Tensor | None:
-    parts = [getattr(m, name) for m in linears]
-    if any(p is None for p in parts):
-        return None
-    fused = torch.cat([p.detach() for p in parts])
-    start = 0
-    for m, p in zip(linears, parts):
-        setattr(m, name, nn.Parameter(fused[start : start + p.shape[0]], requires_grad=False))
-        start += p.shape[0]
-    return fused
-
-
-def _weights(owner: nn.Module, fused_attr: str, linears: list[nn.Linear]):
-    """([weights], [biases] or None): the fused tensors if :func:`fuse_projections` ran, else each layer's."""
-    fused = getattr(owner, fused_attr, None)
-    if fused is not None:
-        weight, bias = fused
-        return [weight], (None if bias is None else [bias])
-    biases = [base_linear(m).bias for m in linears]
-    return [base_linear(m).weight for m in linears], (None if biases[0] is None else biases)
 
 
 @dataclass
@@ -164,8 +129,8 @@ class FusedDecoder:
     def _layer(layer: nn.Module, pack_dtype: torch.dtype | None, thin) -> _Layer:
         attn, mlp = layer.self_attn, layer.mlp
         qkv_linears, gate_up_linears = [attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj]
-        qkv, qkv_bias = _weights(attn, "fused_qkv", qkv_linears)
-        gate_up, _ = _weights(mlp, "fused_gate_up", gate_up_linears)
+        qkv, qkv_bias = projection_weights(attn, "fused_qkv", qkv_linears)
+        gate_up, _ = projection_weights(mlp, "fused_gate_up", gate_up_linears)
 
         def matmul(weights, biases, linears):
             dtype = pack_dtype or weights[0].dtype

@@ -4,15 +4,17 @@ A decode step multiplies a few rows by each weight, so its speed is how fast the
 memory. On a CPU where oneDNN packs bf16, a bf16 copy in oneDNN's blocked layout (or, with rlft's native
 kernels, in their thin-matmul layout) streams half the bytes of the fp32 weight and multiplies 1.4-1.7x
 faster than ``torch.mm``; :class:`DecodeMatmul` keeps that copy and the :class:`rlft.speed.fused_decode.
-FusedDecoder` remakes it when the weights change.
+FusedDecoder` remakes it when the weights change. The projections that read one input (q/k/v, gate/up) are
+one matmul: :func:`projection_weights` gives their weights, fused in a frozen copy by :func:`fuse_projections`.
 """
 
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from rlft.speed.fast_linear import matmul_weight_t  # CPU GEMMs stream cold weights faster as W @ x.T
-from rlft.speed.lora_decode import LowRank, add_low_rank
+from rlft.speed.lora_decode import LowRank, add_low_rank, base_linear
 
 
 def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
@@ -108,3 +110,39 @@ class DecodeMatmul:
 
 def _cat(tensors: list[torch.Tensor]) -> torch.Tensor:
     return tensors[0].detach() if len(tensors) == 1 else torch.cat([t.detach() for t in tensors])
+
+
+def fuse_projections(model: nn.Module) -> None:
+    """Store each layer's q/k/v and gate/up weights (and biases) as one tensor, the modules'
+    parameters becoming row-block views of it (kept as ``fused_qkv`` / ``fused_gate_up`` on the
+    attention and MLP modules). Only for a frozen copy: views are not trained."""
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        attn.fused_qkv = (
+            _fuse([attn.q_proj, attn.k_proj, attn.v_proj], "weight"),
+            _fuse([attn.q_proj, attn.k_proj, attn.v_proj], "bias"),
+        )
+        mlp.fused_gate_up = (_fuse([mlp.gate_proj, mlp.up_proj], "weight"), None)
+
+
+def _fuse(linears: list[nn.Linear], name: str) -> torch.Tensor | None:
+    parts = [getattr(m, name) for m in linears]
+    if any(p is None for p in parts):
+        return None
+    fused = torch.cat([p.detach() for p in parts])
+    start = 0
+    for m, p in zip(linears, parts):
+        setattr(m, name, nn.Parameter(fused[start : start + p.shape[0]], requires_grad=False))
+        start += p.shape[0]
+    return fused
+
+
+def projection_weights(owner: nn.Module, fused_attr: str, linears: list[nn.Module]):
+    """([weights], [biases] or None) of the projections one matmul fuses (``linears``, LoRA layers read through
+    to their base): the fused tensors if :func:`fuse_projections` ran, else each layer's."""
+    fused = getattr(owner, fused_attr, None)
+    if fused is not None:
+        weight, bias = fused
+        return [weight], (None if bias is None else [bias])
+    biases = [base_linear(m).bias for m in linears]
+    return [base_linear(m).weight for m in linears], (None if biases[0] is None else biases)
