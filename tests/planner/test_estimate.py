@@ -338,6 +338,47 @@ def test_an_unmerged_lora_decode_is_planned_as_the_decoder_holds_it(tiny_config,
     assert held <= planned <= 1.3 * held, (held, planned)
 
 
+def test_decode_copy_auto_drops_a_merged_lora_copy_that_does_not_fit_and_the_run_applies_it(
+    tiny_config, tiny_model_dir, tmp_path, caplog
+):
+    """An 8B LoRA run on a 24 GB GPU fits only without the merged decode copy: the plan says so and the run
+    decodes unmerged; on an 80 GB GPU, or where the copy is asked for, nothing changes."""
+    import logging
+
+    import rlft.planner.estimate as estimate
+    from rlft.planner.check import MemoryPlanError, check_memory
+
+    eight_b = tmp_path / "llama-8b"  # Llama-3-8B's shape: all the planner reads of a model is its config
+    eight_b.mkdir()
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    config.update(
+        hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+        vocab_size=128256, tie_word_embeddings=False, head_dim=128,
+    )  # fmt: skip
+    (eight_b / "config.json").write_text(json.dumps(config))
+    tiny_config["model"].update(path=str(eight_b), lora={"r": 16})
+    tiny_config["algorithm"].update(max_new_tokens=256, micro_batch_size="auto")
+    cfg = load_config(data=tiny_config)
+    assert cfg.rollout.decode_copy == "auto"
+    roomy = estimate_memory(cfg, "H100-80GB", prompt_tokens=40)
+    assert roomy.fits and roomy.settings == {} and roomy.phases["rollout"]["decode weights"] > 14 * GiB
+    est = estimate_memory(cfg, "24GB", prompt_tokens=40)
+    assert est.fits and est.settings == {"rollout.decode_copy": False}
+    assert est.phases["rollout"]["decode weights"] < GiB // 4
+    assert any(n.startswith("rollout.decode_copy auto: false") for n in est.notes), est.notes
+    pinned = load_config(data={**tiny_config, "rollout": {"decode_copy": True}})
+    assert not estimate_memory(pinned, "24GB", prompt_tokens=40).fits  # asked for: kept, and refused
+    gpu = describe_device("24GB")
+    with pytest.MonkeyPatch.context() as mp, caplog.at_level(logging.INFO, logger="rlft"):
+        mp.setattr(estimate, "describe_device", lambda name, model_device="auto": gpu)
+        mp.setattr(estimate, "longest_prompt", lambda cfg: (40, None))
+        check_memory(cfg, logging.getLogger("rlft"))
+        assert cfg.rollout.decode_copy is False  # the run applies the plan's choice
+        assert "memory plan: rollout.decode_copy auto: false" in caplog.text
+        with pytest.raises(MemoryPlanError, match="rollout.decode_copy=false"):
+            check_memory(pinned, logging.getLogger("rlft"))
+
+
 def _reward_model_dir(tiny_model_dir, path, **sizes):
     """The tiny model's config (with ``sizes``) as a one-output sequence classifier's (all the planner reads)."""
     config = json.loads((tiny_model_dir / "config.json").read_text())

@@ -149,15 +149,16 @@ class RolloutConfig(Section):
         "generate; 'vllm': vLLM on the training GPU, the policy's weights pushed into it after each optimizer step "
         "(pip install 'rlft[vllm]'; a CUDA GPU, model.dtype bf16).",
     )
-    decode_copy: bool = Field(
-        True,
+    decode_copy: bool | Literal["auto"] = Field(
+        "auto",
         description="With model.dtype bf16, generate from a bf16 copy of the weights refreshed after each "
         "optimizer step (2 bytes a parameter while generating: it is freed for the update and made again for the "
         "next rollout; the reference model is kept in bf16, which pays for it). False: "
         "generate from the fp32 weights under autocast, which casts every weight at every token. Under LoRA the "
         "copy has the adapters merged in (a plain model's decode, for a second copy of the base); false decodes "
         "the frozen bf16 base as it is with the adapters unmerged (engine native, fused_decode): no copy, a small "
-        "product more in every decode matmul.",
+        "product more in every decode matmul. 'auto' (the default): true, except for a LoRA policy whose run "
+        "rlft's memory plan says does not fit with the merged copy: false then, said in the log.",
     )
     fused_decode: bool = Field(
         True,

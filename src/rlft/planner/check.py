@@ -58,6 +58,10 @@ def check_memory(cfg, log, processes: int = 1, sharded: bool = False) -> MemoryP
     except (RlftError, OSError, ValueError, KeyError) as exc:
         log.warning(f"memory check skipped: could not estimate this run's memory ({type(exc).__name__}: {exc})")
         return None
+    for path, value in est.settings.items():  # what the plan decided of an 'auto' setting, and why
+        section, key = path.split(".")
+        setattr(getattr(cfg, section), key, value)
+        log.info("memory plan: " + "; ".join(n for n in est.notes if n.startswith(path)))
     if not est.fits:
         knobs = advise(cfg, est)
         lines = "\n".join(f"  {line}" for line in est.lines())

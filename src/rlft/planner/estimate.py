@@ -37,6 +37,9 @@ class MemoryEstimate:
     notes: list[str] = field(default_factory=list)
     processes: int = 1  # a data-parallel run's process count: the estimate is one process's
     sharded: bool = False  # fsdp2: the trained state is split over the processes
+    # what an 'auto' setting comes to where the plan decides it, by dotted path: the run applies it
+    # (rlft.planner.check.check_memory)
+    settings: dict[str, object] = field(default_factory=dict)
 
     @property
     def totals(self) -> dict[str, int]:
@@ -72,6 +75,7 @@ class MemoryEstimate:
             "limit_bytes": self.limit,
             "fits": self.fits,
             "notes": self.notes,
+            "settings": self.settings,
         }
 
     def lines(self) -> list[str]:
@@ -142,7 +146,34 @@ def estimate_memory(
         )
         if sharded:
             phases = _sharded(phases, shape, processes)
-    return MemoryEstimate(spec, shape, geometry, phases, spec.runtime, notes, processes, sharded)
+    est = MemoryEstimate(spec, shape, geometry, phases, spec.runtime, notes, processes, sharded)
+    return _without_a_copy_that_does_not_fit(cfg, est)
+
+
+def _without_a_copy_that_does_not_fit(cfg, est: MemoryEstimate) -> MemoryEstimate:
+    """``rollout.decode_copy: auto`` under LoRA keeps the merged decode copy where the run fits with it; where it
+    does not, the estimate without it (the adapters decoded unmerged, rlft.speed.lora_decode), which the run then
+    applies."""
+    rollout = getattr(cfg, "rollout", None)
+    auto = rollout is not None and rollout.decode_copy == "auto" and cfg.model.lora is not None
+    if est.fits or not auto or est.geometry.compute_bytes != 2:
+        return est
+    unmerged = cfg.model_copy(deep=True)
+    unmerged.rollout.decode_copy = False
+    lean = estimate_memory(
+        unmerged,
+        est.device,
+        shape=est.shape,
+        prompt_tokens=est.geometry.prompt_tokens,
+        processes=est.processes,
+        sharded=est.sharded,
+    )
+    lean.settings["rollout.decode_copy"] = False
+    lean.notes.append(
+        f"rollout.decode_copy auto: false, the LoRA adapters decoded unmerged over the base as it is (with the "
+        f"merged bf16 copy the peak would be {gb(est.peak)})"
+    )
+    return lean
 
 
 SHARDED_PARTS = ("weights", "optimizer", "gradients", "reference")

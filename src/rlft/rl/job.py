@@ -264,7 +264,7 @@ class RLJob:
             cfg.eval.max_new_tokens or cfg.algorithm.max_new_tokens,
             add_special_tokens=not cfg.data.use_chat_template,
             episodes=episode_runner(cfg),
-            decode_copy=cfg.rollout.decode_copy,
+            decode_copy=bool(cfg.rollout.decode_copy),  # 'auto' the memory plan left on
             fused_decode=cfg.rollout.fused_decode,
             engine_options=cfg.rollout.engine_options(),
         )
