@@ -170,3 +170,26 @@ def test_the_compiled_decode_layers_take_the_adapters_as_arguments(tiny_model_di
     torch.testing.assert_close(
         out[True].logprobs[m], _forward_logprobs(model, out[True], False, 0.9)[m], atol=1e-5, rtol=1e-5
     )
+
+
+def test_a_lora_run_without_the_decode_copy_trains_through_the_unmerged_decode(tiny_config, caplog):
+    """The loop as a user runs it: rollouts from the unmerged decode, an update, and the engine's log-probs
+    beside the trainer's; no warning about casting weights at every token."""
+    import json
+    import logging
+
+    from rlft import Trainer
+
+    tiny_config["model"]["lora"] = {"r": 4, "alpha": 8}
+    tiny_config["rollout"] = {"decode_copy": False}
+    tiny_config["train"]["max_steps"] = 2
+    tiny_config["eval"].update(before_training=False, after_training=False)
+    with caplog.at_level(logging.WARNING, logger="rlft"):
+        trainer = Trainer(config=tiny_config)
+        run = trainer.train().run_dir
+    source, fused = trainer.job.engine._fused
+    assert source is trainer.job.parts.model and fused._low_ranks and trainer.job.engine._copy is None
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    gaps = [r["rollout/logprob_mismatch"] for r in rows if "rollout/logprob_mismatch" in r]
+    assert len(gaps) == 2 and max(gaps) < 5e-2, gaps
+    assert "casts all fp32 weights" not in caplog.text
