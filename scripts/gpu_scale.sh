@@ -14,8 +14,9 @@
 #      TFLOP/s against the GPU's measured bandwidth and bf16 matmul peak, peak GPU memory, and
 #      `rlft estimate`'s prediction of it);
 #   3. Llama-3-8B's shape with LoRA r=16, 8 x 8 x 256 tokens, rlft alone: decoding from its merged bf16 copy
-#      (what decode_copy auto keeps where it fits) and without it (rlft-unmerged: rollout.decode_copy false, the bf16 base read in place and
-#      the adapters unmerged, rlft/speed/lora_decode.py), for what the copy's 14 GiB buy in decode speed;
+#      (what rollout.decode_copy auto keeps where it fits) and without it (rlft-unmerged: decode_copy false,
+#      the bf16 base read in place, the adapters unmerged: rlft/speed/lora_decode.py), for what the copy's
+#      14 GiB buy in decode speed;
 #   4. SmolLM2-360M's shape at 128 tokens, 10 steps, TRL and rlft;
 #   5. 1.7B at up to 512 tokens with completions ending at EOS at mixed lengths (chance 1/256 a token:
 #      mean ~220), rlft, and rlft-compiled beside it: the decode layers (rollout.compile_decode) and the
