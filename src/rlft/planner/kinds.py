@@ -149,7 +149,7 @@ def _rl_kept(cfg, shape: ModelShape, device: DeviceSpec, compute_bytes: int) -> 
     packed = fused and device.kind == "cpu"
     unmerged = lora and fused and (not r.decode_copy or compute_bytes == 4)  # rlft.rollout.native_engine
     if unmerged:
-        copy = unmerged_decode_bytes(shape, compute_bytes, packed)
+        copy = unmerged_decode_bytes(shape, compute_bytes, packed, _frozen_linear_bytes(cfg, compute_bytes))
     else:
         copy = decode_copy_bytes(shape, compute_bytes, lora, packed) if r.decode_copy else 0
     released = 0 if unmerged else min(copy, _decode_copy_released(cfg, shape))

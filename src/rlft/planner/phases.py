@@ -250,16 +250,16 @@ def reference_bytes(shape: ModelShape, compute_bytes: int, lora: bool) -> int:
     return 4 * shape.params
 
 
-def unmerged_decode_bytes(shape: ModelShape, compute_bytes: int, packed: bool) -> int:
+def unmerged_decode_bytes(shape: ModelShape, compute_bytes: int, packed: bool, base_bytes: int) -> int:
     """A LoRA policy's fused decode with its adapters unmerged (``rollout.decode_copy: false``, or fp32;
     rlft.speed.lora_decode): the adapters' factors in the compute dtype, their B blocks with the zeros around
-    them (at most twice the adapter's parameters); with ``packed`` (a CPU in bf16) the frozen base packed
-    once, every Linear; on a GPU a tied LM head's bf16 copy (the bf16 base is read as it is). None of it is
-    freed for the update."""
+    them (at most twice the adapter's parameters); with ``packed`` (a CPU in bf16), or a base not stored in bf16
+    (``base_bytes`` 4: fsdp2), a bf16 copy of every Linear, made once; else (a GPU, the bf16 base read as it
+    is) a tied LM head's bf16 copy. None of it is freed for the update."""
     factors = 2 * compute_bytes * shape.trainable
     if compute_bytes != 2:
         return factors
-    if packed:
+    if packed or base_bytes != 2:
         return factors + 2 * shape.linear_params
     return factors + (2 * shape.vocab * shape.hidden if shape.tied_embeddings else 0)
 
