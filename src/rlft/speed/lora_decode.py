@@ -28,6 +28,7 @@ _OUTSIDE_LAYERS = {"embed_tokens", "lm_head"}  # read by the fused decode as the
 
 
 def is_peft(model: nn.Module) -> bool:
+    """Whether ``model`` is a PEFT wrapper (a LoRA policy)."""
     return hasattr(model, "peft_config")
 
 
@@ -111,11 +112,8 @@ class LowRank:
             row += out
         return cls(blocks, row, dtype) if blocks else None
 
-    @property
-    def sources(self) -> list[torch.Tensor]:
-        return [t for blk in self.blocks for t in (blk.a, blk.b)]
-
     def refresh(self) -> None:
+        """Copy every adapter's current A and (scaled) B into place: after an optimizer step, before a rollout."""
         with torch.no_grad():
             for blk in self.blocks:
                 self.a[blk.rank].copy_(blk.a)
