@@ -11,7 +11,10 @@ where a GPU kernel does not (an elementwise operation's operands or output of an
 casts into temporaries and a CUDA kernel casts as it reads and writes; a batched matmul's operand whose rows
 are further apart than their length, which cuBLAS reads in place) are counted apart and left out.
 
-    python benchmarks/decode_ops.py [--layers 4 8] [--tokens 24]
+    python benchmarks/decode_ops.py [--layers 4 8] [--tokens 24] [--lora]
+
+``--lora``: a LoRA policy (r=16 on every Linear, its base in bf16) decoding from its merged bf16 copy and
+without it (rollout.decode_copy false: the base as it is, the adapters unmerged, rlft.speed.lora_decode).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ VIEWS = {
     "aten::view",
     "aten::_unsafe_view",
     "aten::t",
+    "aten::numpy_T",
     "aten::transpose",
     "aten::permute",
     "aten::slice",
@@ -65,9 +69,10 @@ TENSOR_LISTS = {"aten::cat", "aten::stack"}
 FUSED_ON_GPU = {"aten::rms_norm", "aten::_fused_rms_norm"}
 # a copy a CPU makes inside these and a GPU does not: a CPU's elementwise loops cast operands of another dtype
 # (and an output of another dtype) into temporaries where a CUDA kernel casts as it reads and writes, and its
-# batched matmul copies an operand whose rows are further apart than their length, which cuBLAS reads in place
+# batched matmul copies an operand whose rows are further apart than their length, which cuBLAS reads in place;
+# its addmm copies the added operand into the output first, which cuBLAS adds as it writes (beta 1)
 CPU_ONLY_COPIES_UNDER = {"aten::add", "aten::add_", "aten::mul", "aten::mul_", "aten::addcmul", "aten::sub"}
-CPU_ONLY_COPIES_UNDER |= {"aten::div", "aten::where", "aten::bmm"}
+CPU_ONLY_COPIES_UNDER |= {"aten::div", "aten::where", "aten::bmm", "aten::addmm"}
 COPY_CHAIN = {"aten::copy_", "aten::_to_copy", "aten::to", "aten::clone", "aten::contiguous"}
 CPU_ONLY = "the CPU's own: "  # the prefix of what count_ops counts apart
 
@@ -94,9 +99,14 @@ def count_ops(run) -> dict[str, int]:
         kernel = "cpp_fused" in e.name or e.name.startswith("triton_")
         if not (kernel or e.name.startswith("aten::")) or id(e) in inside_fused or e.name in VIEWS or _no_op(e):
             continue
-        # a leaf: none of what it calls is an operator of its own (views and no-ops aside)
+        # a leaf: none of what it calls is an operator of its own (views, no-ops and the copies a CPU makes
+        # where a GPU kernel does not aside: an addmm or a mixed-dtype add is still one kernel there)
         leaf = e.name in FUSED_ON_GPU or not any(
-            c.name.startswith("aten::") and c.name not in VIEWS and not _no_op(c) for c in e.cpu_children
+            c.name.startswith("aten::")
+            and c.name not in VIEWS
+            and not _no_op(c)
+            and (e.name in COPY_CHAIN or _gpu_makes(c))
+            for c in e.cpu_children
         )
         # a list of tensors (cat, stack) is recorded without shapes: its inputs are the device's
         on_device = kernel or e.name in TENSOR_LISTS or any(len(s) > 0 for s in e.input_shapes if isinstance(s, list))
@@ -132,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, nargs=2, default=[4, 8], help="two depths: per layer and the rest")
     ap.add_argument("--tokens", type=int, default=24)
     ap.add_argument("--top", type=int, default=12, help="list the most frequent operators (of the deeper model)")
+    ap.add_argument("--lora", action="store_true", help="a LoRA policy: merged decode copy against unmerged")
     a = ap.parse_args(argv)
     import rlft.rollout.native_engine as native_engine
     from rlft.speed import packed_matmul
@@ -142,42 +153,56 @@ def main(argv: list[str] | None = None) -> int:
     native_engine.graphs_apply = lambda device: True
     native_engine.GraphedRows = lambda *args, **kw: GraphedRows(*args, graphs=False, **kw)
     packed_matmul.can_pack = lambda dtype, device: False
-    counts = {(layers, c): per_token(layers, a.tokens, c) for layers in a.layers for c in (False, True)}
+    copies = (True, False) if a.lora else (None,)  # a LoRA policy's decode copy on and off, or no LoRA
+    runs = [(c, copy) for copy in copies for c in (False, True)]
+    counts = {(layers, *run): per_token(layers, a.tokens, *run) for layers in a.layers for run in runs}
     shallow, deep = a.layers
-    for compiled in (False, True):
+    for compiled, copy in runs:
         totals = [
-            sum(n for k, n in counts[layers, compiled].items() if not k.startswith(CPU_ONLY)) for layers in a.layers
+            sum(n for k, n in counts[layers, compiled, copy].items() if not k.startswith(CPU_ONLY))
+            for layers in a.layers
         ]
         per_layer = (totals[1] - totals[0]) / (deep - shallow)
         name = "compiled (rollout.compile_decode)" if compiled else "eager"
+        name += {None: "", True: ", LoRA from its merged copy", False: ", LoRA unmerged (decode_copy false)"}[copy]
         print(
             f"{name}: {per_layer:.1f} operations a layer and {totals[0] - shallow * per_layer:.0f} outside the "
             f"layers, a token ({totals[0]:.0f} at {shallow} layers, {totals[1]:.0f} at {deep}); left out, the "
-            f"CPU's own copies: {sum(n for k, n in counts[deep, compiled].items() if k.startswith(CPU_ONLY)):.0f}"
+            f"CPU's own copies: {sum(n for k, n in counts[deep, compiled, copy].items() if k.startswith(CPU_ONLY)):.0f}"
             f" at {deep}"
         )
-        for op, n in sorted(counts[deep, compiled].items(), key=lambda kv: -kv[1])[: a.top]:
+        for op, n in sorted(counts[deep, compiled, copy].items(), key=lambda kv: -kv[1])[: a.top]:
             print(f"  {n:6.1f}  {op}")
-    eager, compiled = (sum(n for k, n in counts[deep, c].items() if not k.startswith(CPU_ONLY)) for c in (False, True))
-    print(f"compiled / eager at {deep} layers: {compiled / eager:.2f} of the operations a token")
+    for copy in copies:
+        eager, compiled = (
+            sum(n for k, n in counts[deep, c, copy].items() if not k.startswith(CPU_ONLY)) for c in (False, True)
+        )
+        print(
+            f"compiled / eager at {deep} layers{'' if copy is None else f' (decode_copy {copy})'}: "
+            f"{compiled / eager:.2f} of the operations a token"
+        )
     return 0
 
 
-def per_token(layers: int, tokens: int, compiled: bool) -> dict[str, float]:
-    """The operations of a decode token (:func:`count_ops`), by name, of a random Llama of ``layers`` layers."""
+def per_token(layers: int, tokens: int, compiled: bool, lora_copy: bool | None = None) -> dict[str, float]:
+    """The operations of a decode token (:func:`count_ops`), by name, of a random Llama of ``layers`` layers;
+    ``lora_copy`` not None: with a LoRA adapter, decoding from its merged copy (True) or unmerged (False)."""
     from rlft.config.schema import ModelConfig
     from rlft.models.loading import load_policy, load_tokenizer
     from rlft.models.tiny import build_tiny_model_dir
     from rlft.rollout import NativeEngine, SamplingParams
 
     model_dir = build_tiny_model_dir(Path(tempfile.mkdtemp()) / "model", hidden_size=256, num_layers=layers)
-    model = load_policy(ModelConfig(path=str(model_dir), dtype="fp32"), torch.device("cpu"), model_dir=model_dir)
+    lora = {"lora": {"r": 16, "alpha": 32}} if lora_copy is not None else {}
+    cfg = ModelConfig(path=str(model_dir), dtype="bf16" if lora else "fp32", **lora)
+    frozen = torch.bfloat16 if lora else None  # a LoRA base stored in bf16, as a run loads it
+    model = load_policy(cfg, torch.device("cpu"), model_dir=model_dir, frozen_dtype=frozen)
     engine = NativeEngine(
         model,
         load_tokenizer(model_dir),
         max_prompt_length=64,
         autocast_dtype=torch.bfloat16,
-        decode_copy=True,
+        decode_copy=lora_copy is not False,
         native_kernels=False,
         compile_decode=compiled,
     )
