@@ -53,6 +53,20 @@ _RECOMPUTE_COST = {
 _SCORER = {"model": "reward model", "judge": "judge"}  # the rewards that load a model (rlft.planner.scorers)
 
 
+def _decode_copy_knob(cfg, est: MemoryEstimate) -> list[tuple[str, object, str]]:
+    """``rollout.decode_copy: false`` where the run decodes from a bf16 copy, with what it costs."""
+    rollout = getattr(cfg, "rollout", None)
+    if rollout is None or est.geometry.compute_bytes != 2 or not rollout.decode_copy:
+        return []
+    cost = (
+        "no bf16 copy of the weights for decoding: a slower rollout"
+        if cfg.model.lora is None
+        else "the adapters applied unmerged while decoding, no merged copy of the base: a small product more in "
+        "every decode matmul"
+    )
+    return [("rollout.decode_copy", False, cost)]
+
+
 def _candidates(cfg, est: MemoryEstimate) -> list[tuple[str, object, str]]:
     """(dotted path, new value, cost) for each knob that applies to ``cfg`` now, least costly first."""
     out: list[tuple[str, object, str]] = []
@@ -68,15 +82,7 @@ def _candidates(cfg, est: MemoryEstimate) -> list[tuple[str, object, str]]:
         )
     deeper = _DEEPER_RECOMPUTE[est.geometry.recompute]
     out += [("model.gradient_checkpointing", setting, _RECOMPUTE_COST[setting]) for setting in deeper]
-    rollout = getattr(cfg, "rollout", None)
-    if rollout is not None and est.geometry.compute_bytes == 2 and rollout.decode_copy:
-        cost = (
-            "the adapters applied unmerged while decoding, no merged copy of the base: a small product more in "
-            "every decode matmul"
-            if cfg.model.lora is not None
-            else "no bf16 copy of the weights for decoding: a slower rollout"
-        )
-        out.append(("rollout.decode_copy", False, cost))
+    out += _decode_copy_knob(cfg, est)
     reward = getattr(cfg, "reward", None)
     if reward is not None and est.device.kind == "cuda":
         out += [
