@@ -283,6 +283,35 @@ def test_fused_decode_runs_episodes_as_the_generic_path_does(engine, monkeypatch
     )
 
 
+def test_a_lora_policys_episodes_decode_unmerged_as_its_peft_forward_does(engine, monkeypatch):
+    """A LoRA policy's fused decode (the adapters unmerged, rlft.speed.lora_decode) through episodes that prefill
+    tool results into a running cache: the tokens and log-probs of PEFT's own forward over a DynamicCache."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    import rlft.speed.fused_decode as fd
+    from rlft.rollout.native_engine import NativeEngine
+
+    policy = get_peft_model(copy.deepcopy(engine.model), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    with torch.no_grad():  # LoRA's B starts at zero: adapters that change the outputs
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.3)
+    lora = NativeEngine(policy, engine.tokenizer, max_prompt_length=1024, autocast_dtype=None)
+    scripts = {0: [call("add", a=1, b=2), call("add", a=3, b=3), "done: 3 and 6"], 1: [call("add", a=5, b=5), "10"]}
+    fused = make_runner(lora, scripts).run(examples(lora, 2), SamplingParams(max_new_tokens=80))
+    assert lora._fused is not None and lora._fused[0] is policy and lora._fused[1]._low_ranks
+    monkeypatch.setattr(fd, "unsupported_reason", lambda m: "forced off")
+    generic = make_runner(lora, scripts).run(examples(lora, 2), SamplingParams(max_new_tokens=80))
+    assert fused.texts == generic.texts
+    assert torch.equal(fused.completion_ids, generic.completion_ids)
+    torch.testing.assert_close(fused.logprobs, generic.logprobs, atol=2e-5, rtol=1e-5)
+    base = full_logprobs(engine, fused, 0)  # the model without its adapters: a different policy
+    ours = fused.logprobs[0][fused.completion_mask[0].bool()]
+    assert (ours - base).abs().max() > 1e-2
+
+
 @pytest.mark.skipif(not cpu_has_native_bf16(), reason="bf16 numerics are checked where bf16 matmuls are native")
 def test_bf16_episodes_decode_from_packed_weights_without_a_module_copy(engine):
     from rlft.rollout.native_engine import NativeEngine
