@@ -89,8 +89,9 @@ def test_without_the_decode_copy_a_bf16_lora_policy_packs_its_frozen_base_once(t
 def test_on_a_gpu_the_decode_copy_picks_merged_or_the_base_read_in_place(tiny_model_dir, monkeypatch, decode_copy):
     """Without packing (a GPU; emulated here, the step run eagerly as a graph would replay it): with
     ``rollout.decode_copy`` the adapters are merged into a bf16 copy; without, the frozen bf16 base is read in
-    place and only the tied fp32 head is copied to bf16. Both decode the autocast forward's log-probs, and the
-    fixed batch draws what the rows that leave the batch draw."""
+    place (its q/k/v and gate/up stored as one tensor each, in the same memory) and only the tied fp32 head is
+    copied to bf16. Both decode the autocast forward's log-probs, and the fixed batch draws what the rows that
+    leave the batch draw."""
     monkeypatch.setattr(packed_matmul, "can_pack", lambda dtype, device: False)
     model, tok = _lora_policy(tiny_model_dir, "bf16"), load_tokenizer(tiny_model_dir)
     _train_step(model, torch.randint(0, 50, (2, 9)), _optimizer(model), True)  # adapters that matter
@@ -105,8 +106,14 @@ def test_on_a_gpu_the_decode_copy_picks_merged_or_the_base_read_in_place(tiny_mo
     if decode_copy:
         assert layer.qkv.low_rank is None  # a plain model: the adapters are in the copy's weights
     else:
-        base = model.get_base_model().model.layers[0].self_attn.q_proj.base_layer.weight
-        assert layer.qkv.pack_dtype is None and layer.qkv.weights[0] is base and layer.qkv.low_rank is not None
+        # q/k/v as one matmul over the base's own memory: its weights became views of the fused tensor
+        attn = model.get_base_model().model.layers[0].self_attn
+        (fused_qkv,) = layer.qkv.weights
+        for proj in (attn.q_proj, attn.k_proj, attn.v_proj):
+            base = proj.base_layer.weight
+            assert base.untyped_storage().data_ptr() == fused_qkv.untyped_storage().data_ptr()
+            assert not base.requires_grad and base.dtype == torch.bfloat16
+        assert layer.qkv.pack_dtype is None and layer.qkv.low_rank is not None
         assert fused.head.pack_dtype == torch.bfloat16 and fused.head._packed.dtype == torch.bfloat16
     assert torch.equal(out[True].completion_ids, out[False].completion_ids)
     m = out[True].completion_mask.bool()

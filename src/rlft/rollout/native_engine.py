@@ -100,7 +100,7 @@ class NativeEngine(HFGenerateEngine):
         packed once on a CPU; a small product more in every matmul)."""
         from rlft.speed.fused_decode import FusedDecoder, unsupported_reason
         from rlft.speed.lora_decode import is_peft
-        from rlft.speed.packed_matmul import can_pack
+        from rlft.speed.packed_matmul import can_pack, fuse_projections
 
         if not self.fused_decode:
             return None
@@ -112,6 +112,8 @@ class NativeEngine(HFGenerateEngine):
         )
         peft = is_peft(self.model)
         if peft and reason is None and not self.decode_copy:  # the adapters unmerged
+            if pack is None:  # (a CPU packs the base's q/k/v and gate/up as one copy each anyway)
+                fuse_projections(self.model)  # the frozen base's, in its own memory: one matmul each
             source, pack = self.model, self.autocast_dtype
         elif self.autocast_dtype is not None and not self.decode_copy:
             return None

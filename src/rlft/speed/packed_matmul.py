@@ -115,20 +115,26 @@ def _cat(tensors: list[torch.Tensor]) -> torch.Tensor:
 def fuse_projections(model: nn.Module) -> None:
     """Store each layer's q/k/v and gate/up weights (and biases) as one tensor, the modules'
     parameters becoming row-block views of it (kept as ``fused_qkv`` / ``fused_gate_up`` on the
-    attention and MLP modules). Only for a frozen copy: views are not trained."""
-    for layer in model.model.layers:
+    attention and MLP modules), in the same memory. Only for frozen weights, views are not trained:
+    a frozen copy, or a LoRA policy's frozen base (its LoRA layers' base Linears). Once: a model
+    fused already is left as it is."""
+    from rlft.speed.lora_decode import base_model
+
+    for layer in base_model(model).model.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        attn.fused_qkv = (
-            _fuse([attn.q_proj, attn.k_proj, attn.v_proj], "weight"),
-            _fuse([attn.q_proj, attn.k_proj, attn.v_proj], "bias"),
-        )
-        mlp.fused_gate_up = (_fuse([mlp.gate_proj, mlp.up_proj], "weight"), None)
+        if hasattr(attn, "fused_qkv"):
+            continue
+        qkv = [base_linear(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj)]
+        attn.fused_qkv = (_fuse(qkv, "weight"), _fuse(qkv, "bias"))
+        mlp.fused_gate_up = (_fuse([base_linear(mlp.gate_proj), base_linear(mlp.up_proj)], "weight"), None)
 
 
-def _fuse(linears: list[nn.Linear], name: str) -> torch.Tensor | None:
+def _fuse(linears: list[nn.Module], name: str) -> torch.Tensor | None:
     parts = [getattr(m, name) for m in linears]
     if any(p is None for p in parts):
         return None
+    if any(p.requires_grad for p in parts):
+        raise ValueError(f"fuse_projections: a trained {name} cannot become a view")
     fused = torch.cat([p.detach() for p in parts])
     start = 0
     for m, p in zip(linears, parts):
