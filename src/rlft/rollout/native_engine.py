@@ -110,11 +110,10 @@ class NativeEngine(HFGenerateEngine):
             if self.autocast_dtype is not None and can_pack(self.autocast_dtype, self.device)
             else None
         )
-        peft = is_peft(self.model)
+        peft, fuse_base = is_peft(self.model), False
         if peft and reason is None and not self.decode_copy:  # the adapters unmerged
-            if pack is None:  # (a CPU packs the base's q/k/v and gate/up as one copy each anyway)
-                fuse_projections(self.model)  # the frozen base's, in its own memory: one matmul each
-            source, pack = self.model, self.autocast_dtype
+            # where nothing packs them, the frozen base's q/k/v and gate/up as one tensor each, in their own memory
+            source, pack, fuse_base = self.model, self.autocast_dtype, pack is None
         elif self.autocast_dtype is not None and not self.decode_copy:
             return None
         elif not peft and (self.autocast_dtype is None or (pack is not None and reason is None)):
@@ -125,6 +124,8 @@ class NativeEngine(HFGenerateEngine):
         if reason is not None:
             return None
         if self._fused is None or self._fused[0] is not source:
+            if fuse_base:
+                fuse_projections(self.model)
             decoder = FusedDecoder(source, pack_dtype=pack, kernels=self.kernels(), compiled=self.compile_decode)
             self._fused = (source, decoder)
         with phase("weight_sync"):

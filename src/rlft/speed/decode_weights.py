@@ -105,12 +105,13 @@ _PEFT_PREFIX = "base_model.model."
 
 def _mergeable_lora_layers(source: nn.Module) -> dict[str, nn.Module] | None:
     """The LoRA layers of a PEFT model by module name, when every adapter is plain LoRA; else None."""
-    if not hasattr(source, "peft_config"):
+    from rlft.speed.lora_decode import is_peft, is_variant, saves_modules_whole
+
+    if not is_peft(source):
         return None
     layers = {n: m for n, m in source.named_modules() if hasattr(m, "get_delta_weight") and hasattr(m, "base_layer")}
-    dora = any(any(getattr(m, "use_dora", {}).values()) for m in layers.values())
-    saved_whole = any(".modules_to_save." in n for n, _ in source.named_parameters())
-    return layers if layers and not dora and not saved_whole else None
+    variant = any(is_variant(m) for m in layers.values())
+    return layers if layers and not variant and not saves_modules_whole(source) else None
 
 
 def _entries(source: nn.Module, copy_: nn.Module, lora: dict[str, nn.Module]) -> list[_Entry]:

@@ -42,19 +42,29 @@ def base_linear(module: nn.Module) -> nn.Module:
     return getattr(module, "base_layer", module)
 
 
+def saves_modules_whole(model: nn.Module) -> bool:
+    """Whether a PEFT model trains some modules whole (``modules_to_save``) beside its adapters."""
+    return any(".modules_to_save." in n for n, _ in model.named_parameters())
+
+
+def is_variant(layer: nn.Module) -> bool:
+    """Whether a LoRA layer runs a LoRA variant (DoRA or another) rather than plain LoRA."""
+    return bool(getattr(layer, "lora_variant", None)) or any(getattr(layer, "use_dora", {}).values())
+
+
 def adapter_reason(model: nn.Module) -> str | None:
     """None when every adapter of the PEFT ``model`` is one :class:`LowRank` can apply (or ``model`` has
     none), else why not."""
     if not is_peft(model):
         return None
-    if any(".modules_to_save." in n for n, _ in model.named_parameters()):
+    if saves_modules_whole(model):
         return "LoRA with modules saved whole (modules_to_save)"
     for name, m in model.named_modules():
         if not hasattr(m, "lora_A"):
             continue
         if not isinstance(base_linear(m), nn.Linear) or name.rsplit(".", 1)[-1] in _OUTSIDE_LAYERS:
             return f"a LoRA adapter on {name} (only the decoder layers' Linears are applied unmerged)"
-        if getattr(m, "lora_variant", None) or any(getattr(m, "use_dora", {}).values()):
+        if is_variant(m):
             return "a LoRA variant (DoRA or another) rather than plain LoRA"
         if getattr(m, "merged", False):
             return "LoRA adapters merged into their base"
