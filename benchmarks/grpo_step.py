@@ -42,6 +42,7 @@ sys.path.insert(0, str(HERE))
 
 import shapes  # noqa: E402
 import workload  # noqa: E402
+from rates import print_phases  # noqa: E402
 
 
 def _peak_rss_mb() -> float:
@@ -135,6 +136,37 @@ def rlft_config(opts: dict, workdir: Path) -> dict:
     }
 
 
+MARGINS = tuple(round(1.0 + 0.05 * i, 2) for i in range(21))  # the planner's activation margins tried: 1.0 to 2.0
+
+
+def _estimates_by_margin(cfg, est) -> dict[str, float]:
+    """The estimate ``est`` of ``cfg`` again (MB) with the planner's activation margin for its device
+    (rlft.planner.phases.ALLOWANCES: the allocator's reserve and the backward's transient tensors, which a
+    CPU cannot measure for a GPU) set to each of MARGINS, every choice the estimate made pinned (passes,
+    recomputation, decode copy): what ``benchmarks/gpu_report.py`` refits that margin from."""
+    from dataclasses import replace
+
+    from rlft.planner import phases
+    from rlft.planner.estimate import estimate_memory
+
+    g = est.geometry
+    pinned = cfg.model_copy(deep=True)
+    pinned.algorithm.micro_batch_size = g.micro_rows
+    pinned.model.gradient_checkpointing = {"off": False, "full": True}.get(g.recompute, g.recompute)
+    if "rollout.decode_copy" in est.settings:
+        pinned.rollout.decode_copy = est.settings["rollout.decode_copy"]
+    base = phases.ALLOWANCES[g.device_kind]
+    out = {}
+    try:
+        for m in MARGINS:
+            phases.ALLOWANCES[g.device_kind] = replace(base, margin=dict.fromkeys(base.margin, m))
+            again = estimate_memory(pinned, est.device, shape=est.shape, prompt_tokens=g.prompt_tokens)
+            out[f"{m:.2f}"] = again.peak / 2**20
+    finally:
+        phases.ALLOWANCES[g.device_kind] = base
+    return out
+
+
 def _rlft_worker(conn, opts: dict) -> None:
     import torch
 
@@ -147,12 +179,15 @@ def _rlft_worker(conn, opts: dict) -> None:
 
     # what `rlft estimate` predicts for this run's peak: GPU memory on a GPU, else the process's resident set;
     # before the model loads, as `rlft estimate` runs (a CPU's estimate counts the resident set it starts from)
-    estimate_mb = estimate_memory(trainer.cfg, opts["device"]).peak / 2**20
+    est = estimate_memory(trainer.cfg, opts["device"])
+    by_margin = _estimates_by_margin(trainer.cfg, est)
     trainer.setup()
     from rlft.models.checkpointing import recompute_mode
 
     recompute = recompute_mode(trainer.job.parts.model)  # what model.gradient_checkpointing came to
-    conn.send({"ready": True, "estimate_mb": estimate_mb, "recompute": recompute})
+    conn.send(
+        {"ready": True, "estimate_mb": est.peak / 2**20, "estimate_mb_by_margin": by_margin, "recompute": recompute}
+    )
     while conn.recv() == "step":
         t0, cpu0 = time.perf_counter(), _cpu_seconds()
         m = trainer.train_step()
@@ -637,6 +672,8 @@ def main(argv: list[str] | None = None) -> int:
             "prompt_tokens": p_tok,
             "step_tflop_per_row": flops[False] / 1e12,
             "step_tflop_shared_prefill": flops[True] / 1e12,
+            "matmul_params": sizes[0],
+            "parameters": sizes[1],
         },
         "results": {},
     }
@@ -780,58 +817,6 @@ def _print_case(
     for name in ("rlft", "rlft-compiled", "rlft-unmerged"):
         if name in res and "phases" in res[name]:
             print_phases(res[name]["phases"], dtype, peaks, *sizes, lora=lora, label=name)
-
-
-def print_phases(
-    ph: dict, dtype: str, peaks: dict, weights: float, params: float, lora: bool = False, label: str = "rlft"
-) -> None:
-    """rlft's step split by phase, each against its floor: matmul phases in TFLOP/s against the
-    measured matmul peak, decode and optimizer in GB/s against the measured read bandwidth. With ``lora``
-    the frozen weights get no gradient (the policy's backward is one matmul a weight, not two) and the
-    optimizer's few adapter bytes are left unrated."""
-    w = weights
-    peak = peaks["bf16" if dtype == "bf16" else "fp32"]
-    bw = peaks.get("bandwidth_gbs", 0.0)
-    wbytes = 2 if dtype == "bf16" else 4
-    work = {  # phase -> (amount, unit, floor)
-        "prefill": (2 * w * ph.get("work/prefill_tokens", 0) / 1e12, "TFLOP", peak),
-        # the weights once a step and the KV cache the live rows attend to (what the roofline must read)
-        "decode": (
-            (w * wbytes * ph.get("work/decode_steps", 0) + ph.get("work/decode_kv_needed_bytes", 0)) / 1e9,
-            "GB",
-            bw,
-        ),
-        "reference": (2 * w * ph.get("work/reference_tokens", 0) / 1e12, "TFLOP", peak),
-        "policy": ((4 if lora else 6) * w * ph.get("work/policy_tokens", 0) / 1e12, "TFLOP", peak),
-        # the decode's bf16 copy of the changed weights: read in fp32, written in bf16 (upper bound: all of them)
-        "weight_sync": (params * 6 / 1e9, "GB", bw) if dtype == "bf16" else (0.0, "", 0.0),
-        # fused AdamW reads parameter, gradient and two moments (fp32) and writes three of them back
-        "optimizer": (0.0 if lora else params * 4 * 7 / 1e9, "GB", bw),
-    }
-    total = sum(v for k, v in ph.items() if k.startswith("time/"))
-    print(
-        f"  {label} per phase ({dtype}, median of timed steps; floors: matmul {peak:.3f} TFLOP/s, "
-        f"read bandwidth {bw:.1f} GB/s)"
-    )
-    tokens = {name: ph.get(f"work/{name}_tokens", 0) for name in ("prefill", "decode", "reference", "policy")}
-    print("  | phase | seconds | share | tokens/s | work | achieved | of floor |")
-    print("  |---|---|---|---|---|---|---|")
-    names = [k[5:] for k in ph if k.startswith("time/")]
-    for name in sorted(names, key=lambda n: (n == "other", -ph[f"time/{n}"])):
-        sec = ph[f"time/{name}"]
-        amount, unit, floor = work.get(name, (0.0, "", 0.0))
-        rate = amount / sec if sec > 0 and amount else 0.0
-        cells = (
-            (f"{amount:.3f} {unit}", f"{rate:.3f} {unit}/s", f"{rate / floor:.0%}") if rate and floor else ("", "", "")
-        )
-        tps = f"{tokens[name] / sec:,.0f}" if tokens.get(name) and sec > 0 else ""
-        print(f"  | {name} | {sec:.2f} | {sec / total:.0%} | {tps} | " + " | ".join(cells) + " |")
-    if ph.get("work/decode_kv_bytes"):
-        print(
-            f"  decode KV cache: {ph['work/decode_kv_needed_bytes'] / 1e9:.3f} GB attended to, "
-            f"{ph['work/decode_kv_bytes'] / 1e9:.3f} GB read (with columns allocated ahead and rows that finished); "
-            f"weights {w * wbytes * ph.get('work/decode_steps', 0) / 1e9:.3f} GB"
-        )
 
 
 if __name__ == "__main__":

@@ -42,7 +42,8 @@
 # config and tokenizer come from RLFT_BENCH_MODEL (a SmolLM2 directory; default: the built-in one). A
 # row whose budget has run out is skipped and said so; one that would outrun its limit stops stepping in time
 # to report the steps it took (grpo_step.py --deadline). Everything ends in one file, $OUT/results.json
-# ($OUT default ./gpu-scale-out): check-env's report, every row's results and its log.
+# ($OUT default ./gpu-scale-out): check-env's report, every row's results and its log; and $OUT/report.md, every
+# number beside issue 37's bar (benchmarks/gpu_report.py, which also refits the planner's GPU memory margin).
 #   bash scripts/gpu_scale.sh
 # On a lent machine that reaches no registry: `bash scripts/gpu_carry.sh` gathers SmolLM2's config and
 # tokenizer and the wheels that machine lacks (pydantic for rlft, TRL and datasets for TRL's rows) into
@@ -171,5 +172,8 @@ for p in [*parts, env, *logs]:  # all in results.json: the device tool brings ba
     p.unlink(missing_ok=True)
 print(f"results.json: {', '.join(rows) or 'no rows'}")
 EOF
+# every number beside issue 37's bar (benchmarks/gpu_report.py), in the run's output and beside results.json
+"$PY" benchmarks/gpu_report.py "$OUT/results.json" >"$OUT/report.md" 2>&1 || log "FAIL: gpu_report.py"
+cat "$OUT/report.md"
 log "done (exit $status); results in $OUT"
 exit "$status"

@@ -108,6 +108,10 @@ def test_a_shaped_lora_run_reports_rlfts_estimate_and_log_prob_gap(tmp_path, tin
     assert _load("grpo_step").main([*args, "--prompts", "1", "--group-size", "4", "--json", str(out)]) == 0
     res = json.loads(out.read_text())["results"]["fp32"]["rlft"]
     assert res["estimate_mb"] > 0 and res["phases"]["rollout/logprob_mismatch"] >= 0
+    # the estimate again at each activation margin, its choices pinned: at this CPU's own fp32 margin, the same
+    by_margin = res["estimate_mb_by_margin"]
+    assert by_margin["1.25"] == pytest.approx(res["estimate_mb"])
+    assert by_margin["1.00"] < by_margin["1.25"] < by_margin["2.00"]
     assert res["phases"]["truncation_rate"] < 1 and 1 <= res["phases"]["completion_len/mean"] < 6
     printed = capsys.readouterr().out
     assert "shaped smollm2-1.7b (random weights), LoRA r=4" in printed
