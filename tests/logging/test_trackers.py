@@ -134,7 +134,7 @@ def test_importing_trackers_imports_no_tracker_library():
 
 
 def test_registry_matches_the_config_choices():
-    from rlft.config.sections import TrainConfig
+    from rlft.config.training import TrainConfig
 
     choices = typing.get_args(typing.get_args(TrainConfig.model_fields["report_to"].annotation)[0])
     assert set(choices) == set(TRACKERS)

@@ -41,20 +41,9 @@ from rlft.config.rewards import (
     ToolCallReward,
     default_reward_name,
 )
-from rlft.config.sections import (
-    BUILTIN_MODELS,
-    CHAT_TEMPLATE_NAMES,
-    DataConfig,
-    DistributedConfig,
-    EvalConfig,
-    HealthConfig,
-    LoraConfig,
-    ModelConfig,
-    Section,
-    TrainConfig,
-    WatchConfig,
-)
+from rlft.config.sections import BUILTIN_MODELS, CHAT_TEMPLATE_NAMES, DataConfig, LoraConfig, ModelConfig, Section
 from rlft.config.sft import SFTDataConfig, SFTSection
+from rlft.config.training import DistributedConfig, EvalConfig, HealthConfig, TrainConfig, WatchConfig
 
 __all__ = [
     "BUILTIN_MODELS",

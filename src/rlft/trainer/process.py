@@ -46,6 +46,20 @@ class StopRequest:
         """The shell's convention for a process ended by this signal: 128 + its number."""
         return 128 + (self.signal or signal.SIGTERM)
 
+    def agreed(self, dist) -> bool:
+        """Whether to stop before the next step. The processes of a data-parallel run (``dist``, a
+        :class:`rlft.distributed.context.Dist`) agree on it (one process that got SIGTERM stops them all
+        at the same step), so none of them is left waiting for the others at a collective while they
+        save the checkpoint."""
+        if not dist.enabled:
+            return self.requested
+        import torch
+
+        agreed = bool(dist.all_reduce(torch.tensor([int(self.requested)]), op="max").item())
+        if agreed and not self.requested:
+            self.signal = signal.SIGTERM  # another process was asked to stop
+        return agreed
+
     def _handle(self, signum, frame) -> None:
         if signum == signal.SIGINT and self.signal is not None:
             raise KeyboardInterrupt

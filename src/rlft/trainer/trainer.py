@@ -8,7 +8,6 @@ their evaluations) is a :class:`~rlft.trainer.job.Job` picked by the config's ``
 from __future__ import annotations
 
 import os
-import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -242,7 +241,7 @@ class Trainer:
             before = self.evaluate(tag="before training")
         window = MetricWindow()
         with ProgressBar(self.total_steps, self.cfg.train.progress_bar if self.dist.is_main else "off") as bar:
-            while self.step < self.total_steps and not self._stopping(stop):
+            while self.step < self.total_steps and not stop.agreed(self.dist):
                 window.add(self.train_step())
                 self._after_step(window, bar, result)
                 if (halted := self._job_halts()) is not None:
@@ -298,19 +297,6 @@ class Trainer:
         line = conclusion(Finding.from_dict(f) for f in summary["findings"])
         (self.log.info if summary["verdict"] == "healthy" else self.log.warning)(line)
         return summary
-
-    def _stopping(self, stop: StopRequest) -> bool:
-        """Whether to stop before the next step. The processes of a data-parallel run agree on it
-        (one process that got SIGTERM stops them all at the same step), so none of them is left
-        waiting for the others at a collective while they save the checkpoint."""
-        if not self.dist.enabled:
-            return stop.requested
-        import torch
-
-        agreed = bool(self.dist.all_reduce(torch.tensor([int(stop.requested)]), op="max").item())
-        if agreed and not stop.requested:
-            stop.signal = signal.SIGTERM  # another process was asked to stop
-        return agreed
 
     def train_step(self) -> dict[str, float]:
         """One step of the job; the step count and the training-time total advance here."""
