@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import rlft.rollout.native_engine as native_engine
+import rlft.speed.packed_matmul as packed_matmul
 from rlft.config.schema import ModelConfig
 from rlft.models.loading import load_policy, load_tokenizer
 from rlft.models.logprobs import completion_logprobs
@@ -100,26 +101,59 @@ def test_the_static_cache_grows_by_blocks_keeping_what_it_holds():
         kv.reserve(71)
 
 
-def test_a_model_with_forward_hooks_decodes_through_its_own_forward(tiny_model_dir):
-    model, _ = _policy(tiny_model_dir)
+def test_a_model_with_forward_hooks_decodes_through_its_own_forward(tiny_model_dir, caplog):
+    model, tok = _policy(tiny_model_dir)
     assert unsupported_reason(model) is None
     handle = model.lm_head.register_forward_hook(lambda m, i, out: out)
     assert "hooks" in unsupported_reason(model)
+    engine = NativeEngine(model, tok, max_prompt_length=64, autocast_dtype=None)
+    with caplog.at_level("INFO", logger="rlft"):
+        for _ in range(2):
+            engine.generate(PROMPTS, SamplingParams(max_new_tokens=3, n=2))
+    assert engine._fused is None
+    said = [r.getMessage() for r in caplog.records if "not rlft's fused decode" in r.getMessage()]
+    assert said == [
+        "rollout: decoding through the model's own forward, not rlft's fused decode: forward hooks on "
+        "its modules (the fused forward would skip them)"
+    ]  # once, with the reason
     handle.remove()
 
 
-def test_gradient_checkpointing_keeps_the_fused_decode(tiny_model_dir):
-    """Checkpointing hooks the embedding to make its output require grad; a decode has no autograd."""
+@pytest.mark.parametrize(
+    "lora, decode_copy",
+    [(False, False), (True, False), (True, True)],
+    ids=["full", "lora_unmerged", "lora_merged_copy_on_a_gpu"],
+)
+@pytest.mark.parametrize("recompute", [True, "selective"], ids=["full_recompute", "selective"])
+def test_gradient_checkpointing_keeps_the_fused_decode(tiny_model_dir, monkeypatch, lora, decode_copy, recompute):
+    """Checkpointing hooks the embedding to make its output require grad; a decode has no autograd. Under
+    LoRA, PEFT's preparation of the model adds a second such hook (transformers keeps the last one's handle
+    only), which the merged decode copy inherits: a LoRA policy with recomputation (a GPU's default) still
+    decodes fused, from the merged bf16 copy as on a GPU (nothing packed) or with its adapters unmerged."""
+    if decode_copy:
+        monkeypatch.setattr(packed_matmul, "can_pack", lambda dtype, device: False)
+    dtype = "bf16" if decode_copy else "fp32"
     model = load_policy(
-        ModelConfig(path=str(tiny_model_dir), dtype="fp32", gradient_checkpointing=True),
+        ModelConfig(path=str(tiny_model_dir), dtype=dtype, gradient_checkpointing=recompute, lora={"r": 4, "alpha": 8})
+        if lora
+        else ModelConfig(path=str(tiny_model_dir), dtype=dtype, gradient_checkpointing=recompute),
         torch.device("cpu"),
         model_dir=tiny_model_dir,
+        frozen_dtype=torch.bfloat16 if decode_copy else None,
     )
-    assert model.model.embed_tokens._forward_hooks  # the hook is there
+    embedding = model.get_input_embeddings()
+    assert len(embedding._forward_hooks) == (2 if lora else 1)  # the hooks are there
     assert unsupported_reason(model) is None
-    engine = NativeEngine(model, load_tokenizer(tiny_model_dir), max_prompt_length=64, autocast_dtype=None)
+    autocast = torch.bfloat16 if decode_copy else None
+    engine = NativeEngine(
+        model, load_tokenizer(tiny_model_dir), max_prompt_length=64, autocast_dtype=autocast, decode_copy=decode_copy
+    )
     engine.generate(PROMPTS, SamplingParams(max_new_tokens=4, n=2))
     assert isinstance(engine._fused[1], FusedDecoder)
+    assert (engine._fused[0] is model) != decode_copy  # the policy itself, or its merged copy
+    handle = embedding.register_forward_hook(lambda m, i, out: out)  # a hook of the user's still counts
+    assert "hooks" in unsupported_reason(model)
+    handle.remove()
 
 
 @pytest.mark.skipif(not cpu_has_native_bf16(), reason="bf16 numerics are checked where bf16 matmuls are native")

@@ -8,6 +8,7 @@ pay for rows still generating.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +20,8 @@ from rlft.rollout.sampling import SAMPLE_NEXT_COMPILED, rollout_uniforms, sample
 from rlft.speed.clock import count, phase
 from rlft.speed.fast_linear import weight_first_linears
 from rlft.speed.graphed_rows import GraphedRows, graphs_apply
+
+log = logging.getLogger("rlft")
 
 
 class NativeEngine(HFGenerateEngine):
@@ -38,6 +41,7 @@ class NativeEngine(HFGenerateEngine):
         self.native_kernels = native_kernels  # rlft's C kernels (decode glue, sampling) where they build and are on
         self.cuda_graphs = cuda_graphs  # on a CUDA GPU, the fused decode step replayed as one graph
         self.compile_decode = compile_decode  # the fused decode's layers compiled (rlft.speed.decode_layer)
+        self._said_why = False  # why the fused decode does not apply, logged once
 
     # inference_mode skips autograd's per-op bookkeeping (version counters, views), which adds up
     # over ~200 small ops per decode step; its tensors are cloned before leaving generate().
@@ -122,6 +126,9 @@ class NativeEngine(HFGenerateEngine):
             source = self.decode_model()
             reason = unsupported_reason(source)
         if reason is not None:
+            if not self._said_why:  # once: the run's every rollout takes the slower path for the same reason
+                self._said_why = True
+                log.info(f"rollout: decoding through the model's own forward, not rlft's fused decode: {reason}")
             return None
         if self._fused is None or self._fused[0] is not source:
             if fuse_base:

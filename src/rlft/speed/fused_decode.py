@@ -52,10 +52,7 @@ def unsupported_reason(model: nn.Module) -> str | None:
         return f"activation {config.hidden_act!r}"
     if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
         return "sliding-window attention"
-    # transformers' enable_input_require_grads (part of gradient checkpointing) hooks the embedding
-    # to make its output require grad: meaningless for a decode without autograd, so not a reason
-    harmless = {h.id for h in getattr(model, "_require_grads_hooks", None) or ()}
-    if any(set(m._forward_hooks) - harmless or m._forward_pre_hooks for m in model.modules()):
+    if any(m._forward_pre_hooks or any(not _harmless(h) for h in m._forward_hooks.values()) for m in model.modules()):
         return "forward hooks on its modules (the fused forward would skip them)"
     layers = getattr(getattr(model, "model", None), "layers", None)
     if not layers or any(hasattr(layer.self_attn, "q_norm") for layer in layers):
@@ -64,6 +61,14 @@ def unsupported_reason(model: nn.Module) -> str | None:
     if any(base_linear(layer.get_submodule(name)).bias is not None for layer in layers for name in unbiased):
         return "biases on the output or MLP projections (Llama's attention_bias / mlp_bias)"
     return None
+
+
+def _harmless(hook) -> bool:
+    """transformers' ``enable_input_require_grads`` (part of gradient checkpointing, and of PEFT's preparation of
+    a model: under LoRA with recomputation both add one) hooks the embedding to make its output require grad:
+    meaningless for a decode without autograd. Known by its function, since transformers keeps the handle of the
+    last one only (``_require_grads_hooks``)."""
+    return getattr(hook, "__qualname__", "").endswith("enable_input_require_grads.<locals>.make_inputs_require_grads")
 
 
 @dataclass
