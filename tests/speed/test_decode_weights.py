@@ -139,3 +139,41 @@ def test_on_cuda_a_released_copy_decodes_through_the_graphs_what_a_kept_one_deco
         engines[0].release_memory()
         assert _own_bytes(engines[0]._copy) == 0
         _step(model, opt, runs[0].input_ids)
+
+
+@pytest.fixture
+def untied_model_dir(tiny_model_dir, tmp_path):
+    """The tiny model with an LM head of its own (Llama-3's layout; SmolLM2 ties it to the embedding)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    model.config.tie_word_embeddings = False
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+    model.save_pretrained(tmp_path / "untied")
+    load_tokenizer(tiny_model_dir).save_pretrained(tmp_path / "untied")
+    return tmp_path / "untied"
+
+
+def test_a_merged_lora_copy_reads_the_frozen_bf16_head_from_the_policy(untied_model_dir, tiny_config):
+    """A LoRA run stores its frozen base's Linears in bf16, the untied LM head among them: the merged decode
+    copy reads that head from the policy instead of holding a second one (1 GB at Llama-3-8B, kept through the
+    update), and the plan counts no copy of it."""
+    from rlft.config.loader import load_config
+    from rlft.planner.estimate import estimate_memory
+
+    cfg = ModelConfig(path=str(untied_model_dir), dtype="bf16", lora={"r": 4, "alpha": 8})
+    model = load_policy(cfg, CPU, model_dir=untied_model_dir, frozen_dtype=torch.bfloat16)
+    head = model.get_base_model().lm_head.weight
+    assert head.dtype == torch.bfloat16 and not head.requires_grad
+    copy = DecodeWeights(model, torch.bfloat16)
+    module, held = copy.current(), _own_bytes(copy)
+    assert module.lm_head.weight.untyped_storage().data_ptr() == head.untyped_storage().data_ptr()
+    q = module.model.layers[0].self_attn.q_proj.weight  # an adapted Linear: merged into a tensor of the copy's own
+    assert q.untyped_storage().data_ptr() != model.get_base_model().model.layers[0].self_attn.q_proj.weight.data_ptr()
+    copy.release()
+    assert _own_bytes(copy) == 0 and head.untyped_storage().nbytes() > 0  # the update gets all the copy holds
+    tiny_config["model"].update(path=str(untied_model_dir), lora={"r": 4, "alpha": 8})
+    phases = estimate_memory(load_config(data=tiny_config), "T4-16GB", prompt_tokens=10).phases
+    adapters = 2 * sum(p.numel() for p in model.parameters() if p.requires_grad)  # the plan's Linears include them
+    assert held <= phases["rollout"]["decode weights"] <= held + adapters
+    assert phases["update"]["decode weights"] == 0

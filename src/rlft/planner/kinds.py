@@ -151,7 +151,8 @@ def _rl_kept(cfg, shape: ModelShape, device: DeviceSpec, compute_bytes: int) -> 
     if unmerged:
         copy = unmerged_decode_bytes(shape, compute_bytes, packed, _frozen_linear_bytes(cfg, compute_bytes))
     else:
-        copy = decode_copy_bytes(shape, compute_bytes, lora, packed) if r.decode_copy else 0
+        shared = _shared_head_bytes(cfg, shape, compute_bytes)
+        copy = decode_copy_bytes(shape, compute_bytes, lora, packed, shared) if r.decode_copy else 0
     released = 0 if unmerged else min(copy, _decode_copy_released(cfg, shape))
     kept = {
         **trained_bytes(shape, _frozen_linear_bytes(cfg, compute_bytes)),
@@ -160,6 +161,15 @@ def _rl_kept(cfg, shape: ModelShape, device: DeviceSpec, compute_bytes: int) -> 
         **_critic_kept(cfg, shape),
     }
     return kept, {**kept, "decode weights": copy - released}, graphed
+
+
+def _shared_head_bytes(cfg, shape: ModelShape, compute_bytes: int) -> int:
+    """The LM head a LoRA policy's merged decode copy reads from the policy itself (rlft.speed.decode_weights):
+    untied, no adapter on it, and stored in the compute dtype like the rest of the frozen base."""
+    lora = cfg.model.lora
+    if lora is None or shape.tied_embeddings or _frozen_linear_bytes(cfg, compute_bytes) != compute_bytes:
+        return 0
+    return 0 if "lm_head" in lora.target_modules else compute_bytes * shape.vocab * shape.hidden
 
 
 def _frozen_linear_bytes(cfg, compute_bytes: int) -> int:

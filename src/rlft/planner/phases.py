@@ -264,14 +264,15 @@ def unmerged_decode_bytes(shape: ModelShape, compute_bytes: int, packed: bool, b
     return factors + (2 * shape.vocab * shape.hidden if shape.tied_embeddings else 0)
 
 
-def decode_copy_bytes(shape: ModelShape, compute_bytes: int, lora: bool, packed: bool) -> int:
+def decode_copy_bytes(shape: ModelShape, compute_bytes: int, lora: bool, packed: bool, shared: int = 0) -> int:
     """The rollout's bf16 weights. ``packed``: a CPU's fused decode, which multiplies packed copies of
     every Linear (made straight from a full policy; a LoRA policy is first merged into a plain bf16
     module, which is packed in turn). Elsewhere (a GPU) the bf16 module copy alone, LoRA merged into
-    it, embeddings and norms read from the policy's own tensors. Nothing in fp32."""
+    it, embeddings and norms read from the policy's own tensors, as are Linear weights the policy already
+    stores in bf16 (``shared`` bytes: a LoRA base's LM head no adapter changes). Nothing in fp32."""
     if compute_bytes != 2:
         return 0
     linear = 2 * shape.linear_params
     if not packed:
-        return linear
-    return linear + (linear + 4 * (shape.params - shape.untied_linear_params) if lora else 0)
+        return linear - shared
+    return linear + (linear - shared + 4 * (shape.params - shape.untied_linear_params) if lora else 0)
