@@ -1,4 +1,5 @@
-"""The update's peak of live tensor bytes on the CPU, beside what `rlft estimate` plans for it on a GPU.
+"""The update's (or the rollout's) peak of live tensor bytes on the CPU, beside what `rlft estimate` plans for
+it on a GPU.
 
 A GPU's `max_memory_allocated` counts the bytes of live tensors; a CPU's resident set (what
 `benchmarks/memory_estimate.py` measures, and what the planner's constants were fitted on) also keeps what
@@ -12,8 +13,13 @@ runs the update's attention through PyTorch's SDPA, as on a GPU, instead of rlft
 (``train.native_kernels: false``): its fused kernel keeps what a GPU's keeps for the backward (inputs,
 output, log-sum-exp), so the live tensors are those of a GPU's update.
 
+``--phase rollout`` measures a rollout instead (``NativeEngine.generate``: the decode weights' refresh, the
+prefill and the decode), on the GPU's path: the fixed batch a CUDA graph replays (run eagerly), nothing packed,
+the bf16 decode copy or, with ``--no-decode-copy`` and LoRA, the base read in place with the adapters unmerged;
+beside the estimate's rollout terms (decode weights, KV cache, prefill, logits).
+
     python benchmarks/update_allocated.py [--shape smollm2-1.7b] [--layers 2 4] [--new-tokens 64]
-        [--recompute selective] [--lora-rank 16] [--gpu-attention]
+        [--recompute selective] [--lora-rank 16] [--gpu-attention] [--phase rollout] [--no-decode-copy]
 """
 
 from __future__ import annotations
@@ -43,31 +49,54 @@ def update_peak(update) -> int:
     return peak
 
 
-def measure(config: dict) -> int:
-    """One warm-up step, then the peak of the second step's update (:func:`update_peak`)."""
+def measure(config: dict, phase: str = "update") -> int:
+    """One warm-up step, then the peak of the second step's update or rollout (:func:`update_peak`)."""
     import rlft.rl.update as update_module
+    import rlft.rollout.native_engine as native_engine
     from rlft import Trainer
 
-    real, peaks = update_module.PolicyUpdater.update, []
+    owner, name = (
+        (update_module.PolicyUpdater, "update") if phase == "update" else (native_engine.NativeEngine, "generate")
+    )
+    real, peaks = getattr(owner, name), []
 
-    def profiled(self, batch, *, kl_coef):
+    def profiled(self, *args, **kwargs):
         out = {}
-        peaks.append(update_peak(lambda: out.setdefault("stats", real(self, batch, kl_coef=kl_coef))))
-        return out["stats"]
+        peaks.append(update_peak(lambda: out.setdefault("result", real(self, *args, **kwargs))))
+        return out["result"]
 
     trainer = Trainer(config=config)
     trainer.setup()
     trainer.train_step()
-    update_module.PolicyUpdater.update = profiled
+    setattr(owner, name, profiled)
     try:
         trainer.train_step()
     finally:
-        update_module.PolicyUpdater.update = real
+        setattr(owner, name, real)
     return peaks[-1]
 
 
-def planned(config_path: Path) -> dict[str, float]:
-    """`rlft estimate --device H200-141GB`'s update terms for the config, in GiB."""
+def as_on_a_gpu() -> None:
+    """The native engine's decode as on a GPU: the fixed batch a CUDA graph replays (run eagerly here) over
+    weights nothing packs (the bf16 decode copy, or a LoRA base read in place)."""
+    import rlft.rollout.native_engine as native_engine
+    from rlft.speed import packed_matmul
+    from rlft.speed.graphed_rows import GraphedRows
+
+    native_engine.graphs_apply = lambda device: True
+    native_engine.GraphedRows = lambda *args, **kw: GraphedRows(*args, graphs=False, **kw)
+    packed_matmul.can_pack = lambda dtype, device: False
+
+
+TERMS = {  # what each phase adds to the states kept between steps, by the estimate's names
+    "update": ("activations", "gradients", "logits"),
+    "rollout": ("decode weights", "kv cache", "prefill", "logits", "lora merge"),
+}
+
+
+def planned(config_path: Path, phase: str = "update") -> dict[str, float]:
+    """`rlft estimate --device H200-141GB`'s terms of ``phase`` for the config, in GiB; for the rollout, its decode
+    weights less what the update keeps of them (already there when a rollout starts)."""
     command = ["estimate", "--config", str(config_path), "--device", "H200-141GB", "--json"]
     out = subprocess.run(
         [sys.executable, "-m", "rlft.cli.main", *command],
@@ -75,7 +104,11 @@ def planned(config_path: Path) -> dict[str, float]:
         text=True,
         check=True,
     )
-    return {k: v / 2**30 for k, v in json.loads(out.stdout)["phases"]["update"].items()}
+    phases = json.loads(out.stdout)["phases"]
+    terms = {k: v / 2**30 for k, v in phases[phase].items()}
+    if phase == "rollout":
+        terms["decode weights"] -= phases["update"]["decode weights"] / 2**30
+    return terms
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,17 +120,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lora-rank", type=int, default=0, help="train a LoRA adapter of this rank (alpha 2r)")
     ap.add_argument("--gpu-attention", action="store_true", help="attention through SDPA, as on a GPU")
     ap.add_argument("--model", default="gpu-carry/model", help="a directory with SmolLM2's config and tokenizer")
+    ap.add_argument("--phase", choices=["update", "rollout"], default="update")
+    ap.add_argument("--no-decode-copy", action="store_true", help="rollout.decode_copy: false (LoRA: unmerged)")
     a = ap.parse_args(argv)
+    if a.phase == "rollout":
+        as_on_a_gpu()
     import yaml
     from grpo_step import rlft_config
     from shapes import random_model_dir
 
     lora = f", LoRA r={a.lora_rank}" if a.lora_rank else ""
     attention = "SDPA (a GPU's)" if a.gpu_attention else "rlft's CPU kernels"
-    print(
-        f"{a.shape}, 2 prompts x 8 completions x {a.new_tokens} tokens, bf16, recompute {a.recompute}{lora}, "
-        f"attention {attention}"
-    )
+    what = f"attention {attention}" if a.phase == "update" else "the GPU's decode path"
+    what += ", no decode copy" if a.no_decode_copy else ""
+    print(f"{a.shape}, 2 prompts x 8 completions x {a.new_tokens} tokens, bf16, recompute {a.recompute}{lora}, {what}")
     for layers in a.layers:
         model = random_model_dir(Path(a.model), a.shape, {"num_hidden_layers": layers}, "cpu", "bf16")
         work = Path(tempfile.mkdtemp())
@@ -118,14 +154,15 @@ def main(argv: list[str] | None = None) -> int:
         )
         config = rlft_config(opts, work)
         config["train"]["native_kernels"] = not a.gpu_attention
+        config["rollout"]["decode_copy"] = not a.no_decode_copy
         (work / "config.yaml").write_text(yaml.safe_dump(config))
-        peak = measure(config) / 2**30
-        plan = planned(work / "config.yaml")
-        above = {k: v for k, v in plan.items() if k in ("activations", "gradients", "logits")}
-        terms = ", ".join(f"{k} {v:.2f}" for k, v in above.items())
+        peak = measure(config, a.phase) / 2**30
+        plan = planned(work / "config.yaml", a.phase)
+        above = {k: v for k, v in plan.items() if k in TERMS[a.phase]}
+        terms = ", ".join(f"{k} {v:.3f}" for k, v in above.items())
         print(
-            f"  {layers} layers: live tensors' peak above the update's start {peak:.2f} GiB; the estimate's "
-            f"{sum(above.values()):.2f} GiB ({terms}): {sum(above.values()) / peak:.2f}x"
+            f"  {layers} layers: live tensors' peak above the {a.phase}'s start {peak:.3f} GiB; the estimate's "
+            f"{sum(above.values()):.3f} GiB ({terms}): {sum(above.values()) / peak:.2f}x"
         )
     return 0
 

@@ -338,6 +338,43 @@ def test_an_unmerged_lora_decode_is_planned_as_the_decoder_holds_it(tiny_config,
     assert held <= planned <= 1.3 * held, (held, planned)
 
 
+def _eight_b(tiny_model_dir, tmp_path):
+    """Llama-3-8B's shape: all the planner reads of a model is its config."""
+    eight_b = tmp_path / "llama-8b"
+    eight_b.mkdir()
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    config.update(
+        hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+        vocab_size=128256, tie_word_embeddings=False, head_dim=128,
+    )  # fmt: skip
+    (eight_b / "config.json").write_text(json.dumps(config))
+    return eight_b
+
+
+def test_a_merged_lora_copys_refresh_is_planned_where_it_outgrows_the_generation(tiny_config, tiny_model_dir, tmp_path):
+    """Refreshing the merged copy makes each adapted weight in fp32 first (8 bytes a parameter of the largest:
+    0.44 GiB for Llama-3-8B's MLP; measured by benchmarks/update_allocated.py --phase rollout), before the
+    prefill: the rollout's plan counts what it takes beyond the generation's tensors."""
+    tiny_config["model"].update(path=str(_eight_b(tiny_model_dir, tmp_path)), lora={"r": 16})
+
+    def rollout(**change) -> dict:
+        data = json.loads(json.dumps(tiny_config))
+        data["algorithm"].update(rollout_batch_size=1, num_generations=2, max_new_tokens=8)
+        for section, values in change.items():
+            data.setdefault(section, {}).update(values)
+        return estimate_memory(load_config(data=data), "H100-80GB", prompt_tokens=10).phases["rollout"]
+
+    def generation(phase: dict) -> int:
+        return sum(phase[k] for k in ("kv cache", "prefill", "logits"))
+
+    small = rollout()
+    assert small["lora merge"] == 8 * 4096 * 14336 - generation(small)
+    attention = rollout(model={"lora": {"r": 16, "target_modules": ["q_proj", "v_proj"]}})
+    assert attention["lora merge"] == 8 * 4096 * 4096 - generation(attention)
+    assert "lora merge" not in rollout(algorithm={"rollout_batch_size": 8, "num_generations": 8, "max_new_tokens": 256})
+    assert "lora merge" not in rollout(rollout={"decode_copy": False})  # nothing merged
+
+
 def test_decode_copy_auto_drops_a_merged_lora_copy_that_does_not_fit_and_the_run_applies_it(
     tiny_config, tiny_model_dir, tmp_path, caplog
 ):
@@ -348,15 +385,7 @@ def test_decode_copy_auto_drops_a_merged_lora_copy_that_does_not_fit_and_the_run
     import rlft.planner.estimate as estimate
     from rlft.planner.check import MemoryPlanError, check_memory
 
-    eight_b = tmp_path / "llama-8b"  # Llama-3-8B's shape: all the planner reads of a model is its config
-    eight_b.mkdir()
-    config = json.loads((tiny_model_dir / "config.json").read_text())
-    config.update(
-        hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-        vocab_size=128256, tie_word_embeddings=False, head_dim=128,
-    )  # fmt: skip
-    (eight_b / "config.json").write_text(json.dumps(config))
-    tiny_config["model"].update(path=str(eight_b), lora={"r": 16})
+    tiny_config["model"].update(path=str(_eight_b(tiny_model_dir, tmp_path)), lora={"r": 16})
     tiny_config["algorithm"].update(max_new_tokens=256, micro_batch_size="auto")
     cfg = load_config(data=tiny_config)
     assert cfg.rollout.decode_copy == "auto"

@@ -15,6 +15,7 @@ from rlft.planner.phases import (
     Phases,
     decode_copy_bytes,
     generation_bytes,
+    lora_merge_bytes,
     reference_bytes,
     scoring_bytes,
     trained_bytes,
@@ -113,12 +114,15 @@ def rl_phases(
         device_kind=device.kind,
         **_eval_geometry(cfg, new),
     )
-    kept, trained, graphed = _rl_kept(cfg, shape, device, compute_bytes)
+    kept, trained, graphed, merge = _rl_kept(cfg, shape, device, compute_bytes)
     if scorers:
         kept, trained = {**kept, "reward models": scorers}, {**trained, "reward models": scorers}
     one_pass = micro >= update_rows and device.kind == "cuda"  # see update_bytes
+    generation = generation_bytes(shape, rows, g.prompts, prompt_tokens, new, compute_bytes, graphed)
+    # a merged LoRA copy's refresh comes before the prefill: what it briefly takes beyond the generation's tensors
+    merging = {"lora merge": merge - sum(generation.values())} if merge > sum(generation.values()) else {}
     phases: Phases = {
-        "rollout": {**kept, **generation_bytes(shape, rows, g.prompts, prompt_tokens, new, compute_bytes, graphed)},
+        "rollout": {**kept, **generation, **merging},
         "scoring": {**kept, **scoring_bytes(shape, g)},
         "update": {**trained, **update_bytes(shape, g, one_pass=one_pass)},
     }
@@ -136,10 +140,10 @@ def rl_phases(
     return g, phases
 
 
-def _rl_kept(cfg, shape: ModelShape, device: DeviceSpec, compute_bytes: int) -> tuple[dict, dict, bool]:
+def _rl_kept(cfg, shape: ModelShape, device: DeviceSpec, compute_bytes: int) -> tuple[dict, dict, bool, int]:
     """What an RL step keeps through its phases; the same in the update, where the engine has freed the decode
-    copy's Linears the optimizer step rewrites (rlft.rollout.base.RolloutEngine.release_memory); and whether
-    the decode runs as CUDA graphs."""
+    copy's Linears the optimizer step rewrites (rlft.rollout.base.RolloutEngine.release_memory); whether
+    the decode runs as CUDA graphs; and what refreshing a merged LoRA copy briefly takes (:func:`lora_merge_bytes`)."""
     from rlft.speed.fused_decode import SUPPORTED
 
     r, lora = cfg.rollout, cfg.model.lora is not None
@@ -160,7 +164,8 @@ def _rl_kept(cfg, shape: ModelShape, device: DeviceSpec, compute_bytes: int) -> 
         "decode weights": copy,
         **_critic_kept(cfg, shape),
     }
-    return kept, {**kept, "decode weights": copy - released}, graphed
+    merge = lora_merge_bytes(shape, cfg.model.lora.target_modules) if lora and copy and not unmerged else 0
+    return kept, {**kept, "decode weights": copy - released}, graphed, merge
 
 
 def _shared_head_bytes(cfg, shape: ModelShape, compute_bytes: int) -> int:

@@ -264,6 +264,25 @@ def unmerged_decode_bytes(shape: ModelShape, compute_bytes: int, packed: bool, b
     return factors + (2 * shape.vocab * shape.hidden if shape.tied_embeddings else 0)
 
 
+LORA_MERGE_BYTES = 8  # an adapted Linear's merged weight made at full precision: the fp32 delta and the fp32 sum
+
+
+def lora_merge_bytes(shape: ModelShape, targets: list[str] | str) -> int:
+    """Refreshing a merged LoRA decode copy (rlft.speed.decode_weights) makes each adapted Linear's weight at
+    full precision, one Linear at a time, before the copy rounds it: the adapters' fp32 delta beside its fp32
+    sum with the base, 8 bytes a parameter of the largest adapted Linear (0.44 GiB at Llama-3-8B's MLP). It
+    happens before the prefill, so it never meets the generation's own tensors. ``targets``: the LoRA's
+    ``target_modules`` (a name PEFT matches otherwise is taken to be the largest Linear)."""
+    q, kv, mlp = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.intermediate
+    sizes = {"q_proj": q, "o_proj": q, "k_proj": kv, "v_proj": kv, "gate_proj": mlp, "up_proj": mlp, "down_proj": mlp}
+    if isinstance(targets, str):  # 'all-linear' (every Linear but the head), or a pattern
+        widest = max(sizes.values())
+    else:
+        widest = max((sizes.get(t, max(sizes.values())) for t in targets if t != "lm_head"), default=0)
+        widest = max(widest, shape.vocab if "lm_head" in targets else 0)
+    return LORA_MERGE_BYTES * shape.hidden * widest
+
+
 def decode_copy_bytes(shape: ModelShape, compute_bytes: int, lora: bool, packed: bool, shared: int = 0) -> int:
     """The rollout's bf16 weights. ``packed``: a CPU's fused decode, which multiplies packed copies of
     every Linear (made straight from a full policy; a LoRA policy is first merged into a plain bf16
