@@ -211,6 +211,18 @@ def _lora_row(name: str, row: dict, r: dict) -> Verdict:
     )
 
 
+def _recorded(name: str, row: dict) -> Verdict:
+    """The 8B LoRA policy's load alone (load_policy.py), or a step under the profiler (profile_step.py)."""
+    if "rounds" in row:
+        first = row["rounds"][0]
+        gpu = f", peak GPU {first['peak_gpu_mb'] / 1024:.1f} GiB" if first.get("peak_gpu_mb") is not None else ""
+        measured = f"{row['seconds']:.1f} s{gpu} (the model keeps {first['kept_mb'] / 1024:.1f} GiB)"
+        return Verdict("policy load", name, "rlft", measured, "-", None, "recorded")
+    steps = ", ".join(f"{x:.2f}" for x in row.get("step_seconds", []))
+    measured = f"{row['gpu_kernels']} GPU kernels, {row.get('gpu_kernel_ms', 0):.1f} ms of them; step {steps} s"
+    return Verdict("one step profiled", name, "rlft", measured, "-", None, "recorded")
+
+
 def verdicts(results: dict) -> list[Verdict]:
     """Every bar the file's rows can be judged on, and a line for each expected row it lacks."""
     rows, out = results.get("rows", {}), []
@@ -222,6 +234,9 @@ def verdicts(results: dict) -> list[Verdict]:
             why = "" if "CUDA available: True" in (results.get("check_env") or "") else "not on a GPU"
             passed = None if why else row["exit"] == 0
             out.append(Verdict("GPU tests pass", name, "pytest", f"exit {row['exit']}", "exit 0", passed, why))
+            continue
+        if "rounds" in row or "gpu_kernels" in row:  # load_policy.py's or profile_step.py's: recorded beside the bars
+            out.append(_recorded(name, row))
             continue
         res = row.get("results", {}).get("bf16")
         if not res or "workload" not in row:

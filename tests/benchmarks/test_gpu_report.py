@@ -83,6 +83,8 @@ def test_each_bar_is_judged_from_the_rows_numbers():
         "1.7b-eos-512": _row({"rlft": _rlft(0.2, 0.2, 50, 55), "rlft-compiled": _rlft(0.15, 0.2, 50, 55)}, 512),
         "360m-128": _row({"trl": _trl(3.0, 10.0, 40.0), "rlft": _rlft(0.2, 0.2, 9.0, 10.0)}, shape="smollm2-360m"),
         "8b-lora-256": _row({"rlft": _rlft(1.0, 0.5, 35.0, 33.0, steps=3)}, 256, "llama3-8b", lora_rank=16),
+        "load-8b-lora": {"lora_rank": 16, "seconds": 12.5, "rounds": [{"peak_gpu_mb": 16900.0, "kept_mb": 16400.0}]},
+        "profile-1.7b-32": {"step_seconds": [0.9], "gpu_kernels": 5123, "gpu_kernel_ms": 420.0},
     }
     found = r.verdicts({"check_env": ON_A_GPU, "rows": rows})
     assert _find(found, "decode", "1.7b-128").met is False and "54%" in _find(found, "decode", "1.7b-128").measured
@@ -109,6 +111,10 @@ def test_each_bar_is_judged_from_the_rows_numbers():
     assert _find(found, "GPU tests", "gpu_tests_compiled", "pytest").met is False
     assert _find(found, "rollout/logprob_mismatch", "1.7b-128").met is None  # recorded beside the bars
     assert not [v for v in found if v.bar == "measured"]  # every expected row is there
+    assert (
+        _find(found, "policy load", "load-8b-lora").measured == "12.5 s, peak GPU 16.5 GiB (the model keeps 16.0 GiB)"
+    )
+    assert _find(found, "one step profiled", "profile-1.7b-32").measured.startswith("5123 GPU kernels, 420.0 ms")
 
 
 def test_missing_rows_and_runs_off_a_gpu_are_said_so():
