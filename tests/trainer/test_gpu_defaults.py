@@ -6,7 +6,8 @@ weights, and the fused decode runs as the fixed batch a CUDA graph replays. Each
 a choice that only goes wrong in their company (a LoRA policy with recomputation used to fall back to its
 own forward: a hook of PEFT's read as a user's) shows only when they meet. Here they meet: the run's
 choices are the GPU's (the graph's body run eagerly), and the test checks that the fused decode, the fixed
-batch and recomputation are each what ran, and that the engine's log-probs are the trainer's."""
+batch, recomputation and the chunked head are each what ran, and that the engine's log-probs are the
+trainer's."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import logging
 import pytest
 
 import rlft.rollout.native_engine as native_engine
+import rlft.speed.head_logprobs as head_logprobs_module
 import rlft.speed.packed_matmul as packed_matmul
 from rlft import Trainer
 from rlft.models import precision
@@ -45,6 +47,9 @@ def _as_on_a_gpu(monkeypatch) -> list[GraphedRows]:
 )
 def test_a_run_with_a_gpus_defaults_takes_the_gpus_paths(tiny_config, monkeypatch, caplog, lora, decode_copy):
     made = _as_on_a_gpu(monkeypatch)
+    heads = []  # the update's log-probs through the chunked head (no [tokens, vocabulary] logits at once)
+    chunked = head_logprobs_module.head_logprobs
+    monkeypatch.setattr(head_logprobs_module, "head_logprobs", lambda *a, **k: heads.append(1) or chunked(*a, **k))
     tiny_config["model"].update(lora=lora, gradient_checkpointing="selective")  # what auto picks on a GPU
     tiny_config["train"].update(max_steps=2, native_kernels=False)  # the update's attention through SDPA
     tiny_config["rollout"] = {"decode_copy": decode_copy}
@@ -53,7 +58,7 @@ def test_a_run_with_a_gpus_defaults_takes_the_gpus_paths(tiny_config, monkeypatc
         trainer = Trainer(config=tiny_config)
         run = trainer.train().run_dir
     job = trainer.job
-    assert recompute_mode(job.parts.model) == "selective"
+    assert recompute_mode(job.parts.model) == "selective" and len(heads) >= 4  # policy, reference, each step
     assert "not rlft's fused decode" not in caplog.text and "casts all fp32 weights" not in caplog.text
     source, fused = job.engine._fused
     assert len(made) == 2 and all(rows.fused is fused for rows in made)  # each rollout on the fixed batch
