@@ -146,11 +146,13 @@ def _entries(source: nn.Module, copy_: nn.Module, lora: dict[str, nn.Module]) ->
 
 def _shareable(owner: nn.Module, dst: torch.Tensor, src: torch.Tensor) -> bool:
     """A tensor the copy keeps in the source's dtype is the source's tensor itself: embeddings and norms (an
-    fp32 embedding matrix is 113 MB on SmolLM2), and a Linear's weight already stored in the copy's dtype, as
-    a LoRA base's frozen LM head is (1 GB at Llama-3-8B), unless it is a view of a fused q/k/v or gate/up."""
+    fp32 embedding matrix is 113 MB on SmolLM2), and a frozen Linear weight already stored in the copy's dtype,
+    as a LoRA base's LM head is (1 GB at Llama-3-8B), unless the copy made it a view of a fused q/k/v or gate/up."""
     if dst.dtype != src.dtype or dst.shape != src.shape:
         return False
-    return not isinstance(owner, nn.Linear) or dst.untyped_storage().nbytes() == dst.numel() * dst.element_size()
+    if not isinstance(owner, nn.Linear):
+        return True
+    return not src.requires_grad and dst.untyped_storage().nbytes() == dst.numel() * dst.element_size()
 
 
 def _adapter_params(layer: nn.Module) -> list[torch.Tensor]:
