@@ -153,8 +153,8 @@ def _estimates_by_margin(cfg, est) -> dict[str, float]:
     pinned = cfg.model_copy(deep=True)
     pinned.algorithm.micro_batch_size = g.micro_rows
     pinned.model.gradient_checkpointing = {"off": False, "full": True}.get(g.recompute, g.recompute)
-    if "rollout.decode_copy" in est.settings:
-        pinned.rollout.decode_copy = est.settings["rollout.decode_copy"]
+    if pinned.rollout.decode_copy == "auto":  # as the estimate chose: a larger margin must not drop the copy
+        pinned.rollout.decode_copy = est.settings.get("rollout.decode_copy", True)
     base = phases.ALLOWANCES[g.device_kind]
     out = {}
     try:
