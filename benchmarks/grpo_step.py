@@ -179,15 +179,12 @@ def _rlft_worker(conn, opts: dict) -> None:
 
     # what `rlft estimate` predicts for this run's peak: GPU memory on a GPU, else the process's resident set;
     # before the model loads, as `rlft estimate` runs (a CPU's estimate counts the resident set it starts from)
-    est = estimate_memory(trainer.cfg, opts["device"])
-    by_margin = _estimates_by_margin(trainer.cfg, est)
+    est, planned = estimate_memory(trainer.cfg, opts["device"]), trainer.cfg.model_copy(deep=True)
     trainer.setup()
     from rlft.models.checkpointing import recompute_mode
 
     recompute = recompute_mode(trainer.job.parts.model)  # what model.gradient_checkpointing came to
-    conn.send(
-        {"ready": True, "estimate_mb": est.peak / 2**20, "estimate_mb_by_margin": by_margin, "recompute": recompute}
-    )
+    conn.send({"ready": True, "estimate_mb": est.peak / 2**20, "recompute": recompute})
     while conn.recv() == "step":
         t0, cpu0 = time.perf_counter(), _cpu_seconds()
         m = trainer.train_step()
@@ -207,7 +204,8 @@ def _rlft_worker(conn, opts: dict) -> None:
                 },
             }
         )
-    conn.send(_peaks(opts))
+    # after the last step, off the whole process's clock: the estimate at each margin, for the margin's refit
+    conn.send({**_peaks(opts), "estimate_mb_by_margin": _estimates_by_margin(planned, est)})
 
 
 def _trl_worker(conn, opts: dict) -> None:
