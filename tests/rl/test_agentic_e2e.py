@@ -5,12 +5,14 @@ environment instances."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
 
 from rlft import Trainer
 from tests.conftest import read_jsonl, write_jsonl
+from tests.trainer.test_gpu_defaults import _as_on_a_gpu
 
 ENV = '''
 class EchoEnv:
@@ -219,3 +221,18 @@ def test_trls_environment_factory_example_trains_unchanged(tmp_path):
     for sample in samples:
         assert sample["rewards"]["echo"] == pytest.approx(earned(sample["trajectory"])), sample
     assert sum(sample["rewards"]["echo"] > 0 for sample in samples) >= len(samples) / 4  # not all zero
+
+
+def test_an_agentic_lora_run_with_a_gpus_defaults_decodes_fused(agent_config, monkeypatch, caplog):
+    """Multi-turn episodes (the fused decode over a running cache, tool results prefilled into it) from a LoRA
+    policy with recomputation, as on a GPU: the fused decode is what ran."""
+    _as_on_a_gpu(monkeypatch)
+    agent_config["model"].update(dtype="bf16", lora={"r": 4, "alpha": 8}, gradient_checkpointing="selective")
+    agent_config["train"].update(max_steps=2, native_kernels=False)
+    agent_config["eval"].update(before_training=False, after_training=False)
+    with caplog.at_level(logging.INFO, logger="rlft"):
+        trainer = Trainer(config=agent_config)
+        run = trainer.train().run_dir
+    assert "not rlft's fused decode" not in caplog.text and trainer.job.engine.engine._fused is not None
+    rows = read_jsonl(run / "metrics.jsonl")
+    assert len(rows) == 2 and rows[-1]["episode/turns_mean"] >= 1
