@@ -35,13 +35,15 @@ sys.path.insert(0, str(HERE))
 
 from rates import phase_rates  # noqa: E402
 
+from rlft.planner.devices import CUDA_CONTEXT_BYTES  # noqa: E402
+
 DECODE_ROOFLINE = 0.60  # issue 37, 1: the decode's share of the HBM roofline at 1.7B
 UPDATE_PEAK = 0.50  # 2: the policy's and reference's share of the bf16 matmul peak at 1.7B
 STEP_RATIO = {128: 6.0, 512: 10.0}  # 4: the steady-state step against TRL's, by new tokens
 WHOLE_RATIO = 4.0  # 4: a 10-step run's whole process against TRL's
 WHOLE_STEPS = 10
 ESTIMATE_BAND = (1.0, 1.3)  # 3: rlft estimate over the measured peak
-CUDA_CONTEXT_MB = 512.0  # rlft.planner.devices.CUDA_CONTEXT_BYTES: what nvidia-smi shows beyond the allocator
+CUDA_CONTEXT_MB = CUDA_CONTEXT_BYTES / 2**20  # what nvidia-smi shows beyond the allocator
 JUDGED_SHAPES = ("smollm2-1.7b",)  # the decode and update bars are set at 1.7B
 # the rows gpu_scale.sh runs for the issue's Done-when (the A/B rows after them are extras)
 EXPECTED = ("gpu_tests", "1.7b-128", "1.7b-512", "8b-lora-256", "360m-128", "gpu_tests_compiled", "1.7b-eos-512")

@@ -15,7 +15,6 @@ import logging
 
 import pytest
 
-import rlft.rollout.native_engine as native_engine
 import rlft.speed.head_logprobs as head_logprobs_module
 import rlft.speed.packed_matmul as packed_matmul
 from rlft import Trainer
@@ -23,21 +22,14 @@ from rlft.models import precision
 from rlft.models.checkpointing import recompute_mode
 from rlft.speed.graphed_rows import GraphedRows
 from tests.conftest import read_jsonl
+from tests.speed.test_graphed_rows import _graphed_everywhere
 
 
 def _as_on_a_gpu(monkeypatch) -> list[GraphedRows]:
     """The GPU's decode path on this CPU; returns the fixed batches the engine made."""
-    made = []
-
-    def rows(*args, **kwargs):
-        made.append(GraphedRows(*args, graphs=False, **kwargs))
-        return made[-1]
-
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)  # bf16 autocast, as on any GPU
-    monkeypatch.setattr(native_engine, "graphs_apply", lambda device: True)
-    monkeypatch.setattr(native_engine, "GraphedRows", rows)
     monkeypatch.setattr(packed_matmul, "can_pack", lambda dtype, device: False)
-    return made
+    return _graphed_everywhere(monkeypatch, graphs=False)
 
 
 @pytest.mark.parametrize(
