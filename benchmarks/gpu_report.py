@@ -33,7 +33,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from rates import phase_rates  # noqa: E402
+from rates import between_captures, phase_rates  # noqa: E402
 
 from rlft.planner.devices import CUDA_CONTEXT_BYTES  # noqa: E402
 
@@ -113,6 +113,20 @@ def _worker_bars(name: str, row: dict, worker: str, r: dict) -> list[Verdict]:
                 f">= {bar:.0%}",
                 None if why else p.share >= bar,
                 why,
+            )
+        )
+    replays = between_captures(r.get("phases", {}), rates["decode"]) if "decode" in rates else None
+    if replays is not None:  # what the captures cost: the share a graph kept across rollouts could reach
+        out.append(
+            Verdict(
+                "the decode without its CUDA graphs' captures: share of the HBM roofline",
+                name,
+                worker,
+                f"{replays.share:.0%} ({replays.rate:.1f} GB/s; the captures "
+                f"{r['phases']['work/decode_capture_seconds']:.2f} of {rates['decode'].seconds:.2f} s)",
+                "-",
+                None,
+                "recorded: the bar is on the whole decode",
             )
         )
     seen = _seen_mb(r)

@@ -64,6 +64,18 @@ def phase_rates(
     return out
 
 
+def between_captures(ph: dict, decode: PhaseRate) -> PhaseRate | None:
+    """The decode without what its CUDA graphs cost beside their replays (``work/decode_capture_seconds``: each
+    graph's warm-ups, capture and first replay), rated as ``decode`` is; None where nothing was captured. The
+    captured tokens' bytes are left out at the average token's (their windows' first tokens read a little less)."""
+    spent, steps = ph.get("work/decode_capture_seconds", 0.0), ph.get("work/decode_steps", 0)
+    seconds, kept = decode.seconds - spent, steps - ph.get("work/decode_captures", 0)
+    if not spent or seconds <= 0 or kept <= 0:
+        return None
+    amount = decode.amount * kept / steps
+    return PhaseRate("decode between captures", seconds, amount, decode.unit, amount / seconds, decode.floor)
+
+
 def print_phases(
     ph: dict, dtype: str, peaks: dict, weights: float, params: float, lora: bool = False, label: str = "rlft"
 ) -> None:
@@ -83,6 +95,13 @@ def print_phases(
         cells = (f"{r.amount:.3f} {r.unit}", f"{r.rate:.3f} {r.unit}/s", f"{r.share:.0%}") if r.share else ("", "", "")
         tps = f"{tokens[r.name] / r.seconds:,.0f}" if tokens.get(r.name) and r.seconds > 0 else ""
         print(f"  | {r.name} | {r.seconds:.2f} | {r.seconds / total:.0%} | {tps} | " + " | ".join(cells) + " |")
+    replays = between_captures(ph, rates["decode"]) if "decode" in rates else None
+    if replays is not None:
+        print(
+            f"  decode's CUDA graphs: {ph['work/decode_captures']:.0f} captured in "
+            f"{ph['work/decode_capture_seconds']:.3f} s (warm-ups and first replays included); the tokens between "
+            f"them {replays.rate:.1f} GB/s, {replays.share:.0%} of the floor"
+        )
     if ph.get("work/decode_kv_bytes"):
         print(
             f"  decode KV cache: {ph['work/decode_kv_needed_bytes'] / 1e9:.3f} GB attended to, "

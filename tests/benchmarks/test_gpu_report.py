@@ -63,6 +63,7 @@ def _row(results: dict, tokens: int = 128, shape: str = "smollm2-1.7b", device: 
     }
 
 
+CAPTURED = {"work/decode_capture_seconds": 0.05, "work/decode_captures": 1}
 ON_A_GPU = "python 3.12 | torch 2.11.0+cu130 | device: NVIDIA H200 | CUDA available: True | GPUs: 1"
 TESTS = {"gpu_tests": {"exit": 0, "tail": "5 passed"}, "gpu_tests_compiled": {"exit": 1, "tail": "1 failed"}}
 
@@ -78,7 +79,8 @@ def test_each_bar_is_judged_from_the_rows_numbers():
         **TESTS,
         # decode 435.2 GB in 0.2 s: 2,176 GB/s = 54 % of 4,000; compiled in 0.15 s: 73 %
         # policy 83.6 TFLOP in 0.2 s: 418 TFLOP/s = 64 % of 650
-        "1.7b-128": _row({"trl": _trl(8.0, 47.0), "rlft": _rlft(0.2, 0.2, 40.0, 44.0)}),
+        # of the decode's 0.2 s, one capture took 0.05: the other 127 tokens' 431.8 GB in 0.15 s, 72 %
+        "1.7b-128": _row({"trl": _trl(8.0, 47.0), "rlft": _rlft(0.2, 0.2, 40.0, 44.0, **CAPTURED)}),
         "1.7b-512": _row({"trl": _trl(20.0, 60.0), "rlft": _rlft(0.8, 0.6, 62.0, 90.0, steps=3)}, tokens=512),
         "1.7b-eos-512": _row({"rlft": _rlft(0.2, 0.2, 50, 55), "rlft-compiled": _rlft(0.15, 0.2, 50, 55)}, 512),
         "360m-128": _row({"trl": _trl(3.0, 10.0, 40.0), "rlft": _rlft(0.2, 0.2, 9.0, 10.0)}, shape="smollm2-360m"),
@@ -88,6 +90,9 @@ def test_each_bar_is_judged_from_the_rows_numbers():
     }
     found = r.verdicts({"check_env": ON_A_GPU, "rows": rows})
     assert _find(found, "decode", "1.7b-128").met is False and "54%" in _find(found, "decode", "1.7b-128").measured
+    between = _find(found, "the decode without", "1.7b-128")
+    assert between.met is None and between.measured.startswith("72% (2878.7 GB/s; the captures 0.05 of 0.20 s)")
+    assert not [v for v in found if v.bar.startswith("the decode without") and v.row == "1.7b-512"]  # none captured
     assert _find(found, "decode", "1.7b-eos-512", "rlft-compiled").met is True
     assert _find(found, "policy", "1.7b-128").met is True and "64%" in _find(found, "policy", "1.7b-128").measured
     assert _find(found, "reference", "1.7b-128").met is False  # 43 %

@@ -59,4 +59,5 @@ def test_a_phase_that_raises_is_still_timed_and_closed():
 
 def test_timing_metrics_are_told_apart_from_run_metrics():
     assert is_timing("time/decode") and is_timing("step_seconds") and is_timing("peak_mem_mb")
+    assert is_timing("work/decode_capture_seconds")  # a work counter that is a duration
     assert not is_timing("work/decode_tokens") and not is_timing("reward/mean")

@@ -3,6 +3,8 @@ against the decode whose finished rows leave the batch; the capture itself where
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -137,6 +139,27 @@ def test_the_fixed_batch_stops_soon_after_its_last_row_ends(wide_head_model_dir,
     assert counts["decode_tokens"] == sum(length - 1 for length in lengths)  # the steps the rows needed
 
 
+def test_what_the_graphs_cost_is_counted_apart_from_the_decode(wide_head_model_dir, monkeypatch):
+    model, tok = _policy(wide_head_model_dir)
+    monkeypatch.setattr(GraphedRows, "WINDOW", 16)
+
+    class Graph:  # stands for a captured token: a replay runs it
+        def __init__(self, rows):
+            self.replay = rows._token
+
+    def capture(self, warmup):  # a capture's host time, then the token its first replay decodes
+        time.sleep(0.05)
+        self.graph = Graph(self)
+        self.graph.replay()
+
+    monkeypatch.setattr(GraphedRows, "_capture", capture)
+    sampling = SamplingParams(max_new_tokens=40, n=3, temperature=0.9, seed=3, min_new_tokens=40)
+    out, counts, made = _generate(model, tok, monkeypatch, True, sampling, graphs=True)
+    assert made[0].windows == [16, 32, 40]  # a graph a window; the last one reaches the cache's capacity
+    assert counts["decode_captures"] == 3 and counts["decode_steps"] == 39
+    assert 0.15 <= counts["decode_capture_seconds"] < 0.15 + 2.0
+
+
 def test_step_at_writes_the_column_it_is_given_as_step_writes_its_own(wide_head_model_dir):
     model, _ = _policy(wide_head_model_dir)
     fused = FusedDecoder(model)
@@ -180,12 +203,14 @@ def test_the_captured_graph_decodes_what_the_eager_static_step_decodes(
     tok = load_tokenizer(wide_head_model_dir)
     autocast = torch.bfloat16 if dtype == "bf16" else None
     sampling = SamplingParams(max_new_tokens=40, n=3, temperature=0.9, seed=3, min_new_tokens=2)
-    out, made = {}, {}
+    out, counts, made = {}, {}, {}
     for graphs in (False, True):
-        out[graphs], _, made[graphs] = _generate(
+        out[graphs], counts[graphs], made[graphs] = _generate(
             model, tok, monkeypatch, True, sampling, stop_at, graphs=graphs, autocast_dtype=autocast, decode_copy=True
         )
     assert made[True][0].graph is not None and made[False][0].graph is None
+    assert counts[True]["decode_captures"] == len(made[True][0].windows) and counts[True]["decode_capture_seconds"] > 0
+    assert "decode_captures" not in counts[False]
     assert torch.equal(out[True].completion_ids, out[False].completion_ids)
     assert out[True].finish_reasons == out[False].finish_reasons
     m = out[True].completion_mask.bool()

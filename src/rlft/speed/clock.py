@@ -53,13 +53,11 @@ class PhaseClock:
             yield
             return
         self._open = name
-        _sync()
-        t0 = time.perf_counter()
+        t0 = synced_now()
         try:
             yield
         finally:
-            _sync()
-            self.seconds[name] += time.perf_counter() - t0
+            self.seconds[name] += synced_now() - t0
             self._open = None
 
     def count(self, name: str, amount: float) -> None:
@@ -79,7 +77,13 @@ TIMING_METRICS = ("step_seconds", "generation_seconds", "update_seconds", "token
 def is_timing(metric: str) -> bool:
     """True for the metrics that measure the machine rather than the run (they differ between two
     runs that are otherwise bit-identical)."""
-    return metric in TIMING_METRICS or metric.startswith(("time/", "resources/"))
+    return metric in TIMING_METRICS or metric.startswith(("time/", "resources/")) or metric.endswith("_seconds")
+
+
+def synced_now() -> float:
+    """``time.perf_counter()`` once a GPU has run what was queued on it: a span's GPU work counts to it."""
+    _sync()
+    return time.perf_counter()
 
 
 def _sync() -> None:

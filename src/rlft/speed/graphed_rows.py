@@ -35,7 +35,7 @@ import logging
 
 import torch
 
-from rlft.speed.clock import count
+from rlft.speed.clock import count, synced_now
 from rlft.speed.compiled import Compiled
 from rlft.speed.static_kv import count_kv_read
 
@@ -133,7 +133,12 @@ class GraphedRows:
             self.graph.replay()
         elif self.graphs:
             # a later window: one eager run, for cuBLAS to meet the attention's new shapes outside capture
+            start = synced_now()
             self._capture(warmup=self.WARMUP if len(self.windows) == 1 else 1)
+            # what the graph costs beside its replays (the warm-ups, the capture and its first replay, this
+            # token's), apart in the step's work counters: the decode's roofline share with and without it
+            count("decode_capture_seconds", synced_now() - start)
+            count("decode_captures", 1)
         else:
             self._token()
         self.kv.length += 1
