@@ -36,6 +36,9 @@ def test_the_compiled_layers_decode_what_the_eager_layers_decode(tmp_path, monke
     model, tok = _policy(build_tiny_model_dir(tmp_path / "model", hidden_size=256, num_layers=4))
     sampling = SamplingParams(max_new_tokens=40, n=3, temperature=0.9, seed=3)
     out, made = {}, {}
+    # the compiled functions are the process's: forget what another test's rollouts compiled, or they
+    # serve this one's and the count below is of fewer new graphs
+    torch._dynamo.reset()
     before = _compiled_graphs()
     for compiled in (False, True):
         monkeypatch.setattr(GraphedRows, "WINDOW", 8)
