@@ -2,7 +2,7 @@
 
     python benchmarks/gpu_report.py gpu-scale-out/results.json [--json verdicts.json]
 
-Prints three Markdown tables, for docs/performance.md:
+Prints four Markdown tables, for docs/performance.md:
 
 1. **Bars.** One line a bar and a row's worker: the decode's share of the HBM roofline (weights and attended
    KV a step against the measured read bandwidth, >= 60 % at 1.7B), the policy's and reference's share of the
@@ -14,7 +14,10 @@ Prints three Markdown tables, for docs/performance.md:
    shrunk by ``--shape-overrides``) the number is printed and the verdict says why it is not judged.
 2. **Scaling.** A row a model: s/step of both frameworks, their ratio, the whole process's, peak memory,
    the estimate.
-3. **The estimate's margin.** The planner's activation margin (``rlft.planner.phases.GPU_ALLOWANCE``, 1.4,
+3. **Settings the A/B rows decide.** A line a setting chosen by reasoning (the compiled decode and update, the
+   8B decode copy, selective recomputation, one update pass): the default's numbers against the alternative's,
+   step, whole process, the phases that tell and peak memory, and which the step favours.
+4. **The estimate's margin.** The planner's activation margin (``rlft.planner.phases.GPU_ALLOWANCE``, 1.4,
    reasoned, not measured) refit: each rlft worker re-estimated at margins 1.0-2.0 (``grpo_step.py``'s
    ``estimate_mb_by_margin``), and the margins that put every row within 1.0-1.3x of its measured peak.
 
@@ -326,6 +329,67 @@ def margin_fit(results: dict) -> tuple[list[str], dict]:
     return lines, {k: v for k, v in fits.items()}
 
 
+# The A/B rows: a setting rlft chose by reasoning, its default's row and worker against the alternative's, and
+# the phases where the difference should show (which each line prints)
+CHOICES = (
+    (
+        "rollout.compile_decode and model.compile (both off)",
+        ("1.7b-eos-512", "rlft"),
+        ("1.7b-eos-512", "rlft-compiled"),
+        ("decode", "policy", "reference"),
+    ),
+    (
+        "rollout.decode_copy at 8B LoRA (auto: the merged copy where it fits)",
+        ("8b-lora-256", "rlft"),
+        ("8b-lora-256-unmerged", "rlft-unmerged"),
+        ("decode", "weight_sync"),
+    ),
+    (
+        "model.gradient_checkpointing on a GPU (auto: selective) against keeping every activation",
+        ("1.7b-128", "rlft"),
+        ("1.7b-128-keep-all", "rlft"),
+        ("policy",),
+    ),
+    (
+        "one update pass (GPU_FULL_SPEED_FLOP) against two",
+        ("1.7b-128", "rlft"),
+        ("1.7b-128-2passes", "rlft"),
+        ("policy",),
+    ),
+)
+
+
+def _worker(results: dict, row: str, worker: str) -> dict | None:
+    return ((results.get("rows", {}).get(row) or {}).get("results", {}).get("bf16") or {}).get(worker)
+
+
+def choices(results: dict) -> list[str]:
+    """A line per setting of :data:`CHOICES` whose two rows both ran: the default's and the alternative's
+    step, whole process, the telling phases and peak memory (reserved), and which the step favours."""
+    lines = [
+        "| setting | default | alternative | step s | whole process s | phases s | peak GiB | the step favours |",
+        "|---|---|---|---:|---:|---|---:|---|",
+    ]
+    for setting, (row_a, worker_a), (row_b, worker_b), phases in CHOICES:
+        a, b = _worker(results, row_a, worker_a), _worker(results, row_b, worker_b)
+        if a is None or b is None:
+            lines.append(f"| {setting} | {row_a}/{worker_a} | {row_b}/{worker_b} | not both measured | | | | |")
+            continue
+        pair = lambda x, y, f=".2f": f"{x:{f}} / {y:{f}}"  # noqa: E731
+        times = "; ".join(
+            f"{p} {pair(a['phases'].get(f'time/{p}', 0.0), b['phases'].get(f'time/{p}', 0.0))}" for p in phases
+        )
+        gib = lambda r: r.get("peak_gpu_reserved_mb", 0.0) / 1024  # noqa: E731
+        ratio = a["step_seconds"] / b["step_seconds"]
+        favours = "the default" if ratio <= 1.0 else "the alternative"
+        lines.append(
+            f"| {setting} | {row_a}/{worker_a} | {row_b}/{worker_b} | {pair(a['step_seconds'], b['step_seconds'])} "
+            f"| {pair(a.get('process_seconds', 0.0), b.get('process_seconds', 0.0), '.1f')} | {times} "
+            f"| {pair(gib(a), gib(b), '.1f')} | {favours} ({max(ratio, 1 / ratio):.2f}x) |"
+        )
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results", help="gpu_scale.sh's results.json")
@@ -348,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print()
     print("\n".join(scaling(results)))
+    print()
+    print("\n".join(choices(results)))
     print()
     lines, fits = margin_fit(results)
     print("\n".join(lines))

@@ -168,3 +168,21 @@ def test_the_command_prints_the_tables_and_writes_the_verdicts(tmp_path, capsys)
     assert [v["met"] for v in saved if v["bar"] == "step against TRL's"] == [True]
     assert r.main([str(tmp_path / "none.json")]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_each_ab_setting_gets_its_two_rows_numbers_and_the_faster_side():
+    r = _report()
+    rows = {
+        # compiled: decode 0.15 s against 0.2, the same update: step 0.50 against 0.55
+        "1.7b-eos-512": _row({"rlft": _rlft(0.2, 0.2, 50, 55), "rlft-compiled": _rlft(0.15, 0.2, 52, 55)}, 512),
+        "1.7b-128": _row({"trl": _trl(8.0, 47.0), "rlft": _rlft(0.2, 0.3, 40.0, 44.0)}),
+        "1.7b-128-keep-all": _row({"rlft": _rlft(0.2, 0.25, 55.0, 44.0)}),  # 0.60 against 0.65: faster, and larger
+    }
+    lines = r.choices({"rows": rows})
+    (compiled,) = [line for line in lines if line.startswith("| rollout.compile_decode")]
+    assert "| 0.55 / 0.50 |" in compiled and "decode 0.20 / 0.15; policy 0.20 / 0.20" in compiled
+    assert compiled.endswith("| 50.0 / 52.0 | the alternative (1.10x) |")
+    (keep_all,) = [line for line in lines if line.startswith("| model.gradient_checkpointing")]
+    assert "| 40.0 / 55.0 | the alternative (1.08x) |" in keep_all
+    (unmerged,) = [line for line in lines if line.startswith("| rollout.decode_copy")]
+    assert "not both measured" in unmerged
