@@ -8,7 +8,9 @@ replay the captured token's values, silently: the rollout decodes, wrongly. The 
 (``tests/speed/test_graphed_rows.py -k captured``) catch that where a GPU is; here the GPU's fixed batch runs
 eagerly (:class:`rlft.speed.graphed_rows.GraphedRows` with ``graphs=False``, packing off as on a GPU), every
 operation of each token is recorded with its operands (the memory of those made before the token, the shape,
-strides and dtype of all) and its other arguments, and the tokens of a window are compared."""
+strides and dtype of all) and its other arguments, and the tokens of a window are compared. No token may read
+a device value on the host either (``HOST_READS``): a capture refuses that, and the rollout would decode
+eagerly, slower, with only a warning."""
 
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ class TokenRecorder(TorchDispatchMode):
     def __init__(self, keep: list):
         super().__init__()
         self.ops: list[tuple] = []
+        self.host_reads: list[str] = []  # operations that would wait for the GPU (see HOST_READS)
         self.made: set[int] = set()
         self.keep = keep
 
@@ -65,6 +68,8 @@ class TokenRecorder(TorchDispatchMode):
         self.ops.append((name, signature))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if _reads_on_host(func, args, kwargs):
+            self.host_reads.append(str(func))
         signature, operands = self._signature(args, kwargs)
         out = func(*args, **(kwargs or {}))
         self._record(str(func), signature, operands, out)
@@ -81,6 +86,27 @@ class TokenRecorder(TorchDispatchMode):
 
 CALL = Compiled.__call__
 
+# operations whose result the host must read from a CUDA GPU (a value, or the size of their output): inside
+# a capture each is an error, and the whole rollout falls back to the eager decode, with only a warning
+HOST_READS = {
+    "aten._local_scalar_dense.default",  # .item(), bool(), int() of a tensor
+    "aten.nonzero.default",
+    "aten.masked_select.default",
+    "aten.is_nonzero.default",
+    "aten.equal.default",
+    "aten._unique2.default",
+    "aten.unique_consecutive.default",
+}
+
+
+def _reads_on_host(func, args, kwargs) -> bool:
+    if str(func) in HOST_READS:
+        return True
+    if str(func).startswith("aten.index.Tensor"):  # a boolean mask as an index is a nonzero
+        return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in pytree.tree_leaves(args[1:]))
+    # repeat_interleave by a tensor of counts sizes its output from them, unless told the size
+    return str(func).startswith("aten.repeat_interleave.Tensor") and (kwargs or {}).get("output_size") is None
+
 
 def _recorded_rollout(monkeypatch, model, tok, sampling, tamper=None, **engine):
     """The fixed batch's rollout with each token recorded: ({window: [the operations of each token]}, its
@@ -95,7 +121,7 @@ def _recorded_rollout(monkeypatch, model, tok, sampling, tamper=None, **engine):
             active.pop()
         if tamper is not None:
             tamper(rows)
-        tokens.append((rows.window, rec.ops))
+        tokens.append((rows.window, rec.ops + [("host reads", tuple(rec.host_reads))]))
 
     def compiled_call(compiled, *args, **kwargs):
         return active[-1].call(compiled, args, kwargs) if active else CALL(compiled, *args, **kwargs)
@@ -137,6 +163,8 @@ def _check(windows: dict[int, list[list[tuple]]], least: int = 50) -> None:
         w: len(r) for w, r in windows.items()
     }
     assert min(len(ops) for runs in windows.values() for ops in runs) > least  # the whole token was recorded
+    reads = {op for runs in windows.values() for ops in runs for op in ops[-1][1]}
+    assert not reads, f"a token waits for the GPU, which a capture refuses: {sorted(reads)}"
     assert _first_difference(windows) is None, _first_difference(windows)
 
 
@@ -184,3 +212,21 @@ def test_a_token_that_reads_a_tensor_made_anew_is_caught(wide_head_model_dir, mo
     windows, _ = _recorded_rollout(monkeypatch, model, tok, SAMPLINGS["seeded"], tamper=anew, autocast_dtype=None)
     found = _first_difference(windows)
     assert found is not None and found.startswith("window 8, token 1"), found
+
+
+def test_a_token_that_reads_a_value_on_the_host_is_caught(wide_head_model_dir, monkeypatch):
+    """The check itself: a row's end decided on the host inside the token (a capture would fail on it)."""
+    import rlft.speed.graphed_rows as graphed_rows
+
+    model, tok = _policy(wide_head_model_dir)
+    ends = graphed_rows.ends_at
+
+    def ends_on_host(tok_, lp, t, ended, *rest):
+        if bool(ended.all()):  # the host reads a device value
+            pass
+        return ends(tok_, lp, t, ended, *rest)
+
+    monkeypatch.setattr(graphed_rows, "ends_at", ends_on_host)
+    windows, _ = _recorded_rollout(monkeypatch, model, tok, SAMPLINGS["seeded"], autocast_dtype=None)
+    with pytest.raises(AssertionError, match=r"waits for the GPU.*is_nonzero"):
+        _check(windows)
