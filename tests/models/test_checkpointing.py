@@ -200,3 +200,27 @@ def test_two_forwards_in_one_region_cast_each_weight_once():
     linears = 2 * sum(p.numel() for n, p in model.named_parameters() if "proj" in n)
     kept = _kept_casts(model, autocast(torch.bfloat16, CPU))
     assert linears <= kept < 1.5 * linears
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full-weights", "lora"])
+def test_the_updates_waits_for_the_host_do_not_grow_with_depth(tmp_path, monkeypatch, lora):
+    """A GPU's update (bf16, selective recomputation, PyTorch's fused attention): its forward and backward wait
+    for the host (a value read, an output sized by data) as often at 4 layers as at 2, so none is a layer's.
+    Each drains the GPU's queue, which then idles while the host launches what follows; one a layer would
+    cost a pipeline bubble a layer, forward and backward."""
+    from rlft.models.tiny import build_tiny_model_dir
+    from rlft.speed import attention as attention_module
+    from tests.host_reads import HostReads
+
+    monkeypatch.setattr(kernels_module, "_SWITCH", {"enabled": False})
+    monkeypatch.setattr(attention_module, "MATMUL_ELEMENTS", 0)  # SDPA, as on a GPU
+    found = {}
+    for layers in (2, 4):
+        model_dir = build_tiny_model_dir(tmp_path / f"m{layers}", num_layers=layers)
+        lora_cfg = LoraConfig(r=4, alpha=8) if lora else None
+        cfg = ModelConfig(path=str(model_dir), gradient_checkpointing="selective", lora=lora_cfg)
+        model = load_policy(cfg, CPU, model_dir=model_dir)
+        with HostReads() as reads:
+            _logprobs_and_grads(model, "bf16", CPU)
+        found[layers] = reads.found
+    assert found[4] == found[2], found

@@ -9,7 +9,7 @@ replay the captured token's values, silently: the rollout decodes, wrongly. The 
 eagerly (:class:`rlft.speed.graphed_rows.GraphedRows` with ``graphs=False``, packing off as on a GPU), every
 operation of each token is recorded with its operands (the memory of those made before the token, the shape,
 strides and dtype of all) and its other arguments, and the tokens of a window are compared. No token may read
-a device value on the host either (``HOST_READS``): a capture refuses that, and the rollout would decode
+a device value on the host either (:mod:`tests.host_reads`): a capture refuses that, and the rollout would decode
 eagerly, slower, with only a warning."""
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from rlft.models.loading import load_tokenizer
 from rlft.rollout import SamplingParams
 from rlft.speed.compiled import Compiled
 from rlft.speed.graphed_rows import GraphedRows
+from tests.host_reads import reads_on_host
 
 from .test_fused_decode import _policy
 from .test_graphed_rows import _generate
@@ -41,7 +42,7 @@ class TokenRecorder(TorchDispatchMode):
     def __init__(self, keep: list):
         super().__init__()
         self.ops: list[tuple] = []
-        self.host_reads: list[str] = []  # operations that would wait for the GPU (see HOST_READS)
+        self.host_reads: list[str] = []  # operations that would wait for the GPU (tests/host_reads.py)
         self.made: set[int] = set()
         self.keep = keep
 
@@ -68,7 +69,7 @@ class TokenRecorder(TorchDispatchMode):
         self.ops.append((name, signature))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if _reads_on_host(func, args, kwargs):
+        if reads_on_host(func, args, kwargs):
             self.host_reads.append(str(func))
         signature, operands = self._signature(args, kwargs)
         out = func(*args, **(kwargs or {}))
@@ -85,27 +86,6 @@ class TokenRecorder(TorchDispatchMode):
 
 
 CALL = Compiled.__call__
-
-# operations whose result the host must read from a CUDA GPU (a value, or the size of their output): inside
-# a capture each is an error, and the whole rollout falls back to the eager decode, with only a warning
-HOST_READS = {
-    "aten._local_scalar_dense.default",  # .item(), bool(), int() of a tensor
-    "aten.nonzero.default",
-    "aten.masked_select.default",
-    "aten.is_nonzero.default",
-    "aten.equal.default",
-    "aten._unique2.default",
-    "aten.unique_consecutive.default",
-}
-
-
-def _reads_on_host(func, args, kwargs) -> bool:
-    if str(func) in HOST_READS:
-        return True
-    if str(func).startswith("aten.index.Tensor"):  # a boolean mask as an index is a nonzero
-        return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in pytree.tree_leaves(args[1:]))
-    # repeat_interleave by a tensor of counts sizes its output from them, unless told the size
-    return str(func).startswith("aten.repeat_interleave.Tensor") and (kwargs or {}).get("output_size") is None
 
 
 def _recorded_rollout(monkeypatch, model, tok, sampling, tamper=None, **engine):
