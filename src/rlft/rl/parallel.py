@@ -17,6 +17,7 @@ from rlft.distributed.context import Dist
 from rlft.distributed.strategy import strategy_of
 from rlft.errors import UsageError
 from rlft.rl.metrics import rollout_metrics
+from rlft.speed.clock import is_timing
 from rlft.trainer.parts import ModelParts
 
 
@@ -56,6 +57,11 @@ def refresh_replica(replica: torch.nn.Module | None, model: torch.nn.Module, dis
 SUMMED = ("work/",)  # counts of work done (tokens prefilled, decoded ...): the run's is the processes' sum
 
 
+def _summed(metric: str) -> bool:
+    """A work counter, not a duration among them (``work/decode_capture_seconds`` is each process's own time)."""
+    return metric.startswith(SUMMED) and not is_timing(metric)
+
+
 def mean_over_processes(metrics: dict[str, float], dist: Dist) -> dict[str, float]:
     """Each metric averaged over the processes (their shares of the batch are equal), the work
     counters summed. The update's statistics are already global (summed with global normalisers),
@@ -63,7 +69,7 @@ def mean_over_processes(metrics: dict[str, float], dist: Dist) -> dict[str, floa
     if not dist.enabled:
         return metrics
     sums, present = dist.sum_by_key(metrics)
-    return {k: s if k.startswith(SUMMED) else s / max(present[k], 1.0) for k, s in sums.items()}
+    return {k: s if _summed(k) else s / max(present[k], 1.0) for k, s in sums.items()}
 
 
 def global_rollout_metrics(
