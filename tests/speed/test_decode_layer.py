@@ -12,13 +12,13 @@ from torch._dynamo.utils import counters
 import rlft.speed.decode_layer as decode_layer
 from rlft.config.schema import ModelConfig
 from rlft.models.loading import load_policy, load_tokenizer
-from rlft.rollout import SamplingParams
+from rlft.rollout import NativeEngine, SamplingParams
 from rlft.rollout.sampling import SAMPLE_NEXT_COMPILED
 from rlft.speed.fused_decode import FusedDecoder
 from rlft.speed.graphed_rows import _ENDS_COMPILED, GraphedRows
 
 from .test_fused_decode import _policy
-from .test_graphed_rows import _generate
+from .test_graphed_rows import _generate, _graphed_everywhere
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # Inductor's own, on a CPU without a GPU
 
@@ -30,7 +30,7 @@ def _compiled_graphs() -> int:
 def test_the_compiled_layers_decode_what_the_eager_layers_decode(tmp_path, monkeypatch):
     """A whole rollout through the GPU's fixed batch (run eagerly here): five attention windows, a group's
     prompt cached once, rows ending at mixed lengths. The compiled layers, draw and ends give the same
-    tokens, and one compilation of each function serves every layer, window and step."""
+    tokens, and one compilation of each function serves every layer, window, step and later batch."""
     from rlft.models.tiny import build_tiny_model_dir
 
     model, tok = _policy(build_tiny_model_dir(tmp_path / "model", hidden_size=256, num_layers=4))
@@ -59,6 +59,19 @@ def test_the_compiled_layers_decode_what_the_eager_layers_decode(tmp_path, monke
     assert out[True].finish_reasons == out[False].finish_reasons
     m = out[True].completion_mask.bool()
     torch.testing.assert_close(out[True].logprobs[m], out[False].logprobs[m], atol=1e-5, rtol=1e-5)
+    # That first rollout had as many prompts as completions each (as the benchmark's 8 x 8): batches of other
+    # proportions (a resampled subset of the groups, more completions each) reuse its compilations, rather
+    # than compile anew (seconds each on a GPU; past Dynamo's limit the decode would run eagerly)
+    _graphed_everywhere(monkeypatch, graphs=False)
+    monkeypatch.setattr(GraphedRows, "WINDOW", 8)
+    engine = NativeEngine(
+        model, tok, max_prompt_length=64, autocast_dtype=None, native_kernels=False, compile_decode=True
+    )
+    words = ["a", "bb", "ccc dd", "e", "ff gg hh", "i"]
+    before = _compiled_graphs()
+    for groups, n in ((5, 3), (2, 4), (6, 2)):
+        engine.generate(words[:groups], SamplingParams(max_new_tokens=40, n=n, temperature=0.9, seed=groups))
+    assert _compiled_graphs() == before, _compiled_graphs() - before
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

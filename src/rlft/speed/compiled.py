@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.fx.experimental import _config as _FX_CONFIG  # noqa: N812  (symbolic shapes' settings: use_duck_shape)
 
 log = logging.getLogger("rlft")
 
@@ -45,6 +46,13 @@ class Compiled:
             return self.fn(*args, **kwargs)
         if self.compiled is None:
             self.compiled = torch.compile(self.fn, dynamic=True, fullgraph=self.fullgraph, backend=self.backend)
+        # Sizes that happen to be equal at the first compilation stay separate symbols (Dynamo's "duck sizing"
+        # would merge them): the decode's first batch of 8 prompts x 8 completions would otherwise tie the rows
+        # to groups x groups, and every batch of other proportions (a resampled subset, an evaluation's) would
+        # compile anew, seconds each on a GPU, towards Dynamo's recompile limit. Set around the call, as Dynamo
+        # reads it only while it compiles (a few microseconds a call, which a CUDA graph's replay does not pay).
+        duck = _FX_CONFIG.use_duck_shape
+        _FX_CONFIG.use_duck_shape = False
         try:
             return self.compiled(*args, **kwargs)
         except COMPILE_ERRORS as exc:
@@ -58,3 +66,5 @@ class Compiled:
                 f"{self.instead} ({self.setting}: false silences this)"
             )
             return self.fn(*args, **kwargs)
+        finally:
+            _FX_CONFIG.use_duck_shape = duck
