@@ -359,6 +359,9 @@ CHOICES = (
 )
 
 
+TIE = 0.02  # steps closer than this are a tie: the machine's noise between two workers stepped in turns
+
+
 def _worker(results: dict, row: str, worker: str) -> dict | None:
     return ((results.get("rows", {}).get(row) or {}).get("results", {}).get("bf16") or {}).get(worker)
 
@@ -379,13 +382,20 @@ def choices(results: dict) -> list[str]:
         times = "; ".join(
             f"{p} {pair(a['phases'].get(f'time/{p}', 0.0), b['phases'].get(f'time/{p}', 0.0))}" for p in phases
         )
-        gib = lambda r: r.get("peak_gpu_reserved_mb", 0.0) / 1024  # noqa: E731
+        peaks = (  # off a GPU no worker records one
+            pair(a["peak_gpu_reserved_mb"] / 1024, b["peak_gpu_reserved_mb"] / 1024, ".1f")
+            if "peak_gpu_reserved_mb" in a and "peak_gpu_reserved_mb" in b
+            else "-"
+        )
         ratio = a["step_seconds"] / b["step_seconds"]
-        favours = "the default" if ratio <= 1.0 else "the alternative"
+        if abs(ratio - 1.0) < TIE:
+            favours = f"neither (within {TIE:.0%})"
+        else:
+            favours = f"{'the default' if ratio < 1.0 else 'the alternative'} ({max(ratio, 1 / ratio):.2f}x)"
         lines.append(
             f"| {setting} | {row_a}/{worker_a} | {row_b}/{worker_b} | {pair(a['step_seconds'], b['step_seconds'])} "
             f"| {pair(a.get('process_seconds', 0.0), b.get('process_seconds', 0.0), '.1f')} | {times} "
-            f"| {pair(gib(a), gib(b), '.1f')} | {favours} ({max(ratio, 1 / ratio):.2f}x) |"
+            f"| {peaks} | {favours} |"
         )
     return lines
 

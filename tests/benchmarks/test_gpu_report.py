@@ -186,3 +186,9 @@ def test_each_ab_setting_gets_its_two_rows_numbers_and_the_faster_side():
     assert "| 40.0 / 55.0 | the alternative (1.08x) |" in keep_all
     (unmerged,) = [line for line in lines if line.startswith("| rollout.decode_copy")]
     assert "not both measured" in unmerged
+    # a step within 2 % is a tie; off a GPU no peak is recorded
+    off_gpu = {k: v for k, v in _rlft(0.2, 0.3, 40.0, 44.0).items() if k != "peak_gpu_reserved_mb"}
+    rows["1.7b-128-2passes"] = _row({"rlft": {**off_gpu, "step_seconds": 0.655}})
+    rows["1.7b-128"]["results"]["bf16"]["rlft"] = {**off_gpu, "step_seconds": 0.65}
+    (passes,) = [line for line in r.choices({"rows": rows}) if line.startswith("| one update pass")]
+    assert passes.endswith("| - | neither (within 2%) |"), passes
