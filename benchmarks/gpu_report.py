@@ -86,6 +86,11 @@ def _band(ratio: float) -> bool:
     return ESTIMATE_BAND[0] <= ratio <= ESTIMATE_BAND[1]
 
 
+def _bf16(row) -> dict | None:
+    """A grpo_step.py row's bf16 results by worker; None for a row of another kind or one that is missing."""
+    return row.get("results", {}).get("bf16") if isinstance(row, dict) else None
+
+
 def _seen_mb(r: dict) -> float | None:
     """What nvidia-smi shows of a worker: the allocator's reserve and the CUDA context."""
     return r["peak_gpu_reserved_mb"] + CUDA_CONTEXT_MB if "peak_gpu_reserved_mb" in r else None
@@ -257,7 +262,7 @@ def verdicts(results: dict) -> list[Verdict]:
         if "rounds" in row or "gpu_kernels" in row:  # load_policy.py's or profile_step.py's: recorded beside the bars
             out.append(_recorded(name, row))
             continue
-        res = row.get("results", {}).get("bf16")
+        res = _bf16(row)
         if not res or "workload" not in row:
             continue
         for worker in RLFT_WORKERS:
@@ -278,7 +283,7 @@ def scaling(results: dict) -> list[str]:
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, row in results.get("rows", {}).items():
-        res = row.get("results", {}).get("bf16") if isinstance(row, dict) else None
+        res = _bf16(row)
         if not res:
             continue
         w = row["workload"]
@@ -306,7 +311,7 @@ def margin_fit(results: dict) -> tuple[list[str], dict]:
     fits: dict[str, list[float] | None] = {"reserved + context": None, "allocated": None}
     rows = []
     for name, row in results.get("rows", {}).items():
-        res = row.get("results", {}).get("bf16") if isinstance(row, dict) else None
+        res = _bf16(row)
         if not res or _not_judged(row):
             continue
         for worker in (k for k in RLFT_WORKERS if k in res):
@@ -363,7 +368,7 @@ TIE = 0.02  # steps closer than this are a tie: the machine's noise between two 
 
 
 def _worker(results: dict, row: str, worker: str) -> dict | None:
-    return ((results.get("rows", {}).get(row) or {}).get("results", {}).get("bf16") or {}).get(worker)
+    return (_bf16(results.get("rows", {}).get(row)) or {}).get(worker)
 
 
 def choices(results: dict) -> list[str]:
