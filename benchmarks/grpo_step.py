@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -84,11 +85,15 @@ RECOMPUTE_SETTINGS = {"auto": "auto", "off": False, "selective": "selective", "f
 
 
 def rlft_config(opts: dict, workdir: Path) -> dict:
-    """The rlft config of the benchmark workload (prompts written to ``workdir``)."""
-    from rlft.models.loading import load_tokenizer
+    """The rlft config of the benchmark workload (prompts written to ``workdir``: ``opts["prompt_texts"]``, which
+    the coordinator prepares once for every worker, as a user's data file is ready before a run starts)."""
+    texts = opts.get("prompt_texts")
+    if texts is None:
+        from rlft.models.loading import load_tokenizer
 
+        texts = workload.prompts(load_tokenizer(opts["model_dir"]), 16)
     with open(workdir / "prompts.jsonl", "w") as f:
-        for t in workload.prompts(load_tokenizer(opts["model_dir"]), 16):
+        for t in texts:
             f.write(json.dumps({"prompt": t}) + "\n")
     T = opts["max_new_tokens"]
     return {
@@ -178,8 +183,10 @@ def _rlft_worker(conn, opts: dict) -> None:
     from rlft.planner.estimate import estimate_memory
 
     # what `rlft estimate` predicts for this run's peak: GPU memory on a GPU, else the process's resident set;
-    # before the model loads, as `rlft estimate` runs (a CPU's estimate counts the resident set it starts from)
-    est, planned = estimate_memory(trainer.cfg, opts["device"]), trainer.cfg.model_copy(deep=True)
+    # before the model loads, as `rlft estimate` runs (a CPU's estimate counts the resident set it starts from).
+    # The benchmark's own question, not the run's: off the whole process's clock.
+    with conn.off_clock():
+        est, planned = estimate_memory(trainer.cfg, opts["device"]), trainer.cfg.model_copy(deep=True)
     trainer.setup()
     from rlft.models.checkpointing import recompute_mode
 
@@ -222,7 +229,7 @@ def _trl_worker(conn, opts: dict) -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(opts["model_dir"])
     tokenizer.padding_side = "left"
-    data = Dataset.from_list([{"prompt": t} for t in workload.prompts(tokenizer, 16)] * 1000)
+    data = Dataset.from_list([{"prompt": t} for t in opts["prompt_texts"]] * 1000)
     T = opts["max_new_tokens"]
     state = {"t0": 0.0, "cpu0": (0.0, 0.0)}
 
@@ -318,17 +325,25 @@ WORKERS = {
 
 
 class _Turns:
-    """A worker's end of the pipe. It counts the time spent waiting for the other workers' turns, so that
+    """A worker's end of the pipe. It counts the time spent waiting for the other workers' turns (and the
+    benchmark's own measuring), so that
     each step's report can carry the whole process's own time so far (start, load, capture and steps)."""
 
     def __init__(self, conn, launched_at: float):
         self.conn, self.launched_at, self.waited = conn, launched_at, 0.0
 
     def recv(self):
+        with self.off_clock():
+            return self.conn.recv()
+
+    @contextmanager
+    def off_clock(self):
+        """Time spent inside is not the framework's: another worker's turn, or the benchmark's own measuring."""
         t = time.time()
-        msg = self.conn.recv()
-        self.waited += time.time() - t
-        return msg
+        try:
+            yield
+        finally:
+            self.waited += time.time() - t
 
     def send(self, msg: dict) -> None:
         if "seconds" in msg:
@@ -460,12 +475,13 @@ def _summary(run: dict, warmup: int) -> dict:
     return r
 
 
-def _prompt_tokens(model_dir: str) -> int:
+def _prompts(model_dir: str) -> tuple[list[str], int]:
+    """The workload's 16 prompt texts and their mean length in tokens."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     texts = workload.prompts(tok, 16)
-    return round(statistics.mean(len(tok(t, add_special_tokens=False)["input_ids"]) for t in texts))
+    return texts, round(statistics.mean(len(tok(t, add_special_tokens=False)["input_ids"]) for t in texts))
 
 
 def _resolve_model(
@@ -629,7 +645,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.device == "cuda":
         torch.cuda.empty_cache()  # the coordinator's measuring buffers: give them back before the workers load
     sizes = (workload.matmul_params(model_dir)[0], workload.parameter_count(model_dir))
-    p_tok = _prompt_tokens(model_dir)
+    texts, p_tok = _prompts(model_dir)
     flops = {
         s: workload.step_flops(
             model_dir,
@@ -685,6 +701,7 @@ def main(argv: list[str] | None = None) -> int:
     options = {
         dtype: dict(
             model_dir=model_dir,
+            prompt_texts=texts,
             dtype=dtype,
             prompts=a.prompts,
             group_size=a.group_size,
