@@ -33,6 +33,33 @@ def test_reward_has_trl_signature():
     assert w.e_density(["p", "p"], ["eee", "abc"], answer=["x", "y"]) == [1.0, 0.0]
 
 
+def test_the_whole_process_clock_leaves_out_the_benchmarks_own_time():
+    """What a worker waits for (the other workers' turns) or does for the benchmark alone (its own estimate)
+    is not the framework's: a step's report carries the process's time without it."""
+    import time
+
+    class Pipe:
+        def __init__(self):
+            self.sent = []
+
+        def recv(self):
+            time.sleep(0.5)  # another worker's turn
+            return "step"
+
+        def send(self, msg):
+            self.sent.append(msg)
+
+    pipe = Pipe()
+    turns = _load("grpo_step")._Turns(pipe, launched_at=time.time())
+    with turns.off_clock():
+        time.sleep(0.5)  # the benchmark's own measuring
+    assert turns.recv() == "step"
+    time.sleep(0.1)  # the framework's own work
+    turns.send({"seconds": 0.1})
+    assert 0.1 <= pipe.sent[0]["process_seconds"] < 0.4  # 0.6 with either half second counted
+    assert turns.waited >= 1.0
+
+
 @pytest.mark.slow
 def test_rlft_only_run_reports_step_times(tmp_path, capsys):
     bench = _load("grpo_step")
