@@ -6,6 +6,7 @@ import json
 import os
 import random
 import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,17 @@ def pytest_collection_modifyitems(config, items):
         return known if known is not None else (UNKNOWN_SLOW_FILE if item.path in slow else 0.0)
 
     items.sort(key=lambda item: -seconds(item))  # a stable sort: the order within each file stays
+
+
+@pytest.fixture(autouse=True)
+def _native_kernels_back_on():
+    """A run turns rlft's native kernels on or off for its whole process (``train.native_kernels``, applied at
+    setup): a test whose run turns them off must not leave them off for the next test in its worker (an engine
+    made directly, without a run, reads the same switch)."""
+    yield
+    kernels = sys.modules.get("rlft.speed.kernels")  # never imported here just for this (the service tests)
+    if kernels is not None:
+        kernels.set_enabled(True)
 
 
 @pytest.fixture(scope="session")
