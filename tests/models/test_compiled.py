@@ -13,9 +13,10 @@ import torch
 from torch._dynamo.utils import counters
 
 from rlft.config.schema import LoraConfig, ModelConfig
+from rlft.distributed.strategy import decoder_layers
 from rlft.models import checkpointing, compiled
 from rlft.models.checkpointing import enable_gradient_checkpointing, recompute_mode
-from rlft.models.compiled import compile_layers, decoder_layers
+from rlft.models.compiled import compile_layers
 from rlft.models.loading import load_policy
 from rlft.models.reference import make_reference
 from rlft.speed.fused_norm import fuse_rms_norms

@@ -27,8 +27,14 @@ from rlft.distributed.context import Dist
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The repeated transformer blocks (``model.model.layers`` for Llama-like models, found by the
-    largest ``ModuleList`` otherwise), each a unit of FSDP sharding."""
+    """The repeated transformer blocks of a model, PEFT-wrapped or not: transformers' decoder layers (its
+    ``GradientCheckpointingLayer`` modules), else ``model.model.layers``, else the largest ``ModuleList``'s.
+    Each is a unit of FSDP sharding, and what ``model.compile`` compiles."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    marked = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    if marked:
+        return marked
     base = getattr(model, "get_base_model", lambda: model)()
     inner = getattr(base, "model", None)
     layers = getattr(inner, "layers", None)

@@ -42,19 +42,13 @@ from torch import nn
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch.utils.checkpoint import CheckpointPolicy
 
+from rlft.distributed.strategy import decoder_layers
 from rlft.models.checkpointing import OWN_MODE, keeps, recompute, recompute_mode
 from rlft.speed.compiled import Compiled
 
 RECOMPILE_LIMIT = 32  # Dynamo's variants of one function, at least, under model.compile (compile_layers)
 # the keyword arguments under which a decoder layer receives a KV cache (transformers' names across versions)
 _CACHE_KWARGS = ("cache", "past_key_values", "past_key_value", "layer_past")
-
-
-def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The decoder layers of a transformers model (PEFT-wrapped or not): its GradientCheckpointingLayer modules."""
-    from transformers.modeling_layers import GradientCheckpointingLayer
-
-    return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
 
 
 def compile_layers(model: nn.Module) -> int:
