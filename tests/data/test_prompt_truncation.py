@@ -105,7 +105,11 @@ def test_a_cut_with_too_few_tokens_is_widened(tmp_path):
 def test_measure_prompts_counts_the_longest_in_tokens_when_none_is_cut(tmp_path, tokenizer):
     path = write_rows(tmp_path / "train.jsonl", [{"prompt": "a" * 20}, {"prompt": "b" * 30}, {"prompt": "ok"}])
     cfg = DataConfig(train_file=str(path), max_prompt_length=10, use_chat_template=False)
-    t = load_prompts(cfg, tokenizer, "train", seed=0).truncated
+    prompts = load_prompts(cfg, tokenizer, "train", seed=0)
+    t = prompts.truncated
     assert (t.count, t.longest_tokens, t.longest_chars, t.first) == (2, 30, None, f"{path} line 1")
     assert "the longest has 30 tokens" in t.message(str(path))
-    assert measure_prompts([], cfg, tokenizer) is None
+    assert prompts.longest == 10  # as a rollout takes it: its last max_prompt_length tokens
+    roomy = DataConfig(train_file=str(path), max_prompt_length=64, use_chat_template=False)
+    assert load_prompts(roomy, tokenizer, "train", seed=0).longest == 30
+    assert measure_prompts([], cfg, tokenizer) == (None, 0)

@@ -213,6 +213,29 @@ def test_a_run_that_fits_records_its_plan_in_run_json(tiny_config):
     assert memory["device"] == "cpu" and isinstance(memory["if_out_of_memory"], list)
 
 
+def test_the_memory_check_measures_the_prompts_the_job_trains_on_read_once(tiny_config, monkeypatch):
+    """The check runs before the model loads and measures the prompts; the job reads them after it: each split
+    is rendered and tokenized once between the two (on 20,000 prompts, seconds of a run's start)."""
+    import rlft.data.prompts as prompts_module
+    from rlft import Trainer
+    from rlft.planner import estimate
+
+    builds, measured = [], []
+    real_build, real_longest = prompts_module.build_examples, estimate.longest_prompt
+    monkeypatch.setattr(prompts_module, "build_examples", lambda *a, **k: builds.append(1) or real_build(*a, **k))
+    monkeypatch.setattr(estimate, "longest_prompt", lambda cfg: measured.append(real_longest(cfg)) or measured[-1])
+    tiny_config["data"]["max_prompt_length"] = 4  # "hello" and its template are longer: the cap is what counts
+    trainer = Trainer(config=tiny_config)
+    trainer.setup()
+    assert len(builds) == 2  # train and eval, once each
+    job = trainer.job
+    assert measured == [(max(job.train_set.longest, job.eval_set.longest), None)] and measured[0][0] == 4
+    tiny_config["data"]["max_prompt_length"] = 512
+    tiny_config["train"]["run_name"] = "roomy"
+    Trainer(config=tiny_config).setup()
+    assert len(builds) == 4 and 4 < measured[-1][0] < 512
+
+
 def test_estimate_cli_prints_the_breakdown_and_exits_1_when_it_does_not_fit(tiny_config, tmp_path):
     import yaml
 

@@ -235,8 +235,5 @@ def longest_prompt(cfg) -> tuple[int, str | None]:
         sets = [load_prompts(cfg.data, tokenizer, split, cfg.train.seed, tools) for split in ("train", "eval")]
     except DataError as exc:
         return cap, f"prompt lengths taken as data.max_prompt_length ({cap}): the data could not be read ({exc})"
-    texts = [ex.text for s in sets if s is not None for ex in s.examples]
-    if not texts:
-        return cap, None
-    lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
-    return min(max(lengths), cap), None
+    measured = [s.longest for s in sets if s is not None and s.examples and s.longest is not None]
+    return (max(measured) if measured else cap), None

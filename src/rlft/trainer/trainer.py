@@ -115,6 +115,12 @@ class Trainer:
         """Create (or, on resume, reopen) the run directory, then let the job build its parts.
 
         A failure here is recorded in run.json like a failure during training."""
+        from rlft.data.prompts import read_once
+
+        with read_once():  # the prompts the memory check measures are those the job reads: read once
+            self._setup()
+
+    def _setup(self) -> None:
         cfg = self.cfg
         self.dist = join_process_group(cfg)
         self._plan = plan_resume(

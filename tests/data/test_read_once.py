@@ -1,0 +1,82 @@
+"""While a run sets up, its memory check and its job read each split's prompts once between them; outside that
+scope, and whenever what the prompts depend on differs, a read is a read."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+import rlft.data.prompts as prompts_module
+from rlft.config.schema import DataConfig
+from rlft.data.prompts import load_prompts, read_once
+from rlft.models.loading import load_tokenizer
+
+
+@pytest.fixture
+def builds(monkeypatch):
+    """How many times the rows were turned into prompts (rendered and tokenized)."""
+    made = []
+    real = prompts_module.build_examples
+
+    def counted(*args, **kwargs):
+        made.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(prompts_module, "build_examples", counted)
+    return made
+
+
+def _data(tmp_path, n=5, **settings) -> DataConfig:
+    path = tmp_path / "train.jsonl"
+    rows = [{"prompt": [{"role": "user", "content": f"question {i} " + "x" * i}], "answer": str(i)} for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return DataConfig(train_file=str(path), eval_split=0.4, **settings)
+
+
+@pytest.mark.parametrize("own", [True, False])  # the tokenizer's own template, or one the run puts on it
+def test_a_second_read_in_the_scope_is_the_first_one_on_a_fresh_tokenizer(tmp_path, tiny_model_dir, builds, own):
+    template = tmp_path / "plain.jinja"
+    template.write_text("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}[assistant] ")
+    data = _data(tmp_path, chat_template="auto" if own else str(template))
+    with read_once():
+        planner = load_tokenizer(tiny_model_dir)  # the memory check's
+        first = [load_prompts(data, planner, s, 0) for s in ("train", "eval")]
+        job = load_tokenizer(tiny_model_dir)  # the job's, as it comes from the model folder
+        again = [load_prompts(data, job, s, 0) for s in ("train", "eval")]
+    assert len(builds) == 2  # train and eval, once each
+    for a, b in zip(first, again):
+        assert [e.text for e in a.examples] == [e.text for e in b.examples] and a.longest == b.longest > 0
+        assert [e.columns for e in a.examples] == [e.columns for e in b.examples]
+        assert a.examples is not b.examples and a.chat_template == b.chat_template
+    # the template the prompts were rendered with is on the job's tokenizer, which generation uses
+    assert job.chat_template == planner.chat_template
+    assert (job.chat_template == load_tokenizer(tiny_model_dir).chat_template) == own
+    messages = [{"role": "user", "content": "question 0 "}]
+    assert first[0].examples[0].text == job.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def test_outside_the_scope_or_when_an_input_changes_the_data_is_read_again(tmp_path, tiny_model_dir, builds):
+    data = _data(tmp_path)
+    tok = load_tokenizer(tiny_model_dir)
+    load_prompts(data, tok, "train", 0)
+    load_prompts(data, tok, "train", 0)
+    assert len(builds) == 2  # no scope: every read reads
+    with read_once():
+        load_prompts(data, tok, "train", 0)
+        load_prompts(data, tok, "train", 1)  # another seed holds out other rows
+        load_prompts(data.model_copy(update={"system_prompt": "Be brief."}), tok, "train", 0)
+        assert len(builds) == 5
+        # tools chosen by a function of the row: what the prompts depend on cannot be told, so never shared
+        assert prompts_module._read_key(data, "train", 0, lambda row: [], tok) is None
+        assert prompts_module._read_key(data, "train", 0, [{"name": "f"}], tok) is not None
+        path = data.train_file
+        with open(path, "a") as f:
+            f.write(json.dumps({"prompt": "a new row", "answer": "9"}) + "\n")
+        os.utime(path, ns=(0, os.stat(path).st_mtime_ns + 1))
+        grown = load_prompts(data, tok, "train", 0)
+        assert len(builds) == 6 and len(grown.examples) == 4  # 6 rows, 2 held out
+    with read_once():
+        load_prompts(data, tok, "train", 0)  # a new scope starts empty
+    assert len(builds) == 7
