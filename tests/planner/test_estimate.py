@@ -236,6 +236,21 @@ def test_the_memory_check_measures_the_prompts_the_job_trains_on_read_once(tiny_
     assert len(builds) == 4 and 4 < measured[-1][0] < 512
 
 
+def test_the_advice_builds_each_model_it_tries_once(tiny_config, monkeypatch):
+    """Every run's start plans what to turn down should memory run out; the LoRA it tries is built (PEFT on a
+    meta model, ~0.5 s at 135M) once however many of its re-estimates need it."""
+    from rlft.planner import advice
+
+    tried = []
+    real = advice.model_shape
+    monkeypatch.setattr(advice, "model_shape", lambda model, *a: tried.append(model.lora) or real(model, *a))
+    cfg = load_config(data=tiny_config)
+    peak = estimate_memory(cfg, DeviceSpec("gpu", "cuda", 80 * GiB, 0)).peak
+    knobs = advise(cfg, estimate_memory(cfg, DeviceSpec("tight", "cuda", int(peak * 0.3), 0)))
+    assert "model.lora={r: 16}" in [k.setting for k in knobs]
+    assert len(tried) == 1 and tried[0].r == 16
+
+
 def test_estimate_cli_prints_the_breakdown_and_exits_1_when_it_does_not_fit(tiny_config, tmp_path):
     import yaml
 

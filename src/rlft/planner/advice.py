@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from rlft.planner.estimate import MemoryEstimate, estimate_memory
+from rlft.planner.shape import ModelShape, model_shape
 
 
 @dataclass(frozen=True)
@@ -129,13 +130,17 @@ def advise(cfg, est: MemoryEstimate, reestimate: Callable | None = None, max_kno
     """Knobs to apply in order until the run fits (all that apply if none is enough); empty when it
     fits already. ``reestimate(cfg) -> MemoryEstimate`` (default: on the same device and data)."""
     if reestimate is None:
+        shapes: dict[str, ModelShape] = {}  # each other model the knobs try (a LoRA), built once
 
         def reestimate(changed):
-            same_model = (changed.model.lora is None) == (cfg.model.lora is None)
+            if (changed.model.lora is None) == (cfg.model.lora is None):
+                shape = est.shape
+            elif (shape := shapes.get(key := changed.model.model_dump_json())) is None:
+                shape = shapes[key] = model_shape(changed.model)
             return estimate_memory(
                 changed,
                 est.device,
-                shape=est.shape if same_model else None,
+                shape=shape,
                 prompt_tokens=est.geometry.prompt_tokens,
                 processes=est.processes,
                 sharded=est.sharded,
