@@ -80,3 +80,18 @@ def test_outside_the_scope_or_when_an_input_changes_the_data_is_read_again(tmp_p
     with read_once():
         load_prompts(data, tok, "train", 0)  # a new scope starts empty
     assert len(builds) == 7
+
+
+def test_a_scope_is_its_own_threads(tmp_path, tiny_model_dir, builds):
+    """Runs set up at once in threads of one process (an in-process sweep) keep their reads apart."""
+    import threading
+
+    data, tok = _data(tmp_path), load_tokenizer(tiny_model_dir)
+    with read_once():
+        load_prompts(data, tok, "train", 0)
+        other = threading.Thread(target=lambda: [load_prompts(data, tok, "train", 0) for _ in range(2)])
+        other.start()
+        other.join()
+        assert len(builds) == 3  # the other thread is in no scope: each of its reads reads
+        load_prompts(data, tok, "train", 0)
+    assert len(builds) == 3

@@ -11,6 +11,7 @@ prompts, so those over ``data.max_prompt_length`` tokens are counted and reporte
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import os
 import random
@@ -229,7 +230,7 @@ def load_prompts(
     None for ``"eval"`` when no eval data is configured. ``tools``: an environment's tool schemas,
     offered in every prompt (multi-turn episodes)."""
     key = _read_key(data_cfg, split, seed, tools, tokenizer)  # before the template goes on the tokenizer
-    memo = _READ_ONCE if key is not None else None
+    memo = _READ_ONCE.get() if key is not None else None
     if memo is not None and key in memo:
         needs_tools, done = memo[key]
         if done is None:
@@ -255,31 +256,29 @@ def load_prompts(
     return replace(prompts, examples=list(examples), skipped=list(skipped))
 
 
-# The prompt sets read while a run sets up (``read_once``), by everything their texts and lengths depend on.
-_READ_ONCE: dict[tuple, tuple[bool, PromptSet | None]] | None = None
+# The prompt sets read while a run sets up (``read_once``), by what they depend on; one per thread's context.
+_READ_ONCE: contextvars.ContextVar[dict[tuple, tuple[bool, PromptSet | None]] | None] = contextvars.ContextVar(
+    "rlft_prompts_read_once", default=None
+)
 
 
 @contextlib.contextmanager
 def read_once() -> Iterator[None]:
-    """While a run sets up, a split read again with the same settings, data file and tokenizer is not read
-    again: the memory check measures the prompts the job then trains on (every prompt rendered and
-    tokenized once, not twice: ~2.5 s for 20,000 short chat prompts on a 2-core CPU). Outside it, every
-    read is a read, so a run started later in the same process sees its data file as it is then."""
-    global _READ_ONCE
-    outer = _READ_ONCE
-    _READ_ONCE = {} if outer is None else outer
+    """While a run sets up, a split read again with the same settings, data files and tokenizer is the first
+    read: the memory check measures the prompts the job trains on (``benchmarks/setup_time.py``). Outside it,
+    every read is a read: a run started later in the same process sees its data files as they are then."""
+    token = _READ_ONCE.set(_READ_ONCE.get() if _READ_ONCE.get() is not None else {})
     try:
         yield
     finally:
-        _READ_ONCE = outer
+        _READ_ONCE.reset(token)
 
 
 def _read_key(data_cfg: DataConfig, split: str, seed: int, tools: Tools, tokenizer: Any) -> tuple | None:
-    """What a split's prompts depend on, or None outside ``read_once`` and where that cannot be told (tools
-    chosen by a function of the row, a tokenizer that names no files): the settings, the data files as they are
-    on disk, and the tokenizer's files and own template (the run's template is chosen from these)."""
+    """What a split's prompts depend on (the settings, the data files on disk, the tokenizer's files and own
+    template), or None outside ``read_once`` or where it cannot be told (tools chosen by a function of a row)."""
     name = getattr(tokenizer, "name_or_path", None)
-    if _READ_ONCE is None or callable(tools) or not name:
+    if _READ_ONCE.get() is None or callable(tools) or not name:
         return None
     files = [f for f in (data_cfg.train_file, data_cfg.eval_file) if f]
     try:
@@ -294,10 +293,9 @@ def _read_key(data_cfg: DataConfig, split: str, seed: int, tools: Tools, tokeniz
 def measure_prompts(
     examples: list[PromptExample], data_cfg: DataConfig, tokenizer: Any, unit: str = "line"
 ) -> tuple[Truncation | None, int | None]:
-    """Cut every prompt far longer than ``data.max_prompt_length`` to its end (see CHARS_PER_TOKEN), count
-    those the rollout will left-truncate (None when none is), tokenized as the engines do, and give the
-    longest prompt's tokens as a rollout takes it (at most ``max_prompt_length``; None when there is no
-    tokenizer to measure with)."""
+    """Cut every prompt far longer than ``data.max_prompt_length`` to its end (see CHARS_PER_TOKEN), count those
+    the rollout will left-truncate (None when none is), tokenized as the engines do, and give the longest's
+    tokens as a rollout takes them (at most ``max_prompt_length``; None without a tokenizer to measure with)."""
     if not callable(tokenizer):
         return None, None
     limit, special = data_cfg.max_prompt_length, not data_cfg.use_chat_template
