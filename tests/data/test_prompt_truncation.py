@@ -113,3 +113,17 @@ def test_measure_prompts_counts_the_longest_in_tokens_when_none_is_cut(tmp_path,
     roomy = DataConfig(train_file=str(path), max_prompt_length=64, use_chat_template=False)
     assert load_prompts(roomy, tokenizer, "train", seed=0).longest == 30
     assert measure_prompts([], cfg, tokenizer) == (None, 0)
+
+
+@pytest.mark.parametrize("special", [True, False])
+def test_prompts_are_counted_as_transformers_tokenizes_them(tiny_model_dir, special):
+    """The lengths come from the fast tokenizer's Rust side directly (a third faster); they are transformers'."""
+    from rlft.data.prompts import _token_counts
+    from rlft.models.loading import load_tokenizer
+
+    tok = load_tokenizer(tiny_model_dir)
+    texts = ["hello there", "", "a much longer prompt of many words " * 20]
+    expected = [len(ids) for ids in tok(texts, add_special_tokens=special)["input_ids"]]
+    assert _token_counts(texts, tok, special) == expected and expected[2] > 100
+    tok.backend_tokenizer.enable_truncation(3)  # left on the Rust side by some earlier call: never counted with it
+    assert _token_counts(texts, tok, special) == expected

@@ -10,7 +10,8 @@ import pytest
 
 import rlft.data.prompts as prompts_module
 from rlft.config.schema import DataConfig
-from rlft.data.prompts import load_prompts, read_once
+from rlft.data.prompts import load_prompts
+from rlft.data.read_once import read_once, setup_reads
 from rlft.models.loading import load_tokenizer
 
 
@@ -69,8 +70,8 @@ def test_outside_the_scope_or_when_an_input_changes_the_data_is_read_again(tmp_p
         load_prompts(data.model_copy(update={"system_prompt": "Be brief."}), tok, "train", 0)
         assert len(builds) == 5
         # tools chosen by a function of the row: what the prompts depend on cannot be told, so never shared
-        assert prompts_module._read_key(data, "train", 0, lambda row: [], tok) is None
-        assert prompts_module._read_key(data, "train", 0, [{"name": "f"}], tok) is not None
+        assert setup_reads(data, "train", 0, lambda row: [], tok) == (None, None)
+        assert setup_reads(data, "train", 0, [{"name": "f"}], tok)[1] is not None
         path = data.train_file
         with open(path, "a") as f:
             f.write(json.dumps({"prompt": "a new row", "answer": "9"}) + "\n")

@@ -115,7 +115,7 @@ class Trainer:
         """Create (or, on resume, reopen) the run directory, then let the job build its parts.
 
         A failure here is recorded in run.json like a failure during training."""
-        from rlft.data.prompts import read_once
+        from rlft.data.read_once import read_once
 
         with read_once():  # the prompts the memory check measures are those the job reads: read once
             self._setup()
