@@ -71,6 +71,30 @@ def test_packed_row_leaves_the_padding_out_of_the_matmuls(tiny_model_dir):
     assert tokens == [real]
 
 
+def test_a_row_extended_to_aligned_length_gives_the_same_numbers(tiny_model_dir, monkeypatch):
+    """The packed row is extended to a multiple of 8 tokens for the matmuls' sake; the extra positions
+    change no log-prob and add no gradient, to the embedding's included."""
+    from rlft.models import logprobs
+
+    model = load_policy(
+        ModelConfig(path=str(tiny_model_dir), dtype="fp32"), torch.device("cpu"), model_dir=tiny_model_dir
+    )
+    tokens = []
+    model.model.layers[0].mlp.down_proj.register_forward_hook(lambda m, i, o: tokens.append(i[0].shape[:-1].numel()))
+    prompt_ids, prompt_mask, row_prompt, comp_ids, comp_mask = _batch()
+    comp_mask[0, 2:] = 0  # 23 real tokens: the row takes one more
+    params = [p for p in model.parameters() if p.requires_grad]
+    results = []
+    for align in (1, 8):
+        monkeypatch.setattr(logprobs, "TOKEN_ALIGN", align)
+        lp, _ = grouped_completion_logprobs(model, prompt_ids, prompt_mask, row_prompt, comp_ids, comp_mask)
+        results.append((lp * comp_mask, torch.autograd.grad((lp * comp_mask).sum(), params)))
+    assert tokens == [23, 24]
+    torch.testing.assert_close(results[1][0], results[0][0], atol=1e-6, rtol=1e-6)
+    for a, b in zip(results[1][1], results[0][1]):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
 @pytest.mark.parametrize("setting", [True, "selective"])
 def test_grouped_under_gradient_checkpointing_matches_plain(tiny_model_dir, grouped_path, setting):
     """Checkpointed layers drop the KV cache in a training forward; the grouped forward must notice

@@ -116,6 +116,9 @@ class PromptGroups:
     the padding (prompts' left padding, completions' tail after EOS), so that the linear layers, norms and
     head (nearly all of an update's FLOPs) see real tokens only; attention alone puts the N tokens back in
     the padded blocks, where the masks above already ignore the padding.
+
+    The row may end with a few positions past the layout (:func:`rlft.models.logprobs.aligned_tail`): they
+    attend to nothing and nothing attends to them, and their attention output is zero.
     """
 
     row_prompt: torch.Tensor
@@ -159,9 +162,12 @@ class PromptGroups:
         """query [1, H, N, D], key/value [1, KVH, N, D] -> [1, N, H, D], where N is U * P + B * C, or the
         length of ``real`` when the row holds only those positions."""
         U, P, B, C = self.shape
+        length = U * P + B * C if self.real is None else self.real.numel()
+        tail = query.shape[2] - length
+        if tail:
+            query, key, value = (t[:, :, :length] for t in (query, key, value))
         if self.real is not None:
-            padded = U * P + B * C
-            query, key, value = (_unpack(t, self.real, padded) for t in (query, key, value))
+            query, key, value = (_unpack(t, self.real, U * P + B * C) for t in (query, key, value))
 
         def split(x: torch.Tensor, rows: int, cols: int, start: int) -> torch.Tensor:  # -> [rows, heads, cols, D]
             return x[0, :, start : start + rows * cols].unflatten(1, (rows, cols)).transpose(0, 1)
@@ -173,7 +179,8 @@ class PromptGroups:
         out_p, _ = attention_forward(module, qp, kp, vp, self.prompt_mask, **kwargs)  # [U, P, H, D]
         out_c, _ = attention_forward(module, qc, kc, vc, self.completion_mask, **kwargs)  # [B, C, H, D]
         out = torch.cat([out_p.flatten(0, 1), out_c.flatten(0, 1)])[None]
-        return out if self.real is None else out.index_select(1, self.real)
+        out = out if self.real is None else out.index_select(1, self.real)
+        return torch.nn.functional.pad(out, (0, 0, 0, 0, 0, tail)) if tail else out
 
 
 def _unpack(x: torch.Tensor, real: torch.Tensor, padded: int) -> torch.Tensor:
