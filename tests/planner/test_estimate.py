@@ -529,3 +529,31 @@ def test_a_reward_model_whose_config_cannot_be_read_counts_nothing_and_its_load_
 
     with pytest.raises(RewardError, match="reward 'odd': .*odd-rm is not a reward model"):
         ModelRewardFunction("odd", str(tmp_path / "odd-rm"))
+
+
+def test_the_planner_measures_each_prompt_with_its_own_environment_class_tools(tiny_config, tmp_path):
+    """With several environment classes each prompt offers its own class's tools: the memory plan measures the
+    prompts as the job renders them, not with every class's tools at once (which overstated the longest)."""
+    from rlft.data.prompts import load_prompts
+    from rlft.envs.spec import environment_spec
+    from rlft.models.loading import load_tokenizer
+    from rlft.models.tiny import build_tiny_model_dir
+    from rlft.planner.estimate import longest_prompt
+    from rlft.rl.episodes import env_tools
+    from tests.conftest import write_jsonl
+
+    model_dir = build_tiny_model_dir(tmp_path / "chatml", chat_format="chatml")  # a template that takes tools
+    tiny_config["model"]["path"] = str(model_dir)
+
+    games = "examples/trl/two_games.py"
+    rows = [{"prompt": "a", "env": "countdown", "start": 3}, {"prompt": "b", "env": "spell", "word": "ox"}]
+    tiny_config["data"] = {"train_file": str(write_jsonl(tmp_path / "g.jsonl", rows)), "max_prompt_length": 4096}
+    tiny_config["environment"] = {"classes": {"countdown": f"{games}:Countdown", "spell": f"{games}:Spell"}}
+    tiny_config["reward"] = {"functions": [{"type": "custom", "function": f"{games}:spell_reward"}]}
+    cfg = load_config(data=tiny_config)
+    longest, note = longest_prompt(cfg)
+    job = load_prompts(cfg.data, load_tokenizer(model_dir), "train", 0, env_tools(cfg))
+    every_tool = load_prompts(
+        cfg.data, load_tokenizer(model_dir), "train", 0, environment_spec(cfg.environment).schemas
+    )
+    assert note is None and longest == job.longest < every_tool.longest

@@ -22,7 +22,7 @@ from rlft.data.formats import BadRow, prompt_of
 from rlft.data.formats import messages as row_messages
 from rlft.data.read_once import setup_reads
 from rlft.data.readers import ReadResult, read_rows, where
-from rlft.errors import ConfigError, DataError
+from rlft.errors import ConfigError, DataError, EnvironmentFailure
 
 
 @dataclass
@@ -113,7 +113,7 @@ def build_examples(
             text = format_prompt(
                 prompt, data_cfg, tokenizer, offered if offered is not None else row_tools(row, data_cfg)
             )
-        except BadRow as exc:
+        except (BadRow, EnvironmentFailure) as exc:  # the latter: a row naming no environment class
             message = f"{where(path, result.unit, number)}: {exc}"
             if data_cfg.on_bad_row == "error":
                 raise DataError(message) from None

@@ -149,6 +149,15 @@ class EnvironmentSpec:
         return self.routes[key]
 
     @property
+    def prompt_tools(self) -> list[dict] | Callable[[dict], list[dict]]:
+        """The tools a prompt offers: the schemas, or with several classes a function of the data row (its
+        class's schemas; an :class:`EnvironmentFailure` for a row naming none). The job renders its prompts
+        with these and the memory planner measures them, so both count the same tokens."""
+        if not self.routes:
+            return self.schemas
+        return lambda row: self.for_row(row).schemas
+
+    @property
     def modules(self) -> list[str]:
         """The importable modules its class and tools come from (a worker pool preloads them)."""
         if self.routes:

@@ -230,7 +230,7 @@ def longest_prompt(cfg) -> tuple[int, str | None]:
     tokenizer = load_tokenizer(resolve_model_dir(cfg.model.path))
     cap = cfg.data.max_prompt_length
     spec = environment_spec(cfg.environment)
-    tools = spec.schemas if spec is not None else None
+    tools = spec.prompt_tools if spec is not None else None
     try:
         sets = [load_prompts(cfg.data, tokenizer, split, cfg.train.seed, tools) for split in ("train", "eval")]
     except DataError as exc:

@@ -9,7 +9,6 @@ from functools import lru_cache
 
 from rlft.config.schema import DataConfig, RLConfig
 from rlft.envs.spec import environment_spec
-from rlft.errors import EnvironmentFailure
 from rlft.rewards.manager import RewardManager
 from rlft.rewards.specs import NamedReward
 
@@ -18,23 +17,10 @@ ENVIRONMENTS_PARAM = "environments"  # TRL's name for the episodes' environment 
 
 
 def env_tools(cfg: RLConfig) -> list[dict] | Callable[[dict], list[dict]] | None:
-    """The tools every prompt offers (the environment's schemas), or with several environment
-    classes a function of the data row (its class's tools; a BadRow for a row naming none)."""
+    """The tools every prompt offers (see :attr:`rlft.envs.spec.EnvironmentSpec.prompt_tools`); None for
+    single-turn runs."""
     spec = environment_spec(cfg.environment)
-    if spec is None:
-        return None
-    if not spec.routes:
-        return spec.schemas
-
-    def tools_of(row: dict) -> list[dict]:
-        from rlft.data.formats import BadRow
-
-        try:
-            return spec.for_row(row).schemas
-        except EnvironmentFailure as exc:
-            raise BadRow(str(exc)) from None
-
-    return tools_of
+    return None if spec is None else spec.prompt_tools
 
 
 def rewards_want_environments(cfg: RLConfig) -> bool:
