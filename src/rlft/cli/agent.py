@@ -8,12 +8,13 @@ import json
 import sys
 from pathlib import Path
 
+from rlft.cli.options import add_overrides
 from rlft.errors import UsageError
 
 
 def add_rollout_arguments(p) -> None:
     p.add_argument("--config", "-c", required=True, help="An RL config with an environment: section.")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    add_overrides(p)
     p.add_argument("--n", type=int, default=2, help="Episodes to run (default 2).")
     p.add_argument("--split", choices=("train", "eval"), default="train", help="Which rows to play.")
     p.add_argument("--greedy", action="store_true", help="Greedy decoding instead of the training sampler.")

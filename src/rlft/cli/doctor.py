@@ -5,17 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 
+from rlft.cli.options import add_overrides
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", "-c", default=None, help="Also check this run: config, model, memory, disk.")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="Override a config value (repeatable).",
-    )
+    add_overrides(p)
     p.add_argument("--port", type=int, default=8000, help="The port rlft serve would listen on (default 8000).")
     p.add_argument("--json", action="store_true", help="Print the checks as JSON.")
 

@@ -6,17 +6,12 @@ import argparse
 import json
 import shlex
 
+from rlft.cli.options import add_overrides
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", "-c", required=True, help="YAML config file.")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="Override a config value (repeatable).",
-    )
+    add_overrides(p)
     p.add_argument(
         "--device",
         default=None,

@@ -21,19 +21,13 @@ import time
 from pathlib import Path
 
 from rlft.atomic import check_writable, free_name, reporting_disk_full
+from rlft.cli.options import add_overrides
 from rlft.errors import UsageError
 
 
 def add_arguments(p) -> None:
     p.add_argument("--config", "-c", required=True, help="YAML config: eval prompts, rewards and eval settings.")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="Override a config value, e.g. --set eval.num_samples=8 (repeatable).",
-    )
+    add_overrides(p, "Override a config value, e.g. --set eval.num_samples=8 (repeatable).")
     p.add_argument(
         "--checkpoint",
         dest="checkpoints",

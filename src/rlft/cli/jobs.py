@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import time
 
+from rlft.cli.options import add_overrides
 from rlft.errors import UsageError
 
 
@@ -25,7 +26,7 @@ def add_arguments(p) -> None:
     s = sub.add_parser("submit", help="Queue a training job from a config in the service's workspace.")
     s.add_argument("--config", "-c", required=True, help="Path of the YAML config, relative to the workspace.")
     s.add_argument("--resume", default=None, metavar="CHECKPOINT|auto")
-    s.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    add_overrides(s)
     s.add_argument("--wait", action="store_true", help="Wait for the job to end; exit 0 only on success.")
     ls = sub.add_parser("list", help="Jobs, newest first.")
     ls.add_argument("--status", default=None, choices=["pending", "running", "success", "failed", "cancelled"])
@@ -39,7 +40,7 @@ def add_arguments(p) -> None:
     c.add_argument("job_id")
     r = sub.add_parser("resume", help="Continue a failed or cancelled job from its latest checkpoint.")
     r.add_argument("job_id")
-    r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    add_overrides(r)
 
 
 def run(args) -> int:

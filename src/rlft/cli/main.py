@@ -33,19 +33,13 @@ import argparse
 import os
 import sys
 
+from rlft.cli.options import add_overrides
 from rlft.errors import RlftError
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", "-c", required=True, help="YAML config file.")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="Override a config value, e.g. --set train.max_steps=10 (repeatable).",
-    )
+    add_overrides(p, "Override a config value, e.g. --set train.max_steps=10 (repeatable).")
 
 
 # The subcommands beside the job kinds': (name, the module whose function adds its arguments, that

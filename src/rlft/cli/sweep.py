@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from rlft.cli.options import add_overrides
 from rlft.cli.serve import add_backend_arguments, check_backend_arguments, require_service_packages
 
 
@@ -36,14 +37,7 @@ def add_arguments(p) -> None:
         metavar="KEY=V1,V2",
         help="Values of one key (parsed like --set); the runs are the cartesian product of all --grid.",
     )
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="Override a value in every run's config (repeatable).",
-    )
+    add_overrides(p, "Override a value in every run's config (repeatable).")
     p.add_argument("--out", default=None, metavar="DIR", help="The sweep directory (default ./sweeps/<date>-<time>).")
     p.add_argument("--db", default=None, metavar="URL", help="Registry database (default sqlite:///<out>/registry.db).")
     p.add_argument("--parallel", type=int, default=1, metavar="N", help="Runs at a time (default 1).")
