@@ -242,3 +242,22 @@ def test_load_policy_reports_the_time_and_peak_of_a_runs_load(tiny_model_dir, tm
     res = json.loads(out.read_text())
     assert res["lora_rank"] == 4 and len(res["rounds"]) == 1 and res["rounds"][0]["peak_gpu_mb"] is None
     assert res["seconds"] > 0 and res["peak_rss_mb"] > res["rounds"][0]["kept_mb"] > 0
+
+
+def test_the_mismatch_benchmark_splits_the_logged_gap_against_fp32(tmp_path, capsys):
+    """benchmarks/logprob_mismatch.py: its engine-vs-trainer distance is the metric the step logs, and the
+    bf16 trainer is measurably off an fp32 forward on the same weights (what the gap is compared with)."""
+    import rlft.algorithms.objective as objective
+    import rlft.rl.batch as batch
+
+    bench = _load("logprob_mismatch")
+    patched = (batch.grouped_completion_logprobs, objective.logprob_mismatch)
+    out = tmp_path / "m.json"
+    assert bench.main(["--model", "tiny", "--steps", "2", "--max-new-tokens", "6", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["engine_vs_trainer"] == pytest.approx(r["logged"], rel=1e-4, abs=1e-7)
+        assert 0 < r["trainer_vs_fp32"] < 1 and 0 < r["engine_vs_fp32"] < 1
+    assert "| step | engine vs trainer" in capsys.readouterr().out
+    assert (batch.grouped_completion_logprobs, objective.logprob_mismatch) == patched  # put back

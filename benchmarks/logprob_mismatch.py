@@ -1,0 +1,115 @@
+"""How far the rollout engine's log-probs are from the trainer's, and from an fp32 forward on the same weights.
+
+``rollout/logprob_mismatch`` (metrics.jsonl) is the mean |engine log-prob - trainer log-prob| of the sampled
+tokens. In bf16 neither side is exact: this runs steps of the benchmark workload and, at each step's update,
+also computes the sampled tokens' log-probs with autocast off (fp32 on the fp32 master weights), then prints
+the three distances a token. Where the engine and the trainer are each as far from fp32 as from each other,
+the mismatch is bf16's own rounding; an engine much further from fp32 than the trainer is would be a bug.
+
+python benchmarks/logprob_mismatch.py [--model smollm2-135m-instruct] [--steps 3] [--max-new-tokens 32]
+python benchmarks/logprob_mismatch.py --device cuda --shape smollm2-1.7b --prompts 8 --max-new-tokens 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from grpo_step import _resolve_model, rlft_config  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2-135m-instruct", help="built-in name, HF directory, or 'tiny'")
+    ap.add_argument("--shape", help="a shape of benchmarks/shapes.py, built with seeded random weights")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--prompts", type=int, default=2)
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--json", help="also write the rows here")
+    a = ap.parse_args(argv)
+    import torch
+
+    import rlft.algorithms.objective as objective
+    import rlft.rl.batch as batch
+    from rlft import Trainer
+
+    opts = dict(
+        model_dir=_resolve_model(a.model, bool(a.shape), a.shape, None, a.device, "bf16"),
+        dtype="bf16",
+        device=a.device,
+        prompts=a.prompts,
+        group_size=a.group_size,
+        max_new_tokens=a.max_new_tokens,
+        beta=0.04,
+        fixed_length=True,
+        engine="native",
+        threads=2,
+        cuda_graphs=True,
+        compile_decode=False,
+    )
+    seen: dict = {}
+    trainer_logprobs, mismatch = batch.grouped_completion_logprobs, objective.logprob_mismatch
+
+    def with_fp32(model, *args, **kwargs):
+        out = trainer_logprobs(model, *args, **kwargs)
+        if torch.is_grad_enabled() and "fp32" not in seen:  # the update's forward, before its optimizer step
+            with torch.no_grad(), torch.autocast(a.device, enabled=False):
+                seen["fp32"] = trainer_logprobs(model, *args, **kwargs)[0].float()
+        return out
+
+    def recorded(old, rollout, mask):
+        seen.setdefault("pairs", (old.detach().float(), rollout.detach().float(), mask.float()))
+        return mismatch(old, rollout, mask)
+
+    batch.grouped_completion_logprobs, objective.logprob_mismatch = with_fp32, recorded
+    try:
+        rows = _steps(Trainer(config=rlft_config(opts, Path(tempfile.mkdtemp()))), a.steps, seen)
+    finally:
+        batch.grouped_completion_logprobs, objective.logprob_mismatch = trainer_logprobs, mismatch
+    print("| step | engine vs trainer (the logged mismatch) | trainer bf16 vs fp32 | engine vs fp32 | mean log-prob |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['step']} | {r['engine_vs_trainer']:.4f} | {r['trainer_vs_fp32']:.4f} | {r['engine_vs_fp32']:.4f} "
+            f"| {r['mean_logprob']:.3f} |"
+        )
+    if a.json:
+        Path(a.json).write_text(json.dumps({"rows": rows, "options": vars(a)}, indent=1))
+    return 0
+
+
+def _steps(trainer, steps: int, seen: dict) -> list[dict]:
+    """Each step's distances a token, from what its update's patched calls left in ``seen``."""
+    trainer.setup()
+    rows = []
+    for step in range(1, steps + 1):
+        seen.clear()
+        logged = trainer.train_step()["rollout/logprob_mismatch"]
+        old, rollout, mask = seen["pairs"]
+        fp32 = seen["fp32"]
+
+        def distance(x, y, mask=mask):
+            return float(((x - y).abs() * mask).sum() / mask.sum())
+
+        rows.append(
+            {
+                "step": step,
+                "logged": float(logged),
+                "engine_vs_trainer": distance(rollout, old),
+                "trainer_vs_fp32": distance(old, fp32),
+                "engine_vs_fp32": distance(rollout, fp32),
+                "mean_logprob": float((fp32 * mask).sum() / mask.sum()),
+            }
+        )
+    return rows
+
+
+if __name__ == "__main__":
+    sys.exit(main())
