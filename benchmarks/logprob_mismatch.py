@@ -3,8 +3,9 @@
 ``rollout/logprob_mismatch`` (metrics.jsonl) is the mean |engine log-prob - trainer log-prob| of the sampled
 tokens. In bf16 neither side is exact: this runs steps of the benchmark workload and, at each step's update,
 also computes the sampled tokens' log-probs with autocast off (fp32 on the fp32 master weights), then prints
-the three distances a token. Where the engine and the trainer are each as far from fp32 as from each other,
-the mismatch is bf16's own rounding; an engine much further from fp32 than the trainer is would be a bug.
+the distances a token, and that of an fp32 forward on the weights rounded to bf16 (what bf16 compute multiplies
+by) from the fp32 one. Where the engine and the trainer are each as far from fp32 as from each other, the
+mismatch is bf16's own rounding; an engine much further from fp32 than the trainer is would be a bug.
 
 python benchmarks/logprob_mismatch.py [--model smollm2-135m-instruct] [--steps 3] [--max-new-tokens 32]
 python benchmarks/logprob_mismatch.py --device cuda --shape smollm2-1.7b --prompts 8 --max-new-tokens 128
@@ -62,6 +63,14 @@ def main(argv: list[str] | None = None) -> int:
         if torch.is_grad_enabled() and "fp32" not in seen:  # the update's forward, before its optimizer step
             with torch.no_grad(), torch.autocast(a.device, enabled=False):
                 seen["fp32"] = trainer_logprobs(model, *args, **kwargs)[0].float()
+                master = [(p, p.detach().clone()) for p in model.parameters() if p.dtype == torch.float32]
+                for p, _ in master:  # the weights bf16 compute sees, computed with in fp32
+                    p.data.copy_(p.data.to(torch.bfloat16))
+                try:
+                    seen["bf16_weights"] = trainer_logprobs(model, *args, **kwargs)[0].float()
+                finally:
+                    for p, kept in master:
+                        p.data.copy_(kept)
         return out
 
     def recorded(old, rollout, mask):
@@ -73,12 +82,15 @@ def main(argv: list[str] | None = None) -> int:
         rows = _steps(Trainer(config=rlft_config(opts, Path(tempfile.mkdtemp()))), a.steps, seen)
     finally:
         batch.grouped_completion_logprobs, objective.logprob_mismatch = trainer_logprobs, mismatch
-    print("| step | engine vs trainer (the logged mismatch) | trainer bf16 vs fp32 | engine vs fp32 | mean log-prob |")
-    print("|---|---|---|---|---|")
+    print(
+        "| step | engine vs trainer (the logged mismatch) | trainer bf16 vs fp32 | engine vs fp32 "
+        "| fp32 on the bf16-rounded weights vs fp32 | mean log-prob |"
+    )
+    print("|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['step']} | {r['engine_vs_trainer']:.4f} | {r['trainer_vs_fp32']:.4f} | {r['engine_vs_fp32']:.4f} "
-            f"| {r['mean_logprob']:.3f} |"
+            f"| {r['bf16_weights_vs_fp32']:.4f} | {r['mean_logprob']:.3f} |"
         )
     if a.json:
         Path(a.json).write_text(json.dumps({"rows": rows, "options": vars(a)}, indent=1))
@@ -105,6 +117,7 @@ def _steps(trainer, steps: int, seen: dict) -> list[dict]:
                 "engine_vs_trainer": distance(rollout, old),
                 "trainer_vs_fp32": distance(old, fp32),
                 "engine_vs_fp32": distance(rollout, fp32),
+                "bf16_weights_vs_fp32": distance(seen["bf16_weights"], fp32),
                 "mean_logprob": float((fp32 * mask).sum() / mask.sum()),
             }
         )

@@ -258,6 +258,6 @@ def test_the_mismatch_benchmark_splits_the_logged_gap_against_fp32(tmp_path, cap
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
         assert r["engine_vs_trainer"] == pytest.approx(r["logged"], rel=1e-4, abs=1e-7)
-        assert 0 < r["trainer_vs_fp32"] < 1 and 0 < r["engine_vs_fp32"] < 1
+        assert 0 < r["trainer_vs_fp32"] < 1 and 0 < r["engine_vs_fp32"] < 1 and 0 < r["bf16_weights_vs_fp32"] < 1
     assert "| step | engine vs trainer" in capsys.readouterr().out
     assert (batch.grouped_completion_logprobs, objective.logprob_mismatch) == patched  # put back
