@@ -96,3 +96,28 @@ def test_a_scope_is_its_own_threads(tmp_path, tiny_model_dir, builds):
         assert len(builds) == 3  # the other thread is in no scope: each of its reads reads
         load_prompts(data, tok, "train", 0)
     assert len(builds) == 3
+
+
+def test_prompts_whose_tools_follow_the_rows_environment_class_are_read_once_too(tmp_path, builds):
+    """Several environment classes: each row's tools are its class's (a function of the row), which says what it
+    depends on by its key, so the memory check's read is the job's; another routing is another read."""
+    from rlft.envs.spec import EnvironmentSpec
+    from rlft.models.tiny import build_tiny_model_dir
+
+    games = "examples/trl/two_games.py"
+    model_dir = build_tiny_model_dir(tmp_path / "chatml", chat_format="chatml")  # a template that takes tools
+    rows = [{"prompt": "a", "env": "countdown", "start": 3}, {"prompt": "b", "env": "spell", "word": "ox"}]
+    (tmp_path / "g.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = DataConfig(train_file=str(tmp_path / "g.jsonl"))
+
+    def routed(countdown: str, spell: str) -> EnvironmentSpec:
+        classes = {"countdown": (f"{games}:{countdown}", {}), "spell": (f"{games}:{spell}", {})}
+        return EnvironmentSpec.load_routed(classes, "env", [])
+
+    with read_once():
+        first = load_prompts(data, load_tokenizer(model_dir), "train", 0, routed("Countdown", "Spell").prompt_tools)
+        again = load_prompts(data, load_tokenizer(model_dir), "train", 0, routed("Countdown", "Spell").prompt_tools)
+        assert len(builds) == 1 and [e.text for e in again.examples] == [e.text for e in first.examples]
+        assert '"subtract"' in first.examples[0].text and '"letter"' in first.examples[1].text
+        swapped = load_prompts(data, load_tokenizer(model_dir), "train", 0, routed("Spell", "Countdown").prompt_tools)
+        assert len(builds) == 2 and '"letter"' in swapped.examples[0].text

@@ -38,16 +38,20 @@ def read_once() -> Iterator[None]:
 def setup_reads(data_cfg: DataConfig, split: str, seed: int, tools: Any, tokenizer: Any) -> tuple[Reads | None, Any]:
     """The scope's reads and this split's key in them: what its prompts depend on (the settings, the data files
     on disk, the tokenizer's files and own template, which the run's template is chosen from). (None, None)
-    outside :func:`read_once` or where that cannot be told (tools chosen by a function of a row)."""
+    outside :func:`read_once` or where that cannot be told (tools chosen by a function of a row that says
+    nothing of what it depends on; :class:`rlft.envs.spec.RowTools` does, by its ``key``)."""
     reads, name = _READS.get(), getattr(tokenizer, "name_or_path", None)
-    if reads is None or callable(tools) or not name:
+    by_row = getattr(tools, "key", None) if callable(tools) else None
+    if reads is None or (callable(tools) and not isinstance(by_row, str)) or not name:
         return None, None
     files = [f for f in (data_cfg.train_file, data_cfg.eval_file) if f]
     try:
         stamps = tuple((str(f), os.stat(f).st_mtime_ns, os.stat(f).st_size) for f in files)
     except OSError:
         return None, None  # a missing file: the read reports it
-    schemas = json.dumps(tools, sort_keys=True, default=str) if tools is not None else None
+    schemas = by_row
+    if by_row is None and tools is not None:
+        schemas = json.dumps(tools, sort_keys=True, default=str)
     template = getattr(tokenizer, "chat_template", None)
     key = (data_cfg.model_dump_json(), split, seed, schemas, str(name), len(tokenizer), str(template), stamps)
     return reads, key

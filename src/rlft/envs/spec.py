@@ -149,13 +149,11 @@ class EnvironmentSpec:
         return self.routes[key]
 
     @property
-    def prompt_tools(self) -> list[dict] | Callable[[dict], list[dict]]:
-        """The tools a prompt offers: the schemas, or with several classes a function of the data row (its
-        class's schemas; an :class:`EnvironmentFailure` for a row naming none). The job renders its prompts
-        with these and the memory planner measures them, so both count the same tokens."""
-        if not self.routes:
-            return self.schemas
-        return lambda row: self.for_row(row).schemas
+    def prompt_tools(self) -> list[dict] | RowTools:
+        """The tools a prompt offers: the schemas, or with several classes those of the row's class
+        (:class:`RowTools`). The job renders its prompts with these and the memory planner measures them, so
+        both count the same tokens."""
+        return RowTools(self) if self.routes else self.schemas
 
     @property
     def modules(self) -> list[str]:
@@ -198,6 +196,24 @@ def _load_cached(
     if routes:
         return EnvironmentSpec.load_routed(routes, column, list(tools), mcp_servers=servers)
     return EnvironmentSpec.load(class_spec, list(tools), json.loads(kwargs_json), mcp_servers=servers)
+
+
+class RowTools:
+    """A prompt's tools where several environment classes share a run: a function of the data row giving its
+    class's schemas (an :class:`EnvironmentFailure` for a row naming none). ``key`` says what they depend on, so
+    that a run's start can tell two of them apart without calling them (:mod:`rlft.data.read_once`)."""
+
+    def __init__(self, spec: EnvironmentSpec):
+        self.spec = spec
+
+    def __call__(self, row: dict[str, Any]) -> list[dict]:
+        return self.spec.for_row(row).schemas
+
+    @property
+    def key(self) -> str:
+        """The route column and each class's schemas, as JSON."""
+        routes = {name: route.schemas for name, route in self.spec.routes.items()}
+        return json.dumps({"column": self.spec.route_column, "classes": routes}, sort_keys=True, default=str)
 
 
 def environment_spec(env) -> EnvironmentSpec | None:
