@@ -1,6 +1,9 @@
 """Issue 37's bars against what ``scripts/gpu_scale.sh`` measured: every number beside its bar, met or not.
 
-    python benchmarks/gpu_report.py gpu-scale-out/results.json [--json verdicts.json]
+    python benchmarks/gpu_report.py gpu-scale-out/results.json [more results.json ...] [--json verdicts.json]
+
+Several results files (a first run, then a second try of the rows it missed, ``RLFT_SCALE_ONLY``) are read as
+one: a row in a later file replaces the same row of an earlier one.
 
 Prints four Markdown tables, for docs/performance.md:
 
@@ -405,15 +408,26 @@ def choices(results: dict) -> list[str]:
     return lines
 
 
+def merged(runs: list[dict]) -> dict:
+    """Several of gpu_scale.sh's results as one: each row and log from the last run that has it, the last
+    check-env report given."""
+    out: dict = {"check_env": None, "rows": {}, "logs": {}}
+    for run in runs:
+        out["rows"].update(run.get("rows") or {})
+        out["logs"].update(run.get("logs") or {})
+        out["check_env"] = run.get("check_env") or out["check_env"]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("results", help="gpu_scale.sh's results.json")
+    ap.add_argument("results", nargs="+", help="gpu_scale.sh's results.json; later files' rows replace earlier ones'")
     ap.add_argument("--json", help="also write the verdicts here")
     a = ap.parse_args(argv)
     try:
-        results = json.loads(Path(a.results).read_text())
+        results = merged([json.loads(Path(path).read_text()) for path in a.results])
     except (OSError, ValueError) as exc:
-        print(f"error: cannot read {a.results}: {exc}", file=sys.stderr)
+        print(f"error: cannot read {' '.join(a.results)}: {exc}", file=sys.stderr)
         return 2
     found = verdicts(results)
     print("| bar | row | worker | measured | bar value | verdict |")

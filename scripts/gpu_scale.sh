@@ -49,6 +49,10 @@
 # tokenizer and the wheels that machine lacks (pydantic for rlft, TRL and datasets for TRL's rows) into
 # gpu-carry/; carry that folder and run
 #   pip install -q --no-deps gpu-carry/wheels/*.whl && RLFT_BENCH_MODEL=gpu-carry/model OUT=$OUT bash scripts/gpu_scale.sh
+# A second try in the device time left: RLFT_SCALE_ONLY="8b-lora-256 load-8b-lora" (row names, and gpu_tests or
+# gpu_tests_compiled) runs those alone, with RLFT_GPU_SCALE_SECONDS to size it; then
+#   python benchmarks/gpu_report.py first/results.json second/results.json
+# reads both as one (the second's rows replace the first's).
 # Its plumbing, on a CPU with a two-layer model of each shape:
 #   RLFT_BENCH_DEVICE=cpu RLFT_SCALE_OVERRIDES='{"num_hidden_layers": 2, "hidden_size": 128,
 #     "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2}' RLFT_SCALE_TOKENS=8 \
@@ -80,9 +84,17 @@ if [ "${RLFT_SCALE_ONE_AT_A_TIME:-0}" = 1 ] || { [ "${gpu_mib:-0}" -gt 0 ] && [ 
   ALONE=(--one-at-a-time)
 fi
 
+ONLY="${RLFT_SCALE_ONLY:-}"  # row names to run alone (a second try); empty: every row
+wanted() {  # wanted NAME: whether this run takes the row or step NAME
+  if [ -z "$ONLY" ] || [[ " $ONLY " == *" $1 "* ]]; then return 0; fi
+  log "SKIP $1: not in RLFT_SCALE_ONLY"
+  return 1
+}
+
 row() {  # row NAME SECONDS SHAPE NEW_TOKENS ARGS...: one row of the table, $ROWS x 8 completions
   local name=$1 seconds=$2 shape=$3 tokens=${TOKENS:-$4}
   shift 4
+  wanted "$name" || return 0
   local extra=()
   [ -n "$OVERRIDES" ] && extra=(--shape-overrides "$OVERRIDES")
   bench "$name" "$seconds" --model "$MODEL" --shape "$shape" "${extra[@]}" --prompts "$ROWS" --group-size 8 \
@@ -95,6 +107,7 @@ grep -i -E "torch|cuda|gpu|bf16" "$OUT/check_env.txt" | head -6
 gpu_tests() {  # gpu_tests NAME SECONDS K-EXPRESSION FILES...: pytest's CUDA cases, their exit and tail in $OUT/NAME.json
   local name=$1 limit=$2 expr=$3
   shift 3
+  wanted "$name" || return 0
   if ! "$PY" -c "import pytest" >/dev/null 2>&1; then log "pytest is not installed here: $name not run"; return 0; fi
   limit=$(left "$limit")
   if [ "$limit" -lt 30 ]; then log "SKIP $name: ${limit}s of the budget left"; return 0; fi
@@ -132,7 +145,9 @@ row 1.7b-128-keep-all 60 smollm2-1.7b 128 --frameworks rlft --rlft-gradient-chec
   --rlft-micro-batch $((ROWS * 8)) || true
 row 1.7b-128-2passes 60 smollm2-1.7b 128 --frameworks rlft --rlft-micro-batch $((ROWS * 4)) || true
 limit=$(left 70)
-if [ "$limit" -ge 45 ]; then  # the decode kernel by kernel: what a token's small kernels cost, which a graph keeps
+if ! wanted profile-1.7b-32; then
+  :
+elif [ "$limit" -ge 45 ]; then  # the decode kernel by kernel: what a token's small kernels cost, which a graph keeps
   log "profile-1.7b-32: profile_step.py, one step with the decode out of its graph (at most ${limit}s)"
   extra=()
   [ -n "$OVERRIDES" ] && extra=(--shape-overrides "$OVERRIDES")
@@ -145,7 +160,9 @@ else
   log "SKIP profile-1.7b-32: ${limit}s of the budget left"
 fi
 limit=$(left 60)
-if [ "$limit" -ge 40 ]; then  # the 8B LoRA policy's load alone: its seconds and the GPU's peak beside what it keeps
+if ! wanted load-8b-lora; then
+  :
+elif [ "$limit" -ge 40 ]; then  # the 8B LoRA policy's load alone: its seconds and the GPU's peak beside what it keeps
   log "load-8b-lora: load_policy.py, one round (at most ${limit}s)"
   extra=()
   [ -n "$OVERRIDES" ] && extra=(--shape-overrides "$OVERRIDES")

@@ -192,3 +192,39 @@ def test_each_ab_setting_gets_its_two_rows_numbers_and_the_faster_side():
     rows["1.7b-128"]["results"]["bf16"]["rlft"] = {**off_gpu, "step_seconds": 0.65}
     (passes,) = [line for line in r.choices({"rows": rows}) if line.startswith("| one update pass")]
     assert passes.endswith("| - | neither (within 2%) |"), passes
+
+
+def test_a_second_try_is_read_with_the_first_its_rows_replacing_theirs(tmp_path, capsys):
+    """gpu_scale.sh with RLFT_SCALE_ONLY runs a few rows again in the device time left; the report reads both
+    runs' results as one."""
+    r = _report()
+    first = {"check_env": "CUDA available: True", "rows": {"1.7b-128": _row({"trl": _trl(8.0, 47.0)})}, "logs": {}}
+    first["rows"]["8b-lora-256"] = {"failed": True}
+    second = {"check_env": None, "rows": {"8b-lora-256": _row({"rlft": _rlft(0.2, 0.2, 40.0, 44.0)})}, "logs": {}}
+    both = r.merged([first, second])
+    assert set(both["rows"]) == {"1.7b-128", "8b-lora-256"} and both["check_env"] == "CUDA available: True"
+    assert both["rows"]["8b-lora-256"] == second["rows"]["8b-lora-256"]
+    paths = []
+    for name, run in (("first", first), ("second", second)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(run))
+    assert r.main([str(p) for p in paths]) == 0
+    out = capsys.readouterr().out
+    assert "| 8b-lora-256 | rlft |" in out and "| measured | 8b-lora-256 | - | missing" not in out
+
+
+def test_the_gpu_script_runs_only_the_rows_it_is_told_to(tmp_path):
+    """RLFT_SCALE_ONLY: every other row and step is skipped and said so, and the results and report are still
+    written (here: none of them, on the CPU, in seconds)."""
+    import os
+    import subprocess
+
+    root = BENCH.parent
+    env = {**os.environ, "RLFT_SCALE_ONLY": "nothing", "RLFT_BENCH_DEVICE": "cpu", "OUT": str(tmp_path / "out")}
+    env["RLFT_GPU_PYTHON"] = sys.executable
+    proc = subprocess.run(["bash", "scripts/gpu_scale.sh"], cwd=root, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    for name in ("gpu_tests", "1.7b-128", "8b-lora-256", "gpu_tests_compiled", "profile-1.7b-32", "load-8b-lora"):
+        assert f"SKIP {name}: not in RLFT_SCALE_ONLY" in proc.stdout
+    assert json.loads((tmp_path / "out" / "results.json").read_text())["rows"] == {}
+    assert "| measured | 1.7b-128 | - | missing" in (tmp_path / "out" / "report.md").read_text()
