@@ -7,8 +7,14 @@
 #                      peft (rlft needs 0.19 or later; the image's version is not on record),
 #                      trl 1.16 with datasets, dill and multiprocess for TRL's rows: CPython 3.12, x86-64
 #                      Linux, at the versions this venv runs (they are known to work together).
-# Then, with the device tool: carry ["gpu-carry"], timeout_s 540, command
-#   pip install -q --no-deps gpu-carry/wheels/*.whl && RLFT_BENCH_MODEL=gpu-carry/model OUT=$OUT bash scripts/gpu_scale.sh
+#                      gguf, which rlft lists as required (it reads the built-in model's GGUF file; random weights
+#                      never need it, but check-env would report it missing).
+# Then, with the device tool: carry ["gpu-carry"], timeout_s 540, command (installed with --target, as the device
+# tool's README says; rehearsed on this CPU under CPython 3.12 with the image's packages only by
+# scripts/device_image_check.sh)
+#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site
+#     gpu-carry/wheels/*.whl && export PYTHONPATH=/tmp/site && RLFT_BENCH_MODEL=gpu-carry/model OUT=$OUT
+#     bash scripts/gpu_scale.sh
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -28,7 +34,7 @@ for f in src.iterdir():
 print("model:", ", ".join(sorted(p.name for p in Path(sys.argv[1]).iterdir())))
 PY
 pins=()
-for name in pydantic pydantic_core annotated-types typing-inspection platformdirs peft datasets dill multiprocess; do
+for name in pydantic pydantic_core annotated-types typing-inspection platformdirs peft gguf datasets dill multiprocess; do
   pins+=("$(.venv/bin/python -m pip freeze 2>/dev/null | grep -i -E "^${name//[-_]/[-_]}==")")
 done
 .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
