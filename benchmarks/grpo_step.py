@@ -84,6 +84,26 @@ def _cpu_seconds() -> tuple[float, float]:
 RECOMPUTE_SETTINGS = {"auto": "auto", "off": False, "selective": "selective", "full": True}
 
 
+def one_run_opts(a, dtype: str, overrides: dict | None = None, cuda_graphs: bool = True, compile_decode: bool = False):
+    """:func:`rlft_config`'s options for one rlft run of the workload in this process, from a script's arguments
+    (``model``, ``shape``, ``device``, ``prompts``, ``group_size``, ``max_new_tokens``): what profile_step.py and
+    logprob_mismatch.py step."""
+    return dict(
+        model_dir=_resolve_model(a.model, bool(a.shape or overrides), a.shape, overrides, a.device, dtype),
+        dtype=dtype,
+        device=a.device,
+        prompts=a.prompts,
+        group_size=a.group_size,
+        max_new_tokens=a.max_new_tokens,
+        beta=0.04,
+        fixed_length=True,
+        engine="native",
+        threads=2,
+        cuda_graphs=cuda_graphs,
+        compile_decode=compile_decode,
+    )
+
+
 def rlft_config(opts: dict, workdir: Path) -> dict:
     """The rlft config of the benchmark workload (prompts written to ``workdir``: ``opts["prompt_texts"]``, which
     the coordinator prepares once for every worker, as a user's data file is ready before a run starts)."""

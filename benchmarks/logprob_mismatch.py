@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from grpo_step import _resolve_model, rlft_config  # noqa: E402
+from grpo_step import one_run_opts, rlft_config  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,20 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     import rlft.rl.batch as batch
     from rlft import Trainer
 
-    opts = dict(
-        model_dir=_resolve_model(a.model, bool(a.shape), a.shape, None, a.device, "bf16"),
-        dtype="bf16",
-        device=a.device,
-        prompts=a.prompts,
-        group_size=a.group_size,
-        max_new_tokens=a.max_new_tokens,
-        beta=0.04,
-        fixed_length=True,
-        engine="native",
-        threads=2,
-        cuda_graphs=True,
-        compile_decode=False,
-    )
+    opts = one_run_opts(a, "bf16")
     seen: dict = {}
     trainer_logprobs, mismatch = batch.grouped_completion_logprobs, objective.logprob_mismatch
 

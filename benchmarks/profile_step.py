@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from grpo_step import _resolve_model, rlft_config  # noqa: E402
+from grpo_step import one_run_opts, rlft_config  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,21 +46,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from rlft import Trainer
 
-    random = bool(a.shape or a.shape_overrides)
-    opts = dict(
-        model_dir=_resolve_model(a.model, random, a.shape, a.shape_overrides, a.device, a.dtype),
-        dtype=a.dtype,
-        device=a.device,
-        prompts=a.prompts,
-        group_size=a.group_size,
-        max_new_tokens=a.max_new_tokens,
-        beta=0.04,
-        fixed_length=True,
-        engine="native",
-        threads=2,
-        cuda_graphs=not a.no_cuda_graphs,
-        compile_decode=a.compile_decode,
-    )
+    opts = one_run_opts(a, a.dtype, a.shape_overrides, not a.no_cuda_graphs, a.compile_decode)
     trainer = Trainer(config=rlft_config(opts, Path(tempfile.mkdtemp())))
     trainer.setup()
     steps = []
