@@ -239,7 +239,16 @@ def _lora_row(name: str, row: dict, r: dict) -> Verdict:
 
 
 def _recorded(name: str, row: dict) -> Verdict:
-    """The 8B LoRA policy's load alone (load_policy.py), or a step under the profiler (profile_step.py)."""
+    """The 8B LoRA policy's load alone (load_policy.py), a step under the profiler (profile_step.py), or the
+    log-prob gap taken apart (logprob_mismatch.py)."""
+    if "rows" in row:
+        last = row["rows"][-1]
+        measured = (
+            f"step {last['step']}: engine vs trainer {last['engine_vs_trainer']:.4f}, trainer vs fp32 "
+            f"{last['trainer_vs_fp32']:.4f}, engine vs fp32 {last['engine_vs_fp32']:.4f}, fp32 on bf16-rounded "
+            f"weights vs fp32 {last['bf16_weights_vs_fp32']:.4f} (a token)"
+        )
+        return Verdict("log-prob gap, taken apart", name, "rlft", measured, "-", None, "recorded")
     if "rounds" in row:
         first = row["rounds"][0]
         gpu = f", peak GPU {first['peak_gpu_mb'] / 1024:.1f} GiB" if first.get("peak_gpu_mb") is not None else ""
@@ -262,7 +271,7 @@ def verdicts(results: dict) -> list[Verdict]:
             passed = None if why else row["exit"] == 0
             out.append(Verdict("GPU tests pass", name, "pytest", f"exit {row['exit']}", "exit 0", passed, why))
             continue
-        if "rounds" in row or "gpu_kernels" in row:  # load_policy.py's or profile_step.py's: recorded beside the bars
+        if "rounds" in row or "gpu_kernels" in row or "rows" in row:  # recorded beside the bars (_recorded)
             out.append(_recorded(name, row))
             continue
         res = _bf16(row)

@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m-instruct", help="built-in name, HF directory, or 'tiny'")
     ap.add_argument("--shape", help="a shape of benchmarks/shapes.py, built with seeded random weights")
+    ap.add_argument("--shape-overrides", type=json.loads, help="JSON config fields over the shape's")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--prompts", type=int, default=2)
     ap.add_argument("--group-size", type=int, default=8)
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     import rlft.rl.batch as batch
     from rlft import Trainer
 
-    opts = one_run_opts(a, "bf16")
+    opts = one_run_opts(a, "bf16", a.shape_overrides)
     seen: dict = {}
     trainer_logprobs, mismatch = batch.grouped_completion_logprobs, objective.logprob_mismatch
 

@@ -32,7 +32,9 @@
 #      graph (benchmarks/profile_step.py --no-cuda-graphs): the GPU kernels a step launches and the top ones by
 #      GPU time, for the decode's small kernels against its matmuls;
 #  10. where time is left, the 8B LoRA policy's load alone (benchmarks/load_policy.py, one round): its
-#      seconds, and the GPU's peak during it beside what the model keeps (the frozen base cast before it moves).
+#      seconds, and the GPU's peak during it beside what the model keeps (the frozen base cast before it moves);
+#  11. where time is left, rollout/logprob_mismatch at 1.7B taken apart (benchmarks/logprob_mismatch.py, 3 steps):
+#      the graphed decode's and the trainer's log-probs each against an fp32 forward on the same weights.
 # Each row's workers hold their models on the GPU at once (1.7B: TRL's ~47 GiB beside rlft's), which takes an
 # H200's 141 GB (the device tool's kind nvidia-h200); the 512-token rows run one worker at a time anyway (two
 # peaks of ~60 GiB and the allocators' slack come near even an H200's memory). On a GPU of less than 120 GiB
@@ -171,6 +173,19 @@ elif [ "$limit" -ge 40 ]; then  # the 8B LoRA policy's load alone: its seconds a
     || log "FAIL: load-8b-lora"
 else
   log "SKIP load-8b-lora: ${limit}s of the budget left"
+fi
+limit=$(left 60)
+if ! wanted mismatch-1.7b-128; then
+  :
+elif [ "$limit" -ge 45 ]; then  # the engine's gap to the trainer: bf16's rounding on both sides, or its own?
+  log "mismatch-1.7b-128: logprob_mismatch.py, 3 steps (at most ${limit}s)"
+  extra=()
+  [ -n "$OVERRIDES" ] && extra=(--shape-overrides "$OVERRIDES")
+  timeout "$limit" "$PY" benchmarks/logprob_mismatch.py --device "$DEVICE" --model "$MODEL" --shape smollm2-1.7b \
+    "${extra[@]}" --prompts "$ROWS" --max-new-tokens "${TOKENS:-128}" --steps 3 \
+    --json "$OUT/mismatch-1.7b-128.json" 2>&1 | grep -E "^\|" || log "FAIL: mismatch-1.7b-128"
+else
+  log "SKIP mismatch-1.7b-128: ${limit}s of the budget left"
 fi
 "$PY" - "$OUT" <<'EOF'
 import json, sys

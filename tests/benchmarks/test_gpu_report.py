@@ -224,7 +224,18 @@ def test_the_gpu_script_runs_only_the_rows_it_is_told_to(tmp_path):
     env["RLFT_GPU_PYTHON"] = sys.executable
     proc = subprocess.run(["bash", "scripts/gpu_scale.sh"], cwd=root, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    for name in ("gpu_tests", "1.7b-128", "8b-lora-256", "gpu_tests_compiled", "profile-1.7b-32", "load-8b-lora"):
+    skipped = ("gpu_tests", "1.7b-128", "8b-lora-256", "gpu_tests_compiled", "profile-1.7b-32", "load-8b-lora")
+    for name in (*skipped, "mismatch-1.7b-128"):
         assert f"SKIP {name}: not in RLFT_SCALE_ONLY" in proc.stdout
     assert json.loads((tmp_path / "out" / "results.json").read_text())["rows"] == {}
     assert "| measured | 1.7b-128 | - | missing" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_the_log_prob_gap_taken_apart_is_recorded_beside_the_bars():
+    r = _report()
+    gap = {"step": 3, "engine_vs_trainer": 0.03, "trainer_vs_fp32": 0.07, "engine_vs_fp32": 0.069}
+    rows = {"mismatch-1.7b-128": {"rows": [{**gap, "step": 1}, {**gap, "bf16_weights_vs_fp32": 0.06}]}}
+    (line,) = [v for v in r.verdicts({"rows": rows}) if v.row == "mismatch-1.7b-128"]
+    assert line.bar == "log-prob gap, taken apart" and line.met is None
+    assert line.measured.startswith("step 3: engine vs trainer 0.0300, trainer vs fp32 0.0700")
+    assert r.scaling({"rows": rows})[2:] == []  # not a row of the scaling table
