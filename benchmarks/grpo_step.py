@@ -84,6 +84,17 @@ def _cpu_seconds() -> tuple[float, float]:
 RECOMPUTE_SETTINGS = {"auto": "auto", "off": False, "selective": "selective", "full": True}
 
 
+def add_one_run_arguments(ap) -> None:
+    """The arguments :func:`one_run_opts` reads: the model or shape, the device and the workload's size."""
+    ap.add_argument("--model", default="smollm2-135m-instruct", help="built-in name, HF directory, or 'tiny'")
+    ap.add_argument("--shape", help="a shape of benchmarks/shapes.py, built with seeded random weights")
+    ap.add_argument("--shape-overrides", type=json.loads, help="JSON config fields over the shape's")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--prompts", type=int, default=2)
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+
+
 def one_run_opts(a, dtype: str, overrides: dict | None = None, cuda_graphs: bool = True, compile_decode: bool = False):
     """:func:`rlft_config`'s options for one rlft run of the workload in this process, from a script's arguments
     (``model``, ``shape``, ``device``, ``prompts``, ``group_size``, ``max_new_tokens``): what profile_step.py and

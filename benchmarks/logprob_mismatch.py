@@ -21,18 +21,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from grpo_step import one_run_opts, rlft_config  # noqa: E402
+from grpo_step import add_one_run_arguments, one_run_opts, rlft_config  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="smollm2-135m-instruct", help="built-in name, HF directory, or 'tiny'")
-    ap.add_argument("--shape", help="a shape of benchmarks/shapes.py, built with seeded random weights")
-    ap.add_argument("--shape-overrides", type=json.loads, help="JSON config fields over the shape's")
-    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--prompts", type=int, default=2)
-    ap.add_argument("--group-size", type=int, default=8)
-    ap.add_argument("--max-new-tokens", type=int, default=32)
+    add_one_run_arguments(ap)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--json", help="also write the rows here")
     a = ap.parse_args(argv)

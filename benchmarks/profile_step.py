@@ -21,19 +21,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from grpo_step import one_run_opts, rlft_config  # noqa: E402
+from grpo_step import add_one_run_arguments, one_run_opts, rlft_config  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="smollm2-135m-instruct", help="built-in name, HF directory, or 'tiny'")
-    ap.add_argument("--shape", help="a shape of benchmarks/shapes.py, built with seeded random weights")
-    ap.add_argument("--shape-overrides", type=json.loads, help="JSON config fields over the shape's")
-    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    add_one_run_arguments(ap)
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
-    ap.add_argument("--prompts", type=int, default=2)
-    ap.add_argument("--group-size", type=int, default=8)
-    ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--steps", type=int, default=2, help="timed steps before the profiled one")
     ap.add_argument("--no-cuda-graphs", action="store_true", help="the decode kernel by kernel (rollout.cuda_graphs)")
     ap.add_argument("--compile-decode", action="store_true", help="rollout.compile_decode: true")
