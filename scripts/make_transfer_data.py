@@ -11,6 +11,11 @@ changed.
 * ``counting``: the number right after or just before n ("just before 41" -> 40), 100 of the 198
   items with n in 0..99. Made on 2026-12-04, before the recipe was tuned on subtraction, and not
   run until that recipe was fixed.
+* ``multiplication``: ``a x b`` with a, b in 0..9 ("What is 7 times 6?" -> 42).
+* ``add_tens``: a two-digit number plus a one-digit one ("Compute 34 + 5." -> 39), 100 of the 900 items.
+  Both made on 2026-12-07, before a recipe that does not pay wrong bare answers was tried on
+  subtraction, and not run until that recipe was fixed. An operand copy is rarely right on either
+  (only for a factor 1 or an added 0), as on subtraction, where the shipped recipe learned the copy.
 
 Train and eval use disjoint items, so evaluation measures held-out prompts.
     python scripts/make_transfer_data.py --out data
@@ -68,6 +73,19 @@ COUNTING = [
     "When counting, what number is {rel} {n}? Answer with just the number.",
 ]
 
+MULTIPLICATION = [
+    "What is {a} times {b}? Answer with just the number.",
+    "Compute {a} x {b}. Answer with just the number.",
+    "Multiply {a} by {b}. Answer with just the number.",
+    "{a} * {b} = ? Answer with just the number.",
+]
+ADD_TENS = [
+    "What is {a} + {b}? Answer with just the number.",
+    "Compute {a} + {b}. Answer with just the number.",
+    "Add {b} to {a}. Answer with just the number.",
+    "{a} plus {b} equals? Answer with just the number.",
+]
+
 
 def words(n: int) -> str:
     if n < 20:
@@ -88,6 +106,15 @@ def counting_items() -> list[tuple[dict, int]]:
     items = [({"rel": "right after", "n": n}, n + 1) for n in range(99)]
     items += [({"rel": "just before", "n": n}, n - 1) for n in range(1, 100)]
     return random.Random("counting").sample(items, 100)  # the size of the other tasks: 300 train rows
+
+
+def multiplication_items() -> list[tuple[dict, int]]:
+    return [({"a": a, "b": b}, a * b) for a in range(10) for b in range(10)]
+
+
+def add_tens_items() -> list[tuple[dict, int]]:
+    items = [({"a": a, "b": b}, a + b) for a in range(10, 100) for b in range(10)]
+    return random.Random("add_tens").sample(items, 100)
 
 
 def split(items, templates, rng, eval_items: int) -> tuple[list[dict], list[dict]]:
@@ -112,6 +139,8 @@ def main() -> None:
         ("subtraction", subtraction_items, SUBTRACTION),
         ("number_words", number_word_items, NUMBER_WORDS),
         ("counting", counting_items, COUNTING),
+        ("multiplication", multiplication_items, MULTIPLICATION),
+        ("add_tens", add_tens_items, ADD_TENS),
     ):
         train, evalset = split(items(), templates, random.Random(args.seed), args.eval_items)
         for part, rows in (("train", train), ("eval", evalset)):
