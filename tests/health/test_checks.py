@@ -37,7 +37,7 @@ def test_a_healthy_run_gives_no_finding():
 
 
 def test_every_registered_check_is_tested_here():
-    assert set(BROKEN) | {"nonfinite", "grad_spike", "accuracy_falls"} == set(CHECKS)
+    assert set(BROKEN) | {"nonfinite", "grad_spike", "accuracy_falls", "still_rising"} == set(CHECKS)
 
 
 @pytest.mark.parametrize("check", sorted(BROKEN))
@@ -211,3 +211,55 @@ def test_a_few_signal_less_steps_in_a_learning_run_are_not_unhealthy():
     for step in range(61, 101):
         monitor.observe_step(step, {**healthy_row(step), **(flat if step % 4 == 0 else {})})
     assert monitor.findings == []
+
+
+# ---------------------------------------------------------------- a run that ended while still learning
+
+
+def ended(evals, steps=74, **thresholds):
+    monitor = run(evals=evals, steps=steps, **thresholds)
+    monitor.observe_end(steps)
+    return monitor
+
+
+# the shipped demo recipe on multiplication (2026-12-07, seed 0): still climbing at its last step
+MULTIPLICATION = [0.0, 0.04, 0.48, 0.38, 0.52, 0.52, 0.66, 0.68, 0.74]
+
+
+def evals_of(accs, n=50):
+    return [(min(10 * i, 74), a, n) for i, a in enumerate(accs)]
+
+
+def test_accuracy_still_climbing_beyond_noise_when_the_run_ends_says_so():
+    monitor = ended(evals_of(MULTIPLICATION))
+    (f,) = monitor.findings
+    assert (f.check, f.step, f.severity) == ("still_rising", 74, "warning")
+    # the best at least 20 steps before step 74 is 52 % (step 50); 2 standard errors of the difference: 18.8
+    assert "still rising when the run ended: 74.0% at step 74, up from 52.0% (the best up to step 50" in f.message
+    assert "noise band ±18.8%" in f.message and f.knob.startswith("train.epochs")
+    assert monitor.verdict == "warnings" and "still_rising from step 74" in monitor.conclusion()
+
+
+def test_it_is_judged_only_when_the_run_ends():
+    monitor = run(evals=evals_of(MULTIPLICATION), steps=74)
+    assert monitor.findings == []  # rising while it trains is what learning looks like
+
+
+@pytest.mark.parametrize(
+    "accs",
+    [
+        [0.0, 0.48, 0.28, 0.74, 0.90, 0.92, 0.98, 0.96, 0.94],  # the demo: flat at the top
+        [0.0, 0.02, 0.30, 0.36, 0.48, 0.52, 0.62, 0.62, 0.62],  # add_tens seed 0: 52 -> 62, within noise
+        [0.0, 0.10, 0.30, 0.50, 0.60, 0.70, 0.80, 0.85, 0.92],  # climbing, but past `solved` (0.9)
+        [0.0, 0.40],  # no evaluation 20 steps before the last
+    ],
+)
+def test_a_plateau_a_rise_within_noise_or_a_solved_task_is_not_still_rising(accs):
+    assert "still_rising" not in found(ended(evals_of(accs)))
+
+
+def test_without_eval_sizes_the_minimum_rise_is_accuracy_drop():
+    evals = [(10, 0.50, None), (60, 0.56, None)]
+    assert found(ended(evals)) == {"still_rising": (60, "warning")}
+    assert ended(evals, accuracy_drop=0.1).findings == []
+    assert ended(evals, rising_steps=60).findings == []  # nothing that far back

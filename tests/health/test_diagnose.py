@@ -38,6 +38,16 @@ def sparse(every=10, steps=60, broken=None, start=30):
     ]
 
 
+def test_a_completed_run_still_learning_at_its_end_says_so_and_one_still_going_does_not(tmp_path, capsys):
+    evals = [(0, 0.0, 50), (20, 0.3, 50), (40, 0.4, 50), (60, 0.75, 50)]
+    run = write_run(tmp_path / "rising", sparse(), evals=evals)
+    assert main(["diagnose", str(run)]) == 0  # a warning: the run is fine, it stopped early
+    out = capsys.readouterr().out
+    assert out.startswith("rising: warnings") and "[still_rising, warning]" in out and "train.epochs" in out
+    (run / "run.json").write_text(json.dumps({"status": "running", "step": 60, "total_steps": 100}))
+    assert diagnose(run, plots=False).verdict == "healthy"
+
+
 def test_a_healthy_run_is_healthy_with_a_report_and_exit_0(tmp_path, capsys):
     run = write_run(tmp_path / "ok", sparse(), evals=[(0, 0.2, 50), (30, 0.5, 50), (60, 0.6, 50)])
     assert main(["diagnose", str(run)]) == 0

@@ -10,6 +10,7 @@ import yaml
 
 from rlft import Trainer
 from rlft.cli.main import main
+from tests.conftest import write_jsonl
 
 CONSTANT = '''
 def constant(prompts, completions, **kwargs):
@@ -21,6 +22,21 @@ LONGER = '''
 def longer(prompts, completions, **kwargs):
     """Pays for length, whatever is written."""
     return [len(c) / 100 for c in completions]
+'''
+
+
+CLIMBING = '''
+EVALS = [0]
+
+
+def climbing(prompts, completions, index=None, **kwargs):
+    """Training rows: half the completions paid. Held-out rows (those with an ``index`` of 0-39): a share
+    that grows by 0.25 with each evaluation, so the run's accuracy is still climbing when it ends."""
+    if index is None:
+        return [float(i % 2) for i in range(len(completions))]
+    EVALS[0] += 0 in index  # an evaluation starts at its first row
+    share = 0.25 * (EVALS[0] - 1)
+    return [float(i < share * 40) for i in index]
 '''
 
 
@@ -171,3 +187,22 @@ def test_a_resumed_run_counts_the_steps_without_signal_from_before_the_stop(tmp_
     assert resumed.steps == 5 and "no learning signal for 5 steps" in resumed.halted  # 3 before + 2 after
     log = (resumed.run_dir / "train_log.log").read_text()
     assert log.count("[no_signal]") == 1  # said once, at step 5, not again for the replayed history
+
+
+def test_a_run_that_ends_still_climbing_says_so_in_its_closing_line_and_run_json(tmp_path, tiny_config):
+    _custom_reward(tmp_path, tiny_config, CLIMBING, "climbing")
+    rows = [{"prompt": f"p{i}", "index": i} for i in range(40)]
+    tiny_config["data"]["eval_file"] = str(write_jsonl(tmp_path / "data" / "climbing_eval.jsonl", rows))
+    tiny_config["train"].update(max_steps=30, logging_interval=10)
+    tiny_config["eval"].update(interval=10, max_new_tokens=2)
+    result = Trainer(config=tiny_config).train()
+    steps = (0, 10, 20, 30)
+    accuracies = [json.loads((result.run_dir / "eval" / f"step-{s}.json").read_text())["accuracy"] for s in steps]
+    assert accuracies == [0.0, 0.25, 0.5, 0.75]
+    findings = {f["check"]: f for f in _health(result.run_dir)["findings"]}
+    finding = findings["still_rising"]
+    assert (finding["step"], finding["severity"]) == (30, "warning")
+    log = (result.run_dir / "train_log.log").read_text()
+    assert "health, step 30 [still_rising]: held-out accuracy was still rising when the run ended: 75.0%" in log
+    closing = log.strip().splitlines()[-1]
+    assert "finished with health warnings: " in closing and "still_rising from step 30" in closing

@@ -132,6 +132,13 @@ class HealthConfig(Section):
         description="Sampling noise band of an accuracy drop, in standard errors of the difference of "
         "the two accuracies (binomial, over the eval's prompts).",
     )
+    rising_steps: int = Field(
+        20,
+        gt=0,
+        description="A run that ends with its held-out accuracy under `solved` and above its best of at least "
+        "this many steps earlier by more than the noise band (accuracy_drop, accuracy_z) was still learning: "
+        "more steps would likely raise it.",
+    )
     fail_on_unhealthy: bool = Field(
         False,
         description="rlft train exits with code 3 when the run ends unhealthy (the run itself completes "

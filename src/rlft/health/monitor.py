@@ -60,6 +60,10 @@ class HealthMonitor:
         seen = [c.on_eval(step, accuracy, num_prompts, self.stream, rewards) for c in self.checks.values()]
         return self._record(seen)
 
+    def observe_end(self, step: int) -> list[Finding]:
+        """The run ended after ``step`` (completed, or stopped itself): the checks that judge the whole run."""
+        return self._record([c.on_end(step, self.stream) for c in self.checks.values()])
+
     def _record(self, seen: list[Finding | None]) -> list[Finding]:
         said = []
         for f in seen:

@@ -110,6 +110,9 @@ def diagnose(run_dir: str | Path, out: str | Path | None = None, plots: bool = T
         raise UsageError(f"{run.path / 'metrics.jsonl'} has no logged step yet: nothing to diagnose.")
     thresholds, task_reward, notes = run_settings(run.path)
     monitor = replay(run, thresholds, task_reward)
+    info = _run_info(run.path)
+    if info.get("status") == "completed":  # the checks that judge a whole run; not one still going
+        monitor.observe_end(int(info.get("step") or run.metrics[-1]["step"]))
     diagnosis = Diagnosis(run.path, monitor.verdict, monitor.findings, len(run.metrics), len(run.evals), notes=notes)
     target = Path(out).expanduser() if out is not None else run.path / "health"
     if target.exists() and not target.is_dir():
@@ -120,7 +123,7 @@ def diagnose(run_dir: str | Path, out: str | Path | None = None, plots: bool = T
 
         diagnosis.plots = plot_findings(run, diagnosis.findings, target, diagnosis.notes)
     diagnosis.report = target / "report.md"
-    diagnosis.report.write_text(render_markdown(diagnosis, _run_info(run.path)), encoding="utf-8")
+    diagnosis.report.write_text(render_markdown(diagnosis, info), encoding="utf-8")
     return diagnosis
 
 

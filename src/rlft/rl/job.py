@@ -196,6 +196,12 @@ class RLJob:
         """The run's health verdict and findings so far (run.json's ``health``)."""
         return self.health.summary()
 
+    def conclude_health(self, step: int) -> dict:
+        """The run ended after ``step`` (completed, or stopped itself): the checks that judge the whole run
+        have their say (:meth:`rlft.health.HealthMonitor.observe_end`), then the verdict and findings."""
+        self.health.observe_end(step)
+        return self.health.summary()
+
     def step_line(self, step: int, metrics: dict[str, float]) -> str:
         return format_step_line(step, self.total_steps, metrics)
 

@@ -294,10 +294,12 @@ class Trainer:
         self.log.warning(f"stopping at step {self.step} of {self.total_steps}: {reason}")
 
     def _conclude_health(self) -> dict | None:
-        """The job's health verdict: logged as the closing line, returned for run.json and the caller."""
-        summary = getattr(self.job, "health_summary", lambda: None)()
-        if summary is None:
+        """The job's health verdict once the run ended: logged as the closing line, returned for run.json
+        and the caller."""
+        conclude = getattr(self.job, "conclude_health", None)
+        if conclude is None:
             return None
+        summary = conclude(self.step)
         from rlft.health import Finding, conclusion
 
         line = conclusion(Finding.from_dict(f) for f in summary["findings"])

@@ -22,7 +22,8 @@ def register(cls: type[Check]) -> type[Check]:
 class Check:
     """One health check. It reads each observed row (``on_step``) and each held-out evaluation
     (``on_eval``) and returns a :class:`Finding` while the problem it looks for holds, else None; the
-    monitor decides when to say it again. A check keeps what state it needs (a streak, a best value).
+    monitor decides when to say it again. A few judge the run as a whole when it ends (``on_end``). A
+    check keeps what state it needs (a streak, a best value).
 
     ``thresholds``: the run's ``train.health``; ``task_reward``: the reward that is the task (the
     others are shaping), or None."""
@@ -43,6 +44,11 @@ class Check:
         self, step: int, accuracy: float, num_prompts: int | None, stream: Stream, rewards: dict | None = None
     ) -> Finding | None:
         """``rewards``: each reward's mean over the evaluation's greedy completions, where known."""
+        return None
+
+    def on_end(self, step: int, stream: Stream) -> Finding | None:
+        """The run ended after ``step``, its last training step (a run that completed, or stopped itself):
+        what only the whole run can say. Not called for a run cancelled or still going."""
         return None
 
     def solved(self, stream: Stream, window: int | None = None, metrics: dict | None = None) -> bool:

@@ -15,6 +15,10 @@ Two causes look alike in those numbers, and the evaluation's own rewards tell th
 
 When the accuracy is back within the noise band of its best, the finding is marked recovered: a dip
 the run came back from does not leave it with a warning.
+
+The other way a run's accuracy can mislead is by rising: a run that ends while its held-out accuracy is
+still climbing beyond noise, short of solved, stopped before it finished learning, and its final number
+understates what the recipe does with more steps (``still_rising``, judged once, when the run ends).
 """
 
 from __future__ import annotations
@@ -126,4 +130,40 @@ class AccuracyFalls(Check):
             + ", so this is not reward hacking: the policy got worse on prompts it does not train on "
             "(updates too large, or over-fitting the training prompts)",
             REGRESSION_KNOB,
+        )
+
+
+@register
+class StillRising(Check):
+    name = "still_rising"
+    knob = "train.epochs, train.max_steps (more steps)"
+    metrics = ("accuracy",)
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.evals: list[tuple[int, float, int | None]] = []  # (step, accuracy, prompts), in order
+
+    def on_eval(self, step, accuracy, num_prompts, stream, rewards=None) -> Finding | None:
+        self.evals.append((step, accuracy, num_prompts))
+        return None
+
+    def on_end(self, step: int, stream) -> Finding | None:
+        """The last evaluation against the best one at least ``rising_steps`` before it."""
+        t = self.t
+        if not self.evals:
+            return None
+        last_step, last, n = self.evals[-1]
+        earlier = [e for e in self.evals if e[0] <= last_step - t.rising_steps]
+        if not earlier or last >= t.solved:
+            return None
+        best_step, best, n_best = max(earlier, key=lambda e: (e[1], e[0]))
+        band = noise_band(best, n_best, last, n, t.accuracy_z)
+        if last - best <= max(t.accuracy_drop, band):
+            return None
+        where = f"{n} prompts, noise band ±{band:.1%}" if band else "eval size unknown"
+        return self.found(
+            last_step,
+            f"held-out accuracy was still rising when the run ended: {last:.1%} at step {last_step}, up from "
+            f"{best:.1%} (the best up to step {best_step}; {where}), and under {t.solved:.0%}: the run stopped "
+            "before it finished learning, and more steps would likely raise it",
         )
