@@ -101,6 +101,13 @@ def test_numeric_tolerance():
     assert numeric_answer(P(2), ["3.14", "3.2"], answer=[3.14159, 3.14159], tolerance=0.01) == [1.0, 0.0]
 
 
+def test_numeric_closeness_ranks_wrong_numbers_by_distance():
+    comps = ["73", "72", "70", "9", "seventy", "73 apples"]
+    scores = numeric_answer(P(6), comps, answer=[73] * 6, extract="only", closeness=True)
+    assert scores == [1.0, 0.5, 0.25, pytest.approx(1 / 65), 0.0, 0.0]
+    assert numeric_answer(P(6), comps, answer=[73] * 6, extract="only") == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+
+
 def test_numeric_bad_reference_raises():
     with pytest.raises(ValueError, match="no number"):
         numeric_answer(P(1), ["1"], answer=["abc"])

@@ -47,6 +47,11 @@ class NumericAnswerReward(_Reward):
         "last", description="'only': the completion must be just a number; else the last/first number in it."
     )
     tolerance: float = Field(1e-6, ge=0, description="Absolute tolerance for equality.")
+    closeness: bool = Field(
+        False,
+        description="A wrong number scores 1 / (1 + |difference|) instead of 0: wrong answers are ranked by how "
+        "far they are, so a group whose answers are all wrong but differ still says which are closer.",
+    )
 
 
 class FormatReward(_Reward):

@@ -167,17 +167,24 @@ def numeric_answer(
     answer_field: str = "answer",
     extract: str = "last",
     tolerance: float = 1e-6,
+    closeness: bool = False,
     **columns: Any,
 ) -> list[float]:
     """1.0 if the number extracted from the completion is within ``tolerance`` of the
     reference (an int, float or string column; a string that is not a plain number
-    contributes its last number), else 0.0."""
+    contributes its last number), else 0.0; with ``closeness`` a wrong number scores
+    ``1 / (1 + |difference|)`` instead (still 0.0 where there is no number)."""
     answers = _column(columns, answer_field, "numeric_answer")
     scores = []
     for completion, ref in zip(completions, answers, strict=True):
         expected = _reference_number(ref, answer_field)
         got = extract_number(completion, extract)
-        scores.append(float(got is not None and abs(got - expected) <= tolerance))
+        if got is None:
+            scores.append(0.0)
+        elif abs(got - expected) <= tolerance:
+            scores.append(1.0)
+        else:
+            scores.append(1.0 / (1.0 + abs(got - expected)) if closeness else 0.0)
     return scores
 
 
