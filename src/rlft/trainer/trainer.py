@@ -294,8 +294,7 @@ class Trainer:
         self.log.warning(f"stopping at step {self.step} of {self.total_steps}: {reason}")
 
     def _conclude_health(self) -> dict | None:
-        """The job's health verdict once the run ended: logged as the closing line, returned for run.json
-        and the caller."""
+        """The job's verdict once the run ended: logged as the closing line, returned for run.json and the caller."""
         conclude = getattr(self.job, "conclude_health", None)
         if conclude is None:
             return None
