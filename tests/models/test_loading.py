@@ -7,7 +7,7 @@ import torch
 
 from rlft.config.schema import LoraConfig, ModelConfig
 from rlft.errors import ModelError
-from rlft.models.loading import hub_offline, load_policy, load_tokenizer, resolve_device
+from rlft.models.loading import hub_offline, load_policy, load_tokenizer, resolve_device, tokenizer_once
 
 CPU = torch.device("cpu")
 
@@ -28,6 +28,25 @@ def test_tokenizer_without_pad_gets_eos(tiny_dir, tmp_path):
     tok.pad_token = None
     tok.save_pretrained(tmp_path)
     assert load_tokenizer(tmp_path).pad_token == "<eos>"
+
+
+def test_in_a_tokenizer_once_scope_the_same_files_load_once(tiny_dir, tmp_path):
+    """A run's start loads the tokenizer for its memory check and again for its job: in the scope it is one load,
+    until a file of the directory changes; outside the scope every call loads."""
+    assert load_tokenizer(tiny_dir) is not load_tokenizer(tiny_dir)
+    load_tokenizer(tiny_dir).save_pretrained(tmp_path)
+    with tokenizer_once():
+        first = load_tokenizer(tmp_path)
+        with tokenizer_once():  # a nested scope shares the outer one's
+            assert load_tokenizer(tmp_path) is first
+        assert load_tokenizer(tiny_dir) is not first  # another directory
+        config = tmp_path / "tokenizer_config.json"
+        config.write_text(config.read_text().replace('"<pad>"', '"<eos>"', 1))
+        changed = load_tokenizer(tmp_path)
+        assert changed is not first and load_tokenizer(tmp_path) is changed
+    assert load_tokenizer(tmp_path) is not changed
+    with pytest.raises(ModelError, match="Could not load the tokenizer"), tokenizer_once():
+        load_tokenizer(tmp_path / "missing")
 
 
 def test_load_policy_fp32_rlft_attention_and_generates(tiny_dir):

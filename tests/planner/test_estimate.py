@@ -224,10 +224,16 @@ def test_the_memory_check_measures_the_prompts_the_job_trains_on_read_once(tiny_
     real_build, real_longest = prompts_module.build_examples, estimate.longest_prompt
     monkeypatch.setattr(prompts_module, "build_examples", lambda *a, **k: builds.append(1) or real_build(*a, **k))
     monkeypatch.setattr(estimate, "longest_prompt", lambda cfg: measured.append(real_longest(cfg)) or measured[-1])
+    import rlft.models.loading as loading
+
+    tokenizers = []
+    real_load = loading._load_tokenizer
+    monkeypatch.setattr(loading, "_load_tokenizer", lambda d: tokenizers.append(d) or real_load(d))
     tiny_config["data"]["max_prompt_length"] = 4  # "hello" and its template are longer: the cap is what counts
     trainer = Trainer(config=tiny_config)
     trainer.setup()
     assert len(builds) == 2  # train and eval, once each
+    assert len(tokenizers) == 1  # and the tokenizer they are measured with is loaded once
     job = trainer.job
     assert measured == [(max(job.train_set.longest, job.eval_set.longest), None)] and measured[0][0] == 4
     tiny_config["data"]["max_prompt_length"] = 512

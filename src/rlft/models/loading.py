@@ -10,6 +10,7 @@ duration of the call.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
 import warnings
@@ -77,8 +78,47 @@ def quiet_peft() -> Iterator[None]:
         yield
 
 
+# The tokenizers loaded in a tokenizer_once() scope, by their directory and its files' stamps. A run's start loads
+# the tokenizer twice otherwise: the memory check measures the prompts with it before the model loads.
+_LOADED: contextvars.ContextVar[dict[tuple, PreTrainedTokenizerBase] | None] = contextvars.ContextVar(
+    "rlft_tokenizers", default=None
+)
+
+
+@contextmanager
+def tokenizer_once() -> Iterator[None]:
+    """The scope in which loading a tokenizer again from unchanged files returns the first one loaded (nested
+    scopes share the outer one's). Outside it every call loads."""
+    token = _LOADED.set(_LOADED.get() if _LOADED.get() is not None else {})
+    try:
+        yield
+    finally:
+        _LOADED.reset(token)
+
+
+def _tokenizer_key(model_dir: str | Path) -> tuple | None:
+    """The directory and its files' (name, mtime, size): a file rewritten in the scope loads anew."""
+    try:
+        entries = sorted(os.scandir(model_dir), key=lambda e: e.name)
+        return (str(Path(model_dir).resolve()), tuple((e.name, e.stat().st_mtime_ns, e.stat().st_size) for e in entries))
+    except OSError:
+        return None  # a missing directory: the load reports it
+
+
 def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
-    """Load the tokenizer of a local model directory, left-padded, with a pad token (eos if none)."""
+    """Load the tokenizer of a local model directory, left-padded, with a pad token (eos if none); in a
+    :func:`tokenizer_once` scope, the one already loaded from the same unchanged files."""
+    loaded = _LOADED.get()
+    key = _tokenizer_key(model_dir) if loaded is not None else None
+    if loaded is not None and key is not None and key in loaded:
+        return loaded[key]
+    tokenizer = _load_tokenizer(model_dir)
+    if loaded is not None and key is not None:
+        loaded[key] = tokenizer
+    return tokenizer
+
+
+def _load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
     try:

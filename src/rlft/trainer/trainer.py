@@ -7,7 +7,6 @@ their evaluations) is a :class:`~rlft.trainer.job.Job` picked by the config's ``
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,31 +14,21 @@ from typing import Any
 
 from rlft.checkpoint import prune_checkpoints, save_checkpoint
 from rlft.checkpoint.continuity import file_fingerprint
-from rlft.config.loader import config_to_dict, config_to_yaml, load_config
+from rlft.config.loader import config_to_yaml, load_config
 from rlft.config.schema import RunConfig
 from rlft.distributed.context import Dist
-from rlft.logging.console import (
-    ProgressBar,
-    attach_file_log,
-    get_logger,
-    quiet_library_progress_bars,
-    setup_console_logging,
-)
-from rlft.logging.resources import ResourceMonitor
+from rlft.logging.console import ProgressBar, get_logger, quiet_library_progress_bars
 from rlft.logging.run_dir import append_jsonl
-from rlft.logging.trackers import Trackers, open_trackers
-from rlft.planner.devices import cpu_memory_limit
 from rlft.trainer.job import EvalRecord, Job, job_class
 from rlft.trainer.metrics import MetricWindow
+from rlft.trainer.observers import Observers
 from rlft.trainer.parts import seed_everything
 from rlft.trainer.process import (
-    Heartbeat,
     StopRequest,
     configure_compute,
     ended_by,
     join_process_group,
     leave_process_group,
-    on_cuda,
     stop_note,
 )
 from rlft.trainer.resuming import (
@@ -104,7 +93,6 @@ class Trainer:
         self.job: Job = job_class(cfg)(cfg)
         self.step = 0
         self.train_seconds = 0.0  # wall time inside train steps (excludes model load, evaluation, checkpoints)
-        self.trackers = Trackers()  # train.report_to's experiment trackers, opened in setup()
         self.dist = Dist()  # this process's place in a data-parallel run; joined in setup()
         self._plan = ResumePlan()  # where the run continues from; decided in setup()
         self._ready = False
@@ -116,8 +104,10 @@ class Trainer:
 
         A failure here is recorded in run.json like a failure during training."""
         from rlft.data.read_once import read_once
+        from rlft.models.loading import tokenizer_once
 
-        with read_once():  # the prompts the memory check measures are those the job reads: read once
+        # the prompts (and the tokenizer) the memory check measures them with are those the job reads: read once
+        with read_once(), tokenizer_once():
             self._setup()
 
     def _setup(self) -> None:
@@ -132,7 +122,8 @@ class Trainer:
         # refused before anything is written if it won't fit (one process's share, in a data-parallel run)
         self._memory = memory = check_memory(cfg, get_logger(), self.dist.world_size, strategy_of(self.dist).shards)
         self.run_dir = open_run_directory(self._plan, cfg, self.run_dir_path, self.dist)
-        self._open_observers(memory)
+        self.watch = Observers.open(cfg, self.run_dir, self.dist, self._plan.step, memory)
+        self.log = self.watch.log
         self.run_dir.write_run_info(
             status="starting",
             kind=cfg.kind,
@@ -157,36 +148,6 @@ class Trainer:
             raise
         self._ready = True
 
-    def _open_observers(self, memory) -> None:
-        """What watches the run from beside it: the heartbeat, the logs, the resource monitor and the
-        experiment trackers (a resume continues run.json's trackers); the config in effect is written."""
-        cfg = self.cfg
-        self._heartbeat = Heartbeat(self.run_dir).__enter__()
-        self.log = setup_console_logging(rank=self.dist.rank if self.dist.enabled else None)
-        self._file_log = attach_file_log(self.run_dir.log if self.dist.is_main else None)
-        self.resources = ResourceMonitor(
-            self.run_dir.root / "resources.jsonl" if self.dist.is_main else Path(os.devnull),
-            cuda=on_cuda(cfg.model.device),
-            memory_limit=cpu_memory_limit(),
-            first_knob=memory.if_out_of_memory[0] if memory and memory.if_out_of_memory else None,
-            log=get_logger(),
-        ).__enter__()
-        if self.dist.is_main:
-            self.run_dir.write_config(config_to_yaml(cfg))  # the config in effect; each checkpoint keeps its own
-        self.trackers = Trackers()
-        if self.dist.is_main:
-            info = self.run_dir.read_run_info().get("trackers")
-            self.trackers = open_trackers(
-                cfg.train.report_to,
-                self.run_dir.root,
-                config_to_dict(cfg),
-                self.run_dir.root.name,
-                info,
-                self._plan.step,
-            )
-        if self.trackers.ids:
-            self.run_dir.write_run_info(trackers=self.trackers.ids)
-
     def _build(self) -> None:
         if not ProgressBar.enabled_for(self.cfg.train.progress_bar):
             quiet_library_progress_bars()
@@ -207,14 +168,10 @@ class Trainer:
             if summary is not None:
                 run_info["health"] = summary
         try:
-            self.trackers.close(run_info.get("status", "failed"))
-            self._heartbeat.__exit__(None, None, None)
-            self.resources.__exit__(None, None, None)
+            self.watch.stop(run_info.get("status", "failed"))
             self.run_dir.write_run_info(ended=time.time(), **run_info)
         finally:  # a final run.json that cannot be written (a full disk) still leaves the process clean
-            if self._file_log is not None:
-                get_logger().removeHandler(self._file_log)
-                self._file_log.close()
+            self.watch.detach_log()
             leave_process_group(together)
 
     @property
@@ -240,7 +197,7 @@ class Trainer:
     def _run(self, stop: StopRequest) -> TrainResult:
         result = TrainResult(run_dir=self.run_dir.root, steps=0, final_checkpoint=None)
         self.run_dir.write_run_info(status="running", total_steps=self.total_steps)
-        self._heartbeat.progress()  # the training phase begins: a stall is counted from here
+        self.watch.heartbeat.progress()  # the training phase begins: a stall is counted from here
         start_step = self.step
         before = after = None
         if self.cfg.eval.before_training and self.step == 0 and not stop.requested:
@@ -310,13 +267,13 @@ class Trainer:
         t0 = time.perf_counter()
         metrics = self.job.train_step(self.step + 1)
         self.step += 1
-        self._heartbeat.progress(self.step)  # run.json's progress: the service tells a hung step by it
+        self.watch.heartbeat.progress(self.step)  # run.json's progress: the service tells a hung step by it
         self.train_seconds += time.perf_counter() - t0
         return metrics
 
     def _after_step(self, window: MetricWindow, bar: ProgressBar, result: TrainResult) -> None:
         tcfg = self.cfg.train
-        self.resources.step = self.step
+        self.watch.resources.step = self.step
         if self.step % tcfg.logging_interval == 0 or self.step == self.total_steps:
             self._log_metrics(window, result)
         bar.advance(self.step, info=self.job.progress_info())
@@ -331,11 +288,11 @@ class Trainer:
             "step": self.step,
             "epoch": round(self.step / self.job.steps_per_epoch, 4),
             **window.flush(),
-            **self.resources.step_metrics(),
+            **self.watch.resources.step_metrics(),
         }
         if self.dist.is_main:
             append_jsonl(self.run_dir.metrics, metrics)
-        self.trackers.log(self.step, metrics)
+        self.watch.trackers.log(self.step, metrics)
         self.log.info(self.job.step_line(self.step, metrics))
         result.last_metrics = metrics
         health = getattr(self.job, "health_summary", lambda: None)()  # the verdict so far: the service shows it live
@@ -355,7 +312,7 @@ class Trainer:
         out = {"step": self.step, "tag": tag, **record.payload}
         if self.dist.is_main:
             self.run_dir.write_eval_report(self.step, out)  # a full disk: DiskFullError naming the file
-        self.trackers.log(self.step, record.payload, prefix="eval/")
+        self.watch.trackers.log(self.step, record.payload, prefix="eval/")
         return record
 
     def save_checkpoint(self) -> Path:
@@ -398,4 +355,4 @@ class Trainer:
             self.log.info(line)
 
     def _ended_by(self, exc: BaseException) -> dict:
-        return ended_by(exc, self.step, self._memory, self.resources.peak_mb())
+        return ended_by(exc, self.step, self._memory, self.watch.resources.peak_mb())
