@@ -17,7 +17,8 @@ What the model sees and what counts against it:
   machinery failures, not the model's, and is started again once; after a second death every call to
   it is a machinery failure.
 
-The ``mcp`` package is imported only here, and only when a config names MCP servers.
+The ``mcp`` package is imported only here and in :mod:`rlft.envs.mcp_wire`, and only when a config names MCP
+servers.
 """
 
 from __future__ import annotations
@@ -26,53 +27,18 @@ import asyncio
 import atexit
 import concurrent.futures
 import contextlib
-import inspect
 import json
-import os
-import re
-import sys
 import threading
 import time
 from dataclasses import dataclass
 from multiprocessing import Pipe
 from typing import Any
 
+from rlft.envs.mcp_wire import open_transport, result_text, tool_schema_of
 from rlft.envs.reply import Reply
 from rlft.errors import EnvironmentFailure
 
 RESTARTS = 1  # a server that dies is started again this many times
-
-
-def tool_schema_of(tool) -> dict:
-    """An MCP ``Tool`` as the ``{"type": "function", "function": {...}}`` schema chat templates render."""
-    return {
-        "type": "function",
-        "function": {
-            "name": tool.name,
-            "description": inspect.cleandoc(tool.description or ""),
-            "parameters": tool.input_schema or {"type": "object", "properties": {}},
-        },
-    }
-
-
-def result_text(result) -> str:
-    """A ``CallToolResult`` as the text the model reads: its text blocks; other blocks named by kind;
-    the structured content as JSON when there is no text."""
-    parts = []
-    for block in result.content or []:
-        kind = getattr(block, "type", "")
-        if kind == "text":
-            parts.append(block.text)
-        elif kind in ("image", "audio"):
-            parts.append(f"[{kind}: {getattr(block, 'mime_type', '')}]")
-        elif kind == "resource_link":
-            parts.append(f"[resource: {block.uri}]")
-        elif kind == "resource":
-            text = getattr(block.resource, "text", None)
-            parts.append(text if text is not None else f"[resource: {block.resource.uri}]")
-    if not parts and result.structured_content is not None:
-        return json.dumps(result.structured_content)
-    return "\n".join(parts)
 
 
 @dataclass
@@ -191,7 +157,7 @@ class McpHub:
 
         try:
             async with contextlib.AsyncExitStack() as stack:
-                transport = await _transport(server.config, stack)
+                transport = await open_transport(server.config, stack)
                 server.client = await stack.enter_async_context(Client(transport))
                 ready.set_result(None)
                 await server.stop.wait()
@@ -330,42 +296,6 @@ def _deliver(future: concurrent.futures.Future, writer) -> None:
         pass
     finally:
         writer.close()
-
-
-async def _transport(config, stack: contextlib.AsyncExitStack):
-    """What ``mcp.Client`` connects to: the stdio program, or the URL (with its headers, on an HTTP
-    client with the SDK's own timeouts, closed by ``stack``)."""
-    from mcp import StdioServerParameters
-
-    if config.command is not None:
-        env = {k: expand_variables(v, f"env.{k}") for k, v in config.env.items()}
-        command, *args = config.command
-        if command in ("python", "python3"):  # the interpreter rlft runs under, with its packages
-            command = sys.executable
-        return StdioServerParameters(command=command, args=args, env=env or None, cwd=config.cwd)
-    if not config.headers:
-        return config.url
-    import httpx2
-    from mcp.client.streamable_http import streamable_http_client
-
-    headers = {k: expand_variables(v, f"headers.{k}") for k, v in config.headers.items()}
-    http = await stack.enter_async_context(
-        httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=300.0))
-    )
-    return streamable_http_client(config.url, http_client=http)
-
-
-def expand_variables(value: str, field: str) -> str:
-    """``${NAME}`` replaced by the environment variable NAME, so a token stays out of the config
-    (and out of the run's saved copy of it); an unset variable is an error naming the field."""
-
-    def lookup(match: re.Match) -> str:
-        name = match.group(1)
-        if name not in os.environ:
-            raise EnvironmentFailure(f"{field}: environment variable {name} is not set")
-        return os.environ[name]
-
-    return re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", lookup, value)
 
 
 async def _settle(tasks: list) -> None:
