@@ -99,8 +99,8 @@ def tokenizer_once() -> Iterator[None]:
 def _tokenizer_key(model_dir: str | Path) -> tuple | None:
     """The directory and its files' (name, mtime, size): a file rewritten in the scope loads anew."""
     try:
-        entries = sorted(os.scandir(model_dir), key=lambda e: e.name)
-        return (str(Path(model_dir).resolve()), tuple((e.name, e.stat().st_mtime_ns, e.stat().st_size) for e in entries))
+        stamps = tuple((e.name, e.stat().st_mtime_ns, e.stat().st_size) for e in os.scandir(model_dir))
+        return str(Path(model_dir).resolve()), tuple(sorted(stamps))
     except OSError:
         return None  # a missing directory: the load reports it
 
