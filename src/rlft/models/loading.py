@@ -110,12 +110,11 @@ def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
     :func:`tokenizer_once` scope, the one already loaded from the same unchanged files."""
     loaded = _LOADED.get()
     key = _tokenizer_key(model_dir) if loaded is not None else None
-    if loaded is not None and key is not None and key in loaded:
-        return loaded[key]
-    tokenizer = _load_tokenizer(model_dir)
-    if loaded is not None and key is not None:
-        loaded[key] = tokenizer
-    return tokenizer
+    if loaded is None or key is None:
+        return _load_tokenizer(model_dir)
+    if key not in loaded:
+        loaded[key] = _load_tokenizer(model_dir)
+    return loaded[key]
 
 
 def _load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:

@@ -123,7 +123,6 @@ class Trainer:
         self._memory = memory = check_memory(cfg, get_logger(), self.dist.world_size, strategy_of(self.dist).shards)
         self.run_dir = open_run_directory(self._plan, cfg, self.run_dir_path, self.dist)
         self.watch = Observers.open(cfg, self.run_dir, self.dist, self._plan.step, memory)
-        self.log = self.watch.log
         self.run_dir.write_run_info(
             status="starting",
             kind=cfg.kind,
@@ -173,6 +172,11 @@ class Trainer:
         finally:  # a final run.json that cannot be written (a full disk) still leaves the process clean
             self.watch.detach_log()
             leave_process_group(together)
+
+    @property
+    def log(self):
+        """The run's logger (its console and, on the main process, its file), opened with the run directory."""
+        return self.watch.log
 
     @property
     def total_steps(self) -> int:
