@@ -56,7 +56,7 @@ def test_calls_run_concurrently_and_a_slow_one_times_out_alone(calc):
     slow = calc.call("hang", {"seconds": 5})
     t0 = time.monotonic()
     assert calc.call("calculate", {"expression": "2 + 2"}).receive(10).value == "4"
-    assert time.monotonic() - t0 < 3  # not queued behind the hanging call
+    assert time.monotonic() - t0 < 4.5  # not queued behind the 5 s hang (a loaded machine is slow, not that slow)
     reply = slow.receive(0.5)
     assert reply.timed_out and "0.5s" in reply.value
 
