@@ -71,7 +71,7 @@ def test_a_hung_reward_fails_within_its_timeout_naming_the_function(tmp_path):
     start = time.perf_counter()
     with pytest.raises(RewardError) as exc:
         m.score(["p"] * 4, ["a", "b", "c", "d"], {})
-    assert time.perf_counter() - start < 5
+    assert time.perf_counter() - start < 30  # a hang would never return; 30 s leaves a loaded machine room
     msg = str(exc.value)
     assert msg.startswith("reward 'hangs' exceeded its timeout of 0.5 s on a batch of 4 completions"), msg
     assert "'timeout' in reward.functions" in msg and "first completion of the batch: 'a'" in msg, msg
@@ -87,7 +87,7 @@ def test_the_timeout_is_not_re_run_sample_by_sample_but_a_failure_is(tmp_path):
         r"scored alone, sample 0 exceeded its timeout of 0.3 s",
     ):
         m.score(["p"] * 3, ["a", "b", "c"], {})
-    assert time.perf_counter() - start < 5
+    assert time.perf_counter() - start < 30  # a hang would never return; 30 s leaves a loaded machine room
 
 
 def test_a_slow_call_is_warned_about_once(tmp_path, caplog):
@@ -165,7 +165,7 @@ def test_the_process_exits_though_the_hung_call_never_returns(tmp_path):
     assert proc.returncode == 1, proc.stderr
     out = json.loads(proc.stdout)
     assert "reward 'hangs' exceeded its timeout of 1 s" in out["error"]
-    assert 1.0 <= out["seconds"] < 5
+    assert 1.0 <= out["seconds"] < 30  # the 1 s timeout, plus what a loaded machine adds
     # the whole process (start-up and imports included) ends long before the hung call would
     assert time.perf_counter() - start < 100
 
