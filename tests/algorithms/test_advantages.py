@@ -108,49 +108,6 @@ def test_tied_groups_are_compared_with_the_batch():
     )
 
 
-def test_tied_groups_below_the_batch_best_are_pushed_down_even_when_most_have_settled():
-    # groups [1.5, 0.5] (one right, one bare wrong), then three groups settled on a bare wrong 0.5
-    rewards = t([1.5, 0.5] + [0.5] * 6)
-    mean = group_normalize(rewards, 2, scale=True, tied_weight=0.5)
-    best = group_normalize(rewards, 2, scale=True, tied_weight=0.5, tied_baseline="best")
-    # against the mean (0.625) the settled groups get a sliver; against the best, 0.5 * (0.5 - 1.5) / 1.0
-    assert -0.2 < float(mean[2]) < 0
-    torch.testing.assert_close(best[2:], t([-0.5] * 6))
-    torch.testing.assert_close(best[:2], mean[:2])  # the untied group is GRPO's as before
-    # once every group has settled, the mean has nothing to compare; nor has the best (one reward everywhere)
-    settled = t([0.5] * 8)
-    for baseline in ("mean", "best"):
-        adv = group_normalize(settled, 2, scale=True, tied_weight=0.5, tied_baseline=baseline)
-        torch.testing.assert_close(adv, torch.zeros(8))
-    # a group tied at the best is left alone; unscaled, the shortfall is in reward units
-    adv = group_normalize(t([1.5, 1.5, 1.0, 0.0, 0.5, 0.5]), 2, scale=False, tied_weight=1.0, tied_baseline="best")
-    torch.testing.assert_close(adv, t([0.0, 0.0, 0.5, -0.5, -1.0, -1.0]))
-
-
-def test_the_best_baseline_ignores_left_out_rows_and_combines_over_processes():
-    # group 1 (3.0) is left out: the batch's best is 1.0, its worst 0.0; the tied group [0, 0] is 1 below it
-    valid = torch.tensor([False, False, True, True, True, True])
-    rewards = t([3.0, 3.0, 0.0, 0.0, 1.0, 1.0])
-    adv = group_normalize(rewards, 2, scale=True, tied_weight=1.0, tied_baseline="best", valid=valid)
-    torch.testing.assert_close(adv, t([0.0, 0.0, -1.0, -1.0, 0.0, 0.0]))
-    # another process holds a reward of 2.0: the best is the whole batch's, so the shortfalls are scaled by 2
-    seen = []
-
-    def reduce(x, op):
-        seen.append(op)
-        return torch.maximum(x, t([2.0]).to(x)) if op == "max" else x
-
-    adv = group_normalize(t([0.0, 0.0, 1.0, 1.0]), 2, scale=True, tied_weight=1.0, tied_baseline="best", reduce=reduce)
-    torch.testing.assert_close(adv, t([-1.0, -1.0, -0.5, -0.5]))
-    assert seen == ["max", "min"]
-
-
-def test_grpo_and_dr_grpo_take_the_tied_group_baseline_from_the_pool():
-    for name in ("grpo", "dr_grpo"):
-        adv = run(name, [1.0, 0.0, 0.0, 0.0], [[1]] * 4, 2, tied_group_weight=1.0, tied_group_baseline="best")
-        assert adv.advantages[2:].flatten().tolist() == [-1.0, -1.0], name
-
-
 def test_tied_weight_zero_and_left_out_rows():
     rewards = t([1.0, 0.0, 0.0, 0.0])
     torch.testing.assert_close(group_normalize(rewards, 2, scale=False, tied_weight=0.0), t([0.5, -0.5, 0.0, 0.0]))

@@ -110,7 +110,6 @@ def group_normalize(
     eps: float = 1e-4,
     valid: torch.Tensor | None = None,
     tied_weight: float = 0.0,
-    tied_baseline: str = "mean",
     reduce: Callable[[torch.Tensor, str], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Centre each group's rewards on the group mean and optionally divide by the group std.
@@ -121,8 +120,7 @@ def group_normalize(
     divided by the tiny std, would otherwise leave the group's advantages summing far from zero.
     valid: [N] bool or None; the statistics use only a group's valid members, the others get 0.
     tied_weight: a group whose rewards are all equal gets ``tied_weight`` times its reward centred
-    (and, with ``scale``, standardised) on the whole batch instead of 0 -- see :func:`_tied_groups`;
-    tied_baseline ``best`` compares it with the batch's best reward instead (:func:`_tied_below_best`).
+    (and, with ``scale``, standardised) on the whole batch instead of 0 -- see :func:`_tied_groups`.
     reduce: combines the statistics of a batch spread over processes (:class:`AdvantageInputs`).
     """
     grouped = _grouped(rewards, group_size, torch.float64)
@@ -137,8 +135,7 @@ def group_normalize(
     flat = flat_groups(grouped, keep)
     centred = centred.masked_fill(flat, 0.0)
     if tied_weight:
-        tied = TIED_BASELINES[tied_baseline](grouped, k, scale, eps, reduce)
-        centred = torch.where(flat, tied_weight * tied, centred)
+        centred = torch.where(flat, tied_weight * _tied_groups(grouped, k, scale, eps, reduce), centred)
     return centred.reshape(-1).float()
 
 
@@ -168,37 +165,6 @@ def _tied_groups(
     return dev
 
 
-def _tied_below_best(
-    grouped: torch.Tensor,
-    keep: torch.Tensor,
-    scale: bool,
-    eps: float,
-    reduce: Callable[[torch.Tensor, str], torch.Tensor] | None,
-) -> torch.Tensor:
-    """Each reward's shortfall from the best kept reward of the whole batch: (r - best), divided by
-    the batch's range (best - worst) with ``scale``, so in [-1, 0]. grouped, keep: [groups, G] ->
-    [groups, G], 0 where not kept or where the whole batch got one reward.
-
-    Why, next to :func:`_tied_groups`: the batch mean is a weak baseline exactly when it matters.
-    When most groups have settled on one partly-paid wrong answer (a bare number that is not the
-    answer), the batch mean sits just above that reward, so the settled answer is pushed down by a
-    sliver; and once every group has settled the mean *is* that reward and nothing is pushed at all.
-    Measured from the best reward the batch reached, a settled answer that falls short keeps a
-    steady push until the policy explores again; a group tied at the best is left alone. A constant
-    baseline leaves the policy gradient unbiased, so this only moves where the variance goes."""
-    combine = reduce or (lambda t, op: t)
-    inf = torch.tensor(float("inf"), dtype=grouped.dtype, device=grouped.device)
-    best = float(combine(torch.where(keep > 0, grouped, -inf).max().reshape(1), "max"))
-    worst = float(combine(torch.where(keep > 0, grouped, inf).min().reshape(1), "min"))
-    if not best > worst:  # one reward everywhere (or nothing kept): no shortfall to measure
-        return torch.zeros_like(grouped)
-    dev = (grouped - best) * keep
-    return dev / (best - worst) if scale else dev
-
-
-TIED_BASELINES = {"mean": _tied_groups, "best": _tied_below_best}
-
-
 def flat_groups(grouped: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
     """[groups, 1] True for groups whose (kept) rewards are all equal. Their advantage is set exactly:
     their float mean need not equal the rewards (0.3 * 6 / 6 != 0.3), and dividing that rounding
@@ -221,12 +187,7 @@ def _broadcast(seq_adv: torch.Tensor, mask: torch.Tensor) -> Advantages:
 
 @ADVANTAGES.register("grpo", group_relative=True, excludes="group")
 def grpo_advantages(
-    inputs: AdvantageInputs,
-    *,
-    scale_rewards: bool = True,
-    eps: float = 1e-4,
-    tied_group_weight: float = 0.0,
-    tied_group_baseline: str = "mean",
+    inputs: AdvantageInputs, *, scale_rewards: bool = True, eps: float = 1e-4, tied_group_weight: float = 0.0
 ) -> Advantages:
     """GRPO outcome advantages (Shao et al. 2024, DeepSeekMath, sec. 4.1.2), broadcast to every token.
 
@@ -245,16 +206,13 @@ def grpo_advantages(
         eps=eps,
         valid=inputs.valid,
         tied_weight=tied_group_weight,
-        tied_baseline=tied_group_baseline,
         reduce=inputs.reduce,
     )
     return _broadcast(seq, inputs.live_mask())
 
 
 @ADVANTAGES.register("dr_grpo", group_relative=True, excludes="group")
-def dr_grpo_advantages(
-    inputs: AdvantageInputs, *, tied_group_weight: float = 0.0, tied_group_baseline: str = "mean"
-) -> Advantages:
+def dr_grpo_advantages(inputs: AdvantageInputs, *, tied_group_weight: float = 0.0) -> Advantages:
     """Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-like training"): A_i = R_i - mean(R_group).
 
     The paper's other half, removing the 1/|o_i| length normalisation, is the loss aggregation
@@ -267,7 +225,6 @@ def dr_grpo_advantages(
         scale=False,
         valid=inputs.valid,
         tied_weight=tied_group_weight,
-        tied_baseline=tied_group_baseline,
         reduce=inputs.reduce,
     )
     return _broadcast(seq, inputs.live_mask())

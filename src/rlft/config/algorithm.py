@@ -85,12 +85,6 @@ class AlgorithmConfig(Section):
         description="grpo, dr_grpo: a group whose completions all got one reward is compared with the "
         "whole batch, with this weight, instead of getting advantage 0 (a settled wrong answer is pushed down).",
     )
-    tied_group_baseline: Literal["mean", "best"] = Field(
-        "mean",
-        description="grpo, dr_grpo, with tied_group_weight: what a tied group is compared with -- the batch's mean "
-        "reward, or its best (a settled answer that falls short of the best is pushed down even when most groups "
-        "have settled; scaled by the batch's reward range).",
-    )
     gamma: float = Field(1.0, gt=0, le=1, description="Discount for token-level returns (reinforce_pp, gae).")
     lam: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
     whiten_advantages: bool = Field(True, description="gae: normalise advantages over the batch.")
