@@ -25,6 +25,7 @@ def healthy_row(step: int) -> dict:
         "episode/finish/env_error": 0.0,
         "episode/finish/tool_timeout": 0.0,
         "repetition/mean": 0.1,
+        "answers/same_share": 0.25,
         "reward_share/correct": 0.8,
         "reward_share/format": 0.2,
         "reward/correct/mean": 0.2 + 0.005 * step,

@@ -16,6 +16,7 @@ NAN = float("nan")
 BROKEN = {
     "no_signal": ({"advantage/abs_mean": 0.0, "reward/std": 0.0}, 34, "unhealthy"),
     "zero_std_groups": ({"groups_zero_std": 1.0}, 47, "warning"),  # 18 x 1.0 + 2 x 0.25 = 0.9 of 20
+    "same_answer": ({"answers/same_share": 1.0}, 43, "warning"),  # 14 x 1.0 + 6 x 0.25 >= 0.75 of 20
     "entropy_collapse": ({"entropy": 0.01}, 49, "warning"),
     "length_runaway": ({"completion_len/mean": 60.0}, 31, "warning"),
     "length_collapse": ({"completion_len/mean": 1.0}, 34, "warning"),
@@ -52,6 +53,13 @@ def test_each_broken_stream_gives_its_finding_at_the_step_it_shows(check):
 def test_no_signal_also_reads_as_mostly_tied_groups():
     result = found(run({"advantage/abs_mean": 0.0, "reward/std": 0.0, "groups_zero_std": 1.0}))
     assert result["no_signal"] == (34, "unhealthy") and result["zero_std_groups"] == (47, "warning")
+
+
+def test_one_answer_for_every_prompt_is_quiet_once_the_task_is_solved():
+    # from step 3 every prompt gets one answer and it is right (the task reward 0.2 -> 1.0): not a stuck policy
+    assert "same_answer" not in found(run({"answers/same_share": 1.0, "reward/correct/mean": 1.0}, start=3))
+    assert found(run({"answers/same_share": 1.0}, start=3))["same_answer"] == (20, "warning")
+    assert "same_answer" not in found(run({"answers/same_share": 0.7}))  # under same_answer_share (0.75)
 
 
 def test_a_short_no_signal_stretch_is_only_a_warning():

@@ -57,6 +57,13 @@ class HealthConfig(Section):
         description="Warn when this share of groups, averaged over the last signal_window steps, had "
         "every completion rewarded the same (little to learn from).",
     )
+    same_answer_share: float = Field(
+        0.75,
+        gt=0,
+        le=1,
+        description="Warn when this share of a step's prompts, averaged over the last signal_window steps, got "
+        "one and the same most common completion: the policy answers without reading the prompt.",
+    )
     solved: float = Field(
         0.9,
         gt=0,

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 
 from rlft.algorithms.advantages import flat_groups
@@ -21,7 +23,8 @@ def rollout_metrics(
 ) -> dict[str, float]:
     """Reward and completion statistics of one rollout batch. rewards_total, lengths: [N].
 
-    With ``texts``: the mean repetition score. With ``weights``: each weighted reward's share of the
+    With ``texts``: the mean repetition score and how often prompts share one answer
+    (:func:`same_answer_share`). With ``weights``: each weighted reward's share of the
     summed weighted standard deviations (which term moves the total). ``valid`` [N] bool: the reward
     statistics (mean, std, tied groups, per-reward means) count only these rows -- a row the machinery
     ended has no reward of the policy's -- while lengths and finish reasons count every row."""
@@ -47,6 +50,9 @@ def rollout_metrics(
         from rlft.evaluation.metrics import repetition_score
 
         metrics["repetition/mean"] = sum(repetition_score(t) for t in texts) / max(len(texts), 1)
+        same = same_answer_share(texts, group_size, keep.tolist())
+        if same is not None:
+            metrics["answers/same_share"] = same
     if weights and len(per_reward) > 1 and total.numel() > 1:
         spread = {
             n: abs(weights.get(n, 1.0)) * (a.std().item() if a.numel() > 1 else 0.0)
@@ -56,6 +62,25 @@ def rollout_metrics(
         if norm > 0:
             metrics.update({f"reward_share/{n}": s / norm for n, s in spread.items()})
     return metrics
+
+
+SAME_ANSWER_MIN_PROMPTS = 4  # with fewer prompts in a batch, one answer for all is too often chance
+
+
+def same_answer_share(texts: list[str], group_size: int, keep: list[bool] | None = None) -> float | None:
+    """The share of the batch's prompts whose most common completion (whitespace stripped) is the
+    batch's most common one: near 1 / prompts when each prompt gets its own answer, 1.0 when the policy
+    gives one answer whatever the prompt. texts: [N], ``group_size`` contiguous completions per prompt;
+    keep: [N] the rows that count (None: all). None with fewer than SAME_ANSWER_MIN_PROMPTS prompts."""
+    size = max(group_size, 1)
+    answers = []
+    for start in range(0, len(texts), size):
+        kept = [t.strip() for i, t in enumerate(texts[start : start + size], start) if keep is None or keep[i]]
+        if kept:
+            answers.append(Counter(kept).most_common(1)[0][0])
+    if len(answers) < SAME_ANSWER_MIN_PROMPTS:
+        return None
+    return Counter(answers).most_common(1)[0][1] / len(answers)
 
 
 def _tied_share(total: torch.Tensor, keep: torch.Tensor, group_size: int) -> float:

@@ -1,7 +1,8 @@
 """Is there a learning signal, and is the policy still writing what the task needs?
 
-No signal (every group tied), entropy collapse, completion length collapsing or running away,
-truncation, growing repetition, and one shaping reward steering the update instead of the task.
+No signal (every group tied), one answer whatever the prompt, entropy collapse, completion length
+collapsing or running away, truncation, growing repetition, and one shaping reward steering the update
+instead of the task.
 """
 
 from __future__ import annotations
@@ -73,6 +74,37 @@ class ZeroStdGroups(Check):
             step,
             f"{share:.0%} of the groups (mean of the last {self.t.signal_window} steps) had every "
             f"completion rewarded the same: only the other groups teach the policy anything",
+        )
+
+
+@register
+class SameAnswer(Check):
+    """Most prompts' most common completion is one and the same text: the policy gives that answer
+    whatever it is asked. It is where a reward that pays a wrong answer (a format or shaping reward)
+    leads a policy that stopped reading the prompt -- "1" to every counting question, one canned reply
+    in RLHF -- and it can look like learning: the shaping reward is earned and the groups still differ
+    now and then. Quiet once the task reward is solved (some tasks have one right answer for all)."""
+
+    name = "same_answer"
+    knob = (
+        "reward.functions (a shaping reward that pays this answer though it is wrong: lower or drop it), "
+        "algorithm.learning_rate (lower), algorithm.temperature"
+    )
+    metrics = ("answers/same_share",)
+
+    def on_step(self, step, metrics, span, stream) -> Finding | None:
+        window = self.t.signal_window
+        share = stream.recent("answers/same_share", window)
+        if not stream.window_ready(window) or share is None or share < self.t.same_answer_share:
+            return None
+        if self.solved(stream, window):
+            return None
+        return self.found(
+            step,
+            f"on average {share:.0%} of a step's prompts (last {window} steps) got one and the same most "
+            f"common completion: the policy gives that answer whatever the prompt, so it has settled on "
+            f"something a reward pays without solving the task (samples.jsonl shows which); if every "
+            f"prompt's right answer is the same, this is expected",
         )
 
 
