@@ -98,7 +98,11 @@ def test_evals_are_replayed_between_the_steps_around_them(tmp_path):
     """The accuracy check compares the reward logged before each eval with the one at the best eval."""
     evals = [(0, 0.3, 200), (20, 0.6, 200), (40, 0.3, 200), (60, 0.28, 200)]
     d = diagnose(write_run(tmp_path / "hack", sparse(), evals=evals), plots=False)
-    assert [(f.check, f.step, f.severity) for f in d.findings] == [("accuracy_falls", 40, "unhealthy")]
+    # and the run, which completed, ended below its best (28 % after 60 % at step 20)
+    assert [(f.check, f.step, f.severity) for f in d.findings] == [
+        ("accuracy_falls", 40, "unhealthy"),
+        ("ended_below_best", 60, "warning"),
+    ]
 
 
 @pytest.mark.parametrize(

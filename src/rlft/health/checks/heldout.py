@@ -16,6 +16,10 @@ Two causes look alike in those numbers, and the evaluation's own rewards tell th
 When the accuracy is back within the noise band of its best, the finding is marked recovered: a dip
 the run came back from does not leave it with a warning.
 
+A run can also end below its own best without the reward rising -- the policy got worse on the training
+prompts too, or drifted on the held-out ones -- and then its last checkpoint is not its best model
+(``ended_below_best``, judged once, when the run ends).
+
 The other way a run's accuracy can mislead is by rising: a run that ends while its held-out accuracy is
 still climbing beyond noise, short of solved, stopped before it finished learning, and its final number
 understates what the recipe does with more steps (``still_rising``, judged once, when the run ends).
@@ -166,4 +170,38 @@ class StillRising(Check):
             f"held-out accuracy was still rising when the run ended: {last:.1%} at step {last_step}, up from "
             f"{best:.1%} (the best up to step {best_step}; {where}), and under {t.solved:.0%}: the run stopped "
             "before it finished learning, and more steps would likely raise it",
+        )
+
+
+@register
+class EndedBelowBest(Check):
+    name = "ended_below_best"
+    knob = (
+        "train.save_interval (a checkpoint near the best evaluation), algorithm.learning_rate (lower), "
+        "eval.max_samples (more eval prompts narrow the noise band)"
+    )
+    metrics = ("accuracy",)
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.evals: list[tuple[int, float, int | None]] = []  # (step, accuracy, prompts), in order
+
+    def on_eval(self, step, accuracy, num_prompts, stream, rewards=None) -> Finding | None:
+        self.evals.append((step, accuracy, num_prompts))
+        return None
+
+    def on_end(self, step: int, stream) -> Finding | None:
+        """The last evaluation against the best before it, beyond the noise band of the two."""
+        if len(self.evals) < 2:
+            return None
+        last_step, last, n = self.evals[-1]
+        best_step, best, n_best = max(self.evals[:-1], key=lambda e: (e[1], -e[0]))
+        band = noise_band(best, n_best, last, n, self.t.accuracy_z)
+        if best - last <= max(self.t.accuracy_drop, band):
+            return None
+        where = f"{n} prompts, noise band ±{band:.1%}" if band else "eval size unknown"
+        return self.found(
+            last_step,
+            f"the run ended at {last:.1%} held-out accuracy, below its best of {best:.1%} at step {best_step} "
+            f"({where}): its last checkpoint is not its best model, and the steps since made the policy worse",
         )
