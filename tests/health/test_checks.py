@@ -291,7 +291,7 @@ def test_a_run_that_ends_below_its_best_beyond_noise_says_so_when_it_ends():
     assert "ended at 74.0% held-out accuracy, below its best of 98.0% at step 60 (50 prompts, noise band ±13.0%)" in (
         f.message
     )
-    assert f.knob.startswith("train.save_interval") and monitor.verdict == "warnings"
+    assert f.knob.startswith("train.save_best") and monitor.verdict == "warnings"
 
 
 @pytest.mark.parametrize(

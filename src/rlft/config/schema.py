@@ -142,6 +142,12 @@ class RunConfig(Section):
                 if names
                 else "eval.accuracy_reward: there are no rewards to measure accuracy with (add a reward: section)"
             )
+        held_out = getattr(self.data, "eval_file", None) is not None or getattr(self.data, "eval_split", 0.0) > 0
+        if self.train.save_best and not held_out:
+            problems.append(
+                "train.save_best: there is no held-out evaluation to judge the best model by "
+                "(set data.eval_file or data.eval_split)"
+            )
         too_big = sorted({k for k in self.eval.pass_k if k > self.eval.num_samples})
         if self.eval.num_samples > 0 and too_big:
             problems.append(

@@ -195,6 +195,11 @@ class TrainConfig(Section):
         description="Save the optimizer state (two thirds of a full fine-tune's checkpoint) so a run can "
         "resume exactly; false writes export-only checkpoints, which --resume refuses.",
     )
+    save_best: bool = Field(
+        False,
+        description="Keep the model of the best held-out evaluation so far in checkpoints/best/ (weights only, "
+        "replaced when a later evaluation's accuracy beats it): a run that ends below its best still has it.",
+    )
     ignore_memory_check: bool = Field(
         False, description="Start even when rlft estimate predicts the run will not fit the device's memory."
     )

@@ -83,6 +83,24 @@ class RunDirectory:
     def checkpoint(self, step: int) -> Path:
         return self.checkpoints / f"checkpoint-{step}"
 
+    @property
+    def best(self) -> Path:
+        """checkpoints/best: the best evaluation's model (train.save_best); not a checkpoint-<N>, so it is
+        never pruned by keep_last nor resumed from."""
+        return self.checkpoints / "best"
+
+    def best_accuracy(self, step: int) -> float | None:
+        """The accuracy checkpoints/best was saved with, if it was saved at ``step`` or before (a run resumed
+        from an earlier checkpoint does not compete with a model from the steps it replays)."""
+        try:
+            state = json.loads((self.best / "trainer_state.json").read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(state, dict) or state.get("step", step + 1) > step:
+            return None
+        accuracy = state.get("accuracy")
+        return float(accuracy) if isinstance(accuracy, (int, float)) else None
+
     def write_config(self, text: str) -> None:
         """config.yaml: the config in effect."""
         write_text_atomic(self.config, text)

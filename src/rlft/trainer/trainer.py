@@ -317,10 +317,29 @@ class Trainer:
         if self.dist.is_main:
             self.run_dir.write_eval_report(self.step, out)  # a full disk: DiskFullError naming the file
         self.watch.trackers.log(self.step, record.payload, prefix="eval/")
+        self._keep_if_best(record.payload.get("accuracy"))
         return record
 
-    def save_checkpoint(self) -> Path:
-        target = self.run_dir.checkpoint(self.step)
+    def _keep_if_best(self, accuracy: float | None) -> None:
+        """train.save_best: this evaluation's model to checkpoints/best when it beats the best so far. Not
+        at step 0: the base model is already on disk."""
+        if not self.cfg.train.save_best or accuracy is None or self.step == 0:
+            return
+        best = self.run_dir.best_accuracy(self.step)
+        better = best is None or accuracy > best
+        if self.dist.enabled:  # the save is collective: every process follows rank 0's reading
+            better = self.dist.broadcast_object(better)
+        if not better:
+            return
+        target = self.save_checkpoint(self.run_dir.best, save_optimizer=False, accuracy=accuracy)
+        was = f"was {best:.1%}" if best is not None else "the first evaluation since training began"
+        self.log.info(f"best model so far: accuracy {accuracy:.1%} at step {self.step} ({was}): {target}")
+        if self.dist.is_main:
+            self.run_dir.write_run_info(best={"step": self.step, "accuracy": accuracy, "path": str(target)})
+
+    def save_checkpoint(self, target: Path | None = None, *, save_optimizer: bool | None = None, **state) -> Path:
+        """checkpoint-<step> (or ``target``) with what an exact resume needs; ``state``: more trainer_state."""
+        target = target or self.run_dir.checkpoint(self.step)
         parts = self.job.state()
         state = {
             "step": self.step,
@@ -330,6 +349,7 @@ class Trainer:
             "model_dir": self.job.model_dir,
             **parts.extra,
             "data_fingerprint": self._data_fingerprint,
+            **state,
         }
         save_checkpoint(
             target,
@@ -340,7 +360,7 @@ class Trainer:
             trainer_state=state,
             config_yaml=config_to_yaml(self.cfg),
             components=parts.components,
-            save_optimizer=self.cfg.train.save_optimizer,
+            save_optimizer=self.cfg.train.save_optimizer if save_optimizer is None else save_optimizer,
             dist=self.dist,
             export_model=parts.export_model,
         )

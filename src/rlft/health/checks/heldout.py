@@ -177,7 +177,7 @@ class StillRising(Check):
 class EndedBelowBest(Check):
     name = "ended_below_best"
     knob = (
-        "train.save_interval (a checkpoint near the best evaluation), algorithm.learning_rate (lower), "
+        "train.save_best (keep the best evaluation's model), algorithm.learning_rate (lower), "
         "eval.max_samples (more eval prompts narrow the noise band)"
     )
     metrics = ("accuracy",)
