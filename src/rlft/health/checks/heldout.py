@@ -137,11 +137,8 @@ class AccuracyFalls(Check):
         )
 
 
-@register
-class StillRising(Check):
-    name = "still_rising"
-    knob = "train.epochs, train.max_steps (more steps)"
-    metrics = ("accuracy",)
+class _JudgedAtTheEnd(Check):
+    """A check on the run's whole record of evaluations, judged once, when the run ends."""
 
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
@@ -150,6 +147,13 @@ class StillRising(Check):
     def on_eval(self, step, accuracy, num_prompts, stream, rewards=None) -> Finding | None:
         self.evals.append((step, accuracy, num_prompts))
         return None
+
+
+@register
+class StillRising(_JudgedAtTheEnd):
+    name = "still_rising"
+    knob = "train.epochs, train.max_steps (more steps)"
+    metrics = ("accuracy",)
 
     def on_end(self, step: int, stream) -> Finding | None:
         """The last evaluation against the best one at least ``rising_steps`` before it."""
@@ -174,21 +178,13 @@ class StillRising(Check):
 
 
 @register
-class EndedBelowBest(Check):
+class EndedBelowBest(_JudgedAtTheEnd):
     name = "ended_below_best"
     knob = (
         "train.save_best (keep the best evaluation's model), algorithm.learning_rate (lower), "
         "eval.max_samples (more eval prompts narrow the noise band)"
     )
     metrics = ("accuracy",)
-
-    def __init__(self, *args, **kw):
-        super().__init__(*args, **kw)
-        self.evals: list[tuple[int, float, int | None]] = []  # (step, accuracy, prompts), in order
-
-    def on_eval(self, step, accuracy, num_prompts, stream, rewards=None) -> Finding | None:
-        self.evals.append((step, accuracy, num_prompts))
-        return None
 
     def on_end(self, step: int, stream) -> Finding | None:
         """The last evaluation against the best before it, beyond the noise band of the two."""
