@@ -16,11 +16,13 @@ from rlft.logging.run_dir import RunDirectory
 def test_the_best_evaluation_s_model_is_kept_beside_the_checkpoints(tiny_config):
     tiny_config["train"].update(max_steps=8, save_interval=1, save_best=True)
     tiny_config["eval"].update(interval=1)
-    run = Trainer(config=tiny_config).train().run_dir
+    result = Trainer(config=tiny_config).train()
+    run = result.run_dir
     evals = {n: json.loads((run / "eval" / f"step-{n}.json").read_text())["accuracy"] for n in range(1, 9)}
     top = max(evals.values())
     first_top = min(n for n, a in evals.items() if a == top)  # a tie does not replace the best
     best = run / "checkpoints" / "best"
+    assert result.best_checkpoint == best
     state = json.loads((best / "trainer_state.json").read_text())
     assert (state["step"], state["accuracy"]) == (first_top, top), evals
     info = json.loads((run / "run.json").read_text())["best"]

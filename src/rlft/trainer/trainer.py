@@ -56,6 +56,7 @@ class TrainResult:
     stopped_by: int | None = None  # the signal that stopped the run early (SIGTERM, SIGINT), else None
     health: dict | None = None  # the job's health verdict and findings (rlft.health), for jobs that check it
     halted: str | None = None  # why the job stopped itself before its last step (train.health.stop_on_no_signal)
+    best_checkpoint: Path | None = None  # train.save_best: the best held-out evaluation's model (checkpoints/best)
 
 
 class Trainer:
@@ -230,6 +231,7 @@ class Trainer:
         self._report(before, after)
         result.eval_before = before.result if before else None
         result.eval_after = after.result if after else None
+        result.best_checkpoint = self.run_dir.best if self.cfg.train.save_best and self.run_dir.best.exists() else None
         result.health = self._conclude_health()
         self._close(
             together=True,
