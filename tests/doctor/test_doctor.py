@@ -94,6 +94,27 @@ def test_checkpoint_size_counts_weights_and_optimizer_state(tiny_config, tmp_pat
     assert checkpoint_bytes(cfg, shape) == 4 * shape.params
 
 
+def test_the_best_model_is_counted_on_disk_weights_only(tiny_config, tmp_path):
+    from rlft.config.loader import load_config
+    from rlft.planner.disk import disk_plan
+    from rlft.planner.shape import model_shape
+
+    tiny_config["train"].update(save_interval=5, save_best=True)
+    cfg = load_config(data=tiny_config)
+    shape = model_shape(cfg.model)
+    plan = disk_plan(cfg, shape, 10)
+    assert (plan.kept, plan.checkpoint_bytes, plan.best_bytes) == (2, 12 * shape.params, 4 * shape.params)
+    assert (
+        plan.total
+        == disk_plan(
+            cfg.model_copy(update={"train": cfg.train.model_copy(update={"save_best": False})}), shape, 10
+        ).total
+        + 4 * shape.params
+    )
+    report = _by_name(doctor(str(_config(tiny_config, tmp_path))))["disk"]
+    assert "2 checkpoint(s) of" in report.detail and "and the best model of" in report.detail
+
+
 def test_a_broken_config_and_a_missing_tracker_fail(tiny_config, tmp_path, monkeypatch):
     import importlib.util
 

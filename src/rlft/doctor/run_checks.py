@@ -125,7 +125,8 @@ def disk_check(cfg, shape) -> Check:
     free = free_bytes(out_dir)
     detail = (
         f"{out_dir}: {_gb(free)} free; the run writes up to {_gb(plan.total)} ({plan.kept} checkpoint(s) of "
-        f"{_gb(plan.checkpoint_bytes)}{'' if cfg.train.save_optimizer else ', without optimizer state'})"
+        f"{_gb(plan.checkpoint_bytes)}{'' if cfg.train.save_optimizer else ', without optimizer state'}"
+        f"{f', and the best model of {_gb(plan.best_bytes)}' if plan.best_bytes else ''})"
     )
     fixes = []
     if cfg.train.save_optimizer and cfg.model.lora is None:

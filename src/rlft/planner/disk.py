@@ -18,20 +18,24 @@ LOG_BYTES = 64 * 2**20  # metrics, samples, resources and the text log of a long
 
 @dataclass(frozen=True)
 class DiskPlan:
-    """checkpoint_bytes: one checkpoint; kept: how many exist at most at once; total: all of it."""
+    """checkpoint_bytes: one checkpoint; kept: how many exist at most at once; best_bytes: the best
+    evaluation's model (train.save_best), else 0; total: all of it."""
 
     checkpoint_bytes: int
     kept: int
+    best_bytes: int = 0
 
     @property
     def total(self) -> int:
-        return self.checkpoint_bytes * self.kept + LOG_BYTES
+        return self.checkpoint_bytes * self.kept + self.best_bytes + LOG_BYTES
 
 
-def checkpoint_bytes(cfg, shape: ModelShape) -> int:
+def checkpoint_bytes(cfg, shape: ModelShape, *, save_optimizer: bool | None = None) -> int:
+    """One checkpoint's bytes; ``save_optimizer`` None: as ``train.save_optimizer`` says."""
     lora = cfg.model.lora is not None
     weights = 4 * (shape.trainable if lora else shape.params)
-    optimizer = 8 * shape.trainable if cfg.train.save_optimizer else 0
+    keeps_optimizer = cfg.train.save_optimizer if save_optimizer is None else save_optimizer
+    optimizer = 8 * shape.trainable if keeps_optimizer else 0
     critic = 12 * shape.params if separate_critic(getattr(cfg, "algorithm", None)) else 0
     return weights + optimizer + critic
 
@@ -41,7 +45,8 @@ def disk_plan(cfg, shape: ModelShape, total_steps: int | None) -> DiskPlan:
     the end, at most ``train.keep_last``); ``total_steps`` None counts the newest one only."""
     saves = 1 if total_steps is None else math.ceil(total_steps / cfg.train.save_interval)
     kept = min(saves, cfg.train.keep_last) if cfg.train.keep_last else saves
-    return DiskPlan(checkpoint_bytes(cfg, shape), max(kept, 1))
+    best = checkpoint_bytes(cfg, shape, save_optimizer=False) if cfg.train.save_best else 0
+    return DiskPlan(checkpoint_bytes(cfg, shape), max(kept, 1), best)
 
 
 def planned_steps(cfg) -> int | None:
