@@ -38,9 +38,14 @@ def test_a_healthy_run_gives_no_finding():
 
 
 def test_every_registered_check_is_tested_here():
-    assert set(BROKEN) | {"nonfinite", "grad_spike", "accuracy_falls", "still_rising", "ended_below_best"} == set(
-        CHECKS
-    )
+    assert set(BROKEN) | {
+        "nonfinite",
+        "grad_spike",
+        "accuracy_falls",
+        "still_rising",
+        "ended_below_best",
+        "stalled",
+    } == set(CHECKS)
 
 
 @pytest.mark.parametrize("check", sorted(BROKEN))
@@ -304,3 +309,34 @@ def test_a_run_that_ends_below_its_best_beyond_noise_says_so_when_it_ends():
 )
 def test_an_end_within_noise_of_the_best_is_not_below_it(accs):
     assert "ended_below_best" not in found(ended(evals_of(accs)))
+
+
+# the shipped demo recipe in fp32 (2026-12-08, seed 4): 46 % by step 10, never beyond noise of it after
+FP32_SEED4 = [0.0, 0.46, 0.46, 0.40, 0.32, 0.46, 0.58, 0.62, 0.60]
+
+
+def test_a_run_whose_second_half_added_nothing_has_stalled():
+    monitor = ended(evals_of(FP32_SEED4))
+    assert found(monitor) == {"stalled": (74, "warning")}
+    (f,) = monitor.findings
+    # second half (after step 37): at most 62 %; first half: 46 % at step 10; 2 standard errors of 46 vs 62: 19.7
+    assert "stalled at 60.0%: in the second half of the run (after step 37) it reached at most 62.0%, no more than" in (
+        f.message
+    )
+    assert "its 46.0% at step 10 (50 prompts, noise band ±19.7%)" in f.message and f.knob.startswith(
+        "algorithm.learning"
+    )
+    assert run(evals=evals_of(FP32_SEED4), steps=74).findings == []  # judged only when the run ends
+
+
+@pytest.mark.parametrize(
+    "accs",
+    [
+        MULTIPLICATION,  # 48 % in the first half, 74 % at the end: still learning
+        [0.0, 0.10, 0.30, 0.50, 0.60, 0.70, 0.80, 0.85, 0.92],  # past `solved`
+        [0.0, 0.02, 0.30, 0.36, 0.48, 0.52, 0.62, 0.62, 0.62],  # add_tens seed 0: 36 -> 62 % after the half
+        [0.0, 0.46, 0.46, 0.40, 0.60],  # steps 30 and 40 after the half (20): too few to call a plateau
+    ],
+)
+def test_a_run_that_rose_in_its_second_half_or_solved_the_task_has_not_stalled(accs):
+    assert "stalled" not in found(ended(evals_of(accs)))

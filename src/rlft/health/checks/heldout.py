@@ -18,7 +18,8 @@ the run came back from does not leave it with a warning.
 
 A run can also end below its own best without the reward rising -- the policy got worse on the training
 prompts too, or drifted on the held-out ones -- and then its last checkpoint is not its best model
-(``ended_below_best``, judged once, when the run ends).
+(``ended_below_best``, judged once, when the run ends). And a run whose second half added nothing beyond
+noise, under ``solved``, has stalled: more of the same steps will not help (``stalled``, judged at the end).
 
 The other way a run's accuracy can mislead is by rising: a run that ends while its held-out accuracy is
 still climbing beyond noise, short of solved, stopped before it finished learning, and its final number
@@ -200,4 +201,42 @@ class EndedBelowBest(_JudgedAtTheEnd):
             last_step,
             f"the run ended at {last:.1%} held-out accuracy, below its best of {best:.1%} at step {best_step} "
             f"({where}): its last checkpoint is not its best model, and the steps since made the policy worse",
+        )
+
+
+STALL_EVALS = 3  # evaluations in a run's second half that must all stay within noise of its first half's best
+
+
+@register
+class Stalled(_JudgedAtTheEnd):
+    """The mirror of ``still_rising``: the second half of the run added nothing measurable."""
+
+    name = "stalled"
+    knob = (
+        "algorithm.learning_rate, algorithm.temperature, reward.functions (a shaping reward that pays a wrong "
+        "answer), algorithm.tied_group_weight (grpo, dr_grpo)"
+    )
+    metrics = ("accuracy", "groups_zero_std")
+
+    def on_end(self, step: int, stream) -> Finding | None:
+        """The best evaluation of the run's second half against the best of its first, under ``solved``."""
+        if not self.evals:
+            return None
+        last_step, last, n = self.evals[-1]
+        half = last_step / 2
+        first = [e for e in self.evals if e[0] <= half]
+        second = [e for e in self.evals if e[0] > half]
+        if not first or len(second) < STALL_EVALS or last >= self.t.solved:
+            return None  # with fewer evaluations after the half, no rise beyond noise is too weak a sign
+        since, before, n_before = max(first, key=lambda e: (e[1], -e[0]))
+        _, after, n_after = max(second, key=lambda e: e[1])
+        band = noise_band(before, n_before, after, n_after, self.t.accuracy_z)
+        if after - before > max(self.t.accuracy_drop, band):
+            return None
+        where = f"{n} prompts, noise band ±{band:.1%}" if band else "eval size unknown"
+        return self.found(
+            last_step,
+            f"held-out accuracy stalled at {last:.1%}: in the second half of the run (after step {half:g}) it "
+            f"reached at most {after:.1%}, no more than its {before:.1%} at step {since} ({where}), and under "
+            f"{self.t.solved:.0%}: more steps at these settings are unlikely to raise it",
         )
