@@ -75,9 +75,10 @@ def _run(src: Path, config: dict, path: Path) -> list[dict]:
     proc = forked.run([sys.executable, "-c", RUN, str(src), str(path)], env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = Path(proc.stdout.strip().splitlines()[-1])
-    # time/* and work/* (the per-phase accounting) came after the baseline
+    # time/* and work/* (the per-phase accounting), resources/* and answers/* (health metrics) came after the baseline
+    later = ("time/", "work/", "resources/", "answers/")
     return [
-        {k: v for k, v in r.items() if k not in NOT_COMPARED and not k.startswith(("time/", "work/", "resources/"))}
+        {k: v for k, v in r.items() if k not in NOT_COMPARED and not k.startswith(later)}
         for r in read_jsonl(run_dir / "metrics.jsonl")
     ]
 
